@@ -1,0 +1,80 @@
+"""The outputs of ``grade``: ``grades.csv``, ``cells.csv`` and the summary table."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+
+
+@dataclass
+class Row:
+    """One row of grades.csv: a student's result for one lesson."""
+    student_id: str
+    lesson_id: str
+    score: float
+    max_score: float
+    status: str  # graded | missing | invalid | timeout | error
+    cell_errors: int
+    seconds: float
+    peak_rss_mb: float
+    detail: str
+
+
+@dataclass
+class CellRow:
+    """One row of cells.csv: the autograded score of one graded cell."""
+    student_id: str
+    lesson_id: str
+    notebook: str
+    grade_id: str
+    score: float
+    max_score: float
+
+
+def _write(path: Path, rows: list, cls) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow([f.name for f in fields(cls)])
+        for row in rows:
+            writer.writerow([_fmt(v) for v in astuple(row)])
+
+
+def _fmt(value):
+    if isinstance(value, float):
+        return f"{value:.2f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
+    if isinstance(value, str):
+        return " ".join(value.split())  # one line per row, whatever the detail says
+    return value
+
+
+def write_grades(out: Path, rows: list[Row]) -> Path:
+    path = out / "grades.csv"
+    _write(path, rows, Row)
+    return path
+
+
+def write_cells(out: Path, rows: list[CellRow]) -> Path:
+    path = out / "cells.csv"
+    _write(path, rows, CellRow)
+    return path
+
+
+def summary_table(rows: list[Row]) -> str:
+    """Students down, lessons across: ``score/max`` plus the status when not graded."""
+    students = sorted({r.student_id for r in rows})
+    lessons = sorted({r.lesson_id for r in rows})
+    cell = {(r.student_id, r.lesson_id):
+            f"{_fmt(r.score)}/{_fmt(r.max_score)}" + ("" if r.status == "graded" else f" {r.status}")
+            for r in rows}
+    header = ["student"] + lessons
+    table = [header] + [[s] + [cell.get((s, l), "-") for l in lessons] for s in students]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    lines.append("")
+    lines.append(", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no submissions")
+    return "\n".join(lines)

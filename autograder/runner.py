@@ -1,0 +1,117 @@
+"""Run one command in its own process group, with a wall-clock limit and rusage.
+
+Student code runs inside a Jupyter kernel that nbgrader starts as a grandchild of the
+command; a hung or memory-hungry submission must never take the whole batch with it.
+So every nbgrader call runs in a new session, is killed together with all its
+descendants when it runs past its time, and its peak memory is read from the kernel's
+own accounting (``os.wait4``), which covers the child and the descendants it reaped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class RunResult:
+    returncode: int | None  # None when the command was killed for running out of time
+    seconds: float
+    peak_rss_mb: float
+    timed_out: bool
+    log: Path
+
+
+def run_limited(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float,
+                log: Path) -> RunResult:
+    """Run ``cmd`` with stdout and stderr into ``log``; kill its whole tree after ``timeout`` s."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    deadline = start + max(timeout, 0.0)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = False
+        delay = 0.02
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() >= deadline:
+                timed_out = True
+                _kill_tree(proc.pid)
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+        # Popen must not try to reap the process a second time.
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.monotonic() - start
+    if timed_out:
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(f"\n[autograder] killed after {timeout:g} s (process tree of pid {proc.pid})\n")
+    return RunResult(
+        returncode=None if timed_out else proc.returncode,
+        seconds=seconds,
+        # ru_maxrss is in KiB on Linux.
+        peak_rss_mb=usage.ru_maxrss / 1024.0,
+        timed_out=timed_out,
+        log=log,
+    )
+
+
+def _descendants(root: int) -> list[int]:
+    """All live descendants of ``root``, from /proc (empty where /proc does not exist).
+
+    Jupyter starts kernels in a session of their own, so killing our process group alone
+    would leave a runaway kernel behind.
+    """
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # Format: "pid (comm) state ppid ..."; comm may itself contain spaces or parens.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    # Stop the leader first so that it cannot start anything new, then the rest.
+    for target in [pid, *_descendants(pid)]:
+        try:
+            os.kill(target, signal.SIGSTOP if target == pid else signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for target in _descendants(pid):
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,30 @@
+"""Helpers shared by every lesson of the course: ``import course``.
+
+Each module is small and named for what it does:
+
+- :mod:`course.doctor`   environment report (``course.doctor()``, ``python -m course doctor``)
+- :mod:`course.devices`  pick the device; declare CPU and CUDA sizes once
+- :mod:`course.numerics` compare tensors (or nested tuples/dicts of them) for a learner
+- :mod:`course.timing`   side-by-side, interleaved speed comparisons, tables and charts
+- :mod:`course.grading`  device-aware speed bars and structure checks
+- :mod:`course.data`     synthetic data (no downloads, ever)
+- :mod:`course.quiet`    deprecation warnings explained once, then kept out of the way
+- :mod:`course.rnn`      lesson 1's helpers; :mod:`course.checks` the lessons' checks
+"""
+
+from course.devices import Sizes, device_kind, pick_device, sizes, synchronize
+from course.doctor import doctor
+from course.numerics import assert_close
+from course.quiet import quiet_torchscript
+
+__all__ = [
+    "Sizes",
+    "assert_close",
+    "device_kind",
+    "doctor",
+    "pick_device",
+    "quiet_torchscript",
+    "sizes",
+    "synchronize",
+]
+__version__ = "0.1.0"

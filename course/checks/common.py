@@ -1,0 +1,66 @@
+"""Pieces every lesson's checks share: calling learner code with friendly errors, and
+comparing gradients."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from course.numerics import assert_close, describe
+
+__all__ = ["call", "expect_grads", "ok", "weighted_sum"]
+
+
+def ok(message: str) -> None:
+    print(f"ok: {message}")
+
+
+def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
+    """Call the learner's ``fn``, turning the usual first-day mistakes into clear messages."""
+    label = name or getattr(fn, "__name__", None) or "your function"
+    if fn is None or not callable(fn):
+        raise AssertionError(f"{label} should be a function, but it is {describe(fn)}. "
+                             "Run the cell that defines it first.")
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise AssertionError(f"{label} is not written yet: replace `raise NotImplementedError()` "
+                             "with your code, then run its cell again.") from None
+
+
+def weighted_sum(outputs: Any, seed: int = 1234) -> torch.Tensor:
+    """A scalar that depends on every element of ``outputs`` with a distinct random weight, so
+    that gradients through it test every element (a plain sum would hide swapped ones)."""
+    flat = [t for t in _flatten(outputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    g = torch.Generator().manual_seed(seed)
+    total = 0.0
+    for t in flat:
+        w = torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.device, t.dtype)
+        total = total + (t * w).sum()
+    return total
+
+
+def _flatten(x: Any) -> list:
+    if isinstance(x, (tuple, list)):
+        return [y for item in x for y in _flatten(item)]
+    if isinstance(x, dict):
+        return [y for item in x.values() for y in _flatten(item)]
+    return [x]
+
+
+def expect_grads(outputs: Any, ref_outputs: Any, inputs: Sequence[torch.Tensor],
+                 ref_inputs: Sequence[torch.Tensor], names: Sequence[str], *, label: str, **tol: Any) -> None:
+    """Gradients of a weighted sum of ``outputs`` w.r.t. ``inputs`` equal the reference's."""
+    loss = weighted_sum(outputs)
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        raise AssertionError(f"{label}: the outputs carry no gradient at all. Did the function use "
+                             "torch.no_grad(), .detach(), .item() or .data? Autograd must see every op.")
+    grads = torch.autograd.grad(loss, list(inputs), allow_unused=True)
+    ref = torch.autograd.grad(weighted_sum(ref_outputs), list(ref_inputs), allow_unused=True)
+    for g, r, n in zip(grads, ref, names):
+        if g is None and r is not None:
+            raise AssertionError(f"{label}: no gradient reaches {n}. Is it used, and used without "
+                                 ".detach()/.data?")
+        if r is not None:
+            assert_close(g, r, name=f"{label}: gradient w.r.t. {n}", **tol)

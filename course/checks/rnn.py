@@ -1,0 +1,247 @@
+"""Checks for lesson 01_custom_rnns. Each compares the learner's code with ``nn.LSTM`` (weights
+copied, float64 unless stated) on inputs drawn from ``seed``: outputs, final states and the
+gradients w.r.t. inputs, initial states and every weight."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from course.checks.common import call, expect_grads, ok
+from course.data import padded_batch, randn, random_lengths
+from course.devices import pick_device
+from course.grading import expect_compiled, expect_scripted, expect_speedup
+from course.numerics import assert_close
+from course.rnn import layer_norm_lstm_cell_reference, layer_norm_params, lstm_weights, make_lstm
+from course.timing import SpeedReport, compare
+
+__all__ = ["check_compiled_layer", "check_layer_norm_cell", "check_layer_speed", "check_lstm_cell",
+           "check_lstm_layer", "check_masked_lstm_layer", "check_scripted_layer", "check_stacked_lstm"]
+
+F64 = torch.float64
+GATE_HINT = ("PyTorch's gate order is input, forget, cell (g), output: gates.chunk(4, dim=1); "
+             "sigmoid on i, f, o and tanh on g; c' = f*c + i*g, h' = o*tanh(c').")
+NAMES = ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")
+
+
+def _leaves(*tensors):
+    return [t.detach().clone().requires_grad_(True) for t in tensors]
+
+
+def _case(seed, T, B, I, H, device, dtype=F64, layers=1):
+    dev = pick_device(device)
+    lstm = make_lstm(I, H, layers, seed=seed, device=dev, dtype=dtype)
+    x = randn(T, B, I, seed=seed + 1, device=dev, dtype=dtype)
+    h0 = randn(layers, B, H, seed=seed + 2, device=dev, dtype=dtype, scale=0.5)
+    c0 = randn(layers, B, H, seed=seed + 3, device=dev, dtype=dtype, scale=0.5)
+    return lstm, x, h0, c0
+
+
+def _check_layer_like(fn, label, *, seed, seq_len, batch, input_size, hidden_size, device, hint):
+    lstm, x, h0, c0 = _case(seed, seq_len, batch, input_size, hidden_size, device)
+    ref_x = x.clone().requires_grad_(True)
+    ref_h0, ref_c0 = _leaves(h0[0], c0[0])
+    ref_out, (ref_h, ref_c) = lstm(ref_x, (ref_h0[None], ref_c0[None]))
+    ref = (ref_out, (ref_h[0], ref_c[0]))
+    w = lstm_weights(lstm)
+    args = _leaves(x, h0[0], c0[0], *w)
+    got = call(fn, *args, name=label)
+    assert_close(got, ref, name=f"{label} -> (out, (h_n, c_n))", hint=hint)
+    expect_grads(got, ref, args, [ref_x, ref_h0, ref_c0, *w], NAMES, label=label, hint=hint)
+    return f"T={seq_len}, B={batch}, I={input_size}, H={hidden_size}, seed {seed}"
+
+
+def check_lstm_cell(lstm_cell: Callable, *, seed: int = 0, batch: int = 4, input_size: int = 6,
+                    hidden_size: int = 5, device=None) -> None:
+    """``lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh) -> (h', c')`` equals one step of nn.LSTM."""
+    lstm, x, h0, c0 = _case(seed, 1, batch, input_size, hidden_size, device)
+    w = lstm_weights(lstm)
+    ref_in = _leaves(x[0], h0[0], c0[0])
+    _, (rh, rc) = lstm(ref_in[0][None], (ref_in[1][None], ref_in[2][None]))
+    ref = (rh[0], rc[0])
+    args = _leaves(x[0], h0[0], c0[0], *w)
+    got = call(lstm_cell, *args, name="lstm_cell")
+    assert_close(got, ref, name="lstm_cell(...) -> (h', c')", hint=GATE_HINT)
+    expect_grads(got, ref, args, [*ref_in, *w], NAMES, label="lstm_cell", hint=GATE_HINT)
+    ok(f"lstm_cell equals nn.LSTM, values and gradients (B={batch}, I={input_size}, H={hidden_size}, seed {seed})")
+
+
+def check_lstm_layer(lstm_layer: Callable, *, seed: int = 0, seq_len: int = 7, batch: int = 4,
+                     input_size: int = 6, hidden_size: int = 5, device=None, label: str = "lstm_layer") -> None:
+    """``lstm_layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh) -> (out, (h_n, c_n))`` equals nn.LSTM."""
+    hint = ("out stacks h after every step: shape (T, B, H); (h_n, c_n) are the states after the "
+            "last step, shape (B, H). " + GATE_HINT)
+    where = _check_layer_like(lstm_layer, label, seed=seed, seq_len=seq_len, batch=batch,
+                              input_size=input_size, hidden_size=hidden_size, device=device, hint=hint)
+    ok(f"{label} equals nn.LSTM: outputs, final states and gradients ({where})")
+
+
+def check_scripted_layer(scripted_layer, **sizes) -> None:
+    """``scripted_layer`` is a TorchScript function and still equals nn.LSTM."""
+    expect_scripted(scripted_layer, "scripted_layer")
+    check_lstm_layer(scripted_layer, label="scripted_layer", **sizes)
+
+
+def check_compiled_layer(compiled_layer, *, seed: int = 0, seq_len: int, batch: int, input_size: int,
+                         hidden_size: int, device=None) -> None:
+    """``compiled_layer`` comes from torch.compile and equals nn.LSTM in float32 inference.
+
+    Sizes are the lesson's own: a new shape would make torch.compile compile again."""
+    expect_compiled(compiled_layer, "compiled_layer")
+    dev = pick_device(device)
+    lstm, x, h0, c0 = _case(seed, seq_len, batch, input_size, hidden_size, dev, dtype=torch.float32)
+    with torch.no_grad():
+        ref_out, (rh, rc) = lstm(x, (h0, c0))
+        got = call(compiled_layer, x, h0[0], c0[0], *lstm_weights(lstm), name="compiled_layer")
+    # float32 sums in another order (fused kernels, one big matmul): a few ulps per step.
+    assert_close(got, (ref_out, (rh[0], rc[0])), name="compiled_layer -> (out, (h_n, c_n))",
+                 rtol=1e-4, atol=1e-5)
+    ok(f"compiled_layer is compiled and equals nn.LSTM in float32 (T={seq_len}, B={batch}, "
+       f"I={input_size}, H={hidden_size}, seed {seed})")
+
+
+def check_layer_speed(compiled_layer, lstm_layer, *, bars: Mapping[str, float], seq_len: int, batch: int,
+                      input_size: int, hidden_size: int, seed: int = 0, rounds: int = 7,
+                      min_run_time: float = 0.2, device=None) -> SpeedReport:
+    """``compiled_layer`` beats the eager ``lstm_layer`` by the device's bar, measured side by
+    side on fresh inputs every round, with every output checked against nn.LSTM."""
+    expect_compiled(compiled_layer, "compiled_layer")
+    dev = pick_device(device)
+    lstm = make_lstm(input_size, hidden_size, seed=seed, device=dev)
+    w = tuple(p.detach() for p in lstm_weights(lstm))
+    counter = iter(range(10**9))
+
+    def inputs():
+        s = seed + 101 * next(counter)
+        return (randn(seq_len, batch, input_size, seed=s, device=dev),
+                randn(batch, hidden_size, seed=s + 1, device=dev, scale=0.5),
+                randn(batch, hidden_size, seed=s + 2, device=dev, scale=0.5)) + w
+
+    def check(name, out, args):
+        x, h, c = args[:3]
+        ref_out, (rh, rc) = lstm(x, (h[None], c[None]))
+        assert_close(out, (ref_out, (rh[0], rc[0])), name=f"{name} output while timing", rtol=1e-4, atol=1e-5)
+
+    with torch.no_grad():
+        report = compare({"eager": lambda *a: call(lstm_layer, *a, name="lstm_layer"),
+                          "torch.compile": compiled_layer}, inputs=inputs, check=check,
+                         rounds=rounds, min_run_time=min_run_time, device=dev)
+    report.show()
+    expect_speedup(report, "torch.compile", over="eager", bars=bars,
+                   hint="compile the whole layer (the loop over time too), precompute the input "
+                        "projection in one matmul, and keep the time loop free of Python-side work.")
+    return report
+
+
+def check_layer_norm_cell(layer_norm_lstm_cell: Callable, *, seed: int = 0, batch: int = 4,
+                          input_size: int = 6, hidden_size: int = 5, device=None) -> None:
+    """``layer_norm_lstm_cell(x, h, c, p) -> (h', c')`` equals the lesson's reference cell."""
+    dev = pick_device(device)
+    p = layer_norm_params(input_size, hidden_size, seed=seed, device=dev, dtype=F64)
+    x = randn(batch, input_size, seed=seed + 1, device=dev, dtype=F64)
+    h = randn(batch, hidden_size, seed=seed + 2, device=dev, dtype=F64, scale=0.5)
+    c = randn(batch, hidden_size, seed=seed + 3, device=dev, dtype=F64, scale=0.5)
+    hint = ("LayerNorm the input gates (x @ w_ih.T) and the hidden gates (h @ w_hh.T) separately, "
+            "each over all 4H columns, add them, then the usual LSTM update, and LayerNorm the new "
+            "cell state before h' = o * tanh(c'). eps = 1e-5; use every ln_* weight and bias.")
+    keys = sorted(p)
+    ref_args = _leaves(x, h, c, *(p[k] for k in keys))
+    ref = layer_norm_lstm_cell_reference(ref_args[0], (ref_args[1], ref_args[2]), dict(zip(keys, ref_args[3:])))
+    args = _leaves(x, h, c, *(p[k] for k in keys))
+    got = call(layer_norm_lstm_cell, args[0], args[1], args[2], dict(zip(keys, args[3:])),
+               name="layer_norm_lstm_cell")
+    assert_close(got, ref, name="layer_norm_lstm_cell(...) -> (h', c')", hint=hint)
+    expect_grads(got, ref, args, ref_args, ["x", "h", "c", *keys], label="layer_norm_lstm_cell", hint=hint)
+    ok(f"layer_norm_lstm_cell equals the reference, values and gradients (B={batch}, I={input_size}, "
+       f"H={hidden_size}, seed {seed})")
+
+
+def check_stacked_lstm(stacked_lstm: Callable, *, seed: int = 0, num_layers: int = 2, seq_len: int = 6,
+                       batch: int = 3, input_size: int = 5, hidden_size: int = 4, device=None) -> None:
+    """``stacked_lstm(x, states, weights) -> (out, states_n)`` equals a multi-layer nn.LSTM, where
+    ``states`` and ``states_n`` are lists of ``(h, c)`` and ``weights`` a list of
+    ``(w_ih, w_hh, b_ih, b_hh)``, one per layer."""
+    lstm, x, h0, c0 = _case(seed, seq_len, batch, input_size, hidden_size, device, layers=num_layers)
+    weights = [lstm_weights(lstm, layer) for layer in range(num_layers)]
+    ref_in = _leaves(x, h0, c0)
+    ref_out, (rh, rc) = lstm(ref_in[0], (ref_in[1], ref_in[2]))
+    ref = (ref_out, [(rh[k], rc[k]) for k in range(num_layers)])
+    xs = _leaves(x)[0]
+    states = [tuple(_leaves(h0[k], c0[k])) for k in range(num_layers)]
+    ws = [tuple(_leaves(*w)) for w in weights]
+    got = call(stacked_lstm, xs, states, ws, name="stacked_lstm")
+    hint = ("layer k's input is layer k-1's output sequence; return the final (h, c) of every layer, "
+            "in layer order, as a list.")
+    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], tuple):
+        got = (got[0], list(got[1]))
+    assert_close(got, ref, name="stacked_lstm -> (out, [(h_n, c_n) per layer])", hint=hint)
+    flat_w = [t for w in ws for t in w]
+    ref_w = [t for w in weights for t in w]
+    names = [f"layer {k} {n}" for k in range(num_layers) for n in NAMES[3:]]
+    expect_grads(got, ref, [xs, *flat_w], [ref_in[0], *ref_w], ["x", *names], label="stacked_lstm", hint=hint)
+    ok(f"stacked_lstm equals a {num_layers}-layer nn.LSTM, values and gradients "
+       f"(T={seq_len}, B={batch}, I={input_size}, H={hidden_size}, seed {seed})")
+
+
+def check_masked_lstm_layer(masked_lstm_layer: Callable, *, seed: int = 0, max_len: int = 7, batch: int = 5,
+                            input_size: int = 4, hidden_size: int = 3, device=None, script: bool = True) -> None:
+    """``masked_lstm_layer(x, lengths, h0, c0, w_ih, w_hh, b_ih, b_hh) -> (out, (h_n, c_n))`` on a
+    padded batch equals nn.LSTM on the packed sequences: ``out`` is exactly zero past each length,
+    ``(h_n, c_n)`` are the states at each sequence's own last step, nothing from the padding leaks
+    (it is filled with NaN, then with huge values for the gradients), and it compiles with
+    TorchScript (which has no PackedSequence)."""
+    dev = pick_device(device)
+    lengths = random_lengths(batch, max_len, seed=seed)
+    lstm = make_lstm(input_size, hidden_size, seed=seed, device=dev, dtype=F64)
+    x0 = padded_batch(lengths, input_size, seed=seed + 1, device=dev, dtype=F64)
+    h0 = randn(batch, hidden_size, seed=seed + 2, device=dev, dtype=F64, scale=0.5)
+    c0 = randn(batch, hidden_size, seed=seed + 3, device=dev, dtype=F64, scale=0.5)
+    w = lstm_weights(lstm)
+    pad = torch.arange(max_len, device=dev)[:, None] >= lengths.to(dev)[None, :]
+    lengths_arg = lengths.to(dev)
+
+    ref_x, ref_h0, ref_c0 = _leaves(x0, h0, c0)
+    packed = pack_padded_sequence(ref_x, lengths, enforce_sorted=False)
+    ref_out, (rh, rc) = lstm(packed, (ref_h0[None], ref_c0[None]))
+    ref_out, _ = pad_packed_sequence(ref_out, total_length=max_len)
+    ref = (ref_out, (rh[0], rc[0]))
+    hint = ("keep the old state where t >= length (torch.where(mask, new, old), not arithmetic with "
+            "the mask: padding may hold NaN), and write zeros to out there.")
+
+    # 1. values, with NaN in the padding: nothing of it may reach the results
+    x_nan = x0.clone()
+    x_nan[pad] = float("nan")
+    with torch.no_grad():
+        got = call(masked_lstm_layer, x_nan, lengths_arg, h0, c0, *w, name="masked_lstm_layer")
+    assert_close(got, tuple((t.detach() if isinstance(t, torch.Tensor) else tuple(s.detach() for s in t))
+                            for t in ref),
+                 name="masked_lstm_layer -> (out, (h_n, c_n)) [NaN in the padding]", hint=hint)
+    out = got[0]
+    if not bool((out[pad] == 0).all()):
+        raise AssertionError("masked_lstm_layer: out must be exactly 0 at padded steps (t >= length); "
+                             f"{int((out[pad] != 0).sum())} padded values are not. Hint: {hint}")
+
+    # 2. gradients, with huge finite values in the padding
+    x_big = x0.clone()
+    x_big[pad] = 1e4
+    args = _leaves(x_big, h0, c0, *w)
+    got = call(masked_lstm_layer, args[0], lengths_arg, *args[1:], name="masked_lstm_layer")
+    assert_close(got, ref, name="masked_lstm_layer -> (out, (h_n, c_n)) [large values in the padding]", hint=hint)
+    expect_grads(got, ref, args, [ref_x, ref_h0, ref_c0, *w], NAMES, label="masked_lstm_layer", hint=hint)
+
+    # 3. TorchScript can compile it
+    if script:
+        try:
+            scripted = torch.jit.script(masked_lstm_layer)
+        except Exception as exc:  # TorchScript's errors are long: keep the first lines
+            first = "\n    ".join(str(exc).strip().splitlines()[:6])
+            raise AssertionError("masked_lstm_layer must compile with torch.jit.script, but it fails:\n    "
+                                 f"{first}\n  Hint: annotate non-Tensor arguments, and use only ops "
+                                 "TorchScript knows (no PackedSequence, no numpy).") from None
+        with torch.no_grad():
+            assert_close(scripted(x_nan, lengths_arg, h0, c0, *w), got, rtol=1e-12, atol=1e-12,
+                         name="torch.jit.script(masked_lstm_layer) -> (out, (h_n, c_n))")
+    ok(f"masked_lstm_layer equals packed nn.LSTM, no padding leaks, gradients match"
+       f"{', and it scripts' if script else ''} (lengths {lengths.tolist()}, seed {seed})")

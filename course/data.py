@@ -1,0 +1,56 @@
+"""Synthetic data for the lessons: seeded, made on the spot, never downloaded.
+
+Every maker takes a ``seed`` so that a check can draw inputs the learner did not choose and a
+re-run draws the same ones.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from course.devices import pick_device
+
+__all__ = ["generator", "padded_batch", "randn", "random_lengths"]
+
+
+def generator(seed: int) -> torch.Generator:
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}.")
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape: int, seed: int, device=None, dtype: torch.dtype = torch.float32,
+          scale: float = 1.0, requires_grad: bool = False) -> torch.Tensor:
+    """Standard normal values drawn on the CPU (same numbers on every device), then moved."""
+    x = torch.randn(*shape, generator=generator(seed), dtype=torch.float64) * scale
+    return x.to(pick_device(device), dtype).requires_grad_(requires_grad)
+
+
+def random_lengths(batch: int, max_len: int, *, seed: int, min_len: int = 1) -> torch.Tensor:
+    """``batch`` lengths in ``[min_len, max_len]``, unsorted, with ``max_len`` present once at
+    least (so the padded tensor is exactly ``max_len`` long) and ``min_len`` present when
+    ``batch > 1`` (so the shortest case is always tried)."""
+    if not 1 <= min_len <= max_len:
+        raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}.")
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}.")
+    g = generator(seed)
+    lengths = torch.randint(min_len, max_len + 1, (batch,), generator=g)
+    lengths[torch.randint(0, batch, (1,), generator=g)] = max_len
+    if batch > 1:
+        free = (lengths != max_len).nonzero().flatten()
+        if len(free):
+            lengths[free[torch.randint(0, len(free), (1,), generator=g)]] = min_len
+    return lengths
+
+
+def padded_batch(lengths: torch.Tensor, features: int, *, seed: int, pad_value: float = 0.0,
+                 device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A time-major batch ``(max(lengths), B, features)`` of random steps; every step past a
+    sequence's length holds ``pad_value`` (a checker passes garbage there to catch leaks)."""
+    lengths = torch.as_tensor(lengths)
+    T, B = int(lengths.max()), len(lengths)
+    x = randn(T, B, features, seed=seed, dtype=torch.float64, device="cpu")
+    pad = torch.arange(T)[:, None] >= lengths[None, :]
+    x[pad] = pad_value
+    return x.to(pick_device(device), dtype)

@@ -1,0 +1,112 @@
+"""Pick the device, and let a lesson declare its CPU and CUDA sizes once.
+
+A lesson writes its sizes in one place::
+
+    S = course.sizes(cpu=dict(T=50, B=32, hidden=256), cuda=dict(T=100, B=64, hidden=512))
+    S.T, S.B, S.hidden, S.device
+
+and runs small on a laptop CPU or Binder, and at the figures the technique exists for on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import torch
+
+__all__ = ["Sizes", "device_kind", "pick_device", "sizes", "synchronize"]
+
+#: Set ``COURSE_DEVICE=cpu`` to run a lesson on the CPU even where CUDA is present.
+DEVICE_ENV = "COURSE_DEVICE"
+
+
+def pick_device(prefer: str | torch.device | None = None) -> torch.device:
+    """The device lessons run on: ``prefer`` if given, else ``$COURSE_DEVICE``, else CUDA if
+    present, else the CPU (MPS is reported by ``course.doctor()`` but not picked: several ops
+    the course measures have no MPS kernel)."""
+    choice = prefer if prefer is not None else os.environ.get(DEVICE_ENV) or None
+    if choice is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(choice)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"The course runs on 'cpu' or 'cuda', not {str(choice)!r}. "
+                         "Try: course.pick_device('cpu').") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"The device {str(dev)!r} was asked for, but this PyTorch sees no CUDA GPU "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}).\n"
+            f"Try: leave the device out (the CPU is used), or unset ${DEVICE_ENV}, "
+            "or run on a machine with a GPU."
+        )
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"The course runs on 'cpu' or 'cuda', not {str(dev)!r}. Try: course.pick_device('cpu')."
+        )
+    return dev
+
+
+def device_kind(device: str | torch.device | None = None) -> str:
+    """``'cuda'`` or ``'cpu'``: the key of device-aware figures such as speed bars."""
+    return pick_device(device).type
+
+
+def synchronize(device: str | torch.device | None = None) -> None:
+    """Wait for queued GPU work (a no-op on the CPU): call it before reading a clock."""
+    dev = torch.device(device) if device is not None else pick_device()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+class Sizes(Mapping[str, Any]):
+    """A lesson's sizes for the device it runs on, read as attributes or keys."""
+
+    def __init__(self, values: Mapping[str, Any], device: torch.device):
+        self._values = MappingProxyType(dict(values))
+        self.device = device
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(
+                f"This lesson declares no size named {name!r}; it has: {', '.join(self._values)}."
+            ) from None
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
+        return f"Sizes({inner}; device={self.device})"
+
+
+def sizes(*, cpu: Mapping[str, Any], cuda: Mapping[str, Any] | None = None,
+          device: str | torch.device | None = None) -> Sizes:
+    """Declare a lesson's sizes once; get those for the device in use.
+
+    ``cuda`` may name only the sizes that change on a GPU; the others keep their CPU value.
+    Every CUDA key must also be a CPU key, so a lesson cannot silently lack a size on a laptop.
+    """
+    cuda = dict(cuda or {})
+    unknown = sorted(set(cuda) - set(cpu))
+    if unknown:
+        raise ValueError(
+            f"CUDA sizes {unknown} have no CPU value. Every size needs a CPU value "
+            "(the course must run on a 2-core CPU); add them to cpu=dict(...)."
+        )
+    dev = pick_device(device)
+    values = dict(cpu)
+    if dev.type == "cuda":
+        values.update(cuda)
+    return Sizes(values, dev)

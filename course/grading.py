@@ -1,0 +1,110 @@
+"""What graded checks share: device-aware speed bars and structure checks.
+
+A speed bar is the least speedup a technique must show, per device kind::
+
+    expect_speedup(report, "compiled", bars={"cpu": 1.0, "cuda": 2.0})
+
+On a CPU the bar is what two cores can honestly show (1.0 means "not slower"); on a GPU it is
+the figure the technique exists for. A device with no bar is an error, never a silent pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from course.devices import device_kind
+from course.timing import SpeedReport
+
+__all__ = ["expect_compiled", "expect_ops_absent", "expect_scripted", "expect_speedup",
+           "graph_ops", "is_compiled", "is_scripted", "speed_bar"]
+
+
+def speed_bar(bars: Mapping[str, float], device: str | torch.device | None = None) -> float:
+    kind = device_kind(device)
+    if kind not in bars:
+        raise KeyError(f"No speed bar for device kind {kind!r} (bars given: {dict(bars)}). "
+                       "Every graded speed check names a bar for 'cpu' and for 'cuda'.")
+    return float(bars[kind])
+
+
+def expect_speedup(report: SpeedReport, name: str, *, bars: Mapping[str, float], over: str | None = None,
+                   hint: str | None = None) -> float:
+    """Assert that ``name`` is at least ``bars[device kind]`` times faster than ``over``."""
+    if not isinstance(report, SpeedReport):
+        raise TypeError(f"expect_speedup needs the SpeedReport that course.timing.compare returns, "
+                        f"got {type(report).__name__}.")
+    bar = speed_bar(bars, report.device)
+    over = over or report.baseline
+    ratio = report.speedup(name, over)
+    if ratio.median < bar:
+        raise AssertionError(
+            f"{name} is {ratio.median:.2f}x as fast as {over} on {report.device} "
+            f"(quartiles {ratio.low:.2f}-{ratio.high:.2f}); the bar on this device is {bar:.2f}x.\n"
+            f"  {name}: {report.median(name) * 1e3:.3g} ms per call, {over}: {report.median(over) * 1e3:.3g} ms.\n"
+            f"  Hint: {hint or 'check that the fast path really runs (no fallback to eager), and warm it up.'}"
+        )
+    print(f"ok: {name} is {ratio} as fast as {over} on {report.device} (bar {bar:.2f}x)")
+    return ratio.median
+
+
+def is_scripted(obj: Any) -> bool:
+    return isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule))
+
+
+def is_compiled(obj: Any) -> bool:
+    """True for what ``torch.compile`` returns (a compiled function or ``OptimizedModule``)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return isinstance(obj, OptimizedModule) or hasattr(obj, "_torchdynamo_orig_callable")
+
+
+def _kind(obj: Any) -> str:
+    if obj is None:
+        return "None"
+    if is_scripted(obj):
+        return "a TorchScript function/module"
+    if is_compiled(obj):
+        return "a torch.compile'd function/module"
+    return f"a plain {type(obj).__name__}"
+
+
+def expect_scripted(obj: Any, name: str = "the object") -> None:
+    if not is_scripted(obj):
+        raise AssertionError(f"{name} should be what torch.jit.script returns, but it is {_kind(obj)}.\n"
+                             f"  Hint: {name} = torch.jit.script(your_function)")
+
+
+def expect_compiled(obj: Any, name: str = "the object") -> None:
+    if not is_compiled(obj):
+        raise AssertionError(f"{name} should be what torch.compile returns, but it is {_kind(obj)}.\n"
+                             f"  Hint: {name} = torch.compile(your_function)")
+
+
+def graph_ops(graph: Any) -> list[str]:
+    """The op names of a TorchScript graph (``'aten::mm'``...) or an FX graph/GraphModule
+    (``'call_function:add'``, ``'call_module:BatchNorm2d'``...)."""
+    if isinstance(graph, torch.fx.GraphModule):
+        graph = graph.graph
+    if isinstance(graph, torch.fx.Graph):
+        mods = dict(graph.owning_module.named_modules()) if graph.owning_module is not None else {}
+        out = []
+        for n in graph.nodes:
+            if n.op == "call_module":
+                out.append(f"call_module:{type(mods[n.target]).__name__}" if n.target in mods else f"call_module:{n.target}")
+            elif n.op in ("call_function", "call_method"):
+                out.append(f"{n.op}:{getattr(n.target, '__name__', n.target)}")
+            else:
+                out.append(n.op)
+        return out
+    if hasattr(graph, "nodes"):
+        return [n.kind() for n in graph.nodes()]
+    raise TypeError(f"graph_ops takes a TorchScript graph or an FX Graph/GraphModule, got {type(graph).__name__}.")
+
+
+def expect_ops_absent(graph: Any, ops: Iterable[str], what: str = "the graph") -> None:
+    found = [o for o in graph_ops(graph) if any(o == op or o.endswith(":" + op) for op in ops)]
+    if found:
+        raise AssertionError(f"{what} still contains {sorted(set(found))} ({len(found)} node(s)); "
+                             f"expected none of {sorted(ops)}.")

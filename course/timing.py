@@ -1,0 +1,196 @@
+"""Measure callables side by side, in one process, interleaved, after warm-up.
+
+    report = course.timing.compare({"eager": f, "compiled": g}, inputs=make_inputs)
+    report.show()                      # a table: median time, spread, speedup over the baseline
+    report.plot()                      # a bar chart
+    report.speedup("compiled")         # Ratio(median=1.42, low=1.38, high=1.47)
+
+Why this shape: a machine's speed drifts (other work, turbo, thermal), so a ratio measured from
+two separate runs is mostly noise. Each round here times every candidate once, in a rotating
+order, on the same fresh inputs; the speedup is the median of the per-round ratios, and its
+spread is reported beside it. ``torch.utils.benchmark.Timer`` does the timing (it synchronises
+CUDA before reading the clock) with as many threads as torch uses.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch.utils import benchmark
+
+from course.devices import pick_device, synchronize
+
+__all__ = ["Ratio", "SpeedReport", "compare", "format_time"]
+
+
+def format_time(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A speedup (baseline time / candidate time: above 1 is faster) with its spread over rounds."""
+
+    median: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f})"
+
+    def __float__(self) -> float:
+        return self.median
+
+
+def _quartiles(values: Sequence[float]) -> tuple[float, float]:
+    if len(values) < 4:
+        return min(values), max(values)
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+@dataclass
+class SpeedReport:
+    """Per-round times of every candidate (seconds per call) and the speedups they give."""
+
+    times: dict[str, list[float]]
+    baseline: str
+    device: str
+    threads: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.times)
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.times[self._known(name)])
+
+    def speedup(self, name: str, over: str | None = None) -> Ratio:
+        """How many times faster ``name`` is than ``over`` (default: the baseline)."""
+        over = self._known(over or self.baseline)
+        ratios = [b / c for b, c in zip(self.times[over], self.times[self._known(name)])]
+        low, high = _quartiles(ratios)
+        return Ratio(statistics.median(ratios), low, high)
+
+    def _known(self, name: str) -> str:
+        if name not in self.times:
+            raise KeyError(f"No timing named {name!r}; this report has {self.names}.")
+        return name
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        for name, ts in self.times.items():
+            low, high = _quartiles(ts)
+            out.append({"name": name, "median_s": statistics.median(ts), "q1_s": low, "q3_s": high,
+                        "speedup": self.speedup(name), "rounds": len(ts)})
+        return out
+
+    def table(self) -> str:
+        head = f"{'':<22}{'median':>11}{'spread (IQR)':>24}   speedup over {self.baseline}"
+        lines = [head, "-" * len(head)]
+        for r in self.rows():
+            spread = f"{format_time(r['q1_s'])} - {format_time(r['q3_s'])}"
+            lines.append(f"{r['name']:<22}{format_time(r['median_s']):>11}{spread:>24}   {r['speedup']}")
+        lines.append(f"({self.device}, {self.threads} threads, {len(next(iter(self.times.values())))} "
+                     "interleaved rounds; speedup = median of per-round ratios, with quartiles)")
+        return "\n".join(lines + self.notes)
+
+    def __repr__(self) -> str:
+        parts = [f"{n} {format_time(self.median(n))}" + ("" if n == self.baseline else f" ({self.speedup(n).median:.2f}x)")
+                 for n in self.times]
+        return f"<SpeedReport on {self.device}: {', '.join(parts)}>"
+
+    def show(self) -> "SpeedReport":
+        print(self.table())
+        return self
+
+    def plot(self, ax=None, title: str | None = None, unit: str = "ms"):
+        """A bar chart of median times with quartile whiskers, labelled with the speedup."""
+        import matplotlib.pyplot as plt
+
+        scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+        if ax is None:
+            _, ax = plt.subplots(figsize=(1.6 + 1.3 * len(self.times), 3.2))
+        rows = self.rows()
+        med = [r["median_s"] * scale for r in rows]
+        err = [[(r["median_s"] - r["q1_s"]) * scale for r in rows], [(r["q3_s"] - r["median_s"]) * scale for r in rows]]
+        colors = ["#9e9e9e" if r["name"] == self.baseline else "#1f77b4" for r in rows]
+        bars = ax.bar([r["name"] for r in rows], med, yerr=err, capsize=4, color=colors)
+        for bar, r in zip(bars, rows):
+            ax.annotate(f"{r['speedup'].median:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", xytext=(0, 3), textcoords="offset points")
+        ax.set_ylabel(f"time per call ({unit})")
+        ax.set_title(title or f"Speed on {self.device} (speedup over {self.baseline})")
+        ax.margins(y=0.15)
+        return ax
+
+
+def _timer(fn: Callable, args: tuple, threads: int) -> benchmark.Timer:
+    return benchmark.Timer(stmt="fn(*args)", globals={"fn": fn, "args": args}, num_threads=threads)
+
+
+def compare(candidates: Mapping[str, Callable[..., Any]], *, inputs: Callable[[], tuple] | None = None,
+            baseline: str | None = None, rounds: int = 7, warmup: int = 2, min_run_time: float = 0.2,
+            device: str | torch.device | None = None, progress: bool | None = None,
+            check: Callable[[str, Any, tuple], None] | None = None) -> SpeedReport:
+    """Time every candidate in ``rounds`` interleaved rounds after ``warmup`` calls each.
+
+    ``inputs()`` (optional) makes fresh arguments for every round; all candidates of a round get
+    the same ones. ``check(name, output, args)`` (optional) is called on one output of every
+    candidate in every round, so a candidate cannot win by skipping work.
+    """
+    if not candidates:
+        raise ValueError("compare() needs at least one candidate, e.g. {'eager': f, 'compiled': g}.")
+    for name, fn in candidates.items():
+        if not callable(fn):
+            raise TypeError(f"Candidate {name!r} is {type(fn).__name__}, not something to call. "
+                            "Pass functions, e.g. {'eager': f} rather than {'eager': f(x)}.")
+    if rounds < 1 or warmup < 0:
+        raise ValueError(f"rounds must be >= 1 and warmup >= 0, got rounds={rounds}, warmup={warmup}.")
+    baseline = baseline or next(iter(candidates))
+    if baseline not in candidates:
+        raise KeyError(f"The baseline {baseline!r} is not among the candidates {list(candidates)}.")
+    dev = pick_device(device)
+    threads = torch.get_num_threads()
+    names = list(candidates)
+    make = inputs or (lambda: ())
+
+    args = make()
+    for name in names:
+        for _ in range(warmup):
+            out = candidates[name](*args)
+        synchronize(dev)
+        if check is not None and warmup:
+            check(name, out, args)
+
+    times: dict[str, list[float]] = {n: [] for n in names}
+    bar = None
+    if progress is None or progress:
+        try:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=rounds * len(names), desc="timing", leave=False, disable=progress is None and rounds * len(names) * min_run_time < 3)
+        except ImportError:  # pragma: no cover - tqdm is a dependency
+            bar = None
+    for r in range(rounds):
+        args = make()
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            fn = candidates[name]
+            if check is not None:
+                out = fn(*args)
+                synchronize(dev)
+                check(name, out, args)
+            m = _timer(fn, args, threads).blocked_autorange(min_run_time=min_run_time)
+            times[name].append(m.median)
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads)

@@ -1,0 +1,266 @@
+"""Tests of ``python -m autograder`` on a toy course built in a temporary folder.
+
+One ``grade`` run covers all the interesting students at once (module-scoped fixture),
+because every submission costs a Jupyter kernel start.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+LESSON = "01_toy"
+NOTEBOOK = f"{LESSON}.ipynb"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cell(kind, source, cell_id, nbgrader=None):
+    make = nbformat.v4.new_code_cell if kind == "code" else nbformat.v4.new_markdown_cell
+    cell = make(source)
+    cell.id = cell_id
+    if nbgrader is not None:
+        cell.metadata["nbgrader"] = {"schema_version": 3, **nbgrader}
+    return cell
+
+
+def _solution(grade_id):
+    return {"solution": True, "grade": False, "locked": False, "grade_id": grade_id}
+
+
+def _tests(grade_id, points):
+    return {"solution": False, "grade": True, "locked": True, "grade_id": grade_id,
+            "points": points}
+
+
+def toy_source_notebook():
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nb.cells = [
+        _cell("markdown", "# Toy lesson\nWrite two small functions.", "intro"),
+        _cell("code", "def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n"
+                      "    ### END SOLUTION", "add-solution", _solution("add_solution")),
+        _cell("code", "assert add(1, 2) == 3\n### BEGIN HIDDEN TESTS\n"
+                      "assert add(-5, 5) == 0\nassert add(0.5, 0.25) == 0.75\n"
+                      "### END HIDDEN TESTS", "add-tests", _tests("add_tests", 2)),
+        _cell("code", "def mul(a, b):\n    ### BEGIN SOLUTION\n    return a * b\n"
+                      "    ### END SOLUTION", "mul-solution", _solution("mul_solution")),
+        _cell("code", "assert mul(2, 3) == 6\n### BEGIN HIDDEN TESTS\n"
+                      "assert mul(-1, 4) == -4\n### END HIDDEN TESTS",
+              "mul-tests", _tests("mul_tests", 1)),
+    ]
+    return nb
+
+
+def autograder(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "autograder", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n"
+                             f"stderr:\n{proc.stderr}")
+    return proc
+
+
+def read_csv(path):
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """A toy course: solutions/, a release of it in lessons/, and a work folder."""
+    root = tmp_path_factory.mktemp("course")
+    src = root / "solutions" / LESSON
+    src.mkdir(parents=True)
+    nbformat.write(toy_source_notebook(), src / NOTEBOOK)
+    (src / "data.txt").write_text("1 2 3\n")
+    proc = autograder("release", "--solutions", root / "solutions", "--lessons",
+                      root / "lessons", "--work", root / "work")
+    return {"root": root, "solutions": root / "solutions", "lessons": root / "lessons",
+            "work": root / "work", "release_stdout": proc.stdout}
+
+
+def student_version(course):
+    return nbformat.read(course["lessons"] / LESSON / NOTEBOOK, as_version=4)
+
+
+def solution_version(course):
+    return nbformat.read(course["solutions"] / LESSON / NOTEBOOK, as_version=4)
+
+
+def with_answer(nb, grade_id, source):
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            cell.source = source
+            return nb
+    raise KeyError(grade_id)
+
+
+@pytest.fixture(scope="module")
+def graded(course):
+    """Grade one submission per case in a single ``grade`` run."""
+    subs = course["root"] / "submissions"
+
+    def put(student, nb=None, name=NOTEBOOK, text=None):
+        folder = subs / student / LESSON
+        folder.mkdir(parents=True)
+        if nb is not None:
+            nbformat.write(nb, folder / name)
+        if text is not None:
+            (folder / name).write_text(text)
+
+    put("perfect", solution_version(course))
+    put("untouched", student_version(course))
+    put("wrong_mul", with_answer(solution_version(course), "mul_solution",
+                                 "def mul(a, b):\n    return a + b"))
+    put("missing")
+    put("invalid", text="{ this is not json")
+    put("renamed", solution_version(course), name=f"Copy of {NOTEBOOK}")
+    put("looping", with_answer(solution_version(course), "add_solution",
+                               "def add(a, b):\n    while True:\n        pass"))
+    (subs / ".hidden").mkdir()
+    (subs / "notes.txt").write_text("not a student")
+
+    out = course["root"] / "out"
+    proc = autograder("grade", subs, "--out", out, "--solutions", course["solutions"],
+                      "--work", course["work"], "--cell-timeout", 5, "--timeout", 120,
+                      check=False)
+    rows = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
+    cells = read_csv(out / "cells.csv")
+    return {"proc": proc, "out": out, "rows": rows, "cells": cells, "subs": subs}
+
+
+# -- release ----------------------------------------------------------------------------
+
+def test_release_strips_solutions_and_hidden_tests(course):
+    text = (course["lessons"] / LESSON / NOTEBOOK).read_text()
+    assert "BEGIN SOLUTION" not in text and "return a + b" not in text
+    assert "HIDDEN TESTS" not in text and "add(-5, 5)" not in text
+    assert "assert add(1, 2) == 3" in text  # visible tests stay
+    assert "raise NotImplementedError()" in text
+    nb = student_version(course)
+    assert all(c.get("outputs", []) == [] for c in nb.cells)
+    assert (course["lessons"] / LESSON / "data.txt").read_text() == "1 2 3\n"
+    assert not list(course["lessons"].rglob("*.db"))
+
+
+def test_release_is_deterministic(course, tmp_path):
+    again = tmp_path / "lessons"
+    autograder("release", "--solutions", course["solutions"], "--lessons", again,
+               "--work", tmp_path / "work", "--lesson", LESSON)
+    first = sorted(p.relative_to(course["lessons"]) for p in course["lessons"].rglob("*"))
+    second = sorted(p.relative_to(again) for p in again.rglob("*"))
+    assert first == second
+    for rel in first:
+        if (course["lessons"] / rel).is_file():
+            assert (course["lessons"] / rel).read_bytes() == (again / rel).read_bytes(), rel
+
+
+def test_release_unknown_lesson_fails_clearly(course, tmp_path):
+    proc = autograder("release", "--solutions", course["solutions"], "--lessons",
+                      tmp_path / "l", "--work", tmp_path / "w", "--lesson", "99_nope",
+                      check=False)
+    assert proc.returncode == 2
+    assert "99_nope" in proc.stderr and LESSON in proc.stderr
+
+
+# -- grading ------------------------------------------------------------------------------
+
+def test_grade_exits_zero_with_one_row_per_submission(graded):
+    assert graded["proc"].returncode == 0, graded["proc"].stderr
+    assert list(graded["rows"]) == sorted(
+        ["perfect", "untouched", "wrong_mul", "missing", "invalid", "renamed", "looping"])
+    header = (graded["out"] / "grades.csv").read_text().splitlines()[0]
+    assert header == ("student_id,lesson_id,score,max_score,status,cell_errors,seconds,"
+                      "peak_rss_mb,detail")
+    for row in graded["rows"].values():
+        assert row["lesson_id"] == LESSON and float(row["max_score"]) == 3
+
+
+def test_solution_gets_full_marks(graded):
+    row = graded["rows"]["perfect"]
+    assert (row["status"], float(row["score"]), int(row["cell_errors"])) == ("graded", 3, 0)
+    assert float(row["peak_rss_mb"]) > 0 and float(row["seconds"]) > 0
+
+
+def test_untouched_student_version_gets_zero_everywhere(graded):
+    row = graded["rows"]["untouched"]
+    assert (row["status"], float(row["score"])) == ("graded", 0)
+    assert int(row["cell_errors"]) >= 2
+    cells = [c for c in graded["cells"] if c["student_id"] == "untouched"]
+    assert [c["grade_id"] for c in cells] == ["add_tests", "mul_tests"]
+    assert all(float(c["score"]) == 0 for c in cells)
+    assert [float(c["max_score"]) for c in cells] == [2, 1]
+
+
+def test_wrong_answer_loses_exactly_its_points(graded):
+    row = graded["rows"]["wrong_mul"]
+    assert (row["status"], float(row["score"]), int(row["cell_errors"])) == ("graded", 2, 1)
+    cells = {c["grade_id"]: float(c["score"]) for c in graded["cells"]
+             if c["student_id"] == "wrong_mul"}
+    assert cells == {"add_tests": 2, "mul_tests": 0}
+
+
+def test_missing_and_invalid_rows(graded):
+    missing, invalid = graded["rows"]["missing"], graded["rows"]["invalid"]
+    assert (missing["status"], float(missing["score"])) == ("missing", 0)
+    assert (invalid["status"], float(invalid["score"])) == ("invalid", 0)
+    assert "JSON" in invalid["detail"]
+
+
+def test_renamed_notebook_is_graded(graded):
+    row = graded["rows"]["renamed"]
+    assert (row["status"], float(row["score"])) == ("graded", 3)
+    assert "Copy of" in row["detail"]
+
+
+def test_endless_loop_costs_only_its_tests(graded):
+    row = graded["rows"]["looping"]
+    assert row["status"] in {"graded", "timeout"}
+    if row["status"] == "graded":
+        cells = {c["grade_id"]: float(c["score"]) for c in graded["cells"]
+                 if c["student_id"] == "looping"}
+        assert cells == {"add_tests": 0, "mul_tests": 1}
+
+
+def test_feedback_for_graded_rows(graded):
+    for student, row in graded["rows"].items():
+        html = graded["out"] / "feedback" / student / LESSON / f"{LESSON}.html"
+        assert html.exists() == (row["status"] == "graded"), student
+
+
+def test_progress_and_summary_printed(graded):
+    stdout = graded["proc"].stdout
+    assert "[1/7] invalid/01_toy: invalid" in stdout
+    assert "perfect" in stdout.split("student", 1)[1]
+
+
+def test_regrade_reuses_work_folder_and_times_out(course, graded, tmp_path):
+    """A second run on the same work folder works; --timeout kills a hung submission."""
+    subs = tmp_path / "subs"
+    (subs / "hang" / LESSON).mkdir(parents=True)
+    nbformat.write(with_answer(solution_version(course), "mul_solution",
+                               "import time\ntime.sleep(600)"),
+                   subs / "hang" / LESSON / NOTEBOOK)
+    proc = autograder("grade", subs, "--out", tmp_path / "out", "--solutions",
+                      course["solutions"], "--work", course["work"], "--lesson", LESSON,
+                      "--timeout", 8)
+    (row,) = read_csv(tmp_path / "out" / "grades.csv")
+    assert (row["student_id"], row["status"], float(row["score"])) == ("hang", "timeout", 0)
+    assert float(row["seconds"]) < 30
+
+
+def test_missing_submissions_folder_fails_clearly(course, tmp_path):
+    proc = autograder("grade", tmp_path / "nowhere", "--out", tmp_path / "out",
+                      "--solutions", course["solutions"], "--work", tmp_path / "w",
+                      check=False)
+    assert proc.returncode == 2
+    assert "nowhere" in proc.stderr and "SUBMISSIONS" in proc.stderr
+    assert "Traceback" not in proc.stderr
