@@ -1,0 +1,129 @@
+"""Lesson 1's checks: the instructor's solutions pass every one, and every one fails on the
+untouched student stub and on a planted mistake aimed at it. Solutions and mistakes come from
+the instructor notebook itself, so these tests follow it when it changes."""
+
+import pytest
+import torch
+
+from course.checks import rnn as C
+
+SMALL = dict(seq_len=6, batch=3, input_size=8, hidden_size=8)
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+def test_solutions_pass_every_check(rnn_solution):
+    s = rnn_solution
+    C.check_lstm_cell(s.lstm_cell)
+    C.check_lstm_layer(s.lstm_layer)
+    C.check_scripted_layer(s.scripted_layer)
+    C.check_layer_norm_cell(s.layer_norm_lstm_cell)
+    C.check_stacked_lstm(s.stacked_lstm, num_layers=3)
+    C.check_masked_lstm_layer(s.masked_lstm_layer)
+    C.check_lstm_layer(s.fast_lstm_layer, label="fast_lstm_layer")
+    C.check_compiled_layer(torch.compile(s.fast_lstm_layer, backend="eager"), **SMALL)
+
+
+@pytest.mark.parametrize("check", [C.check_lstm_cell, C.check_lstm_layer, C.check_layer_norm_cell,
+                                   C.check_stacked_lstm, C.check_masked_lstm_layer])
+def test_untouched_stub_fails_with_a_friendly_message(check):
+    with pytest.raises(AssertionError, match="not written yet"):
+        check(stub)
+
+
+def test_unwritten_objects_fail_the_structure_checks():
+    with pytest.raises(AssertionError, match="torch.jit.script"):
+        C.check_scripted_layer(None)
+    with pytest.raises(AssertionError, match="torch.compile"):
+        C.check_compiled_layer(stub, **SMALL)
+    with pytest.raises(AssertionError, match="torch.compile"):
+        C.check_layer_speed(stub, stub, bars={"cpu": 1.0, "cuda": 2.0}, **SMALL)
+
+
+# (check, anchor in the solution, planted mistake, what the message must say)
+MISTAKES = {
+    "cell: a bias forgotten": (
+        "cell", "+ torch.mm(h, w_hh.t()) + b_hh", "+ torch.mm(h, w_hh.t())", "largest absolute error"),
+    "cell: gates in the wrong order": (
+        "cell", "i, f, g, o = gates.chunk(4, 1)\n    c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)\n    h_new",
+        "f, i, g, o = gates.chunk(4, 1)\n    c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)\n    h_new",
+        "does not match"),
+    "cell: the cell state detached": (
+        "cell", "return h_new, c_new\n", "return h_new, c_new.detach()\n", "gradient w.r.t."),
+    "layer: the cell state stacked": (
+        "layer", "h, c = lstm_cell(x[t], h, c, w_ih, w_hh, b_ih, b_hh)\n        outputs.append(h)",
+        "h, c = lstm_cell(x[t], h, c, w_ih, w_hh, b_ih, b_hh)\n        outputs.append(c)", "does not match"),
+    "script: left as Python": (
+        "script", "scripted_layer = torch.jit.script(lstm_layer)", "scripted_layer = lstm_layer", "torch.jit.script"),
+    "layer norm: the cell-state norm left out": (
+        "ln", 'c_new = layer_norm(c_new, [hidden], p["ln_c_weight"], p["ln_c_bias"])', "c_new = c_new", "does not match"),
+    "layer norm: one shift forgotten": (
+        "ln", 'p["ln_hh_weight"], p["ln_hh_bias"])', 'p["ln_hh_weight"])', "does not match"),
+    "stacked: only the last layer's state": (
+        "stacked", "finals.append((h, c))", "finals = [(h, c)]", "expected 2 items, got 1"),
+    "masked: arithmetic masking lets NaN through": (
+        "masked", "h = torch.where(alive, h_new, h)", "h = alive * h_new + (~alive) * h", "NaN"),
+    "masked: padding steps not zeroed": (
+        "masked", "outputs.append(torch.where(alive, h_new, torch.zeros_like(h_new)))", "outputs.append(h_new)",
+        "does not match"),
+    "masked: the final state taken at the padded end": (
+        "masked", "h = torch.where(alive, h_new, h)\n        c = torch.where(alive, c_new, c)",
+        "h = torch.where(alive, h_new, h_new)\n        c = torch.where(alive, c_new, c_new)", "does not match"),
+    "masked: not scriptable": (
+        "masked", "alive = (lengths > t).unsqueeze(1)", "alive = (lambda: (lengths > t).unsqueeze(1))()",
+        "must compile with torch.jit.script"),
+    "fast layer: one bias folded in": (
+        "fast", "torch.addmm(b_ih + b_hh, x.reshape", "torch.addmm(b_ih, x.reshape", "does not match"),
+}
+
+
+def run_check(kind, m):
+    if kind == "cell":
+        C.check_lstm_cell(m.lstm_cell)
+    elif kind == "layer":
+        C.check_lstm_layer(m.lstm_layer)
+    elif kind == "script":
+        C.check_scripted_layer(m.scripted_layer)
+    elif kind == "ln":
+        C.check_layer_norm_cell(m.layer_norm_lstm_cell)
+    elif kind == "stacked":
+        C.check_stacked_lstm(m.stacked_lstm)
+    elif kind == "masked":
+        C.check_masked_lstm_layer(m.masked_lstm_layer)
+    elif kind == "fast":
+        C.check_lstm_layer(m.fast_lstm_layer, label="fast_lstm_layer")
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_each_check_catches_a_planted_mistake(mistake, mutate):
+    kind, old, new, says = MISTAKES[mistake]
+    m = mutate(old, new)
+    with pytest.raises(AssertionError, match=says):
+        run_check(kind, m)
+
+
+def test_compiled_check_catches_wrong_numbers(mutate):
+    m = mutate(*MISTAKES["fast layer: one bias folded in"][1:3])
+    with pytest.raises(AssertionError, match="compiled_layer"):
+        C.check_compiled_layer(torch.compile(m.fast_lstm_layer, backend="eager"), **SMALL)
+
+
+def test_speed_check_fails_a_compiled_layer_that_is_slower(rnn_solution):
+    s = rnn_solution
+
+    def twice(*args):
+        s.lstm_layer(*args)
+        return s.lstm_layer(*args)
+
+    slow = torch.compile(twice, backend="eager")
+    with pytest.raises(AssertionError, match="bar on this device is 1.10x"):
+        C.check_layer_speed(slow, s.lstm_layer, bars={"cpu": 1.1, "cuda": 2.0}, rounds=3, min_run_time=0.02, **SMALL)
+
+
+def test_speed_check_verifies_every_output_it_times(rnn_solution, mutate):
+    wrong = mutate(*MISTAKES["fast layer: one bias folded in"][1:3])
+    with pytest.raises(AssertionError, match="output while timing"):
+        C.check_layer_speed(torch.compile(wrong.fast_lstm_layer, backend="eager"), rnn_solution.lstm_layer,
+                            bars={"cpu": 1.0, "cuda": 2.0}, rounds=2, min_run_time=0.01, **SMALL)
