@@ -22,7 +22,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 setup: $(STAMP)
 
 lab: setup
-	$(BIN)/jupyter lab --port=$(PORT) lessons/
+	$(BIN)/jupyter lab --port=$(PORT) --ServerApp.root_dir=lessons
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,9 +1,10 @@
 """``python -m autograder grade``: autograde every submission, one subprocess each.
 
-Each submission is graded by its own ``python -m nbgrader autograde`` process (and then
-``generate_feedback``), so a crash, a dead kernel or an endless loop costs that one
-submission a row with status ``error`` or ``timeout`` and the batch goes on. Scores are
-read back from nbgrader's gradebook.
+Each submission is graded by its own ``nbgrader autograde`` process, so a crash, a dead
+kernel or an endless loop costs that one submission a row with status ``error`` or
+``timeout`` and the batch goes on. Scores are read back from nbgrader's gradebook.
+Feedback runs no student code, so it is made by one ``nbgrader generate_feedback`` per
+lesson after the batch, which saves an nbgrader start-up (seconds) per submission.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def grade(submissions: Path, out: Path, solutions: Path, work: Path, *, lesson: 
         print(f"[{n}/{len(subs)}] {sub.student}/{sub.lesson}: {row.status} {score} "
               f"({row.seconds:.1f} s, {row.peak_rss_mb:.0f} MB){extra}", flush=True)
 
+    for lesson_id in sorted(lessons):
+        make_feedback(ws, lesson_id, [r for r in rows if r.lesson_id == lesson_id], out)
+
     write_grades(out, rows)
     write_cells(out, cells)
     print()
@@ -102,23 +106,44 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path,
         notes.append(f"nbgrader autograde exited with {run.returncode}: {last_error(log)}; log: {log}")
         return row("error", "; ".join(notes), peak=peak), []
 
-    fb_log = ws.log(student, lesson.id, "generate_feedback.log")
-    fb = ws.nbgrader(["generate_feedback", lesson.id, "--student", student, "--force"],
-                     log=fb_log, timeout=max(deadline - time.monotonic(), 60.0))
-    peak = max(peak, fb.peak_rss_mb)
-    if fb.returncode != 0:
-        why = "timed out" if fb.timed_out else f"exited with {fb.returncode}: {last_error(fb_log)}"
-        notes.append(f"no feedback (generate_feedback {why}); log: {fb_log}")
-    else:
-        feedback_out.mkdir(parents=True, exist_ok=True)
-        for html in sorted(ws.feedback(student, lesson.id).glob("*.html")):
-            shutil.copyfile(html, feedback_out / html.name)
-
     score, cell_rows = read_scores(ws, student, lesson)
     errors = count_cell_errors(ws.autograded(student, lesson.id), lesson.notebooks)
     if errors:
         notes.append(f"{errors} cell(s) raised an error")
     return row("graded", "; ".join(notes), score=score, cell_errors=errors, peak=peak), cell_rows
+
+
+def make_feedback(ws: Workspace, lesson_id: str, rows: list[Row], out: Path) -> None:
+    """Generate the HTML feedback of this run's graded rows of a lesson, copy it to ``out``.
+
+    Other autograded copies in the work folder (earlier runs, timed-out submissions)
+    are excluded. A row
+    whose feedback could not be made keeps its score and says so in ``detail``.
+    """
+    graded = {r.student_id: r for r in rows if r.status == "graded"}
+    if not graded:
+        return
+    others = sorted(p.parent.name for p in ws.root.glob(f"autograded/*/{lesson_id}")
+                     if p.parent.name not in graded)
+    args = ["generate_feedback", lesson_id, "--force"]
+    if others:
+        args.append(f"--CourseDirectory.student_id_exclude={','.join(others)}")
+    log = ws.log("generate_feedback", f"{lesson_id}.log")
+    plural = "s" if len(graded) != 1 else ""
+    print(f"feedback for {lesson_id}: nbgrader generate_feedback ({len(graded)} submission{plural})",
+          flush=True)
+    run = ws.nbgrader(args, log=log, timeout=120 + 30 * len(graded))
+    for student, row in sorted(graded.items()):
+        pages = sorted(ws.feedback(student, lesson_id).glob("*.html"))
+        if not pages:
+            why = "timed out" if run.timed_out else last_error(log)
+            note = f"no feedback (generate_feedback: {why}); log: {log}"
+            row.detail = f"{row.detail}; {note}" if row.detail else note
+            continue
+        dest = out / "feedback" / student / lesson_id
+        dest.mkdir(parents=True, exist_ok=True)
+        for page in pages:
+            shutil.copyfile(page, dest / page.name)
 
 
 def read_scores(ws: Workspace, student: str, lesson: Lesson) -> tuple[float, list[CellRow]]:

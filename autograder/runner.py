@@ -12,9 +12,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+
+# ru_maxrss is in KiB on Linux and in bytes on macOS.
+_RSS_UNITS_PER_MB = 1024.0 * 1024.0 if sys.platform == "darwin" else 1024.0
 
 
 @dataclass
@@ -57,8 +62,7 @@ def run_limited(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: floa
     return RunResult(
         returncode=None if timed_out else proc.returncode,
         seconds=seconds,
-        # ru_maxrss is in KiB on Linux.
-        peak_rss_mb=usage.ru_maxrss / 1024.0,
+        peak_rss_mb=usage.ru_maxrss / _RSS_UNITS_PER_MB,
         timed_out=timed_out,
         log=log,
     )

@@ -72,6 +72,12 @@ def find_submissions(root: Path, lessons: list[str], only_lesson: str | None) ->
         raise UsageError(
             f"expected student folders in {root} (SUBMISSIONS/<student_id>/<lesson_id>/"
             "*.ipynb), found none; check the path")
+    if not found:
+        raise UsageError(
+            f"found student folders in {root} ({', '.join(students[:5])}"
+            f"{', ...' if len(students) > 5 else ''}) but no lesson folders of this course "
+            f"in them; expected SUBMISSIONS/<student_id>/<lesson_id>/ with a lesson id among: "
+            f"{', '.join(lessons)}; check --solutions, or pass --lesson ID")
     return sorted(found, key=lambda s: (s.student, s.lesson))
 
 

@@ -15,7 +15,6 @@ repository. Layout::
       feedback/<student>/<lesson>/     nbgrader's HTML feedback
       logs/...               one log per nbgrader call
       gradebook.db           default gradebook (``--db`` overrides it)
-      .nbgrader.log          nbgrader's own log
 """
 
 from __future__ import annotations
@@ -204,23 +203,20 @@ def normalise_cell_ids(path: Path) -> None:
 
 
 def last_error(log: Path, limit: int = 300) -> str:
-    """The most telling line of an nbgrader log, for the ``detail`` column and messages."""
+    """The most telling line of an nbgrader log, for the ``detail`` column and messages.
+
+    That is the last exception line of a traceback (``SomeError: why``) when there is one,
+    else the last ERROR line, else the last line.
+    """
     try:
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = [l.strip() for l in log.read_text(encoding="utf-8", errors="replace").splitlines()]
     except OSError:
         return ""
-    picked = ""
-    for line in lines:
-        text = line.strip()
-        if not text:
-            continue
-        if "ERROR" in text or "Error" in text or "error" in text:
-            # Prefer the exception line of a traceback over generic "error processing".
-            if picked and "There was an error processing" in text:
-                continue
-            if "Please see" in text:
-                continue
-            picked = text
-    if not picked and lines:
-        picked = lines[-1].strip()
+    lines = [l for l in lines if l]
+    exception = [l for l in lines if _EXCEPTION_LINE.match(l)]
+    errors = [l for l in lines if "| ERROR]" in l]
+    picked = (exception or errors or lines or [""])[-1]
     return picked[:limit]
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b:?")

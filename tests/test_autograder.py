@@ -120,6 +120,8 @@ def graded(course):
     put("untouched", student_version(course))
     put("wrong_mul", with_answer(solution_version(course), "mul_solution",
                                  "def mul(a, b):\n    return a + b"))
+    put("hardcoded", with_answer(solution_version(course), "add_solution",
+                                 "def add(a, b):\n    return 3"))  # passes only the visible test
     put("missing")
     put("invalid", text="{ this is not json")
     put("renamed", solution_version(course), name=f"Copy of {NOTEBOOK}")
@@ -132,6 +134,7 @@ def graded(course):
     proc = autograder("grade", subs, "--out", out, "--solutions", course["solutions"],
                       "--work", course["work"], "--cell-timeout", 5, "--timeout", 120,
                       check=False)
+    assert (out / "grades.csv").exists(), f"{proc.stdout}\n{proc.stderr}"
     rows = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
     cells = read_csv(out / "cells.csv")
     return {"proc": proc, "out": out, "rows": rows, "cells": cells, "subs": subs}
@@ -175,8 +178,8 @@ def test_release_unknown_lesson_fails_clearly(course, tmp_path):
 
 def test_grade_exits_zero_with_one_row_per_submission(graded):
     assert graded["proc"].returncode == 0, graded["proc"].stderr
-    assert list(graded["rows"]) == sorted(
-        ["perfect", "untouched", "wrong_mul", "missing", "invalid", "renamed", "looping"])
+    assert list(graded["rows"]) == sorted(["perfect", "untouched", "wrong_mul", "hardcoded",
+                                           "missing", "invalid", "renamed", "looping"])
     header = (graded["out"] / "grades.csv").read_text().splitlines()[0]
     assert header == ("student_id,lesson_id,score,max_score,status,cell_errors,seconds,"
                       "peak_rss_mb,detail")
@@ -206,6 +209,14 @@ def test_wrong_answer_loses_exactly_its_points(graded):
     cells = {c["grade_id"]: float(c["score"]) for c in graded["cells"]
              if c["student_id"] == "wrong_mul"}
     assert cells == {"add_tests": 2, "mul_tests": 0}
+
+
+def test_hidden_tests_are_restored_for_grading(graded):
+    row = graded["rows"]["hardcoded"]
+    assert (row["status"], float(row["score"])) == ("graded", 1)
+    cells = {c["grade_id"]: float(c["score"]) for c in graded["cells"]
+             if c["student_id"] == "hardcoded"}
+    assert cells == {"add_tests": 0, "mul_tests": 1}
 
 
 def test_missing_and_invalid_rows(graded):
@@ -238,23 +249,32 @@ def test_feedback_for_graded_rows(graded):
 
 def test_progress_and_summary_printed(graded):
     stdout = graded["proc"].stdout
-    assert "[1/7] invalid/01_toy: invalid" in stdout
+    assert "[2/8] invalid/01_toy: invalid" in stdout
     assert "perfect" in stdout.split("student", 1)[1]
 
 
-def test_regrade_reuses_work_folder_and_times_out(course, graded, tmp_path):
-    """A second run on the same work folder works; --timeout kills a hung submission."""
+def test_regrade_survives_hang_and_dead_kernel(course, graded, tmp_path):
+    """A second run on the same work folder (and gradebook) works; --timeout kills a hung
+    submission and a dead kernel gives an error row, while the next student is graded."""
     subs = tmp_path / "subs"
-    (subs / "hang" / LESSON).mkdir(parents=True)
-    nbformat.write(with_answer(solution_version(course), "mul_solution",
-                               "import time\ntime.sleep(600)"),
-                   subs / "hang" / LESSON / NOTEBOOK)
-    proc = autograder("grade", subs, "--out", tmp_path / "out", "--solutions",
-                      course["solutions"], "--work", course["work"], "--lesson", LESSON,
-                      "--timeout", 8)
-    (row,) = read_csv(tmp_path / "out" / "grades.csv")
-    assert (row["student_id"], row["status"], float(row["score"])) == ("hang", "timeout", 0)
-    assert float(row["seconds"]) < 30
+    cases = {
+        "a_hang": with_answer(solution_version(course), "mul_solution",
+                              "import time\ntime.sleep(600)"),
+        "b_crash": with_answer(solution_version(course), "mul_solution",
+                               "import os\nos._exit(1)"),
+        "c_fine": solution_version(course),
+    }
+    for student, nb in cases.items():
+        (subs / student / LESSON).mkdir(parents=True)
+        nbformat.write(nb, subs / student / LESSON / NOTEBOOK)
+    out = tmp_path / "out"
+    autograder("grade", subs, "--out", out, "--solutions", course["solutions"],
+               "--work", course["work"], "--lesson", LESSON, "--timeout", 6)
+    rows = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
+    assert rows["a_hang"]["status"] == "timeout" and float(rows["a_hang"]["score"]) == 0
+    assert float(rows["a_hang"]["seconds"]) < 20
+    assert rows["b_crash"]["status"] == "error" and "DeadKernelError" in rows["b_crash"]["detail"]
+    assert (rows["c_fine"]["status"], float(rows["c_fine"]["score"])) == ("graded", 3)
 
 
 def test_missing_submissions_folder_fails_clearly(course, tmp_path):
@@ -264,3 +284,31 @@ def test_missing_submissions_folder_fails_clearly(course, tmp_path):
     assert proc.returncode == 2
     assert "nowhere" in proc.stderr and "SUBMISSIONS" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_submissions_without_course_lessons_fail_clearly(course, tmp_path):
+    (tmp_path / "subs" / "alice" / "99_other").mkdir(parents=True)
+    proc = autograder("grade", tmp_path / "subs", "--out", tmp_path / "out",
+                      "--solutions", course["solutions"], "--work", tmp_path / "w",
+                      check=False)
+    assert proc.returncode == 2
+    assert "alice" in proc.stderr and LESSON in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cells_without_ids_get_stable_ids(tmp_path):
+    """Source notebooks without cell ids must not get random ones (release determinism)."""
+    from autograder.workspace import normalise_cell_ids
+
+    nb = toy_source_notebook()
+    raw = json.loads(nbformat.writes(nb))
+    raw["nbformat_minor"] = 4
+    for cell in raw["cells"]:
+        del cell["id"]
+    paths = [tmp_path / "a.ipynb", tmp_path / "b.ipynb"]
+    for path in paths:
+        path.write_text(json.dumps(raw))
+        normalise_cell_ids(path)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    ids = [c["id"] for c in json.loads(paths[0].read_text())["cells"]]
+    assert ids == ["cell-0", "add_solution", "add_tests", "mul_solution", "mul_tests"]
+    nbformat.validate(nbformat.read(paths[0], as_version=4))

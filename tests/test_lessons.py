@@ -1,0 +1,143 @@
+"""The lessons end to end: the instructor notebooks run top to bottom with every test passing,
+within their time and memory budgets; lessons/ is exactly what nbgrader generates from
+solutions/; and grading gives full marks to the solutions, zero on every graded test to the
+untouched student versions, and takes exactly the broken checks' points from a planted mistake."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from course.lessons import catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSON_IDS = [item["id"] for item in catalog()]
+
+# One planted mistake per lesson: (anchor in the solution, replacement, the graded cells it must break).
+PLANTED = {
+    "01_custom_rnns": ("h = torch.where(alive, h_new, h)", "h = alive * h_new + (~alive) * h",
+                       {"test_masked_lstm_layer"}),
+}
+
+
+def notebook(lesson_id: str, folder: str) -> Path:
+    return ROOT / folder / lesson_id / f"{lesson_id}.ipynb"
+
+
+def graded_cells(path: Path) -> dict[str, float]:
+    nb = json.loads(path.read_text())
+    return {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"]
+            for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("lesson_id", LESSON_IDS)
+def test_catalog_points_and_committed_notebooks_agree(lesson_id):
+    item = next(x for x in catalog() if x["id"] == lesson_id)
+    for folder in ("solutions", "lessons"):
+        path = notebook(lesson_id, folder)
+        assert path.exists(), f"{path} is missing"
+        nb = json.loads(path.read_text())
+        assert all(not c.get("outputs") and not c.get("execution_count") for c in nb["cells"]
+                   if c["cell_type"] == "code"), f"{path} is committed with outputs"
+    assert sum(graded_cells(notebook(lesson_id, "solutions")).values()) == item["points"]
+    assert lesson_id in (ROOT / "README.md").read_text(), "the README's lessons table misses this lesson"
+
+
+@pytest.mark.parametrize("lesson_id", LESSON_IDS)
+def test_student_version_hides_solutions_and_hidden_tests(lesson_id):
+    text = notebook(lesson_id, "lessons").read_text()
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS"):
+        assert marker not in text
+    assert "raise NotImplementedError()" in text
+
+
+@pytest.mark.notebooks
+def test_release_regenerates_exactly_the_committed_lessons(tmp_path):
+    out = tmp_path / "lessons"
+    subprocess.run([sys.executable, "-m", "autograder", "release", "--lessons", str(out), "--work",
+                    str(tmp_path / "work")], check=True, cwd=ROOT)
+    committed = sorted(p.relative_to(ROOT / "lessons") for p in (ROOT / "lessons").rglob("*") if p.is_file())
+    regenerated = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert regenerated == committed, "lessons/ and solutions/ list different files: run `make release`"
+    for rel in committed:
+        assert (out / rel).read_bytes() == (ROOT / "lessons" / rel).read_bytes(), (
+            f"lessons/{rel} differs from what solutions/ generates: run `make release` and commit")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """One `grade` run over: every lesson's instructor notebook, and for each lesson with a
+    planted mistake, the untouched student version and the mistake."""
+    tmp = tmp_path_factory.mktemp("grading")
+    subs = tmp / "submissions"
+    for lesson_id in LESSON_IDS:
+        src = notebook(lesson_id, "solutions")
+        dest = subs / "instructor" / lesson_id
+        dest.mkdir(parents=True)
+        shutil.copy(src, dest / src.name)
+        if lesson_id in PLANTED:
+            (subs / "untouched" / lesson_id).mkdir(parents=True)
+            shutil.copy(notebook(lesson_id, "lessons"), subs / "untouched" / lesson_id / src.name)
+            old, new, _ = PLANTED[lesson_id]
+            text = src.read_text()
+            assert json.dumps(old)[1:-1] in text, "the planted mistake's anchor is gone from the solution"
+            (subs / "mistake" / lesson_id).mkdir(parents=True)
+            (subs / "mistake" / lesson_id / src.name).write_text(text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1]))
+    out = tmp / "out"
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(out),
+                           "--work", str(tmp / "work")], cwd=ROOT, capture_output=True, text=True)
+    print(proc.stdout[-4000:], proc.stderr[-4000:])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {(r["student_id"], r["lesson_id"]): r for r in read_csv(out / "grades.csv")}
+    cells = {}
+    for r in read_csv(out / "cells.csv"):
+        cells.setdefault((r["student_id"], r["lesson_id"]), {})[r["grade_id"]] = float(r["score"])
+    return rows, cells, out
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("lesson_id", LESSON_IDS)
+def test_instructor_notebook_runs_top_to_bottom_with_full_marks_within_budget(graded, lesson_id):
+    rows, cells, out = graded
+    row = rows[("instructor", lesson_id)]
+    item = next(x for x in catalog() if x["id"] == lesson_id)
+    assert row["status"] == "graded", row
+    assert float(row["score"]) == float(row["max_score"]) == item["points"], row
+    assert int(row["cell_errors"]) == 0, row
+    # A lesson that "ran" in almost no time did not run: the floor catches a silent skip.
+    assert 5 < float(row["seconds"]) < item["cpu_budget_s"], row
+    assert float(row["peak_rss_mb"]) < item["memory_budget_mb"], row
+    assert list((out / "feedback" / "instructor" / lesson_id).glob("*.html"))
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("lesson_id", sorted(PLANTED))
+def test_untouched_student_version_gets_zero_on_every_graded_test(graded, lesson_id):
+    rows, cells, _ = graded
+    row = rows[("untouched", lesson_id)]
+    assert row["status"] == "graded" and float(row["score"]) == 0, row
+    expected = graded_cells(notebook(lesson_id, "solutions"))
+    assert set(cells[("untouched", lesson_id)]) == set(expected)
+    assert all(score == 0 for score in cells[("untouched", lesson_id)].values())
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("lesson_id", sorted(PLANTED))
+def test_planted_mistake_loses_exactly_the_points_of_the_checks_it_breaks(graded, lesson_id):
+    rows, cells, _ = graded
+    broken = PLANTED[lesson_id][2]
+    points = graded_cells(notebook(lesson_id, "solutions"))
+    got = cells[("mistake", lesson_id)]
+    assert {k for k, v in got.items() if v < points[k]} == broken
+    assert float(rows[("mistake", lesson_id)]["score"]) == sum(points.values()) - sum(points[k] for k in broken)
