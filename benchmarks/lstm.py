@@ -40,7 +40,15 @@ SIZES = {
 def machine() -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {torch.get_num_threads()} threads"
 
 
 def main(argv=None) -> int:
@@ -83,7 +91,8 @@ def main(argv=None) -> int:
         impls["torch.compile"](*inputs())
     results["compile_forward_s"] = round(time.perf_counter() - t0, 1)
     with torch.no_grad():
-        fwd = compare(impls, inputs=inputs, rounds=args.rounds, min_run_time=args.min_run_time, device=dev)
+        fwd = compare(impls, inputs=inputs, rounds=args.rounds, min_run_time=args.min_run_time, device=dev,
+                          progress=False)
     fwd.show()
     modes = {"forward": fwd}
     if not args.no_backward:
@@ -96,7 +105,7 @@ def main(argv=None) -> int:
         train(impls["torch.compile"])(*inputs(True))
         results["compile_backward_s"] = round(time.perf_counter() - t0, 1)
         bwd = compare({k: train(f) for k, f in impls.items()}, inputs=lambda: inputs(True), rounds=args.rounds,
-                      min_run_time=args.min_run_time, device=dev)
+                      min_run_time=args.min_run_time, device=dev, progress=False)
         bwd.show()
         modes["forward+backward"] = bwd
     for mode, rep in modes.items():
