@@ -86,6 +86,10 @@ def main(argv=None) -> int:
 
     results = {"machine": machine(), "device": str(dev), "torch": torch.__version__, "size": size, "sizes": S,
                "date": dt.date.today().isoformat(), "rounds": args.rounds, "modes": {}}
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    cache = Path(cache_dir())
+    results["inductor_cache"] = "warm" if cache.exists() and any(cache.iterdir()) else "cold"
     t0 = time.perf_counter()
     with torch.no_grad():
         impls["torch.compile"](*inputs())
@@ -120,8 +124,9 @@ def main(argv=None) -> int:
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [f"# Lesson 1 LSTM layers: {results['machine']}", "",
              f"torch {results['torch']}, {results['date']}, T={S['T']} B={S['B']} I={S['I']} H={S['H']}, "
-             f"{args.rounds} interleaved rounds; compile {results['compile_forward_s']} s (forward)"
-             + (f", {results['compile_backward_s']} s (forward+backward)" if 'compile_backward_s' in results else ""),
+             f"{args.rounds} interleaved rounds; first call with compile {results['compile_forward_s']} s (forward)"
+             + (f", {results['compile_backward_s']} s (forward+backward)" if 'compile_backward_s' in results else "")
+             + f", Inductor cache {results['inductor_cache']} (a cold compile takes about 20 s on 2 CPU cores)",
              ""]
     for mode, rows in results["modes"].items():
         lines += [f"## {mode}", "", "| implementation | median | vs eager (IQR) | vs nn.LSTM |", "|---|---|---|---|"]
