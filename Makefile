@@ -8,6 +8,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
+# JupyterLab refuses to run as root unless told to (containers often run as root).
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: setup lab test release lock doctor clean
 
@@ -22,7 +24,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 setup: $(STAMP)
 
 lab: setup
-	$(BIN)/jupyter lab --port=$(PORT) --ServerApp.root_dir=lessons
+	$(BIN)/jupyter lab --port=$(PORT) --ServerApp.root_dir=lessons $(ROOT_FLAG)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
