@@ -9,7 +9,10 @@ Each module is small and named for what it does:
 - :mod:`course.grading`  device-aware speed bars and structure checks
 - :mod:`course.data`     synthetic data (no downloads, ever)
 - :mod:`course.quiet`    deprecation warnings explained once, then kept out of the way
-- :mod:`course.rnn`      lesson 1's helpers; :mod:`course.checks` the lessons' checks
+- :mod:`course.models`   small models shared by lessons (a ResNet-like net)
+- :mod:`course.rnn`, :mod:`course.fx`  helpers of lessons 1 and 2
+- :mod:`course.checks`   the lessons' graded checks, one module per lesson
+- :mod:`course.lessons`  the lessons as data (points, budgets)
 """
 
 from course.devices import Sizes, device_kind, pick_device, sizes, synchronize

@@ -127,3 +127,11 @@ def test_speed_check_verifies_every_output_it_times(rnn_solution, mutate):
     with pytest.raises(AssertionError, match="output while timing"):
         C.check_layer_speed(torch.compile(wrong.fast_lstm_layer, backend="eager"), rnn_solution.lstm_layer,
                             bars={"cpu": 1.0, "cuda": 2.0}, rounds=2, min_run_time=0.01, **SMALL)
+
+
+def test_a_crash_in_learner_code_becomes_a_message_naming_the_function():
+    def lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh):
+        return torch.mm(x, w_hh), c  # wrong weight: shapes do not fit
+
+    with pytest.raises(AssertionError, match=r"(?s)lstm_cell raised RuntimeError: .*called with: a tensor of shape \(4, 6\)"):
+        C.check_lstm_cell(lstm_cell)

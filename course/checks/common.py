@@ -27,6 +27,13 @@ def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> An
     except NotImplementedError:
         raise AssertionError(f"{label} is not written yet: replace `raise NotImplementedError()` "
                              "with your code, then run its cell again.") from None
+    except AssertionError:
+        raise
+    except Exception as exc:  # the learner's own error: name it, keep its traceback below
+        shapes = ", ".join(describe(a) for a in args if hasattr(a, "shape"))[:400]
+        raise AssertionError(f"{label} raised {type(exc).__name__}: {exc}\n"
+                             f"  It was called with: {shapes or 'no tensor arguments'}.\n"
+                             "  The traceback above shows the line in your code.") from exc
 
 
 def weighted_sum(outputs: Any, seed: int = 1234) -> torch.Tensor:

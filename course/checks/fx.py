@@ -1,0 +1,415 @@
+"""Checks for lesson 02_fx_transforms. Models come from ``course.models.small_resnet`` (seeded,
+BatchNorm statistics randomised) and inputs from the check's ``seed``, so the learner never
+chooses them. Numerics are compared in float64 where the algebra is checked, and in float32
+with a tolerance relative to the output's scale where the speed matters."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import fx, nn
+
+from course.checks.common import call, ok
+from course.data import generator, randn
+from course.devices import pick_device
+from course.fx import capture_inductor_code, threads
+from course.grading import expect_compiled, expect_speedup
+from course.models import small_resnet
+from course.numerics import assert_close, describe
+from course.timing import SpeedReport, compare
+
+__all__ = ["check_compile_frozen", "check_conv_bn_pairs", "check_fold_conv_bn", "check_fuse",
+           "check_fusion_speed", "check_op_type", "check_profiler"]
+
+F64 = torch.float64
+FOLD_HINT = ("scale = gamma / sqrt(var + eps) has one value per output channel: multiply the weight "
+             "of output channel k (w[k], shape (C_in, kH, kW)) by scale[k], e.g. w * scale.reshape(-1, 1, 1, 1); "
+             "b' = (b - mean) * scale + beta, with b = 0 when the conv has no bias.")
+
+
+# ---------------------------------------------------------------- trusted references
+
+def _op_type(gm: fx.GraphModule, node: fx.Node) -> str:
+    if node.op == "call_module":
+        return type(gm.get_submodule(node.target)).__name__
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target))
+    if node.op == "call_method":
+        return str(node.target)
+    return node.op
+
+
+def _reasons(gm: fx.GraphModule, bn_node: fx.Node) -> str | None:
+    """Why the BatchNorm at ``bn_node`` may not be folded (None: it may)."""
+    bn = gm.get_submodule(bn_node.target)
+    if bn.training:
+        return "the BatchNorm is in training mode (it normalises with the batch's statistics)"
+    src = bn_node.args[0] if len(bn_node.args) == 1 and not bn_node.kwargs else None
+    if not (isinstance(src, fx.Node) and src.op == "call_module"
+            and isinstance(gm.get_submodule(src.target), nn.Conv2d)):
+        return "its input is not a Conv2d module"
+    if len(src.users) != 1:
+        return f"the conv's output has {len(src.users)} users: folding would change what the others see"
+    return None
+
+
+def _bn_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_module"
+            and isinstance(gm.get_submodule(n.target), nn.modules.batchnorm._BatchNorm)]
+
+
+def _legal_pairs(gm: fx.GraphModule) -> set[tuple[str, str]]:
+    return {(str(n.args[0].target), str(n.target)) for n in _bn_nodes(gm) if _reasons(gm, n) is None}
+
+
+def _fold_reference(w, b, mean, var, gamma, beta, eps):
+    scale = gamma / torch.sqrt(var + eps)
+    b = torch.zeros_like(mean) if b is None else b
+    return w * scale.reshape(-1, *([1] * (w.dim() - 1))), (b - mean) * scale + beta
+
+
+# ---------------------------------------------------------------- helpers
+
+def _traced(seed: int, width: int, blocks, tap: bool = True, train_bn: str | None = None,
+            dtype=torch.float32, device=None) -> tuple[nn.Module, fx.GraphModule]:
+    model = small_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=tap, dtype=dtype, device=device)
+    if train_bn is not None:
+        model.get_submodule(train_bn).train()
+    return model, fx.symbolic_trace(model)
+
+
+def _scaled_tol(ref: torch.Tensor, rel: float) -> float:
+    return rel * max(float(ref.detach().abs().max()), 1e-12)
+
+
+def _expect_graph_module(obj: Any, label: str) -> fx.GraphModule:
+    if not isinstance(obj, fx.GraphModule):
+        raise AssertionError(f"{label} should return a torch.fx.GraphModule, but it returned {describe(obj)}.\n"
+                             "  Hint: trace a copy with torch.fx.symbolic_trace, edit gm.graph, call "
+                             "gm.recompile(), and return gm.")
+    return obj
+
+
+# ---------------------------------------------------------------- exercise checks
+
+def check_op_type(op_type: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1)) -> None:
+    """``op_type(gm, node)`` names what a node computes: the module's class for ``call_module``,
+    the function's ``__name__`` for ``call_function``, the method's name for ``call_method``, and
+    the op itself (``'placeholder'``, ``'output'``, ``'get_attr'``) for the rest."""
+    _, gm = _traced(seed, width, blocks, tap=True)
+    seen = set()
+    for node in gm.graph.nodes:
+        want = _op_type(gm, node)
+        got = call(op_type, gm, node, name="op_type")
+        if got != want:
+            raise AssertionError(
+                f"op_type(gm, node) for node {node.name!r} (op {node.op!r}, target {node.target!r}) "
+                f"returned {got!r}; expected {want!r}.\n"
+                "  Hint: call_module -> type(gm.get_submodule(node.target)).__name__; call_function -> "
+                "node.target.__name__; call_method -> node.target (already a string); otherwise node.op.")
+        seen.add(node.op)
+    ok(f"op_type names all {len(gm.graph.nodes)} nodes right (ops {sorted(seen)}; seed {seed})")
+
+
+def check_conv_bn_pairs(conv_bn_pairs: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1),
+                        train_bn: str | None = None) -> None:
+    """``conv_bn_pairs(gm)`` lists exactly the legal (conv node, BatchNorm node) pairs of a traced
+    model, in graph order: a Conv2d module node feeding an eval-mode BatchNorm module node as its
+    only input, with no other user of the conv's output. ``train_bn`` puts one BatchNorm in
+    training mode."""
+    _, gm = _traced(seed, width, blocks, tap=True, train_bn=train_bn)
+    before = str(gm.graph)
+    got = call(conv_bn_pairs, gm, name="conv_bn_pairs")
+    if not isinstance(got, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in got):
+        raise AssertionError(f"conv_bn_pairs should return a list of (conv_node, bn_node) pairs, got {describe(got)}.")
+    for pair in got:
+        if not all(isinstance(n, fx.Node) and n.graph is gm.graph for n in pair):
+            raise AssertionError(f"conv_bn_pairs returned {pair!r}: each pair must hold two fx.Node of the "
+                                 "graph it was given (not module names or modules).")
+    got_set = {(str(c.target), str(b.target)) for c, b in got}
+    want = _legal_pairs(gm)
+    extra = sorted(got_set - want)
+    if extra:
+        by_target = {str(n.target): n for n in gm.graph.nodes}
+        why = "; ".join(f"{c} -> {b}: " + (_reasons(gm, by_target[b]) or "not a conv feeding that BatchNorm")
+                        if b in by_target else f"{c} -> {b}: not a BatchNorm node" for c, b in extra)
+        raise AssertionError(f"conv_bn_pairs lists pairs that must not be fused: {why}.\n"
+                             "  Hint: check bn.training, that the BN's only argument is a Conv2d call_module "
+                             "node, and len(conv_node.users) == 1.")
+    missing = sorted(want - got_set)
+    if missing:
+        raise AssertionError(f"conv_bn_pairs misses {len(missing)} legal pair(s) of {len(want)}: {missing}.\n"
+                             "  Hint: conv/BN pairs hide inside nn.Sequential (stem.0 -> stem.1) and inside "
+                             "wrapper modules (stages.0.first.conv -> stages.0.first.bn); walk gm.graph.nodes, "
+                             "not the module tree.")
+    if len(got) != len(got_set):
+        raise AssertionError("conv_bn_pairs lists a pair more than once.")
+    if str(gm.graph) != before:
+        raise AssertionError("conv_bn_pairs changed the graph: it should only look.")
+    left = len(_bn_nodes(gm)) - len(want)
+    ok(f"conv_bn_pairs finds all {len(want)} legal pairs and leaves the other {left} BatchNorm(s) alone "
+       f"(seed {seed}{', ' + train_bn + ' in training mode' if train_bn else ''})")
+
+
+def check_fold_conv_bn(fold_conv_bn: Callable, *, seed: int = 0, c_in: int = 3, c_out: int = 5, kernel: int = 3,
+                       bias: bool = True, eps: float = 1e-5, groups: int = 1) -> None:
+    """``fold_conv_bn(w, b, mean, var, gamma, beta, eps) -> (w', b')`` in float64: equal to the
+    folding formula, and conv(x, w', b') equals BatchNorm(conv(x, w, b)) on a random input."""
+    g = generator(seed)
+
+    def r(*shape, lo=-1.0, hi=1.0):
+        return torch.rand(*shape, generator=g, dtype=F64) * (hi - lo) + lo
+
+    w = r(c_out, c_in // groups, kernel, kernel)
+    b = r(c_out) if bias else None
+    mean, var = r(c_out, lo=-0.5, hi=0.5), r(c_out, lo=0.3, hi=2.0)
+    gamma, beta = r(c_out, lo=0.5, hi=1.5), r(c_out, lo=-0.5, hi=0.5)
+    args = (w, b, mean, var, gamma, beta, eps)
+    copies = [None if t is None else t.clone() for t in args[:6]]
+    got = call(fold_conv_bn, *args, name="fold_conv_bn")
+    for t, c, n in zip(args[:6], copies, ("w", "b", "mean", "var", "gamma", "beta")):
+        if t is not None and not torch.equal(t, c):
+            raise AssertionError(f"fold_conv_bn changed its input {n} in place; return new tensors instead "
+                                 "(the conv and BN of the original model must stay as they were).")
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise AssertionError(f"fold_conv_bn should return a pair (w', b'), got {describe(got)}.")
+    if got[1] is None:
+        raise AssertionError("fold_conv_bn returned b' = None. The fused conv always needs a bias: "
+                             "with no conv bias, b' = (0 - mean) * scale + beta.")
+    want = _fold_reference(*args)
+    label = f"fold_conv_bn(...) [conv {'with' if bias else 'without'} bias, eps={eps:g}]"
+    assert_close(tuple(got), want, name=label + " -> (w', b')", hint=FOLD_HINT)
+    x = randn(2, c_in, 7, 6, seed=seed + 1, dtype=F64)
+    pad = kernel // 2
+    ref = nn.functional.batch_norm(nn.functional.conv2d(x, w, b, padding=pad, groups=groups), mean, var,
+                                   gamma, beta, training=False, eps=eps)
+    assert_close(nn.functional.conv2d(x, got[0], got[1], padding=pad, groups=groups), ref,
+                 name=label + ": conv with (w', b') vs BatchNorm(conv(x))", hint=FOLD_HINT)
+    ok(f"fold_conv_bn: conv with the folded weights equals BatchNorm(conv) in float64 "
+       f"({c_out}x{c_in // groups}x{kernel}x{kernel}, {'with' if bias else 'no'} bias, eps={eps:g}, seed {seed})")
+
+
+def _check_fused_graph(fused: fx.GraphModule, gm_ref: fx.GraphModule, label: str) -> tuple[int, int]:
+    left = {str(n.target) for n in _bn_nodes(fused)}
+    legal = {bn for _, bn in _legal_pairs(gm_ref)}
+    must_stay = {str(n.target) for n in _bn_nodes(gm_ref)} - legal
+    wrongly_left = sorted(left & legal)
+    if wrongly_left:
+        raise AssertionError(f"{label}: BatchNorm node(s) {wrongly_left} are still in the graph, though fusing "
+                             "them was legal.\n  Hint: after folding, bn_node.replace_all_uses_with(conv_node), "
+                             "gm.graph.erase_node(bn_node), and gm.recompile() at the end.")
+    removed = sorted(must_stay - left)
+    if removed:
+        by_target = {str(n.target): n for n in gm_ref.graph.nodes}
+        why = "; ".join(f"{t}: {_reasons(gm_ref, by_target[t])}" for t in removed)
+        raise AssertionError(f"{label}: BatchNorm node(s) were removed that had to stay: {why}.\n"
+                             "  Hint: fuse only the pairs conv_bn_pairs returns.")
+    return len(legal), len(must_stay)
+
+
+def check_fuse(fuse: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1), batch: int = 2,
+               image: int = 16, device=None) -> None:
+    """``fuse(model) -> GraphModule``: BatchNorm folded into every legal conv, nothing else
+    changed, the original model untouched; equal to the model in eval mode (float64 to 1e-10 of
+    the output's scale, float32 to 1e-5), on inputs drawn from ``seed``."""
+    dev = pick_device(device)
+    hint = "fold with fold_conv_bn into a copy of the conv; keep the conv's stride, padding and groups."
+    with torch.no_grad():
+        for dtype, rel in ((F64, 1e-10), (torch.float32, 1e-5)):
+            model, gm_ref = _traced(seed, width, blocks, tap=True, dtype=dtype, device=dev)
+            state = {k: v.clone() for k, v in model.state_dict().items()}
+            fused = _expect_graph_module(call(fuse, model, name="fuse"), "fuse(model)")
+            changed = [k for k, v in model.state_dict().items() if k not in state or not torch.equal(v, state[k])]
+            if changed or len(state) != len(model.state_dict()):
+                raise AssertionError(f"fuse changed the original model ({', '.join(changed[:4]) or 'its modules'}). "
+                                     "Work on a copy: copy.deepcopy(model) before tracing.")
+            if fused is model:
+                raise AssertionError("fuse returned the model it was given; return a new GraphModule.")
+            legal, kept = _check_fused_graph(fused, gm_ref, "fuse(model)")
+            for s in (seed + 11, seed + 12):
+                x = randn(batch, 3, image, image, seed=s, device=dev, dtype=dtype)
+                ref = model(x)
+                assert_close(fused(x), ref, atol=_scaled_tol(ref, rel), rtol=0,
+                             name=f"fuse(model)(x) vs model(x) in {str(dtype).replace('torch.', '')}", hint=hint)
+        # a BatchNorm in training mode must stay
+        train_bn = "stages.0.second.bn"
+        model, gm_ref = _traced(seed, width, blocks, tap=True, train_bn=train_bn, device=dev)
+        fused = _expect_graph_module(call(fuse, model, name="fuse"), "fuse(model)")
+        _check_fused_graph(fused, gm_ref, f"fuse(model) with {train_bn} in training mode")
+    ok(f"fuse folds all {legal} legal BatchNorms, keeps the {kept} that must stay (and one in training mode), "
+       f"and equals the model in float64 and float32 (width {width}, blocks {tuple(blocks)}, seed {seed})")
+
+
+class SlowOp(nn.Module):
+    """Sleeps for the next duration of a fixed cycle, then returns its input: a node whose mean
+    time the profile must find."""
+
+    def __init__(self, cycle_s=(0.002, 0.010)):
+        super().__init__()
+        self.cycle_s, self.calls = tuple(cycle_s), 0
+
+    def forward(self, x):
+        time.sleep(self.cycle_s[self.calls % len(self.cycle_s)])
+        self.calls += 1
+        return x
+
+
+class _LeafTracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, SlowOp) or super().is_leaf_module(m, qualname)
+
+
+class _Probe(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.slow = SlowOp()
+
+    def forward(self, x):
+        return torch.relu(self.slow(self.lin(x))).mean(dim=1) + 1.0
+
+
+def _check_rows(rows: Any, gm: fx.GraphModule, label: str) -> list[tuple[str, str, float, float]]:
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, (list, tuple)) and len(r) == 4 for r in rows):
+        raise AssertionError(f"{label}.rows() should return a list of (op type, node name, mean seconds, share) "
+                             f"tuples, got {describe(rows)}.")
+    names = [n.name for n in gm.graph.nodes]
+    got = [r[1] for r in rows]
+    if sorted(got) != sorted(names):
+        missing, extra = sorted(set(names) - set(got)), sorted(set(got) - set(names))
+        raise AssertionError(f"{label}.rows() should have one row per node of the graph ({len(names)} nodes), "
+                             f"got {len(rows)} rows; missing {missing[:6]}, unexpected {extra[:6]}"
+                             f"{', some twice' if len(set(got)) < len(got) else ''}.\n"
+                             "  Hint: time every node in run_node and key the times by node.name.")
+    for op, _, mean, share in rows:
+        if not isinstance(op, str) or not op:
+            raise AssertionError(f"{label}.rows(): the op type should be a non-empty string (use op_type), got {op!r}.")
+        if not (isinstance(mean, float) and mean >= 0 and isinstance(share, float) and 0 <= share <= 1.0 + 1e-9):
+            if isinstance(share, (int, float)) and share > 1:
+                raise AssertionError(f"{label}.rows(): share {share!r} is above 1. Give shares as fractions of "
+                                     "the total (they sum to 1.0, printed as 100%), not percentages.")
+            raise AssertionError(f"{label}.rows(): means are seconds (floats >= 0) and shares fractions in [0, 1]; "
+                                 f"got mean {mean!r}, share {share!r}.")
+    means = [r[2] for r in rows]
+    if means != sorted(means, reverse=True):
+        raise AssertionError(f"{label}.rows() should be sorted slowest first (by mean time, descending).")
+    total_share, total = sum(r[3] for r in rows), sum(means)
+    if abs(total_share - 1.0) > 1e-6:
+        raise AssertionError(f"{label}.rows(): the shares sum to {total_share:.4f}; they should sum to 1 "
+                             "(share = a node's mean / the sum of all nodes' means).")
+    for op, name, mean, share in rows:
+        if total > 0 and abs(share - mean / total) > 1e-6:
+            raise AssertionError(f"{label}.rows(): node {name!r} has share {share:.4f} but mean/total = "
+                                 f"{mean / total:.4f}.")
+    return list(rows)
+
+
+def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, width: int = 8,
+                   blocks=(1, 1)) -> None:
+    """``ProfilingInterpreter(gm).profile(*args, runs=n)`` runs the graph ``n`` times and returns
+    its output; ``.rows()`` gives one (op type, node, mean seconds, share) row per node, slowest
+    first, shares summing to 1. A planted node that sleeps 2 ms and 10 ms on alternate calls must
+    show its mean (6 ms over an even number of runs) and the largest share."""
+    if not isinstance(ProfilingInterpreter, type) or not issubclass(ProfilingInterpreter, fx.Interpreter):
+        raise AssertionError(f"ProfilingInterpreter should be a subclass of torch.fx.Interpreter, got "
+                             f"{describe(ProfilingInterpreter)}.")
+    if runs % 2:
+        raise ValueError("check_profiler needs an even number of runs (the slow node alternates 2 and 10 ms).")
+    root = _Probe()
+    gm = fx.GraphModule(root, _LeafTracer().trace(root))
+    x = randn(3, 6, seed=seed)
+    with torch.no_grad():
+        interp = call(ProfilingInterpreter, gm, name="ProfilingInterpreter")
+        out = call(interp.profile, x, runs=runs, name="ProfilingInterpreter.profile")
+        root.slow.calls = 0
+        assert_close(out, gm(x), name="ProfilingInterpreter(gm).profile(x) (the graph's output)",
+                     hint="profile should return what the last run returned: self.run(*args).")
+        rows = _check_rows(call(interp.rows, name="ProfilingInterpreter.rows"), gm, "ProfilingInterpreter")
+    op, name, mean, share = rows[0]
+    if name != "slow":
+        raise AssertionError(f"The slowest node should be 'slow' (it sleeps 6 ms on average), but rows() puts "
+                             f"{name!r} first ({mean * 1e3:.3g} ms).")
+    if not 0.0054 <= mean <= 0.0085:
+        raise AssertionError(
+            f"The node 'slow' sleeps 2 ms and 10 ms on alternate calls, so its mean over {runs} runs is 6 ms; "
+            f"rows() says {mean * 1e3:.3g} ms.\n  Hint: keep every run's time (a list per node) and average "
+            "them all; do not keep only the last or the first, and do not sum them.")
+    # the same on a real model: every node, shares summing to 1
+    model, gm2 = _traced(seed, width, blocks, tap=True)
+    x2 = randn(2, 3, 16, 16, seed=seed + 1)
+    with torch.no_grad():
+        interp2 = ProfilingInterpreter(gm2)
+        assert_close(interp2.profile(x2, runs=2), model(x2), name="ProfilingInterpreter on small_resnet")
+        rows2 = _check_rows(interp2.rows(), gm2, "ProfilingInterpreter (small_resnet)")
+    ok(f"ProfilingInterpreter times all {len(rows)} + {len(rows2)} nodes, finds the slow one "
+       f"({mean * 1e3:.2f} ms, {share:.0%}), shares sum to {sum(r[3] for r in rows2):.0%} (seed {seed})")
+
+
+def check_compile_frozen(compile_frozen: Callable, *, seed: int = 0, batch: int = 1, image: int = 32,
+                         width: int = 16, blocks=(1, 1, 1), device=None) -> None:
+    """``compile_frozen(model, example)`` returns ``torch.compile(model)`` after its first call on
+    ``example``, made with Inductor's freezing on: the code Inductor generates during that call has
+    the BatchNorms folded away, and the result equals the model (float32, 1e-5 of the output's scale)
+    on other inputs of the same shape."""
+    dev = pick_device(device)
+    model = small_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=False, device=dev)
+    example = randn(batch, 3, image, image, seed=seed + 1, device=dev)
+    compiled, code = capture_inductor_code(lambda: call(compile_frozen, model, example, name="compile_frozen"))
+    expect_compiled(compiled, "compile_frozen(model, example)")
+    if not code.code:
+        raise AssertionError("Nothing was compiled while compile_frozen ran. Make the first call, "
+                             "compiled(example), inside compile_frozen, with freezing on, under torch.no_grad().")
+    if code.mentions_batch_norm:
+        raise AssertionError(
+            f"The code Inductor generated still computes BatchNorm ('batch_norm' appears "
+            f"{code.mentions_batch_norm} times): freezing was not on when it compiled.\n"
+            "  Hint: freezing applies only to inference (torch.no_grad()) and is read when the first call "
+            "compiles: `with torch.no_grad(), torch._inductor.config.patch(freezing=True): compiled(example)`. "
+            "In torch 2.13, torch.compile(model, options={'freezing': True}) does not switch it on.")
+    ref_model = small_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=False, device=dev, dtype=F64)
+    with torch.no_grad():
+        for s in (seed + 2, seed + 3):
+            x = randn(batch, 3, image, image, seed=s, device=dev)
+            ref = ref_model(x.double())
+            assert_close(compiled(x), ref, atol=_scaled_tol(ref, 1e-5), rtol=1e-5, check_dtype=False,
+                         name="compile_frozen(model, example)(x) vs the model in float64")
+    ok(f"compile_frozen: Inductor folded the BatchNorms ({len(code.library)} library calls, "
+       f"{len(code.generated)} generated kernels) and the result equals the model (seed {seed})")
+
+
+def check_fusion_speed(fuse: Callable, *, bars: Mapping[str, float], batch: int, image: int, width: int,
+                       blocks=(1, 1, 1), num_threads: int | None = None, seed: int = 0, rounds: int = 9,
+                       min_run_time: float = 0.1, device=None, extra: Mapping[str, Callable] | None = None
+                       ) -> SpeedReport:
+    """The FX-fused model is at least ``bars[device]`` times as fast as the original, measured side
+    by side (interleaved rounds after warm-up, fresh inputs every round, every output compared
+    with the original). ``num_threads`` pins the CPU thread count while timing."""
+    dev = pick_device(device)
+    model = small_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=False, device=dev)
+    with torch.no_grad():
+        fused = _expect_graph_module(call(fuse, model, name="fuse"), "fuse(model)")
+        left = _bn_nodes(fused)
+        if left:
+            raise AssertionError(f"fuse(model) left {len(left)} BatchNorm node(s) in a model where every pair "
+                                 "is legal; the speed check times the fused model, so fuse it first.")
+        counter = iter(range(10**9))
+
+        def inputs():
+            return (randn(batch, 3, image, image, seed=seed + 101 * next(counter), device=dev),)
+
+        def check(name, out, args):
+            ref = model(*args)
+            assert_close(out, ref, atol=_scaled_tol(ref, 1e-5), rtol=0, name=f"{name} output while timing")
+
+        candidates = {"original": model, "FX fused": fused, **(extra or {})}
+        with threads(num_threads if dev.type == "cpu" else None):
+            report = compare(candidates, inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time,
+                             device=dev)
+    report.show()
+    expect_speedup(report, "FX fused", over="original", bars=bars,
+                   hint="fold every legal BatchNorm into its conv and erase the BN nodes; the fused model "
+                        "must run fewer ops than the original. If the machine is busy, run the cell again.")
+    return report

@@ -1,0 +1,229 @@
+"""Lesson 2's checks: the instructor's solutions pass every one, and every one fails on the
+untouched student stub and on a planted mistake aimed at it. Solutions and mistakes come from
+the instructor notebook itself, so these tests follow it when it changes."""
+
+import pytest
+import torch
+
+from autograder.solution_code import load_solution, solution_source
+from course.checks import fx as C
+
+LESSON = "02_fx_transforms"
+SPEED = dict(batch=1, image=32, width=16, blocks=(1, 1, 1), num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def fx_source():
+    return solution_source(LESSON)
+
+
+@pytest.fixture(scope="module")
+def fx_solution(fx_source, tmp_path_factory):
+    return load_solution(fx_source, tmp_path_factory.mktemp("sol") / "fx_solution.py", "fx_solution")
+
+
+@pytest.fixture(scope="module")
+def fx_mutate(fx_source, tmp_path_factory):
+    """``fx_mutate(old, new)``: lesson 2's solutions with one planted mistake, as a module."""
+    counter = iter(range(10**6))
+
+    def make(old: str, new: str):
+        assert old in fx_source, f"the planted mistake's anchor is not in the solution: {old!r}"
+        name = f"fx_mutant_{next(counter)}"
+        return load_solution(fx_source.replace(old, new), tmp_path_factory.mktemp("mut") / f"{name}.py", name)
+
+    return make
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+def test_solutions_pass_every_check(fx_solution):
+    s = fx_solution
+    C.check_op_type(s.op_type)
+    C.check_conv_bn_pairs(s.conv_bn_pairs)
+    C.check_conv_bn_pairs(s.conv_bn_pairs, seed=3, blocks=(1, 1, 1), train_bn="stem.1")
+    C.check_fold_conv_bn(s.fold_conv_bn)
+    C.check_fold_conv_bn(s.fold_conv_bn, bias=False, groups=5, c_in=5, eps=1e-3)
+    C.check_fuse(s.fuse)
+    C.check_profiler(s.ProfilingInterpreter)
+    C.check_fusion_speed(s.fuse, bars={"cpu": 0.5, "cuda": 0.5}, rounds=3, min_run_time=0.02, **SPEED)
+
+
+def test_compile_check_passes_and_catches_freezing_left_off(fx_solution, fx_mutate):
+    torch._dynamo.reset()
+    C.check_compile_frozen(fx_solution.compile_frozen, image=16, width=4, blocks=(1,))
+    wrong = fx_mutate("compiled = torch.compile(model)\n    with torch.no_grad(), torch._inductor.config.patch(freezing=True):",
+                      "compiled = torch.compile(model, options={'freezing': True})\n    with torch.no_grad():")
+    with pytest.raises(AssertionError, match="still computes BatchNorm"):
+        C.check_compile_frozen(wrong.compile_frozen, seed=1, image=16, width=4, blocks=(1,))
+    with_grad = fx_mutate("with torch.no_grad(), torch._inductor.config.patch(freezing=True):",
+                          "with torch._inductor.config.patch(freezing=True):")
+    with pytest.raises(AssertionError, match="still computes BatchNorm"):
+        C.check_compile_frozen(with_grad.compile_frozen, seed=2, image=16, width=4, blocks=(1,))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("check", [C.check_op_type, C.check_conv_bn_pairs, C.check_fold_conv_bn, C.check_fuse,
+                                   C.check_compile_frozen])
+def test_untouched_stub_fails_with_a_friendly_message(check):
+    with pytest.raises(AssertionError, match="not written yet"):
+        check(stub)
+
+
+def test_untouched_profiler_and_speed_fail(fx_solution):
+    class StubInterpreter(torch.fx.Interpreter):
+        def profile(self, *args, runs=5):
+            for _ in range(runs):
+                out = self.run(*args)
+            return out
+
+        def run_node(self, n):
+            raise NotImplementedError()
+
+        def rows(self):
+            raise NotImplementedError()
+
+    with pytest.raises(AssertionError, match="not written yet"):
+        C.check_profiler(StubInterpreter)
+    with pytest.raises(AssertionError, match="subclass of torch.fx.Interpreter"):
+        C.check_profiler(None)
+    with pytest.raises(AssertionError, match="not written yet"):
+        C.check_fusion_speed(stub, bars={"cpu": 1.1, "cuda": 1.05}, **SPEED)
+
+
+# (check, anchor in the solution, planted mistake, what the message must say)
+MISTAKES = {
+    "op_type: the module's path instead of its class": (
+        "op_type", "return type(gm.get_submodule(node.target)).__name__", "return node.target", "expected 'Conv2d'"),
+    "op_type: the node's op for functions": (
+        "op_type", "return node.target.__name__", "return node.op", "expected 'relu'"),
+    "pairs: the tap's other user ignored": (
+        "pairs", "if len(conv_node.users) > 1:", "if len(conv_node.users) > 2:", "2 users"),
+    "pairs: training mode ignored": (
+        "pairs_train", "or bn.training or", "or", "training mode"),
+    "pairs: only modules directly under the root": (
+        "pairs", "        pairs.append((conv_node, bn_node))",
+        "        if '.' not in bn_node.target or bn_node.target.startswith('stem'):\n"
+        "            pairs.append((conv_node, bn_node))", "misses"),
+    "fold: eps forgotten": (
+        "fold", "torch.sqrt(var + eps)", "torch.sqrt(var)", "does not match"),
+    "fold: mean not subtracted": (
+        "fold", "(b - mean) * scale + beta", "b * scale + beta", "does not match"),
+    "fold: scale on the wrong axis": (
+        "fold_square", "w * scale.reshape(-1, 1, 1, 1)", "w * scale.reshape(1, -1, 1, 1)", "does not match"),
+    "fold: no bias for a bias-free conv": (
+        "fold_nobias", "    if b is None:\n        b = torch.zeros_like(mean)\n", "    if b is None:\n        return w * scale.reshape(-1, 1, 1, 1), None\n",
+        "b' = None"),
+    "fuse: BatchNorm nodes left in the graph": (
+        "fuse", "        gm.graph.erase_node(bn_node)\n", "", "still in the graph"),
+    "fuse: BatchNorm removed but not folded": (
+        "fuse", "replace_submodule(gm, conv_node.target, fused)", "pass", "does not match"),
+    "profiler: only the last run kept": (
+        "profiler", "self.times[n.name].append(time.perf_counter() - start)",
+        "self.times[n.name] = [time.perf_counter() - start]", "mean over"),
+    "profiler: shares in percent": (
+        "profiler", "means[n.name] / total)", "100 * means[n.name] / total)", "fractions"),
+    "profiler: not sorted": (
+        "profiler", "return sorted(rows, key=lambda r: r[2], reverse=True)", "return rows", "sorted slowest first"),
+    "profiler: time summed over runs": (
+        "profiler", "means = {name: sum(ts) / len(ts)", "means = {name: sum(ts)", "6 ms"),
+}
+
+
+FUSE_HEAD = ("gm = fx.symbolic_trace(copy.deepcopy(model))\n    for conv_node, bn_node in conv_bn_pairs(gm):\n"
+             "        conv, bn = gm.get_submodule(conv_node.target), gm.get_submodule(bn_node.target)\n"
+             "        w, b = fold_conv_bn(conv.weight, conv.bias, bn.running_mean, bn.running_var,\n"
+             "                            bn.weight, bn.bias, bn.eps)\n"
+             "        fused = copy.deepcopy(conv)")
+# folding into the model's own conv, without copying anything
+MISTAKES["fuse: the original model changed"] = (
+    "fuse", FUSE_HEAD, FUSE_HEAD.replace("copy.deepcopy(model)", "model").replace("copy.deepcopy(conv)", "conv"),
+    "changed the original model")
+
+
+def run_check(kind, m):
+    if kind == "op_type":
+        C.check_op_type(m.op_type)
+    elif kind == "pairs":
+        C.check_conv_bn_pairs(m.conv_bn_pairs)
+    elif kind == "pairs_train":
+        C.check_conv_bn_pairs(m.conv_bn_pairs, train_bn="stages.0.first.bn")
+    elif kind == "fold":
+        C.check_fold_conv_bn(m.fold_conv_bn)
+    elif kind == "fold_square":
+        C.check_fold_conv_bn(m.fold_conv_bn, c_in=5, c_out=5)
+    elif kind == "fold_nobias":
+        C.check_fold_conv_bn(m.fold_conv_bn, bias=False)
+    elif kind == "fuse":
+        C.check_fuse(m.fuse)
+    elif kind == "profiler":
+        C.check_profiler(m.ProfilingInterpreter)
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_each_check_catches_a_planted_mistake(mistake, fx_mutate):
+    kind, old, new, says = MISTAKES[mistake]
+    m = fx_mutate(old, new)
+    with pytest.raises(AssertionError, match=says):
+        run_check(kind, m)
+
+
+def test_fuse_check_catches_a_fused_tap(fx_mutate):
+    m = fx_mutate(*MISTAKES["pairs: the tap's other user ignored"][1:3])
+    with pytest.raises(AssertionError, match="had to stay"):
+        C.check_fuse(m.fuse)
+
+
+def test_fuse_check_catches_a_fused_training_batchnorm(fx_mutate):
+    m = fx_mutate(*MISTAKES["pairs: training mode ignored"][1:3])
+    with pytest.raises(AssertionError, match="training mode"):
+        C.check_fuse(m.fuse)
+
+
+def test_speed_check_fails_a_fused_model_that_is_slower(fx_solution):
+    def slow_fuse(model):
+        gm = fx_solution.fuse(model)
+        inner = gm.forward
+
+        def twice(x):
+            inner(x)
+            return inner(x)
+
+        gm.forward = twice
+        return gm
+
+    with pytest.raises(AssertionError, match="bar on this device is 1.10x"):
+        C.check_fusion_speed(slow_fuse, bars={"cpu": 1.1, "cuda": 1.05}, rounds=3, min_run_time=0.02, **SPEED)
+
+
+def test_speed_check_verifies_every_output_it_times(fx_mutate):
+    wrong = fx_mutate(*MISTAKES["fold: mean not subtracted"][1:3])
+    with pytest.raises(AssertionError, match="output while timing"):
+        C.check_fusion_speed(wrong.fuse, bars={"cpu": 0.5, "cuda": 0.5}, rounds=2, min_run_time=0.01, **SPEED)
+
+
+def test_speed_check_refuses_an_unfused_model(fx_mutate):
+    m = fx_mutate(*MISTAKES["fuse: BatchNorm nodes left in the graph"][1:3])
+    with pytest.raises(AssertionError, match="left .* BatchNorm"):
+        C.check_fusion_speed(m.fuse, bars={"cpu": 0.5, "cuda": 0.5}, rounds=2, min_run_time=0.01, **SPEED)
+
+
+def test_profile_helpers_print_and_plot(fx_solution, capsys):
+    import course.fx
+    from course.models import small_resnet
+
+    gm = torch.fx.symbolic_trace(small_resnet(seed=0, width=4, blocks=(1,), tap=True))
+    interp = fx_solution.ProfilingInterpreter(gm)
+    with torch.no_grad():
+        interp.profile(torch.randn(1, 3, 8, 8), runs=2)
+    course.fx.print_profile(interp.rows(), top=5)
+    course.fx.show_graph(gm, limit=3)
+    assert "100.0%" in capsys.readouterr().out
+    assert course.fx.plot_profile(interp.rows()) is not None
+    with pytest.raises(TypeError, match="rows"):
+        course.fx.print_profile([("x",)])
+    with pytest.raises(ValueError, match="positive int"):
+        with course.fx.threads(0):
+            pass
