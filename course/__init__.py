@@ -10,7 +10,7 @@ Each module is small and named for what it does:
 - :mod:`course.data`     synthetic data (no downloads, ever)
 - :mod:`course.quiet`    deprecation warnings explained once, then kept out of the way
 - :mod:`course.models`   small models shared by lessons (a ResNet-like net)
-- :mod:`course.rnn`, :mod:`course.fx`  helpers of lessons 1 and 2
+- :mod:`course.rnn`, :mod:`course.fx`, :mod:`course.memory_format`  helpers of lessons 1-3
 - :mod:`course.checks`   the lessons' graded checks, one module per lesson
 - :mod:`course.lessons`  the lessons as data (points, budgets)
 """

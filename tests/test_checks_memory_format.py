@@ -1,0 +1,284 @@
+"""Lesson 3's checks (channels-last): the instructor's solutions pass every one, and every one
+fails on the untouched student stub and on a planted mistake aimed at it. Solutions and mistakes
+come from the instructor notebook itself. Also: the lesson's helpers in course.memory_format."""
+
+import pytest
+import torch
+from torch import nn
+
+from autograder.solution_code import load_solution, solution_source
+from course import memory_format as MF
+from course.checks import memory_format as C
+
+LESSON = "03_channels_last"
+CL = torch.channels_last
+SPEED = dict(width=8, blocks=(1, 1), batch=2, size=32, rounds=3, min_run_time=0.02)
+
+
+@pytest.fixture(scope="module")
+def base_source():
+    return solution_source(LESSON)
+
+
+@pytest.fixture(scope="module")
+def cl_solution(base_source, tmp_path_factory):
+    return load_solution(base_source, tmp_path_factory.mktemp("sol3") / "cl_solution.py", "cl_solution")
+
+
+@pytest.fixture(scope="module")
+def mutate3(base_source, tmp_path_factory):
+    """``mutate3(old, new)``: lesson 3's solutions with one planted mistake, as a module."""
+    counter = iter(range(10**6))
+
+    def make(old: str, new: str):
+        assert old in base_source, f"the planted mistake's anchor is not in the solution: {old!r}"
+        name = f"cl_mutant_{next(counter)}"
+        return load_solution(base_source.replace(old, new), tmp_path_factory.mktemp("mut3") / f"{name}.py", name)
+
+    return make
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+def test_solutions_pass_every_check(cl_solution):
+    s = cl_solution
+    C.check_strides(s.nchw_strides, s.nhwc_strides, seed=5, cases=40)
+    C.check_is_channels_last_contiguous(s.is_channels_last_contiguous, seed=5, cases=200)
+    C.check_to_channels_last(s.to_channels_last)
+    C.check_to_channels_last(s.to_channels_last, seed=3, in_channels=1, width=8, size=16)
+    for variant in MF.PLANTED_VARIANTS:
+        C.check_format_finder(s.find_format_loss, variant=variant, seed=2, width=8, size=24)
+    C.check_autocast_inference(s.autocast_inference, width=8, size=32)
+
+
+@pytest.mark.parametrize("check", [
+    lambda: C.check_strides(stub, stub),
+    lambda: C.check_is_channels_last_contiguous(stub),
+    lambda: C.check_to_channels_last(stub),
+    lambda: C.check_format_finder(stub),
+    lambda: C.check_autocast_inference(stub),
+    lambda: C.check_channels_last_speed(stub, stub, bars={"cpu": 1.1, "cuda": 1.15}, **SPEED),
+], ids=["strides", "is_cl_contiguous", "to_channels_last", "format_finder", "autocast", "speed"])
+def test_untouched_stub_fails_with_a_friendly_message(check):
+    with pytest.raises(AssertionError, match="not written yet"):
+        check()
+
+
+def test_a_watcher_left_as_the_stub_fails_too(mutate3):
+    """The student version stubs the watcher's body and find_format_loss separately: a learner who
+    wrote only find_format_loss meets the stub inside __torch_function__."""
+    m = mutate3("        formats_in = [memory_format_of(t) for t in tensors_in((args, kwargs))]\n",
+                "        raise NotImplementedError()\n")
+    with pytest.raises(AssertionError, match="not written yet"):
+        C.check_format_finder(m.find_format_loss)
+
+
+# (check, anchor in the solution, planted mistake, what the message must say)
+MISTAKES = {
+    "strides: NHWC listed in memory order": (
+        "strides", "return (h * w * c, 1, w * c, c)", "return (h * w * c, w * c, c, 1)", "PyTorch's strides are"),
+    "strides: NCHW transposed": (
+        "strides", "return (c * h * w, h * w, w, 1)", "return (c * h * w, h * w, 1, h)", "PyTorch's strides are"),
+    "strides: asks torch": (
+        "strides", "return (c * h * w, h * w, w, 1)", "return tuple(torch.empty(shape).stride())", "called torch"),
+    "rule: size-1 dims not skipped": (
+        "is_cl", "            continue                # never", "            pass                # never",
+        "ambiguous"),
+    "rule: walks W before C": (
+        "is_cl", "for d in (1, 3, 2, 0):", "for d in (3, 1, 2, 0):", "PyTorch says"),
+    "convert: contiguous() on the weights": (
+        "convert", "return model.to(memory_format=CL), x.to(memory_format=CL)",
+        "for p in model.parameters():\n        if p.dim() == 4:\n"
+        "            p.data = p.data.contiguous(memory_format=CL)\n"
+        "    return model, x.contiguous(memory_format=CL)", "only because the shape"),
+    "convert: the input forgotten": (
+        "convert", "return model.to(memory_format=CL), x.to(memory_format=CL)",
+        "return model.to(memory_format=CL), x", "the returned input"),
+    "convert: the model forgotten": (
+        "convert", "return model.to(memory_format=CL), x.to(memory_format=CL)",
+        "return model, x.to(memory_format=CL)", "parameter stem.0.weight"),
+    "watcher: reports the last loss": (
+        "finder", "return watcher.losses[0] if watcher.losses else None",
+        "return watcher.losses[-1] if watcher.losses else None", "report the first one"),
+    "watcher: misses tensors inside lists": (
+        "finder", "formats_in = [memory_format_of(t) for t in tensors_in((args, kwargs))]",
+        "formats_in = [memory_format_of(t) for t in args if isinstance(t, Tensor)]", "another one"),
+    "watcher: model not converted": (
+        "finder", "    model, x = to_channels_last(model, x)\n    with torch.no_grad(), FormatWatcher",
+        "    with torch.no_grad(), FormatWatcher", "returned None"),
+    "watcher: ambiguous outputs counted as NCHW": (
+        "finder", "if CL in formats_in and torch.contiguous_format in formats_out:",
+        "if CL in formats_in and any(f is not CL for f in formats_out):", "clean small_resnet"),
+    "autocast: float16 on the CPU": (
+        "autocast", 'dtype = torch.bfloat16 if x.device.type == "cpu" else torch.float16',
+        "dtype = torch.float16", "autocast ran in torch.float16"),
+    "autocast: autograd left on": (
+        "autocast", "with torch.inference_mode(), torch.autocast(", "with torch.autocast(", "autograd graph"),
+    "autocast: the model cast instead": (
+        "autocast", "with torch.inference_mode(), torch.autocast(device_type=x.device.type, dtype=dtype):\n"
+                    "        return model(x)",
+        "with torch.inference_mode():\n        return model.to(dtype)(x.to(dtype))", "without autocast"),
+}
+
+
+def run_check(kind, m):
+    if kind == "strides":
+        C.check_strides(m.nchw_strides, m.nhwc_strides)
+    elif kind == "is_cl":
+        C.check_is_channels_last_contiguous(m.is_channels_last_contiguous)
+    elif kind == "convert":
+        C.check_to_channels_last(m.to_channels_last)
+    elif kind == "finder":
+        C.check_format_finder(m.find_format_loss)
+    elif kind == "autocast":
+        C.check_autocast_inference(m.autocast_inference)
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_each_check_catches_a_planted_mistake(mistake, mutate3):
+    kind, old, new, says = MISTAKES[mistake]
+    m = mutate3(old, new)
+    with pytest.raises(AssertionError, match=says):
+        run_check(kind, m)
+
+
+def test_contiguous_conversion_fails_on_a_grayscale_model_for_the_input_too(mutate3):
+    m = mutate3("return model.to(memory_format=CL), x.to(memory_format=CL)",
+                "return model.to(memory_format=CL), x.contiguous(memory_format=CL)")
+    C.check_to_channels_last(m.to_channels_last)  # three channels: contiguous() converts for real
+    with pytest.raises(AssertionError, match="only because the shape"):
+        C.check_to_channels_last(m.to_channels_last, in_channels=1)
+
+
+class Twice(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        self.model(x)
+        return self.model(x)
+
+
+def test_speed_check_fails_a_channels_last_model_that_is_slower(cl_solution):
+    def slow(model, x):
+        model, x = cl_solution.to_channels_last(model, x)
+        return Twice(model), x
+
+    with pytest.raises(AssertionError, match="bar on this device is 1.10x"):
+        C.check_channels_last_speed(slow, cl_solution.autocast_inference, bars={"cpu": 1.1, "cuda": 1.15},
+                                    attempts=2, **SPEED)
+
+
+def test_speed_check_verifies_every_output_it_times(cl_solution):
+    def wrong(model, x):
+        model, x = cl_solution.to_channels_last(model, x)
+        with torch.no_grad():
+            model.head.bias.add_(1.0)
+        return model, x
+
+    with pytest.raises(AssertionError, match="output while timing"):
+        C.check_channels_last_speed(wrong, cl_solution.autocast_inference, bars={"cpu": 1.0, "cuda": 1.0}, **SPEED)
+
+
+def test_speed_check_rejects_a_model_left_in_nchw(cl_solution):
+    with pytest.raises(AssertionError, match="not channels-last"):
+        C.check_channels_last_speed(lambda m, x: (m, x), cl_solution.autocast_inference,
+                                    bars={"cpu": 1.0, "cuda": 1.0}, **SPEED)
+
+
+def test_speed_check_with_amp_checks_outputs_and_passes_a_generous_bar(cl_solution):
+    report = C.check_channels_last_speed(cl_solution.to_channels_last, cl_solution.autocast_inference,
+                                         bars={"cpu": 0.01, "cuda": 0.01}, amp=True, **SPEED)
+    assert report.names == ["NCHW", "channels-last"]
+
+
+# -- the helpers ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape, fmt, expected", [
+    ((2, 3, 4, 5), torch.contiguous_format, torch.contiguous_format),
+    ((2, 3, 4, 5), CL, CL),
+    ((2, 1, 4, 5), CL, None),
+    ((2, 3, 1, 1), CL, None),
+    ((2, 3, 4, 1), CL, CL),
+    ((2, 3, 1, 5), torch.contiguous_format, torch.contiguous_format),
+])
+def test_memory_format_of(shape, fmt, expected):
+    assert MF.memory_format_of(torch.empty(shape, memory_format=fmt)) is expected
+
+
+def test_memory_format_of_sees_views_and_ignores_other_ranks():
+    x = torch.randn(2, 8, 6, 6).to(memory_format=CL)
+    assert MF.memory_format_of(x[:, :, 1:-1, 1:-1]) is CL
+    assert MF.memory_format_of(x.flatten(1)) is None
+    assert MF.memory_format_of(3.0) is None
+
+
+def test_tensors_in_walks_nested_arguments():
+    a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    found = list(MF.tensors_in(([a, (b, 1)], {"out": c, "dim": 1})))
+    assert [t.item() for t in found] == [0.0, 1.0, 2.0]
+
+
+def test_op_names_are_readable():
+    assert MF.op_name(torch.cat) == "torch.cat"
+    assert MF.op_name(torch.Tensor.reshape) == "torch.Tensor.reshape"
+    assert MF.op_name(torch.nn.functional.conv2d) == "torch.nn.functional.conv2d"
+
+
+def test_channels_last_strides_of():
+    assert MF.channels_last_strides_of((2, 1, 4, 4)) == (16, 1, 4, 1)
+    assert MF.channels_last_strides_of((32, 16, 1, 1)) == (16, 1, 16, 16)
+
+
+# What each planted model loses, in order: pinned, so that a PyTorch that changes an op's output
+# format shows up here rather than as a puzzling grade.
+PLANTED_LOSSES = {
+    "coords": ["torch.cat", "torch.Tensor.contiguous"],
+    "permute": ["torch.Tensor.__getitem__", "torch.cat"],
+    "circular": ["torch.nn.functional.pad", "torch.Tensor.softmax"],
+    "gate": ["torch.Tensor.softmax", "torch.Tensor.__getitem__"],
+}
+
+
+@pytest.mark.parametrize("variant", MF.PLANTED_VARIANTS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_planted_models_lose_the_format_where_planted(variant, seed):
+    x = torch.randn(2, 3, 32, 32)
+    assert C.format_losses(MF.planted_model(variant, seed=seed, width=8), x) == PLANTED_LOSSES[variant]
+
+
+def test_clean_models_keep_the_format():
+    x = torch.randn(2, 3, 32, 32)
+    assert C.format_losses(MF.small_resnet(seed=0, width=8, tap=True), x) == []
+    assert C.format_losses(MF.small_resnet(seed=1, width=8, blocks=(2, 1, 1)), x) == []
+
+
+def test_planted_model_names_its_variants():
+    with pytest.raises(ValueError, match="coords"):
+        MF.planted_model("nope")
+
+
+def test_layout_drawing():
+    import matplotlib.pyplot as plt
+
+    fig = MF.plot_layouts((1, 3, 2, 3))
+    labels = [t.get_text() for t in fig.axes[1].texts]
+    assert labels[:3] == ["0,0,0", "1,0,0", "2,0,0"]  # channels-last: every channel of pixel (0, 0) first
+    plt.close(fig)
+    with pytest.raises(ValueError, match="64 elements"):
+        MF.plot_layout(torch.zeros(1, 3, 8, 8))
+    with pytest.raises(ValueError, match="share memory"):
+        MF.plot_layout(torch.zeros(1, 3, 1, 1).expand(1, 3, 2, 2))
+
+
+def test_grayscale_model_differs_only_in_its_stem():
+    from course.models import small_resnet, small_resnet_channels
+
+    gray = small_resnet_channels(seed=4, in_channels=1, width=8)
+    rgb = small_resnet(seed=4, width=8)
+    assert gray.stem[0].weight.shape == (8, 1, 3, 3) and not gray.training
+    assert torch.equal(gray.head.weight, rgb.head.weight)
+    assert gray(torch.randn(2, 1, 16, 16)).shape == (2, 10)
