@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import course  # noqa: E402
 from autograder.solution_code import load_solution, solution_source  # noqa: E402
-from course.fx import threads as pinned_threads  # noqa: E402
+from course.devices import threads as pinned_threads  # noqa: E402
 from course.models import small_resnet  # noqa: E402
 from course.numerics import assert_close  # noqa: E402
 from course.timing import compare  # noqa: E402

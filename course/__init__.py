@@ -10,12 +10,12 @@ Each module is small and named for what it does:
 - :mod:`course.data`     synthetic data (no downloads, ever)
 - :mod:`course.quiet`    deprecation warnings explained once, then kept out of the way
 - :mod:`course.models`   small models shared by lessons (a ResNet-like net)
-- :mod:`course.rnn`, :mod:`course.fx`, :mod:`course.memory_format`  helpers of lessons 1-3
+- :mod:`course.rnn`, :mod:`course.fx`, :mod:`course.memory_format`, :mod:`course.forward_ad`  helpers of lessons 1-4
 - :mod:`course.checks`   the lessons' graded checks, one module per lesson
 - :mod:`course.lessons`  the lessons as data (points, budgets)
 """
 
-from course.devices import Sizes, device_kind, pick_device, sizes, synchronize
+from course.devices import Sizes, device_kind, pick_device, sizes, synchronize, threads
 from course.doctor import doctor
 from course.numerics import assert_close
 from course.quiet import quiet_torchscript
@@ -29,5 +29,6 @@ __all__ = [
     "quiet_torchscript",
     "sizes",
     "synchronize",
+    "threads",
 ]
 __version__ = "0.1.0"

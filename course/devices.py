@@ -10,13 +10,14 @@ and runs small on a laptop CPU or Binder, and at the figures the technique exist
 
 from __future__ import annotations
 
+import contextlib
 import os
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
-__all__ = ["Sizes", "device_kind", "pick_device", "sizes", "synchronize"]
+__all__ = ["Sizes", "device_kind", "pick_device", "sizes", "synchronize", "threads"]
 
 #: Set ``COURSE_DEVICE=cpu`` to run a lesson on the CPU even where CUDA is present.
 DEVICE_ENV = "COURSE_DEVICE"
@@ -110,3 +111,22 @@ def sizes(*, cpu: Mapping[str, Any], cuda: Mapping[str, Any] | None = None,
     if dev.type == "cuda":
         values.update(cuda)
     return Sizes(values, dev)
+
+
+@contextlib.contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """Run a block with ``n`` intra-op threads (``None``: leave the setting alone), then restore it.
+
+    Batch-1 inference on a CPU is usually served one request per core, and one thread keeps a
+    measurement steady on a small machine that other work shares."""
+    if n is None:
+        yield
+        return
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"threads takes a positive int or None, got {n!r}.")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

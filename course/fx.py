@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import torch
 from torch import fx
 
+from course.devices import threads  # noqa: F401  (re-exported as course.fx.threads)
+
 __all__ = ["InductorCode", "capture_inductor_code", "plot_profile", "print_profile", "show_graph",
            "threads"]
 
@@ -84,25 +86,6 @@ def plot_profile(rows: Sequence[Sequence[Any]], ax=None, title: str | None = Non
     ax.set_title(title or "Where the time goes, by op type")
     ax.margins(x=0.15)
     return ax
-
-
-@contextlib.contextmanager
-def threads(n: int | None) -> Iterator[None]:
-    """Run a block with ``n`` intra-op threads (``None``: leave the setting alone), then restore it.
-
-    Batch-1 inference on a CPU is usually served one request per core, and one thread keeps a
-    measurement steady on a small machine that other work shares."""
-    if n is None:
-        yield
-        return
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"threads takes a positive int or None, got {n!r}.")
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 class InductorCode(NamedTuple):

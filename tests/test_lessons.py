@@ -27,6 +27,8 @@ PLANTED = {
                          {"test_conv_bn_pairs", "test_fuse"}),
     "03_channels_last": ("return watcher.losses[0] if watcher.losses else None",
                          "return watcher.losses[-1] if watcher.losses else None", {"test_format_finder"}),
+    "04_forward_ad": ("    return vmap(column, out_dims=1)(basis)", "    return vmap(column)(basis)",
+                      {"test_jacobians", "test_jacobian_speed"}),
 }
 
 

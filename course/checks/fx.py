@@ -15,7 +15,8 @@ from torch import fx, nn
 from course.checks.common import call, ok
 from course.data import generator, randn
 from course.devices import pick_device
-from course.fx import capture_inductor_code, threads
+from course.devices import threads
+from course.fx import capture_inductor_code
 from course.grading import expect_compiled, expect_speedup
 from course.models import small_resnet
 from course.numerics import assert_close, describe

@@ -1,0 +1,424 @@
+"""Checks for lesson 04_forward_ad: a dual-number class, JVPs with respect to a module's
+parameters (``torch.autograd.forward_ad`` and ``torch.func.jvp``), a custom ``autograd.Function``
+with a ``jvp`` rule, full Jacobians by forward and by reverse mode, and the measured speed of
+forward mode where it should win (few inputs, many outputs).
+
+Every input comes from ``seed``, in float64 where precision matters. References are independent
+of the learner's technique: ``torch.func.jvp`` for the dual numbers; a float64 Jacobian from
+reverse mode (``torch.autograd.functional.jacobian``) times the tangent, and central finite
+differences, for the JVPs; a power series and the closed form for sinc; a closed-form Jacobian
+for the wide function. Structure checks use one-mode functions (``course.forward_ad``): a
+function whose backward raises proves forward mode, and the other way round."""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from typing import Callable, Mapping
+
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch.autograd.gradcheck import GradcheckError
+from torch.func import functional_call
+
+from course.checks.common import call, ok
+from course.data import generator, randn
+from course.devices import pick_device
+from course.forward_ad import ModeNotAllowed, WideFunction, mlp, transform_in_use
+from course.devices import threads as pinned_threads
+from course.grading import expect_speedup, speed_bar
+from course.numerics import assert_close, describe
+from course.timing import SpeedReport, compare
+
+__all__ = ["check_dual", "check_jacobian_speed", "check_jacobians", "check_param_jvp", "check_param_jvp_func",
+           "check_sinc", "sinc_derivative_reference", "sinc_reference"]
+
+F64 = torch.float64
+
+
+# -- dual numbers ------------------------------------------------------------------------------
+
+_MUL = "product rule: (a*b)' = a'*b + a*b'."
+_DIV = "quotient rule: (a/b)' = (a'*b - a*b') / b**2 = (a' - (a/b)*b') / b."
+_LIFT = ("a plain number is a constant: its tangent is 0. Dual.lift(other) turns it into a Dual; "
+         "the reflected method (__radd__, __rsub__, __rmul__, __rtruediv__) runs when the number is on the left.")
+
+# (label shown to the learner, the expression, a hint). Each expression only uses operations that
+# a Dual and a torch.Tensor both have, so torch.func.jvp of the same expression is the reference.
+DUAL_CASES: list[tuple[str, Callable, str]] = [
+    ("x + y", lambda x, y, c: x + y, "the tangent of a sum is the sum of the tangents."),
+    ("x - y", lambda x, y, c: x - y, "the tangent of a difference is the difference of the tangents."),
+    ("x * y", lambda x, y, c: x * y, _MUL),
+    ("x / y", lambda x, y, c: x / y, _DIV),
+    ("-x", lambda x, y, c: -x, "negation flips the primal and the tangent."),
+    ("x.sin()", lambda x, y, c: x.sin(), "sin' = cos: the tangent is cos(primal) * tangent."),
+    ("x.exp()", lambda x, y, c: x.exp(), "exp' = exp: the tangent is exp(primal) * tangent."),
+    ("x.tanh()", lambda x, y, c: x.tanh(), "tanh' = 1 - tanh**2: the tangent is (1 - t*t) * tangent with t = tanh(primal)."),
+    ("2 * x", lambda x, y, c: 2 * x, _LIFT),
+    ("x * 2", lambda x, y, c: x * 2, _LIFT),
+    ("x / 3", lambda x, y, c: x / 3, _LIFT),
+    ("3 / y", lambda x, y, c: 3 / y, "3 / y calls y.__rtruediv__(3), which must compute 3 / y (not y / 3). " + _DIV),
+    ("1 - x", lambda x, y, c: 1 - x, "1 - x calls x.__rsub__(1), which must compute 1 - x (not x - 1): tangent -x'."),
+    ("x - 1", lambda x, y, c: x - 1, _LIFT),
+    ("0.5 + x", lambda x, y, c: 0.5 + x, _LIFT),
+    ("c * x + x / c  (c: a tensor constant)", lambda x, y, c: c * x + x / c,
+     "a tensor that is not a Dual is a constant too: Dual.lift gives it tangent 0."),
+    ("x * x * x / y", lambda x, y, c: x * x * x / y, _MUL + " " + _DIV),
+    ("(x * y).sin() + (x / 3).exp() * y - 2 * (y - x).tanh() / (1 + x * x)",
+     lambda x, y, c: (x * y).sin() + (x / 3).exp() * y - 2 * (y - x).tanh() / (1 + x * x),
+     "each operation alone passed: check that every method returns a new Dual and changes neither input."),
+    ("((x.sin() * x).exp() - 1) / (2 + y.tanh())",
+     lambda x, y, c: ((x.sin() * x).exp() - 1) / (2 + y.tanh()),
+     "each operation alone passed: check that every method returns a new Dual and changes neither input."),
+]
+
+
+def _dual_inputs(seed: int, shape: tuple[int, ...], dev: torch.device):
+    g = generator(seed)
+    draw = lambda: torch.randn(shape, generator=g, dtype=F64)  # noqa: E731
+    x, tx, ty = draw(), draw(), draw()
+    y = torch.where(torch.rand(shape, generator=g, dtype=F64) < 0.5, -1.0, 1.0) * (0.5 + draw().abs())
+    c = 0.5 + torch.rand(shape, generator=g, dtype=F64)
+    return tuple(t.to(dev) for t in (x, y, tx, ty, c))
+
+
+def check_dual(Dual: type, *, seed: int = 0, shape: tuple[int, ...] = (64,), device=None) -> None:
+    """``Dual(primal, tangent)`` carries a tangent through ``+ - * /`` (with Duals, tensors and
+    plain numbers on either side), unary ``-``, ``.sin()``, ``.exp()`` and ``.tanh()``; primal and
+    tangent equal ``torch.func.jvp`` of the same expression, in float64, on random inputs."""
+    if not isinstance(Dual, type):
+        raise AssertionError(f"check_dual takes the class itself (Dual), got {describe(Dual)}.")
+    dev = pick_device(device)
+    x, y, tx, ty, c = _dual_inputs(seed, shape, dev)
+    for label, expr, hint in DUAL_CASES:
+        dx, dy = Dual(x.clone(), tx.clone()), Dual(y.clone(), ty.clone())
+        got = call(expr, dx, dy, c, name=f"Dual (computing `{label}`)")
+        if not isinstance(got, Dual):
+            raise AssertionError(f"`{label}` with Duals x and y gave {describe(got)}, not a Dual.\n"
+                                 "  Hint: every operation returns a new Dual(primal, tangent); "
+                                 "a method that returns nothing gives None.")
+        for d, name, p, t in ((dx, "x", x, tx), (dy, "y", y, ty)):
+            if not (isinstance(d.primal, torch.Tensor) and torch.equal(d.primal, p)
+                    and isinstance(d.tangent, torch.Tensor) and torch.equal(d.tangent, t)):
+                raise AssertionError(f"`{label}` changed its input {name} (its primal or tangent is no longer "
+                                     "what it was). Operations must return a new Dual and leave their inputs "
+                                     "alone: no in-place updates such as `self.primal += ...`.")
+        ref_primal, ref_tangent = torch.func.jvp(lambda a, b: expr(a, b, c), (x, y), (tx, ty))
+        assert_close(got.primal, ref_primal, name=f"the primal of `{label}`", hint=hint)
+        assert_close(got.tangent, ref_tangent, name=f"the tangent of `{label}`", hint=hint)
+    ok(f"Dual agrees with torch.func.jvp on {len(DUAL_CASES)} expressions (float64, shape {tuple(shape)}, "
+       f"seed {seed})")
+
+
+# -- JVPs with respect to a module's parameters ---------------------------------------------------
+
+def _reference_param_jvp(model, x, tangents, h: float = 1e-6):
+    """(output, J @ v with J from reverse mode in float64, central finite differences)."""
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    names = list(tangents)
+    shapes = [params[n].shape for n in names]
+    sizes = [params[n].numel() for n in names]
+    flat = torch.cat([params[n].reshape(-1) for n in names])
+    v = torch.cat([tangents[n].reshape(-1) for n in names])
+
+    def f(flat_params):
+        chunks = flat_params.split(sizes)
+        return functional_call(model, {**params, **{n: c.view(s) for n, c, s in zip(names, chunks, shapes)}}, (x,))
+
+    with torch.no_grad():
+        out = f(flat)
+        fd = (f(flat + h * v) - f(flat - h * v)) / (2 * h)
+    jac = torch.autograd.functional.jacobian(f, flat)
+    jv = (jac.reshape(-1, flat.numel()) @ v).reshape(out.shape)
+    return out, jv, fd
+
+
+def _attr(model, dotted: str):
+    obj = model
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: int, norm: bool, subset: bool,
+               device) -> None:
+    dev = pick_device(device)
+    model = mlp(sizes, seed=seed, norm=norm, dtype=F64, device=dev)
+    x = randn(batch, sizes[0], seed=seed + 1, dtype=F64, device=dev)
+    names = [n for n, _ in model.named_parameters()]
+    if subset:
+        rng = random.Random(seed)
+        names = sorted(rng.sample(names, max(1, len(names) // 2)), key=names.index)
+    tangents = {n: randn(*model.get_parameter(n).shape, seed=seed + 10 + i, dtype=F64, device=dev)
+                for i, n in enumerate(names)}
+    ref_out, ref_jv, ref_fd = _reference_param_jvp(copy.deepcopy(model), x, tangents)
+
+    before = dict(model.named_parameters())
+    values = {n: p.detach().clone() for n, p in before.items()}
+    seen: list[tuple[str | None, list[str]]] = []
+
+    def spy(module, args):
+        dual = [n for n in tangents if fwAD.unpack_dual(_attr(module, n)).tangent is not None]
+        seen.append((transform_in_use(), dual))
+
+    handle = model.register_forward_pre_hook(spy)
+    try:
+        got = call(fn, model, x, {n: t.clone() for n, t in tangents.items()}, name=label)
+    finally:
+        handle.remove()
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+        raise AssertionError(f"{label} should return (output, output_tangent), two tensors; got {describe(got)}.")
+    out, out_tangent = got
+    after = dict(model.named_parameters())
+    if list(after) != list(before) or any(after[n] is not before[n] for n in before):
+        raise AssertionError(f"{label} left the model changed: its parameters are not the ones it had "
+                             f"(before: {len(before)}, after: {len(after)}).\n  Hint: functional_call(model, "
+                             "params, (x,)) runs the model with other tensors and puts the parameters back; if you "
+                             "swap parameters by hand, restore them afterwards.")
+    for n, p in after.items():
+        if not torch.equal(p.detach(), values[n]):
+            raise AssertionError(f"{label} changed the values of parameter {n!r}. A JVP only looks.")
+    if not seen:
+        raise AssertionError(f"{label} never ran the model (through model(x) or functional_call).")
+    if len(seen) > 1:
+        raise AssertionError(f"{label} ran the model {len(seen)} times; one forward pass gives the output and "
+                             "its tangent together. Return the primal and tangent of that one output.")
+    transform, dual = seen[0]
+    missing = [n for n in tangents if n not in dual]
+    if api == "forward_ad":
+        if transform is not None:
+            raise AssertionError(f"{label} ran the model inside torch.func ({transform}); this exercise uses "
+                                 "torch.autograd.forward_ad (dual_level, make_dual, unpack_dual). The next one is "
+                                 "torch.func.jvp.")
+        if missing:
+            raise AssertionError(f"while the model ran, these parameters carried no tangent: {missing}.\n  Hint: "
+                                 "inside `with fwAD.dual_level():`, make_dual(param, tangent) for every parameter "
+                                 "named in `tangents`, and run the model on those (functional_call).")
+    else:
+        if transform != "Jvp":
+            raise AssertionError(f"{label} ran the model {'outside torch.func' if transform is None else 'inside ' + transform}; "
+                                 "this exercise uses torch.func.jvp(f, (params,), (tangents,)) with "
+                                 "f = lambda p: functional_call(model, p, (x,)).")
+    hint = ("the tangents are per parameter name; parameters not named in `tangents` are constants (tangent 0)."
+            if subset else None)
+    assert_close(out, ref_out, name=f"{label}: the output", hint="the first item is model(x) itself.")
+    assert_close(out_tangent, ref_jv, name=f"{label}: the output tangent (vs J @ v, J from reverse mode in float64)",
+                 hint=hint or "make_dual each parameter with its own tangent (same name), then unpack the output.")
+    assert_close(out_tangent, ref_fd, rtol=1e-5, atol=1e-7,
+                 name=f"{label}: the output tangent (vs central finite differences)", hint=hint)
+    which = f"{len(tangents)} of {len(before)} parameters" if subset else f"all {len(before)} parameters"
+    ok(f"{label}: output and tangent equal J @ v (float64 reference Jacobian) and central differences; one "
+       f"forward pass with {which} carrying tangents (sizes {tuple(sizes)}, seed {seed})")
+
+
+def check_param_jvp(param_jvp: Callable, *, seed: int = 0, sizes=(6, 16, 16, 4), batch: int = 5, norm: bool = True,
+                    subset: bool = False, device=None) -> None:
+    """``param_jvp(model, x, tangents) -> (model(x), J v)``: the JVP of the model's output with
+    respect to the parameters named in ``tangents`` (the others are constants), with
+    ``torch.autograd.forward_ad``: dual parameters, one forward pass, the model left unchanged."""
+    _param_jvp(param_jvp, "param_jvp", "forward_ad", seed=seed, sizes=sizes, batch=batch, norm=norm,
+               subset=subset, device=device)
+
+
+def check_param_jvp_func(param_jvp_func: Callable, *, seed: int = 0, sizes=(6, 16, 16, 4), batch: int = 5,
+                         norm: bool = True, subset: bool = False, device=None) -> None:
+    """``param_jvp_func(model, x, tangents)``: the same JVP with ``torch.func.jvp`` and
+    ``torch.func.functional_call``."""
+    _param_jvp(param_jvp_func, "param_jvp_func", "func", seed=seed, sizes=sizes, batch=batch, norm=norm,
+               subset=subset, device=device)
+
+
+# -- sinc, a custom autograd.Function ----------------------------------------------------------------
+
+_SERIES_TERMS = 14
+
+
+def sinc_reference(x: torch.Tensor) -> torch.Tensor:
+    """sin(x)/x in float64: a power series below |x| = 0.5 (no division), the quotient above."""
+    x = x.to(F64)
+    x2 = x * x
+    series = torch.zeros_like(x)
+    for n in reversed(range(_SERIES_TERMS)):  # Horner: sum of (-1)^n x^(2n) / (2n+1)!
+        series = series * x2 + ((-1) ** n) / math.factorial(2 * n + 1)
+    big = x.abs() >= 0.5
+    safe = torch.where(big, x, torch.ones_like(x))
+    return torch.where(big, torch.sin(safe) / safe, series)
+
+
+def sinc_derivative_reference(x: torch.Tensor) -> torch.Tensor:
+    """d/dx sin(x)/x in float64: the series' derivative below |x| = 0.5, (x cos x - sin x)/x^2 above."""
+    x = x.to(F64)
+    x2 = x * x
+    series = torch.zeros_like(x)
+    for n in reversed(range(1, _SERIES_TERMS)):
+        series = series * x2 + ((-1) ** n) * 2 * n / math.factorial(2 * n + 1)
+    series = series * x
+    big = x.abs() >= 0.5
+    safe = torch.where(big, x, torch.ones_like(x))
+    return torch.where(big, (safe * torch.cos(safe) - torch.sin(safe)) / (safe * safe), series)
+
+
+FIXED_SINC_POINTS = [0.0, 1e-300, 1e-12, -1e-9, 3e-8, 1e-6, -1e-4, 1e-3, -9.9e-3, 1e-2, 0.0101, -0.1, 0.5, 1.0,
+                     -math.pi, 4.493409457909064, 10.0, -123.4, 1e3]
+_SINC_HINT = ("near 0, sin(x)/x and (cos(x) - sin(x)/x)/x lose every digit to cancellation (and give nan at "
+              "0): below a small threshold (|x| < 1e-2) use the Taylor series 1 - x^2/6 + x^4/120 - x^6/5040 "
+              "and -x/3 + x^3/30 - x^5/840; divide only by a safe x elsewhere (torch.where).")
+
+
+def _sinc_points(seed: int, n: int, dev) -> torch.Tensor:
+    g = generator(seed)
+    mags = 10 ** (torch.rand(n, generator=g, dtype=F64) * 14 - 11)   # 1e-11 .. 1e3
+    signs = torch.where(torch.rand(n, generator=g, dtype=F64) < 0.5, -1.0, 1.0)
+    return torch.cat([torch.tensor(FIXED_SINC_POINTS, dtype=F64), signs * mags]).to(dev)
+
+
+def check_sinc(Sinc: type, *, seed: int = 0, n: int = 64, device=None) -> None:
+    """``Sinc`` is a ``torch.autograd.Function`` for sin(x)/x (1 at 0) with ``forward``,
+    ``setup_context``, ``backward`` and ``jvp``: it passes ``gradcheck`` with
+    ``check_forward_ad=True`` in float64, and its value, gradient and JVP equal a float64 reference
+    to 1e-9 (relative) everywhere, from 0 and 1e-300 up to 1e3."""
+    if not (isinstance(Sinc, type) and issubclass(Sinc, torch.autograd.Function)):
+        raise AssertionError(f"Sinc should be a subclass of torch.autograd.Function, got {describe(Sinc)}.")
+    dev = pick_device(device)
+    x = _sinc_points(seed, n, dev)
+    tol = dict(rtol=1e-9, atol=1e-15)
+    y = call(Sinc.apply, x, name="Sinc.apply")
+    assert_close(y, sinc_reference(x), name="Sinc.apply(x) (the value)", hint=_SINC_HINT, **tol)
+
+    xc = randn(12, seed=seed + 3, dtype=F64, device=dev, scale=3.0)
+    xc = torch.cat([xc, xc[:4] * 1e-3]).requires_grad_()
+    try:
+        call(torch.autograd.gradcheck, Sinc.apply, (xc,), check_forward_ad=True, check_backward_ad=True,
+             name="gradcheck(Sinc.apply, ...)")
+    except AssertionError as exc:
+        if not isinstance(exc.__cause__, GradcheckError):
+            raise
+        first = str(exc.__cause__).strip().splitlines()[0].rstrip(",")
+        raise AssertionError(f"torch.autograd.gradcheck(Sinc.apply, (x,), check_forward_ad=True) failed: {first}\n"
+                             "  Hint: backward returns grad_output * sinc'(x), jvp returns x_tangent * sinc'(x); "
+                             "both read x from ctx (save_for_backward, save_for_forward).") from None
+    xg = x.clone().requires_grad_()
+    y = call(Sinc.apply, xg, name="Sinc.apply")
+    if not isinstance(y.grad_fn, torch.autograd.function.BackwardCFunction):
+        raise AssertionError(f"Sinc.apply(x) has grad_fn {type(y.grad_fn).__name__}, not Sinc's own backward. "
+                             "Is Sinc a torch.autograd.Function whose forward returns a new tensor?")
+    w = randn(x.numel(), seed=seed + 1, dtype=F64, device=dev)
+    grad, = call(torch.autograd.grad, y, xg, w, name="Sinc.backward")
+    assert_close(grad, w * sinc_derivative_reference(x), name="the gradient of Sinc (backward)", hint=_SINC_HINT,
+                 **tol)
+
+    t = randn(x.numel(), seed=seed + 2, dtype=F64, device=dev)
+
+    def dual_jvp(a, b):
+        with fwAD.dual_level():
+            return fwAD.unpack_dual(Sinc.apply(fwAD.make_dual(a, b))).tangent
+
+    tangent = call(dual_jvp, x, t, name="Sinc.jvp (inside forward_ad.dual_level)")
+    assert_close(tangent, t * sinc_derivative_reference(x), name="the tangent of Sinc (jvp, forward_ad)",
+                 hint=_SINC_HINT, **tol)
+    _, tangent = call(torch.func.jvp, Sinc.apply, (x,), (t,), name="torch.func.jvp(Sinc.apply, ...)")
+    assert_close(tangent, t * sinc_derivative_reference(x), name="the tangent of Sinc (torch.func.jvp)",
+                 hint=_SINC_HINT, **tol)
+
+    ok(f"Sinc passes gradcheck (backward and forward AD, float64); value, gradient and JVP equal the reference "
+       f"on {x.numel()} points from 0 to 1e3 (seed {seed})")
+
+
+# -- full Jacobians by forward and by reverse mode ------------------------------------------------
+
+def _central_differences(f: Callable, x: torch.Tensor, h: float = 1e-6) -> torch.Tensor:
+    eye = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
+    with torch.no_grad():
+        return torch.stack([(f(x + h * e) - f(x - h * e)) / (2 * h) for e in eye], dim=1)
+
+
+def _one_jacobian(fn: Callable, label: str, mode: str, *, seed: int, k: int, m: int, hidden: int, dev) -> None:
+    other = "reverse" if mode == "forward" else "forward"
+    x = randn(k, seed=seed + 1, dtype=F64, device=dev)
+    f = WideFunction(k, m, hidden, seed=seed, dtype=F64, device=dev)
+    got = call(fn, f, x, name=label)
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{label}(f, x) should return the Jacobian as a tensor, got {describe(got)}.")
+    if tuple(got.shape) == (k, m) and k != m:
+        raise AssertionError(f"{label}(f, x) returned shape {(k, m)}: the transpose. The Jacobian of R^{k} -> R^{m} "
+                             f"is ({m}, {k}): J[i, j] = d f_i / d x_j (one row per output).")
+    if f.calls != 1:
+        raise AssertionError(f"{label} called f {f.calls} times; a vmapped Jacobian calls it once.\n  Hint: "
+                             f"{'vmap over the k basis vectors of the input' if mode == 'forward' else 'one vjp, then vmap its pullback over the m basis vectors of the output'}"
+                             " instead of a Python loop.")
+    ref = WideFunction(k, m, hidden, seed=seed, dtype=F64, device=dev)
+    assert_close(got, ref.jacobian(x), name=f"{label}(f, x) (vs the closed-form Jacobian)")
+    assert_close(got, torch.autograd.functional.jacobian(ref, x),
+                 name=f"{label}(f, x) (vs torch.autograd.functional.jacobian in float64)")
+    assert_close(got, _central_differences(ref, x), rtol=1e-5, atol=1e-7,
+                 name=f"{label}(f, x) (vs central finite differences)")
+    only = WideFunction(k, m, hidden, seed=seed, mode=mode, dtype=F64, device=dev)
+    try:
+        got = call(fn, only, x, name=label)
+    except AssertionError as exc:
+        if not isinstance(exc.__cause__, ModeNotAllowed):
+            raise
+        raise AssertionError(
+            f"{label} used {other} mode: on a function that allows only {mode} mode it raised.\n  Hint: " +
+            ("torch.func.jvp(f, (x,), (v,)) pushes a tangent v forward; vmap it over the rows of torch.eye(k)."
+             if mode == "forward" else
+             "out, pullback = torch.func.vjp(f, x); vmap(pullback) over the rows of torch.eye(m).")) from None
+    assert_close(got, ref.jacobian(x), name=f"{label}(f, x) on a {mode}-mode-only function")
+
+
+def check_jacobians(jacobian_fwd: Callable, jacobian_rev: Callable, *, seed: int = 0, k: int = 5, m: int = 7,
+                    hidden: int = 16, device=None) -> None:
+    """``jacobian_fwd(f, x)`` (k JVPs, vmapped) and ``jacobian_rev(f, x)`` (m VJPs, vmapped) return the
+    (m, k) Jacobian of ``f: R^k -> R^m`` at ``x``: equal to a closed form, to reverse-mode autograd
+    in float64 and to central differences; ``f`` is called once; and each works on a function that
+    allows only its own mode."""
+    dev = pick_device(device)
+    _one_jacobian(jacobian_fwd, "jacobian_fwd", "forward", seed=seed, k=k, m=m, hidden=hidden, dev=dev)
+    _one_jacobian(jacobian_rev, "jacobian_rev", "reverse", seed=seed, k=k, m=m, hidden=hidden, dev=dev)
+    ok(f"jacobian_fwd (forward mode) and jacobian_rev (reverse mode) equal the float64 reference Jacobian and "
+       f"central differences, calling f once (R^{k} -> R^{m}, seed {seed})")
+
+
+def check_jacobian_speed(jacobian_fwd: Callable, jacobian_rev: Callable, *, bars: Mapping[str, float], k: int,
+                         m: int, hidden: int, seed: int = 0, threads: int | None = None, rounds: int = 7,
+                         min_run_time: float = 0.1, attempts: int = 3, device=None) -> SpeedReport:
+    """For ``f: R^k -> R^m`` with few inputs and many outputs, the full Jacobian by forward mode
+    (``jacobian_fwd``) beats reverse mode (``jacobian_rev``) by the device's bar, in float32,
+    timed side by side on fresh inputs, every output checked against the closed form. On a
+    shared machine a measurement below the bar is repeated (up to ``attempts``), best one judged."""
+    dev = pick_device(device)
+    f = WideFunction(k, m, hidden, seed=seed, dtype=torch.float32, device=dev)
+    counter = iter(range(10**9))
+
+    def inputs():
+        return (randn(k, seed=seed + 100 + next(counter), device=dev),)
+
+    def check(name, out, args):
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (m, k):
+            raise AssertionError(f"{name} returned {describe(out)} while timing; expected the ({m}, {k}) Jacobian.")
+        expected = f.jacobian(args[0])
+        assert_close(out.double(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()),
+                     name=f"{name} output while timing")
+
+    candidates = {"reverse (m VJPs)": lambda x: jacobian_rev(f, x), "forward (k JVPs)": lambda x: jacobian_fwd(f, x)}
+    call(jacobian_fwd, f, inputs()[0], name="jacobian_fwd")
+    call(jacobian_rev, f, inputs()[0], name="jacobian_rev")
+    bar = speed_bar(bars, dev)
+    best = None
+    with pinned_threads(threads):
+        for attempt in range(1, attempts + 1):
+            report = compare(candidates, inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time,
+                             device=dev)
+            if best is None or report.speedup("forward (k JVPs)").median > best.speedup("forward (k JVPs)").median:
+                best = report
+            if best.speedup("forward (k JVPs)").median >= bar:
+                break
+            if attempt < attempts:
+                print(f"attempt {attempt}: {report.speedup('forward (k JVPs)')} is below the bar {bar:.2f}x; "
+                      "measuring again (other work on a shared machine can slow one side of a round)")
+    best.show()
+    expect_speedup(best, "forward (k JVPs)", over="reverse (m VJPs)", bars=bars,
+                   hint=f"with k={k} inputs and m={m} outputs, forward mode needs {k} JVPs and reverse mode "
+                        f"{m} VJPs: check that jacobian_fwd vmaps over the {k} input directions (not the outputs).")
+    return best

@@ -1,0 +1,166 @@
+"""Lesson 4's shared pieces: a small model and a wide function to differentiate, functions that
+allow only one mode of differentiation, and a chart of Jacobian times as the outputs grow.
+
+None of this is an exercise. The one-mode functions exist so that a check can tell *how* a
+Jacobian was computed: a function whose backward raises can only be differentiated in forward
+mode, one whose ``jvp`` raises only in reverse mode. The wide function knows its own Jacobian in
+closed form, so that references need no autodiff at all.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from course.devices import pick_device
+
+__all__ = ["ForwardOnlyTanh", "ModeNotAllowed", "ReverseOnlyTanh", "WideFunction", "mlp",
+           "plot_jacobian_sweep", "transform_in_use"]
+
+
+class ModeNotAllowed(RuntimeError):
+    """Raised when a one-mode function is differentiated in the other mode."""
+
+
+class ForwardOnlyTanh(torch.autograd.Function):
+    """``tanh`` with a forward-mode rule (``jvp``) and a backward that refuses to run."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return torch.tanh(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_forward(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise ModeNotAllowed("this function supports forward mode only: reverse mode (backward, vjp, "
+                             "jacrev, autograd.grad) was used on it")
+
+    @staticmethod
+    def jvp(ctx, tangent):
+        y, = ctx.saved_tensors
+        return tangent * (1 - y * y)
+
+
+class ReverseOnlyTanh(torch.autograd.Function):
+    """``tanh`` with a backward and a ``jvp`` that refuses to run."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return torch.tanh(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, = ctx.saved_tensors
+        return grad * (1 - y * y)
+
+    @staticmethod
+    def jvp(ctx, tangent):
+        raise ModeNotAllowed("this function supports reverse mode only: forward mode (jvp, jacfwd, "
+                             "dual numbers) was used on it")
+
+
+_TANH = {"both": torch.tanh, "forward": ForwardOnlyTanh.apply, "reverse": ReverseOnlyTanh.apply}
+
+
+class WideFunction:
+    """``f(x) = W2 @ tanh(W1 @ x + b1) + b2`` from R^k to R^m, with ``hidden`` units.
+
+    ``mode`` picks which differentiation modes it allows: ``"both"``, ``"forward"`` or
+    ``"reverse"``. ``jacobian(x)`` is the Jacobian in closed form, ``W2 diag(1 - tanh^2) W1``,
+    a reference that uses no autodiff. ``calls`` counts the Python calls (a vmapped Jacobian
+    calls ``f`` once; a loop over basis vectors calls it once per vector)."""
+
+    def __init__(self, k: int, m: int, hidden: int, *, seed: int, mode: str = "both",
+                 dtype: torch.dtype = torch.float32, device=None):
+        if mode not in _TANH:
+            raise ValueError(f"mode must be one of {sorted(_TANH)}, got {mode!r}.")
+        dev = pick_device(device)
+        g = torch.Generator().manual_seed(seed)
+        draw = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+        self.W1 = (draw(hidden, k) / math.sqrt(k)).to(dev, dtype)
+        self.b1 = (0.1 * draw(hidden)).to(dev, dtype)
+        self.W2 = (draw(m, hidden) / math.sqrt(hidden)).to(dev, dtype)
+        self.b2 = (0.1 * draw(m)).to(dev, dtype)
+        self.k, self.m, self.hidden, self.mode = k, m, hidden, mode
+        self.calls = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if x.shape[-1:] != (self.k,):
+            raise ValueError(f"this function takes a vector of {self.k} numbers, got shape {tuple(x.shape)}.")
+        return self.W2 @ _TANH[self.mode](self.W1 @ x + self.b1) + self.b2
+
+    def jacobian(self, x: torch.Tensor) -> torch.Tensor:
+        """The (m, k) Jacobian at ``x``, in float64, in closed form."""
+        W1, b1, W2 = (t.to(torch.float64) for t in (self.W1, self.b1, self.W2))
+        y = torch.tanh(W1 @ x.to(W1) + b1)
+        return (W2 * (1 - y * y)) @ W1
+
+    def __repr__(self) -> str:
+        return f"WideFunction(R^{self.k} -> R^{self.m}, hidden={self.hidden}, mode={self.mode!r})"
+
+
+def mlp(sizes: Sequence[int] = (6, 16, 16, 4), *, seed: int, norm: bool = True,
+        dtype: torch.dtype = torch.float64, device=None) -> nn.Sequential:
+    """A seeded MLP: Linear layers with tanh between them (and a LayerNorm after the first, with
+    ``norm``). Smooth everywhere, so central finite differences are an honest reference."""
+    if len(sizes) < 2:
+        raise ValueError(f"mlp needs at least an input and an output size, got {tuple(sizes)}.")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(nn.Linear(a, b))
+            if i < len(sizes) - 2:
+                layers.append(nn.Tanh())
+                if norm and i == 0:
+                    layers.append(nn.LayerNorm(b))
+        model = nn.Sequential(*layers)
+        for m in model.modules():  # LayerNorm starts at weight 1, bias 0: make a mistake there visible
+            if isinstance(m, nn.LayerNorm):
+                with torch.no_grad():
+                    m.weight.copy_(torch.rand(m.weight.shape) + 0.5)
+                    m.bias.copy_(torch.randn(m.bias.shape) * 0.2)
+    return model.to(pick_device(device), dtype)
+
+
+def transform_in_use() -> str | None:
+    """The innermost ``torch.func`` transform running right now (``"Jvp"``, ``"Grad"``,
+    ``"Vmap"``...), or None outside any. It reads functorch's interpreter stack, an internal of
+    PyTorch (pinned by the course's tests), because no public call tells."""
+    top = torch._C._functorch.peek_interpreter_stack()
+    return None if top is None else top.key().name
+
+
+def plot_jacobian_sweep(ms: Sequence[int], forward_s: Sequence[float], reverse_s: Sequence[float], *, k: int,
+                        ax=None, title: str | None = None):
+    """Time of a full Jacobian by forward mode (k JVPs) and by reverse mode (m VJPs) against the
+    number of outputs m, on log-log axes, with the line m = k where they should cross."""
+    import matplotlib.pyplot as plt
+
+    if not (len(ms) == len(forward_s) == len(reverse_s)):
+        raise ValueError("ms, forward_s and reverse_s need one entry per output size.")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.loglog(ms, [t * 1e3 for t in forward_s], "o-", label=f"forward: {k} JVPs (vmapped)")
+    ax.loglog(ms, [t * 1e3 for t in reverse_s], "s-", label="reverse: m VJPs (vmapped)")
+    ax.axvline(k, color="gray", lw=1, ls="--")
+    ax.annotate(f"m = k = {k}: equal work", (k, ax.get_ylim()[1]), xytext=(4, -14), textcoords="offset points", color="gray")
+    ax.set(xlabel="number of outputs m", ylabel="time per Jacobian (ms)",
+           title=title or f"Full Jacobian of R^{k} -> R^m")
+    ax.legend()
+    return ax
