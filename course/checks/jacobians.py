@@ -1,0 +1,418 @@
+"""Checks for lesson 05_jacobians_hessians: a Jacobian row by row with ``torch.autograd.grad``,
+then with ``vmap`` over ``vjp``; a picker between ``jacfwd`` and ``jacrev``; batched Jacobians and
+Hessians; Hessian-vector products that never build the Hessian; and two measured speedups.
+
+Every numeric result is compared with a formula evaluated in float64 (``course.jacobians``
+writes the derivatives of its functions out by hand), on functions and points drawn from
+``seed``. Two structural questions are answered by ``course.jacobians.TensorWatch``, a
+``TorchDispatchMode`` that sees every ATen op:
+
+- *was there a Python loop?* The op count of a loop grows with the number of rows (or samples);
+  that of a ``vmap`` does not. Counted on the CPU, whatever the lesson's device, so that the
+  count does not depend on where autograd runs its backward pass.
+- *was an n x n matrix built?* The learner's HVP runs at n = 40,000 in float64 on the ``meta``
+  device, where tensors have shapes and no memory: the Hessian would be 12.8 GB, far over the
+  lesson's 2 GB, yet nothing is allocated, so a wrong answer fails with a message instead of
+  exhausting the machine. The largest tensor the HVP creates must stay far below ``n * n``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+from torch.func import jacfwd, jacrev
+
+from course.checks.common import call, ok
+from course.data import randn
+from course.devices import pick_device, threads
+from course.grading import expect_speedup, speed_bar
+from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, format_bytes, tanh_layer
+from course.numerics import assert_close, describe
+from course.timing import SpeedReport, compare
+
+__all__ = ["check_batched_hessian", "check_batched_jacobian", "check_hvp", "check_pick_jacobian",
+           "check_picker_speed", "check_row_jacobian", "check_vmap_jacobian", "check_vmap_speed"]
+
+F64 = torch.float64
+# float32 results against a float64 formula: a few float32 roundings of values of order 1
+TOL32 = dict(rtol=1e-4, atol=2e-5)
+TOL64 = dict(rtol=1e-9, atol=1e-11)
+
+
+def _tol(dtype: torch.dtype) -> dict:
+    return TOL64 if dtype == F64 else TOL32
+
+
+def _expect_tensor(got, name: str, x: torch.Tensor, shape: tuple[int, ...], hint: str) -> None:
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{name} should return a tensor of shape {shape}, got {describe(got)}.\n  Hint: {hint}")
+    if tuple(got.shape) != shape:
+        raise AssertionError(f"{name} returned shape {tuple(got.shape)}; expected {shape}.\n  Hint: {hint}")
+    if got.dtype != x.dtype:
+        raise AssertionError(f"{name} returned {got.dtype} for a {x.dtype} input; keep the input's dtype "
+                             "(make basis vectors with dtype=x.dtype, device=x.device).")
+
+
+def _compare(got, ref64: torch.Tensor, name: str, dtype: torch.dtype, hint: str) -> None:
+    assert_close(got, ref64.to(got.device), check_dtype=False, name=name, hint=hint, **_tol(dtype))
+
+
+# -- the Jacobian cases -------------------------------------------------------------------------
+
+def _jacobian_cases(seed: int, n_out: int, n_in: int, device):
+    """(label, f, x, reference Jacobian in float64): a dense layer in float64 and float32, a
+    banded layer, and the hand-written gradient of an Energy (whose Jacobian is its Hessian)."""
+    dev = pick_device(device)
+    cases = []
+    for dtype in (F64, torch.float32):
+        layer = tanh_layer(n_out, n_in, seed=seed, device=dev, dtype=dtype)
+        x = randn(n_in, seed=seed + 10, device=dev, dtype=dtype)
+        ref = layer.to(F64).jacobian(x.to(F64))
+        cases.append((f"a {n_out}x{n_in} tanh layer ({str(dtype).replace('torch.', '')})", layer, x, ref))
+    band = banded_layer(n_in, seed=seed + 3, device=dev, dtype=torch.float32)
+    x = randn(n_in, seed=seed + 11, device=dev)
+    cases.append((f"a banded {n_in}x{n_in} layer (float32)", band, x, band.to(F64).jacobian(x.to(F64))))
+    e = energy(max(n_in, 2), seed=seed + 5, device=dev, dtype=F64)
+    x = randn(e.n, seed=seed + 12, device=dev, dtype=F64)
+    cases.append((f"the gradient of an Energy of {e.n} variables (float64)", e.gradient, x, e.hessian(x)))
+    return cases
+
+
+def _count_ops(fn: Callable, f: Callable, x: torch.Tensor, name: str) -> int:
+    with TensorWatch() as w:
+        call(fn, f, x, name=name)
+    return w.ops
+
+
+def _loop_or_not(fn: Callable, name: str, seed: int, small: int = 8, large: int = 40) -> tuple[int, int]:
+    """Op counts of ``fn`` on layers with ``small`` and ``large`` outputs (16 inputs), on the CPU."""
+    counts = []
+    for n_out in (small, large):
+        layer = tanh_layer(n_out, 16, seed=seed, device="cpu")
+        counts.append(_count_ops(fn, layer, randn(16, seed=seed + 1), name))
+    return counts[0], counts[1]
+
+
+def _jacobian_numerics(fn: Callable, name: str, seed: int, n_out: int, n_in: int, device, hint: str) -> int:
+    cases = _jacobian_cases(seed, n_out, n_in, device)
+    for label, f, x, ref in cases:
+        x_in = x.clone()
+        got = call(fn, f, x_in, name=name)
+        _expect_tensor(got, f"{name} on {label}", x, tuple(ref.shape),
+                       "row i of the Jacobian is the gradient of output i: (number of outputs, number of inputs).")
+        _compare(got, ref, f"{name} on {label}", x.dtype, hint)
+        if not torch.equal(x_in.detach(), x):
+            raise AssertionError(f"{name} changed its input x in place; differentiate a copy "
+                                 "(x.detach().requires_grad_() makes a new leaf without touching x).")
+    return len(cases)
+
+
+def check_row_jacobian(jacobian_rows: Callable, *, seed: int = 0, n_out: int = 12, n_in: int = 9,
+                       device=None) -> None:
+    """``jacobian_rows(f, x)``: the ``(m, n)`` Jacobian of ``f: R^n -> R^m`` at ``x``, one
+    ``torch.autograd.grad`` call per output (the slow baseline: its op count must grow with m)."""
+    hint = ("make x a leaf that requires grad, compute y = f(x) once, then for each i take "
+            "torch.autograd.grad(y[i], x, retain_graph=True)[0] as row i, and stack the rows.")
+    n = _jacobian_numerics(jacobian_rows, "jacobian_rows", seed, n_out, n_in, device, hint)
+    small, large = _loop_or_not(jacobian_rows, "jacobian_rows", seed)
+    if large < 2 * small:
+        raise AssertionError(
+            f"jacobian_rows ran {small} ops for 8 outputs and {large} for 40: the same work whatever the number of "
+            "rows, which is what vmap does. This exercise is the baseline the rest of the lesson beats: write the "
+            "loop, one torch.autograd.grad call per output row.")
+    ok(f"jacobian_rows equals the float64 formula on {n} functions (seed {seed}); its loop runs {small} ops "
+       f"for 8 rows and {large} for 40")
+
+
+def check_vmap_jacobian(jacobian_vmap: Callable, *, seed: int = 0, n_out: int = 12, n_in: int = 9,
+                        device=None) -> None:
+    """``jacobian_vmap(f, x)``: the same Jacobian from one ``vjp`` and a ``vmap`` over the rows of
+    the identity (its op count must not grow with the number of outputs: no Python loop)."""
+    hint = ("y, pullback = torch.func.vjp(f, x); then vmap(pullback)(basis) with basis the identity matrix of "
+            "size y.numel() (same dtype and device as y): the pullback returns a tuple, take its [0].")
+    n = _jacobian_numerics(jacobian_vmap, "jacobian_vmap", seed, n_out, n_in, device, hint)
+    small, large = _loop_or_not(jacobian_vmap, "jacobian_vmap", seed)
+    if large > 1.5 * small:
+        raise AssertionError(
+            f"jacobian_vmap ran {small} ops for 8 outputs and {large} for 40: the work grows with the number of "
+            "rows, so there is a Python loop (or a comprehension) over them. Let vmap do the rows: one call of "
+            "vmap(pullback) on the whole identity matrix.")
+    ok(f"jacobian_vmap equals the float64 formula on {n} functions (seed {seed}) and runs {small} ops for 8 "
+       f"rows, {large} for 40: no loop")
+
+
+def _reference_rows(f: Callable, x: torch.Tensor) -> torch.Tensor:
+    """The course's row loop (the baseline of the speed check)."""
+    x = x.detach().requires_grad_(True)
+    y = f(x)
+    rows = [torch.autograd.grad(y[i], x, retain_graph=True)[0] for i in range(y.shape[0])]
+    return torch.stack(rows)
+
+
+def _measure(candidates: dict, inputs: Callable, check: Callable, name: str, over: str, bar: float, rounds: int,
+             min_run_time: float, attempts: int, dev, num_threads) -> SpeedReport:
+    """Time side by side; below the bar, measure again (up to ``attempts``) and keep the best run:
+    a shared machine can stall one side of a round, but a slower technique stays below in every run."""
+    best = None
+    for attempt in range(1, attempts + 1):
+        with threads(num_threads if dev.type == "cpu" else None):
+            report = compare(candidates, inputs=inputs, check=check, baseline=over, rounds=rounds,
+                             min_run_time=min_run_time, device=dev)
+        if best is None or report.speedup(name).median > best.speedup(name).median:
+            best = report
+        if best.speedup(name).median >= bar:
+            break
+        if attempt < attempts:
+            print(f"attempt {attempt}: {name} at {report.speedup(name)} is below the bar {bar:.2f}x; measuring again "
+                  "(other work on a shared machine can slow one side of a round)")
+    return best
+
+
+def check_vmap_speed(jacobian_vmap: Callable, *, bars: Mapping[str, float], D: int, seed: int = 0,
+                     num_threads: int | None = None, rounds: int = 9, min_run_time: float = 0.1, attempts: int = 3,
+                     device=None) -> SpeedReport:
+    """The learner's ``jacobian_vmap`` beats a row loop of ``torch.autograd.grad`` calls on a
+    ``D x D`` tanh layer by the device's bar, timed side by side on fresh points, every output
+    compared with the float64 formula. ``num_threads`` pins the CPU's thread count while timing."""
+    dev = pick_device(device)
+    layer = tanh_layer(D, D, seed=seed, device=dev)
+    exact = layer.to(F64)
+    counter = iter(range(10**9))
+
+    def inputs():
+        return (randn(D, seed=seed + 100 + next(counter), device=dev),)
+
+    def check(name, out, args):
+        _compare(out, exact.jacobian(args[0].to(F64)), f"{name} while timing", torch.float32,
+                 "the same function must give the same Jacobian on every point.")
+
+    call(jacobian_vmap, layer, inputs()[0], name="jacobian_vmap")
+    candidates = {"row loop": lambda x: _reference_rows(layer, x), "vmap over vjp": lambda x: jacobian_vmap(layer, x)}
+    bar = speed_bar(bars, dev)
+    report = _measure(candidates, inputs, check, "vmap over vjp", "row loop", bar, rounds, min_run_time, attempts,
+                      dev, num_threads)
+    report.show()
+    expect_speedup(report, "vmap over vjp", over="row loop", bars=bars,
+                   hint="one vjp, then one vmap over all the rows of the identity; no Python loop, no .item().")
+    return report
+
+
+# -- jacfwd or jacrev -----------------------------------------------------------------------------
+
+class _Flat:
+    """A TanhLayer read on a flattened input and reshaped output: shapes other than vectors."""
+
+    def __init__(self, layer: TanhLayer, out_shape: tuple[int, ...]):
+        self.layer, self.out_shape = layer, out_shape
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.reshape(-1)).reshape(self.out_shape)
+
+
+def _picker_cases(seed: int):
+    """(f, x, n_out, n_in): tall, wide, square and nearly square, single row or column, and
+    inputs/outputs that are not vectors (count elements, not the first dimension)."""
+    shapes = [(2048, 32), (32, 2048), (5, 5), (1, 7), (7, 1), (33, 32), (32, 33), (64, 64)]
+    cases = []
+    for i, (m, n) in enumerate(shapes):
+        cases.append((tanh_layer(m, n, seed=seed + i, device="cpu"), randn(n, seed=seed + 50 + i), m, n))
+    # x of shape (3, 4): 12 inputs; outputs (2, 7) = 14 (more than the inputs, though 2 < 3)
+    cases.append((_Flat(tanh_layer(14, 12, seed=seed), (2, 7)), randn(3, 4, seed=seed + 90), 14, 12))
+    # x of shape (6, 2): 12 inputs; outputs (10, 1) = 10 (fewer, though 10 > 6)
+    cases.append((_Flat(tanh_layer(10, 12, seed=seed + 1), (10, 1)), randn(6, 2, seed=seed + 91), 10, 12))
+    return cases
+
+
+def _right_mode(n_out: int, n_in: int):
+    return jacfwd if n_out > n_in else jacrev
+
+
+def _mode_name(mode) -> str:
+    return {jacfwd: "jacfwd", jacrev: "jacrev"}.get(mode, describe(mode))
+
+
+def _pick(pick_jacobian: Callable, f, x):
+    got = call(pick_jacobian, f, x.clone(), name="pick_jacobian")
+    if isinstance(got, str):
+        raise AssertionError(f"pick_jacobian returned the string {got!r}; return the transform itself: "
+                             "torch.func.jacfwd or torch.func.jacrev (the functions, not their names).")
+    if got is not jacfwd and got is not jacrev:
+        extra = ""
+        if callable(got) and getattr(got, "__name__", "") in ("jacfwd", "jacrev"):
+            extra = " It has the right name but is another object: use the ones from torch.func, not functorch."
+        raise AssertionError(f"pick_jacobian returned {describe(got)}; it should return torch.func.jacfwd or "
+                             f"torch.func.jacrev (not yet applied to f).{extra}")
+    return got
+
+
+def check_pick_jacobian(pick_jacobian: Callable, *, seed: int = 0) -> None:
+    """``pick_jacobian(f, x)`` returns ``torch.func.jacfwd`` when ``f(x)`` has more elements than
+    ``x`` and ``torch.func.jacrev`` otherwise (square included), on tall, wide, square and
+    non-vector shapes."""
+    cases = _picker_cases(seed)
+    for f, x, n_out, n_in in cases:
+        got = _pick(pick_jacobian, f, x)
+        right = _right_mode(n_out, n_in)
+        if got is not right:
+            why = ("more outputs than inputs: forward mode needs one JVP per input, reverse mode one VJP per output, "
+                   "so jacfwd does fewer passes" if right is jacfwd else
+                   "no more outputs than inputs: reverse mode needs one VJP per output, forward mode one JVP per "
+                   "input, so jacrev does no more passes (and on a tie the course takes jacrev)")
+            raise AssertionError(
+                f"for x of shape {tuple(x.shape)} ({n_in} inputs) and f(x) of shape {tuple(f(x).shape)} ({n_out} "
+                f"outputs), pick_jacobian chose {_mode_name(got)}; expected {_mode_name(right)}: {why}.\n"
+                "  Hint: compare numbers of elements (.numel()), not the first dimension.")
+    ok(f"pick_jacobian chooses right on {len(cases)} shapes (tall, wide, square, and not vectors)")
+
+
+def check_picker_speed(pick_jacobian: Callable, *, bars: Mapping[str, float], tall: tuple[int, int],
+                       wide: tuple[int, int], seed: int = 0, num_threads: int | None = None, rounds: int = 7,
+                       min_run_time: float = 0.1, attempts: int = 3, device=None) -> dict[str, SpeedReport]:
+    """On a tall layer (``tall = (outputs, inputs)``, more outputs) and a wide one, the transform
+    ``pick_jacobian`` chooses is the right one, and is faster than the other by the device's bar,
+    timed side by side, every Jacobian compared with the float64 formula."""
+    dev = pick_device(device)
+    if not tall[0] > tall[1] or not wide[0] < wide[1]:
+        raise ValueError(f"tall must have more outputs than inputs and wide fewer, got tall={tall}, wide={wide}.")
+    reports = {}
+    bar = speed_bar(bars, dev)
+    for label, (m, n) in (("tall", tall), ("wide", wide)):
+        layer = tanh_layer(m, n, seed=seed, device=dev)
+        exact = layer.to(F64)
+        chosen = _pick(pick_jacobian, layer, randn(n, seed=seed + 1, device=dev))
+        right = _right_mode(m, n)
+        if chosen is not right:
+            raise AssertionError(f"on the {label} {m}x{n} layer (outputs x inputs) pick_jacobian chose "
+                                 f"{_mode_name(chosen)}; the right mode is {_mode_name(right)}.")
+        other = jacrev if chosen is jacfwd else jacfwd
+        picked_name, other_name = f"picked: {_mode_name(chosen)}", f"other: {_mode_name(other)}"
+        fast, slow = chosen(layer), other(layer)
+        counter = iter(range(10**9))
+
+        def inputs(n=n):
+            return (randn(n, seed=seed + 200 + next(counter), device=dev),)
+
+        def check(name, out, args, exact=exact, label=label):
+            _compare(out, exact.jacobian(args[0].to(F64)), f"{name} on the {label} layer while timing",
+                     torch.float32, "both modes compute the same Jacobian.")
+
+        print(f"{label} layer: {m} outputs x {n} inputs")
+        report = _measure({other_name: slow, picked_name: fast}, inputs, check, picked_name, other_name, bar, rounds,
+                          min_run_time, attempts, dev, num_threads)
+        report.show()
+        expect_speedup(report, picked_name, over=other_name, bars=bars,
+                       hint="the picker chooses from the shapes; the chosen transform must do fewer passes.")
+        reports[label] = report
+    return reports
+
+
+# -- batched Jacobians and Hessians ---------------------------------------------------------------
+
+def _batched_numerics(fn: Callable, name: str, make, seed: int, batch: int, device, hint: str) -> None:
+    dev = pick_device(device)
+    for dtype in (F64, torch.float32):
+        f, n_in, per_sample, shape = make(dtype, dev)
+        xs = randn(batch, n_in, seed=seed + 20, device=dev, dtype=dtype)
+        ref = torch.stack([per_sample(x.to(F64)) for x in xs])
+        got = call(fn, f, xs.clone(), name=name)
+        label = f"{name} on a batch of {batch} ({str(dtype).replace('torch.', '')})"
+        _expect_tensor(got, label, xs, (batch,) + shape, hint)
+        _compare(got, ref, label, dtype, hint)
+
+
+def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int) -> None:
+    counts = []
+    for b in (2, 8):
+        with TensorWatch() as w:
+            call(fn, f, randn(b, n_in, seed=seed + b), name=name)
+        counts.append(w.ops)
+    if counts[1] > 1.5 * counts[0]:
+        raise AssertionError(f"{name} ran {counts[0]} ops for a batch of 2 and {counts[1]} for a batch of 8: a "
+                             "Python loop over the samples. Wrap the per-sample transform in vmap instead.")
+
+
+def check_batched_jacobian(batched_jacobian: Callable, *, seed: int = 0, batch: int = 6, n_out: int = 5,
+                           n_in: int = 7, device=None) -> None:
+    """``batched_jacobian(f, xs)``: for a batch ``xs`` of shape ``(B, n)``, the Jacobian of ``f``
+    at every sample, ``(B, m, n)``, with ``vmap`` (no loop over the samples)."""
+    hint = "vmap(jacrev(f))(xs): jacrev(f) takes one sample, vmap maps it over the batch dimension."
+
+    def make(dtype, dev):
+        layer = tanh_layer(n_out, n_in, seed=seed, device=dev, dtype=dtype)
+        return layer, n_in, layer.to(F64).jacobian, (n_out, n_in)
+
+    _batched_numerics(batched_jacobian, "batched_jacobian", make, seed, batch, device, hint)
+    _no_batch_loop(batched_jacobian, "batched_jacobian", tanh_layer(n_out, n_in, seed=seed, device="cpu"), n_in, seed)
+    ok(f"batched_jacobian equals the float64 formula for every sample ({batch} x {n_out} x {n_in}, seed {seed}), "
+       "with no loop over the batch")
+
+
+def check_batched_hessian(batched_hessian: Callable, *, seed: int = 0, batch: int = 6, n: int = 9,
+                          device=None) -> None:
+    """``batched_hessian(f, xs)``: for a scalar ``f`` and a batch ``xs`` of shape ``(B, n)``, the
+    Hessian at every sample, ``(B, n, n)``, with ``vmap`` (no loop over the samples)."""
+    hint = "vmap(hessian(f))(xs), where hessian(f) = jacfwd(jacrev(f)) takes one sample."
+
+    def make(dtype, dev):
+        e = energy(n, seed=seed, device=dev, dtype=dtype)
+        return e, n, e.to(F64).hessian, (n, n)
+
+    _batched_numerics(batched_hessian, "batched_hessian", make, seed, batch, device, hint)
+    _no_batch_loop(batched_hessian, "batched_hessian", energy(n, seed=seed, device="cpu"), n, seed)
+    ok(f"batched_hessian equals the float64 formula for every sample ({batch} x {n} x {n}, seed {seed}), "
+       "with no loop over the batch")
+
+
+# -- Hessian-vector products ----------------------------------------------------------------------
+
+def check_hvp(hvp_fwd_rev: Callable, hvp_rev_rev: Callable, *, seed: int = 0, n: int = 50, big_n: int = 40_000,
+              device=None) -> None:
+    """``hvp_fwd_rev(f, x, v)`` and ``hvp_rev_rev(f, x, v)`` return ``H(x) @ v`` for a scalar ``f``:
+    equal to the float64 formula (float64 and float32), and, run at ``n = big_n`` in float64 on
+    the ``meta`` device, never creating a tensor anywhere near ``n x n``."""
+    dev = pick_device(device)
+    for fn, name, hint in (
+            (hvp_fwd_rev, "hvp_fwd_rev", "forward over reverse: torch.func.jvp(grad(f), (x,), (v,)) returns "
+                                         "(gradient, H @ v); take the second."),
+            (hvp_rev_rev, "hvp_rev_rev", "reverse over reverse: the gradient of x -> dot(grad(f)(x), v) is H @ v "
+                                         "(H is symmetric): grad(lambda x: torch.dot(grad(f)(x), v))(x).")):
+        for dtype in (F64, torch.float32):
+            e = energy(n, seed=seed, device=dev, dtype=dtype)
+            x = randn(n, seed=seed + 30, device=dev, dtype=dtype)
+            v = randn(n, seed=seed + 31, device=dev, dtype=dtype)
+            ref = e.to(F64).hvp(x.to(F64), v.to(F64))
+            got = call(fn, e, x.clone(), v.clone(), name=name)
+            label = f"{name} on an Energy of {n} variables ({str(dtype).replace('torch.', '')})"
+            _expect_tensor(got, label, x, (n,), "H(x) @ v has the shape of x.")
+            _compare(got, ref, label, dtype, hint)
+        _never_builds_the_hessian(fn, name, seed, big_n)
+    full = big_n * big_n * 8
+    ok(f"hvp_fwd_rev and hvp_rev_rev equal the float64 formula (n={n}, seed {seed}); at n={big_n:,} in float64 "
+       f"(a Hessian of {format_bytes(full)}) neither builds anything near n x n")
+
+
+def _never_builds_the_hessian(fn: Callable, name: str, seed: int, big_n: int) -> None:
+    e = energy(big_n, seed=seed, device="meta", dtype=F64)
+    x = torch.empty(big_n, device="meta", dtype=F64)
+    v = torch.empty(big_n, device="meta", dtype=F64)
+    full = big_n * big_n * 8
+    try:
+        with TensorWatch() as w:
+            out = fn(e, x, v)
+    except Exception as exc:  # noqa: BLE001 - any failure here is the learner's to read
+        raise AssertionError(
+            f"{name} ran correctly on real tensors, but failed on the 'meta' device (tensors with shapes and no "
+            f"memory), where the check runs it at n={big_n:,}: {type(exc).__name__}: {str(exc)[:300]}\n"
+            "  Hint: keep to torch operations on tensors (no .item(), .tolist(), .numpy() or Python numbers "
+            "read from a tensor).") from exc
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (big_n,):
+        raise AssertionError(f"{name} at n={big_n:,} returned {describe(out)}; expected a tensor of shape ({big_n},).")
+    limit = full // 64
+    if w.largest_bytes >= limit:
+        raise AssertionError(
+            f"{name} built the Hessian (or something as large): at n={big_n:,} in float64 it created a tensor of "
+            f"shape {w.largest_shape} ({format_bytes(w.largest_bytes)}, by aten.{w.largest_op}). The whole "
+            f"Hessian is {format_bytes(full)}, and this lesson runs in 2 GB.\n"
+            "  Hint: never call hessian, jacfwd or jacrev here: push v through the derivative of the gradient "
+            "(jvp of grad, or grad of a dot product with v); every tensor then has the size of x.")

@@ -1,0 +1,256 @@
+"""Lesson 5's helpers (Jacobians, Hessians, HVPs): the functions the lesson differentiates, a
+watcher that counts ops and finds the largest tensor a call creates, and two pictures.
+
+The functions come with their derivatives worked out by hand, so that the checks compare the
+learner's autodiff results with formulas evaluated in float64, not with another autodiff run:
+
+- :class:`TanhLayer` ``y = tanh(W x + b)``: its Jacobian is ``diag(1 - y**2) @ W``
+  (:func:`tanh_layer` draws a dense ``W``, :func:`banded_layer` a banded one whose Jacobian
+  makes a telling heatmap);
+- :class:`Energy`, a scalar ``f(x) = sum(softplus(A x + c)) + sum(d * cos(x)) + sum(x[:-1] * x[1:])``
+  with ``A`` of only ``k`` rows: its Hessian ``A^T diag(s) A - diag(d cos x) + (ones beside the
+  diagonal)`` is dense, yet a Hessian-vector product needs only vectors and ``k x n`` matrices.
+  That gap (``n * n`` numbers against ``k * n``) is what the HVP exercise is about.
+
+:class:`TensorWatch` is a ``TorchDispatchMode``: it sees every ATen op that runs, below autograd
+and below ``vmap`` (so it sees the real, batched tensors), which makes it a fair judge of two
+questions a result cannot answer: "was there a Python loop?" (the op count grows with the loop)
+and "was an ``n x n`` matrix built?" (the largest tensor says so). It works on the ``meta``
+device too, where tensors have shapes but no memory: a check can ask what a learner's function
+*would* allocate at a size that would not fit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from course.data import randn
+from course.devices import pick_device
+
+__all__ = ["Energy", "TanhLayer", "TensorWatch", "banded_layer", "energy", "format_bytes", "plot_crossover",
+           "plot_matrix", "tanh_layer", "watch"]
+
+
+def _device(device) -> torch.device:
+    """``meta`` is allowed here (shapes without memory); anything else goes through pick_device."""
+    if device is not None and torch.device(device).type == "meta":
+        return torch.device("meta")
+    return pick_device(device)
+
+
+class TanhLayer:
+    """``y = tanh(W x + b)`` for a vector ``x`` of ``n_in`` values (``n_out`` outputs).
+
+    A plain callable holding its weights: ``torch.func`` transforms differentiate it with
+    respect to ``x`` only, as a function of one argument."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor):
+        self.weight, self.bias = weight, bias
+
+    @property
+    def n_out(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def n_in(self) -> int:
+        return self.weight.shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(F.linear(x, self.weight, self.bias))
+
+    def jacobian(self, x: torch.Tensor) -> torch.Tensor:
+        """The Jacobian by hand, ``diag(1 - y**2) @ W`` (``(n_out, n_in)``; no autograd)."""
+        y = self(x)
+        return (1 - y * y)[:, None] * self.weight
+
+    def to(self, *args, **kwargs) -> "TanhLayer":
+        return TanhLayer(self.weight.to(*args, **kwargs), self.bias.to(*args, **kwargs))
+
+    def __repr__(self) -> str:
+        return f"TanhLayer({self.n_out} outputs x {self.n_in} inputs, {self.weight.dtype}, {self.weight.device})"
+
+
+def tanh_layer(n_out: int, n_in: int, *, seed: int = 0, device=None, dtype: torch.dtype = torch.float32) -> TanhLayer:
+    """A seeded ``TanhLayer`` with a dense weight scaled by ``1/sqrt(n_in)`` (outputs of order 1)."""
+    if n_out < 1 or n_in < 1:
+        raise ValueError(f"a layer needs at least one output and one input, got {n_out} x {n_in}.")
+    dev = _device(device)
+    w = randn(n_out, n_in, seed=seed, device="cpu", dtype=torch.float64) / n_in ** 0.5
+    b = randn(n_out, seed=seed + 1, device="cpu", dtype=torch.float64) * 0.5
+    return TanhLayer(w.to(dev, dtype), b.to(dev, dtype))
+
+
+def banded_layer(n: int, *, width: int = 5, seed: int = 0, device=None, dtype: torch.dtype = torch.float32) -> TanhLayer:
+    """A square ``TanhLayer`` whose output ``i`` reads only the inputs ``i - width//2 .. i + width//2``
+    (a 1-D convolution written as a banded matrix): its Jacobian is banded."""
+    w = tanh_layer(n, n, seed=seed, device="cpu", dtype=torch.float64).weight * n ** 0.5
+    i = torch.arange(n)
+    band = ((i[:, None] - i[None, :]).abs() <= width // 2).to(torch.float64)
+    b = randn(n, seed=seed + 1, device="cpu", dtype=torch.float64) * 0.5
+    dev = _device(device)
+    return TanhLayer((w * band / width ** 0.5).to(dev, dtype), b.to(dev, dtype))
+
+
+class Energy:
+    """A scalar function of a vector ``x`` of ``n`` values::
+
+        f(x) = sum(softplus(A x + c)) + sum(d * cos(x)) + sum(x[:-1] * x[1:])
+
+    ``A`` has ``k`` rows (``k`` much smaller than ``n``). Gradient, Hessian and Hessian-vector
+    product are written out by hand below (torch ops, so they also run on ``meta``)."""
+
+    def __init__(self, A: torch.Tensor, c: torch.Tensor, d: torch.Tensor):
+        self.A, self.c, self.d = A, c, d
+
+    @property
+    def n(self) -> int:
+        return self.A.shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.softplus(self.A @ x + self.c).sum() + (self.d * torch.cos(x)).sum() + (x[:-1] * x[1:]).sum()
+
+    @staticmethod
+    def _neighbours(v: torch.Tensor) -> torch.Tensor:
+        """``T @ v`` for ``T`` with ones just above and below the diagonal."""
+        out = torch.zeros_like(v)
+        out[:-1] += v[1:]
+        out[1:] += v[:-1]
+        return out
+
+    def gradient(self, x: torch.Tensor) -> torch.Tensor:
+        """``A^T sigmoid(A x + c) - d sin(x) + T x`` (a function of ``x`` you can differentiate too)."""
+        return self.A.T @ torch.sigmoid(self.A @ x + self.c) - self.d * torch.sin(x) + self._neighbours(x)
+
+    def _curvature(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.sigmoid(self.A @ x + self.c)
+        return s * (1 - s)
+
+    def hessian(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole ``n x n`` Hessian ``A^T diag(s) A - diag(d cos x) + T`` (small ``n`` only)."""
+        h = self.A.T @ (self._curvature(x)[:, None] * self.A) - torch.diag(self.d * torch.cos(x))
+        i = torch.arange(self.n - 1, device=x.device)
+        h[i, i + 1] += 1
+        h[i + 1, i] += 1
+        return h
+
+    def hvp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``H(x) @ v`` from the formula, with vectors and ``k x n`` matrices only."""
+        return self.A.T @ (self._curvature(x) * (self.A @ v)) - self.d * torch.cos(x) * v + self._neighbours(v)
+
+    def to(self, *args, **kwargs) -> "Energy":
+        return Energy(self.A.to(*args, **kwargs), self.c.to(*args, **kwargs), self.d.to(*args, **kwargs))
+
+    def __repr__(self) -> str:
+        return f"Energy(n={self.n}, k={self.A.shape[0]}, {self.A.dtype}, {self.A.device})"
+
+
+def energy(n: int, *, k: int = 8, seed: int = 0, device=None, dtype: torch.dtype = torch.float32) -> Energy:
+    """A seeded ``Energy`` of ``n`` variables with a rank-``k`` coupling (``device='meta'`` works)."""
+    if n < 2 or k < 1:
+        raise ValueError(f"an Energy needs n >= 2 variables and k >= 1 rows, got n={n}, k={k}.")
+    dev = _device(device)
+    if dev.type == "meta":  # shapes only: draw nothing (n may be in the millions)
+        return Energy(*(torch.empty(shape, device=dev, dtype=dtype) for shape in ((k, n), (k,), (n,))))
+    A = randn(k, n, seed=seed, device="cpu", dtype=torch.float64) / n ** 0.5
+    c = randn(k, seed=seed + 1, device="cpu", dtype=torch.float64)
+    d = randn(n, seed=seed + 2, device="cpu", dtype=torch.float64)
+    return Energy(A.to(dev, dtype), c.to(dev, dtype), d.to(dev, dtype))
+
+
+# -- watching what a call does --------------------------------------------------------------
+
+def format_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+class TensorWatch(TorchDispatchMode):
+    """While active (``with TensorWatch() as w:``), counts the ATen ops that run (``w.ops``) and
+    remembers the largest block of memory any op returned (``w.largest_bytes``, with its tensor's
+    ``w.largest_shape`` and ``w.largest_dtype``). Memory is measured by storage, so a broadcast
+    view (``expand``) counts as the small tensor it really is.
+
+    It sits below autograd and ``torch.func`` transforms, so it sees backward passes, and under
+    ``vmap`` it sees the batched tensors that really exist."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+        self.largest_bytes = 0
+        self.largest_shape: tuple[int, ...] = ()
+        self.largest_dtype: torch.dtype | None = None
+        self.largest_op = ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                size = t.untyped_storage().nbytes()
+                if size > self.largest_bytes:
+                    self.largest_bytes, self.largest_shape, self.largest_dtype = size, tuple(t.shape), t.dtype
+                    self.largest_op = str(func.overloadpacket.__name__)
+        return out
+
+    def summary(self) -> str:
+        return (f"{self.ops} ops; largest tensor {self.largest_shape} "
+                f"{str(self.largest_dtype).replace('torch.', '')} ({format_bytes(self.largest_bytes)}, "
+                f"made by {self.largest_op or 'no op'})")
+
+
+def watch(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Any, TensorWatch]:
+    """``fn(*args, **kwargs)`` under a fresh :class:`TensorWatch`: ``(result, watch)``."""
+    with TensorWatch() as w:
+        out = fn(*args, **kwargs)
+    return out, w
+
+
+# -- pictures ---------------------------------------------------------------------------------
+
+def plot_matrix(m: torch.Tensor, ax=None, title: str | None = None, xlabel: str = "input j",
+                ylabel: str = "output i"):
+    """A heatmap of a matrix (a Jacobian, a Hessian) on a colour scale centred on zero."""
+    import matplotlib.pyplot as plt
+
+    if not isinstance(m, torch.Tensor) or m.dim() != 2:
+        raise ValueError(f"plot_matrix draws a 2-D tensor, got {type(m).__name__} {tuple(getattr(m, 'shape', ()))}.")
+    data = m.detach().to("cpu", torch.float64)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.4, 3.8))
+    lim = float(data.abs().max()) or 1.0
+    im = ax.imshow(data.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title or f"{tuple(data.shape)} matrix")
+    return ax
+
+
+def plot_crossover(shapes: Sequence[tuple[int, int]], fwd: Sequence[Any], rev: Sequence[Any], ax=None,
+                   title: str | None = None):
+    """Time of ``jacfwd`` and ``jacrev`` (medians in seconds, or ``Ratio``-free floats) over shapes
+    ``(n_out, n_in)``, on a log scale, with the square shape marked: where the lines cross, the
+    better mode changes."""
+    import matplotlib.pyplot as plt
+
+    if not (len(shapes) == len(fwd) == len(rev)) or not shapes:
+        raise ValueError("plot_crossover needs as many forward and reverse times as shapes (at least one).")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 3.4))
+    labels = [f"{m}x{n}" for m, n in shapes]
+    ax.plot(labels, [1e3 * float(t) for t in fwd], marker="o", label="jacfwd (one JVP per input)")
+    ax.plot(labels, [1e3 * float(t) for t in rev], marker="s", label="jacrev (one VJP per output)")
+    square = [i for i, (m, n) in enumerate(shapes) if m == n]
+    if square:
+        ax.axvline(square[0], color="gray", ls="--", lw=1)
+    ax.set_yscale("log")
+    ax.set(xlabel="shape: outputs x inputs (tall on the left, wide on the right)", ylabel="time per Jacobian (ms)",
+           title=title or "jacfwd against jacrev")
+    ax.legend()
+    ax.tick_params(axis="x", rotation=30)
+    return ax

@@ -1,0 +1,245 @@
+"""Lesson 5's checks (Jacobians, Hessians, HVPs): the instructor's solutions pass every one, and
+every one fails on the untouched student stub and on a planted mistake aimed at it. Solutions and
+mistakes come from the instructor notebook itself. Also: the hand-written derivatives and the op
+watcher in course.jacobians, which the checks trust."""
+
+import pytest
+import torch
+from torch.func import grad, hessian, jacfwd, jacrev
+
+from autograder.solution_code import load_solution, solution_source
+from course import jacobians as J
+from course.checks import jacobians as C
+
+LESSON = "05_jacobians_hessians"
+F64 = torch.float64
+QUICK = dict(rounds=3, min_run_time=0.02, num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def base_source():
+    return solution_source(LESSON)
+
+
+@pytest.fixture(scope="module")
+def jac_solution(base_source, tmp_path_factory):
+    return load_solution(base_source, tmp_path_factory.mktemp("sol5") / "jac_solution.py", "jac_solution")
+
+
+@pytest.fixture(scope="module")
+def mutate5(base_source, tmp_path_factory):
+    """``mutate5(old, new)``: lesson 5's solutions with one planted mistake, as a module."""
+    counter = iter(range(10**6))
+
+    def make(old: str, new: str):
+        assert old in base_source, f"the planted mistake's anchor is not in the solution: {old!r}"
+        name = f"jac_mutant_{next(counter)}"
+        return load_solution(base_source.replace(old, new), tmp_path_factory.mktemp("mut5") / f"{name}.py", name)
+
+    return make
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+# -- the helpers the checks trust ------------------------------------------------------------------
+
+def test_tanh_layer_jacobian_formula_matches_autograd():
+    for layer in (J.tanh_layer(7, 5, seed=1, dtype=F64), J.banded_layer(9, width=3, seed=2, dtype=F64)):
+        x = torch.randn(layer.n_in, dtype=F64)
+        torch.testing.assert_close(layer.jacobian(x), jacrev(layer)(x))
+        torch.testing.assert_close(layer.jacobian(x), jacfwd(layer)(x))
+
+
+def test_banded_layer_is_banded():
+    w = J.banded_layer(12, width=5, seed=0).weight
+    i = torch.arange(12)
+    outside = (i[:, None] - i[None, :]).abs() > 2
+    assert torch.all(w[outside] == 0) and torch.all(w[~outside] != 0)
+
+
+def test_energy_derivative_formulas_match_autograd():
+    e = J.energy(13, k=3, seed=4, dtype=F64)
+    x, v = torch.randn(13, dtype=F64), torch.randn(13, dtype=F64)
+    torch.testing.assert_close(e.gradient(x), grad(e)(x))
+    torch.testing.assert_close(e.hessian(x), hessian(e)(x))
+    torch.testing.assert_close(e.hvp(x, v), hessian(e)(x) @ v)
+    torch.testing.assert_close(jacrev(e.gradient)(x), e.hessian(x))
+
+
+def test_makers_are_seeded_and_reject_bad_sizes():
+    a, b = J.tanh_layer(4, 3, seed=9), J.tanh_layer(4, 3, seed=9)
+    assert torch.equal(a.weight, b.weight) and not torch.equal(a.weight, J.tanh_layer(4, 3, seed=8).weight)
+    assert J.energy(50, seed=0, device="meta").A.device.type == "meta"
+    with pytest.raises(ValueError, match="at least one output"):
+        J.tanh_layer(0, 3)
+    with pytest.raises(ValueError, match="n >= 2"):
+        J.energy(1)
+
+
+def test_tensor_watch_counts_ops_and_measures_storage_not_views():
+    x = torch.randn(1000)
+    with J.TensorWatch() as w:
+        y = x.expand(1000, 1000) * 1.0      # a real 1000 x 1000 result
+        z = x.expand(1000, 1000)            # a view: no new memory
+    assert w.ops == 3
+    assert w.largest_bytes == 1000 * 1000 * 4 and w.largest_shape == (1000, 1000) and w.largest_op == "mul"
+    with J.TensorWatch() as w2:
+        x.expand(1000, 1000)
+    assert w2.largest_bytes == 4000, "an expanded view shares the small storage"
+    assert "ops; largest tensor" in w.summary() and y.shape == z.shape
+
+
+def test_tensor_watch_sees_backward_and_vmap_and_meta():
+    e = J.energy(40_000, seed=0, device="meta", dtype=F64)
+    x = torch.empty(40_000, device="meta", dtype=F64)
+    with J.TensorWatch() as w:
+        hessian(e)(x)
+    assert w.largest_bytes >= 40_000 ** 2 * 8
+    assert J.format_bytes(w.largest_bytes).endswith("GB")
+
+
+def test_plots_draw_and_reject_bad_input():
+    assert J.plot_matrix(torch.randn(5, 4)) is not None
+    assert J.plot_crossover([(4, 1), (2, 2), (1, 4)], [1e-3, 2e-3, 3e-3], [3e-3, 2e-3, 1e-3]) is not None
+    with pytest.raises(ValueError, match="2-D"):
+        J.plot_matrix(torch.randn(3))
+    with pytest.raises(ValueError, match="as many"):
+        J.plot_crossover([(4, 1)], [1e-3], [])
+
+
+# -- the checks --------------------------------------------------------------------------------------
+
+def test_solutions_pass_every_check(jac_solution):
+    s = jac_solution
+    C.check_row_jacobian(s.jacobian_rows, seed=4, n_out=6, n_in=11)
+    C.check_vmap_jacobian(s.jacobian_vmap, seed=4, n_out=1, n_in=3)
+    C.check_pick_jacobian(s.pick_jacobian, seed=2)
+    C.check_batched_jacobian(s.batched_jacobian, seed=1, batch=1, n_out=3, n_in=2)
+    C.check_batched_hessian(s.batched_hessian, seed=1, batch=4, n=2)
+    C.check_hvp(s.hvp_fwd_rev, s.hvp_rev_rev, seed=2, n=5, big_n=50_000)
+
+
+def test_speed_checks_pass_the_solutions(jac_solution):
+    C.check_vmap_speed(jac_solution.jacobian_vmap, bars={"cpu": 1.5, "cuda": 3.0}, D=16, **QUICK)
+    reports = C.check_picker_speed(jac_solution.pick_jacobian, bars={"cpu": 3.0, "cuda": 2.0}, tall=(2048, 32),
+                                   wide=(32, 2048), **QUICK)
+    assert set(reports) == {"tall", "wide"}
+
+
+@pytest.mark.parametrize("check", [
+    lambda: C.check_row_jacobian(stub),
+    lambda: C.check_vmap_jacobian(stub),
+    lambda: C.check_vmap_speed(stub, bars={"cpu": 1.5, "cuda": 3.0}, D=16, **QUICK),
+    lambda: C.check_pick_jacobian(stub),
+    lambda: C.check_picker_speed(stub, bars={"cpu": 3.0, "cuda": 2.0}, tall=(64, 4), wide=(4, 64), **QUICK),
+    lambda: C.check_batched_jacobian(stub),
+    lambda: C.check_batched_hessian(stub),
+    lambda: C.check_hvp(stub, stub),
+], ids=["rows", "vmap", "vmap_speed", "pick", "pick_speed", "batched_jacobian", "batched_hessian", "hvp"])
+def test_untouched_stub_fails_with_a_friendly_message(check):
+    with pytest.raises(AssertionError, match="not written yet"):
+        check()
+
+
+def test_one_hvp_written_and_the_other_left_as_the_stub_fails(jac_solution):
+    with pytest.raises(AssertionError, match="hvp_rev_rev is not written yet"):
+        C.check_hvp(jac_solution.hvp_fwd_rev, stub)
+
+
+def test_picker_speed_refuses_shapes_that_are_not_tall_and_wide(jac_solution):
+    with pytest.raises(ValueError, match="tall must have more outputs"):
+        C.check_picker_speed(jac_solution.pick_jacobian, bars={"cpu": 3.0, "cuda": 2.0}, tall=(4, 64), wide=(64, 4))
+
+
+# (check, anchor in the solution, planted mistake, what the message must say)
+MISTAKES = {
+    "rows: graph freed after the first row": (
+        "rows", "torch.autograd.grad(y[i], x, retain_graph=True)[0]", "torch.autograd.grad(y[i], x)[0]",
+        "raised RuntimeError"),
+    "rows: gradients stacked as columns": (
+        "rows", "    return torch.stack(rows)\n", "    return torch.stack(rows, dim=1)\n", "returned shape"),
+    "rows: jacrev instead of the loop": (
+        "rows", "    rows = [torch.autograd.grad(y[i], x, retain_graph=True)[0] for i in range(y.shape[0])]\n"
+                "    return torch.stack(rows)\n", "    return jacrev(f)(x)\n", "write the loop"),
+    "rows: sign flipped": (
+        "rows", "    return torch.stack(rows)\n", "    return -torch.stack(rows)\n", "does not match"),
+    "vmap: the pullback's tuple kept": (
+        "vmap", "return vmap(pullback)(basis)[0]", "return vmap(pullback)(basis)", "got a tuple of 1 item"),
+    "vmap: a loop over the basis": (
+        "vmap", "return vmap(pullback)(basis)[0]", "return torch.stack([pullback(e)[0] for e in basis])",
+        "Python loop"),
+    "vmap: transposed": (
+        "vmap", "return vmap(pullback)(basis)[0]", "return vmap(pullback)(basis)[0].T", "returned shape"),
+    "pick: forward mode on a tie": (
+        "pick", "return jacfwd if n_out > x.numel() else jacrev", "return jacfwd if n_out >= x.numel() else jacrev",
+        "expected jacrev"),
+    "pick: modes swapped": (
+        "pick", "return jacfwd if n_out > x.numel() else jacrev", "return jacrev if n_out > x.numel() else jacfwd",
+        "expected jacfwd"),
+    "pick: first dimension instead of elements": (
+        "pick", "n_out = f(x).numel()\n    return jacfwd if n_out > x.numel() else jacrev",
+        "n_out = f(x).shape[0]\n    return jacfwd if n_out > x.shape[0] else jacrev", r"numel"),
+    "pick: names instead of transforms": (
+        "pick", "return jacfwd if n_out > x.numel() else jacrev",
+        "return 'jacfwd' if n_out > x.numel() else 'jacrev'", "the string"),
+    "batched jacobian: no vmap": (
+        "bjac", "return vmap(jacrev(f))(xs)", "return jacrev(f)(xs)", "returned shape"),
+    "batched jacobian: a loop over the samples": (
+        "bjac", "return vmap(jacrev(f))(xs)", "return torch.stack([jacrev(f)(x) for x in xs])",
+        "loop over the samples"),
+    "batched hessian: one derivative only": (
+        "bhes", "return vmap(hessian(f))(xs)", "return vmap(jacrev(f))(xs)", "returned shape"),
+    "batched hessian: a loop over the samples": (
+        "bhes", "return vmap(hessian(f))(xs)", "return torch.stack([hessian(f)(x) for x in xs])",
+        "loop over the samples"),
+    "hvp fwd-rev: the whole Hessian": (
+        "hvp", "return jvp(grad(f), (x,), (v,))[1]", "return hessian(f)(x) @ v", "built the Hessian"),
+    "hvp fwd-rev: the gradient instead": (
+        "hvp", "return jvp(grad(f), (x,), (v,))[1]", "return jvp(grad(f), (x,), (v,))[0]", "does not match"),
+    "hvp rev-rev: jacrev of the gradient": (
+        "hvp", "return grad(lambda y: torch.dot(grad(f)(y), v))(x)", "return jacrev(grad(f))(x) @ v",
+        "built the Hessian"),
+    "hvp rev-rev: v forgotten": (
+        "hvp", "return grad(lambda y: torch.dot(grad(f)(y), v))(x)", "return grad(lambda y: grad(f)(y).sum())(x)",
+        "does not match"),
+    "hvp fwd-rev: reads a Python number": (
+        "hvp", "return jvp(grad(f), (x,), (v,))[1]",
+        "return jvp(grad(f), (x,), (v,))[1] * (1.0 + 0.0 * float(v.sum()))", "meta"),
+    "speed: the row loop passed off as vmap": (
+        "vspeed", "    y, pullback = vjp(f, x)\n    basis = torch.eye(y.numel(), dtype=y.dtype, device=y.device)\n"
+                  "    return vmap(pullback)(basis)[0]\n",
+        "    return jacobian_rows(f, x)\n", "the bar on this device"),
+    "speed: modes swapped": (
+        "pspeed", "return jacfwd if n_out > x.numel() else jacrev", "return jacrev if n_out > x.numel() else jacfwd",
+        "the right mode is jacfwd"),
+}
+
+
+def run_check(kind, m):
+    if kind == "rows":
+        C.check_row_jacobian(m.jacobian_rows)
+    elif kind == "vmap":
+        C.check_vmap_jacobian(m.jacobian_vmap)
+    elif kind == "pick":
+        C.check_pick_jacobian(m.pick_jacobian)
+    elif kind == "bjac":
+        C.check_batched_jacobian(m.batched_jacobian)
+    elif kind == "bhes":
+        C.check_batched_hessian(m.batched_hessian)
+    elif kind == "hvp":
+        C.check_hvp(m.hvp_fwd_rev, m.hvp_rev_rev)
+    elif kind == "vspeed":
+        C.check_vmap_speed(m.jacobian_vmap, bars={"cpu": 1.5, "cuda": 3.0}, D=16, attempts=1, **QUICK)
+    elif kind == "pspeed":
+        C.check_picker_speed(m.pick_jacobian, bars={"cpu": 3.0, "cuda": 2.0}, tall=(2048, 32), wide=(32, 2048),
+                             **QUICK)
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_each_check_catches_a_planted_mistake(mistake, mutate5):
+    kind, old, new, says = MISTAKES[mistake]
+    m = mutate5(old, new)
+    with pytest.raises(AssertionError, match=says):
+        run_check(kind, m)
