@@ -93,11 +93,12 @@ class SpeedReport:
         return out
 
     def table(self) -> str:
-        head = f"{'':<22}{'median':>11}{'spread (IQR)':>24}   speedup over {self.baseline}"
+        w = max(22, 2 + max(len(n) for n in self.times))
+        head = f"{'':<{w}}{'median':>11}{'spread (IQR)':>24}   speedup over {self.baseline}"
         lines = [head, "-" * len(head)]
         for r in self.rows():
             spread = f"{format_time(r['q1_s'])} - {format_time(r['q3_s'])}"
-            lines.append(f"{r['name']:<22}{format_time(r['median_s']):>11}{spread:>24}   {r['speedup']}")
+            lines.append(f"{r['name']:<{w}}{format_time(r['median_s']):>11}{spread:>24}   {r['speedup']}")
         lines.append(f"({self.device}, {self.threads} threads, {len(next(iter(self.times.values())))} "
                      "interleaved rounds; speedup = median of per-round ratios, with quartiles)")
         return "\n".join(lines + self.notes)
