@@ -11,7 +11,7 @@ Each module is small and named for what it does:
 - :mod:`course.quiet`    deprecation warnings explained once, then kept out of the way
 - :mod:`course.models`   small models shared by lessons (a ResNet-like net)
 - :mod:`course.rnn`, :mod:`course.fx`, :mod:`course.memory_format`, :mod:`course.forward_ad`,
-  :mod:`course.jacobians`  helpers of lessons 1-5
+  :mod:`course.jacobians`, :mod:`course.vmap`  helpers of lessons 1-6
 - :mod:`course.checks`   the lessons' graded checks, one module per lesson
 - :mod:`course.lessons`  the lessons as data (points, budgets)
 """

@@ -32,6 +32,9 @@ PLANTED = {
     "05_jacobians_hessians": ("return jacfwd if n_out > x.numel() else jacrev",
                               "return jacrev if n_out > x.numel() else jacfwd",
                               {"test_pick_jacobian", "test_picker_speed"}),
+    "06_vmap_ensembles": ("return F.cross_entropy(logits, y_i.unsqueeze(0))",
+                          "return F.cross_entropy(logits, y_i.unsqueeze(0)) / x.shape[0]",
+                          {"test_psg_vmap", "test_psg_speed"}),
 }
 
 

@@ -1,0 +1,523 @@
+"""Checks for lesson 06_vmap_ensembles: stacking an ensemble's state, ensemble predictions with
+``vmap`` (a different minibatch per model, and one minibatch for all), per-sample gradients by a
+loop, by ``vmap(grad(loss))`` and by Opacus, one DP-SGD step, and the measured speedups.
+
+Models and data come from ``seed`` (``course.vmap``), so the learner chooses none of the inputs.
+Numerics are checked twice where it matters: in float64 against a float64 loop, with a tight
+tolerance (any real mistake is far larger than float64 rounding), and in float32 against the
+same float64 reference, with a tolerance that float32 rounding honestly needs. Structure is
+checked with :class:`course.vmap.ForwardWatch`: a loop calls the model once per sample or per
+member with no transform active; ``vmap`` calls it once, inside ``vmap``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import stack_module_state
+
+from course.checks.common import call, ok
+from course.devices import pick_device
+from course.devices import threads
+from course.grading import expect_speedup, speed_bar
+from course.numerics import assert_close, describe
+from course.timing import SpeedReport, compare
+from course.vmap import ForwardWatch, mlp_ensemble, small_cnn, toy_features, toy_images
+
+__all__ = ["check_dp_sgd_step", "check_ensemble_predict", "check_ensemble_speed", "check_opacus_grads",
+           "check_per_sample_grads", "check_per_sample_grads_loop", "check_per_sample_speed",
+           "check_stack_ensemble", "dp_sgd_reference", "loop_predictions", "per_sample_norms",
+           "reference_per_sample_grads"]
+
+# float64: a few hundred ulps of slack for a different order of additions (batched kernels).
+TIGHT = dict(rtol=1e-9, atol=1e-11)
+
+
+def _float32_tolerance(dev: torch.device) -> dict:
+    """float32 against a float64 reference. On a CPU the errors measured in this lesson are below
+    5e-7 for values of order 1 (a batched kernel adds in another order than a per-sample one);
+    1e-5 leaves a wide margin yet catches any real mistake. On CUDA, convolutions may run in
+    TF32 (10-bit mantissa), so the PyTorch tutorial's atol of 3e-3 is used there."""
+    return dict(rtol=1e-4, atol=1e-5) if dev.type == "cpu" else dict(rtol=1e-3, atol=3e-3)
+
+
+# -- ensembles -----------------------------------------------------------------------------------
+
+def loop_predictions(models, x: torch.Tensor, *, same_minibatch: bool) -> torch.Tensor:
+    """The baseline: each model on its own minibatch ``x[i]``, or every model on ``x``."""
+    if same_minibatch:
+        return torch.stack([m(x) for m in models])
+    return torch.stack([m(xi) for m, xi in zip(models, x)])
+
+
+def _stacked(models):
+    params, buffers = stack_module_state(models)
+    return params, buffers, copy.deepcopy(models[0]).to("meta")
+
+
+def check_stack_ensemble(stack_ensemble: Callable, *, seed: int = 0, n: int = 4, features: int = 12,
+                         hidden: int = 16, classes: int = 5, device=None) -> None:
+    """``stack_ensemble(models) -> (params, buffers, base)``: every parameter and buffer stacked
+    along a new first dimension (one slice per model, as ``stack_module_state`` does), and a
+    stateless copy of the architecture on the ``meta`` device; the models themselves untouched."""
+    dev = pick_device(device)
+    models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev,
+                          dtype=torch.float64)
+    before = [copy.deepcopy(m.state_dict()) for m in models]
+    expected_p, expected_b = stack_module_state(models)
+    expected_p = {k: v.detach() for k, v in expected_p.items()}
+    got = call(stack_ensemble, models, name="stack_ensemble")
+    if not (isinstance(got, (tuple, list)) and len(got) == 3):
+        raise AssertionError(f"stack_ensemble should return (params, buffers, base), got {describe(got)}.")
+    params, buffers, base = got
+    if not isinstance(params, Mapping) or not isinstance(buffers, Mapping):
+        raise AssertionError(f"params and buffers should be dicts (name -> stacked tensor), got "
+                             f"{describe(params)} and {describe(buffers)}.\n  Hint: "
+                             "params, buffers = torch.func.stack_module_state(models)")
+    for i, (m, state) in enumerate(zip(models, before)):
+        for name, t in m.state_dict().items():
+            if t.device != state[name].device or not torch.equal(t, state[name]):
+                raise AssertionError(
+                    f"stack_ensemble changed models[{i}] (its {name} is now {describe(t)}). Did you move "
+                    "models[0] itself to the meta device? .to() changes a module in place: move a copy, "
+                    "copy.deepcopy(models[0]).to('meta').")
+    if not buffers and expected_b:
+        raise AssertionError(f"buffers is empty, but these models have buffers ({', '.join(expected_b)}: the "
+                             "Standardize layer's shift and scale). They are state too: stack them as well.")
+    assert_close(dict(params), expected_p, name="params", **TIGHT,
+                 hint=f"params[name] is the {n} models' parameter `name` stacked along a new first dimension.")
+    assert_close(dict(buffers), dict(expected_b), name="buffers", **TIGHT,
+                 hint=f"buffers[name] is the {n} models' buffer `name` stacked along a new first dimension.")
+    if not isinstance(base, nn.Module):
+        raise AssertionError(f"base should be an nn.Module (a copy of the architecture), got {describe(base)}.")
+    if type(base) is not type(models[0]) or list(base.state_dict()) != list(models[0].state_dict()):
+        raise AssertionError("base should have the same architecture as the models: a copy of models[0].")
+    real = [n_ for n_, t in base.state_dict().items() if t.device.type != "meta"]
+    if real:
+        raise AssertionError(f"base holds real tensors ({real[0]} is on {base.state_dict()[real[0]].device}); it "
+                             "should be stateless, on the meta device, where tensors have shapes but no memory.\n"
+                             "  Hint: base = copy.deepcopy(models[0]).to('meta')")
+    ok(f"stack_ensemble stacks {len(params)} parameters and {len(buffers)} buffers of {n} models, base is on "
+       f"the meta device, the models are untouched (seed {seed})")
+
+
+def _expect_vmapped(watch: ForwardWatch, what: str, loop_count: int, unit: str) -> None:
+    if not watch.calls:
+        raise AssertionError(f"{what} never called the model it was given (`base`). Run it with "
+                             "torch.func.functional_call(base, (params, buffers), (x,)) inside vmap.")
+    if not watch.under_vmap:
+        loop = " That is one call per " + unit + ": a Python loop." if len(watch.calls) >= loop_count else ""
+        raise AssertionError(f"{what}: {watch.summary()}.{loop}\n  Hint: write the computation for one "
+                             "model (or one sample) and let torch.func.vmap run it over the whole batch in one "
+                             "call.")
+    if len(watch.calls) >= loop_count:
+        raise AssertionError(f"{what}: {watch.summary()}: once per {unit}, so vmap is inside a loop. Let one "
+                             "vmap call cover the whole batch.")
+
+
+def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, seed: int = 0, n: int = 5,
+                           batch: int = 7, features: int = 12, hidden: int = 16, classes: int = 5,
+                           device=None) -> None:
+    """``predict_each(params, buffers, base, xs)`` with ``xs`` of shape ``(n, batch, features)``
+    returns every model's output on its own minibatch, ``(n, batch, classes)``;
+    ``predict_all(params, buffers, base, x)`` with ``x`` of shape ``(batch, features)`` returns
+    every model's output on that one minibatch, ``(n, batch, classes)``. Both equal the loop over
+    the models, and both call the base model once, under ``vmap``."""
+    dev = pick_device(device)
+    for dtype in (torch.float64, torch.float32):
+        tol = TIGHT if dtype == torch.float64 else _float32_tolerance(dev)
+        models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev,
+                              dtype=dtype)
+        cases = (("predict_each", predict_each, toy_features(n, batch, features, seed=seed + 1, device=dev,
+                                                            dtype=dtype), False),
+                 ("predict_all", predict_all, toy_features(batch, features, seed=seed + 2, device=dev,
+                                                          dtype=dtype), True))
+        for label, fn, x, same in cases:
+            params, buffers, base = _stacked(models)
+            with torch.no_grad():
+                expected = loop_predictions(models, x, same_minibatch=same)
+                with ForwardWatch(base) as watch:
+                    try:
+                        got = call(fn, params, buffers, base, x.clone(), name=label)
+                    except AssertionError as exc:
+                        if "meta" not in str(exc):
+                            raise
+                        raise AssertionError(f"{exc}\n  Hint: a tensor on the meta device took part in the "
+                                             "computation: base's own (meta) state. Pass the stacked state, "
+                                             "parameters and buffers, as functional_call(base, (p, b), (x,)).") \
+                            from exc.__cause__
+            if not isinstance(got, torch.Tensor):
+                raise AssertionError(f"{label} should return a tensor of shape {tuple(expected.shape)}, got "
+                                     f"{describe(got)}.")
+            where = "xs[i], model i's own minibatch" if not same else "the same x for every model"
+            in_dims = "(0, 0, 0)" if not same else "(0, 0, None)"
+            assert_close(got, expected, name=f"{label} ({str(dtype).replace('torch.', '')})", **tol,
+                         hint=f"row i is model i on {where}: vmap over (params, buffers, x) with "
+                              f"in_dims={in_dims}.")
+            _expect_vmapped(watch, label, n, "model")
+    ok(f"predict_each and predict_all equal the loop over {n} models in float64 and float32, with one vmapped "
+       f"call of the base model each (batch={batch}, seed {seed})")
+
+
+def check_ensemble_speed(predict_each: Callable, *, bars: Mapping[str, float], n: int, batch: int, features: int,
+                         hidden: int, classes: int = 10, num_threads: int | None = None, seed: int = 0,
+                         rounds: int = 9, min_run_time: float = 0.2, attempts: int = 3, device=None) -> SpeedReport:
+    """The vmapped ensemble (``predict_each``, a different minibatch per model) is at least
+    ``bars[device]`` times as fast as the loop over the models, measured side by side without
+    autograd, every output compared with the loop's. ``num_threads`` pins the CPU thread count.
+    A measurement below the bar is repeated (``attempts`` in all) and the best one judged."""
+    dev = pick_device(device)
+    models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev)
+    params, buffers, base = _stacked(models)
+    counter = iter(range(10**9))
+    tol = _float32_tolerance(dev)
+
+    def inputs():
+        return (toy_features(n, batch, features, seed=seed + 31 * next(counter), device=dev),)
+
+    def check(name, out, args):
+        if name != "loop":
+            assert_close(out, loop_predictions(models, args[0], same_minibatch=False),
+                         name=f"{name} output while timing", **tol)
+
+    candidates = {"loop": lambda xs: loop_predictions(models, xs, same_minibatch=False),
+                  "vmap": lambda xs: call(predict_each, params, buffers, base, xs, name="predict_each")}
+    report = _best_of(candidates, "vmap", bars=bars, inputs=inputs, check=check, rounds=rounds,
+                      min_run_time=min_run_time, attempts=attempts, dev=dev, num_threads=num_threads, grad=False)
+    expect_speedup(report, "vmap", over="loop", bars=bars,
+                   hint="one vmap call over the stacked state (no loop, no copies of the weights per call). If "
+                        "the machine is busy, run the cell again.")
+    return report
+
+
+def _best_of(candidates, name, *, bars, inputs, check, rounds, min_run_time, attempts, dev, num_threads,
+             grad: bool) -> SpeedReport:
+    bar = speed_bar(bars, dev)
+    best = None
+    for attempt in range(1, attempts + 1):
+        with torch.set_grad_enabled(grad), threads(num_threads if dev.type == "cpu" else None):
+            report = compare(candidates, inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time,
+                             device=dev)
+        if best is None or report.speedup(name).median > best.speedup(name).median:
+            best = report
+        if best.speedup(name).median >= bar:
+            break
+        if attempt < attempts:
+            print(f"attempt {attempt}: {report.speedup(name)} is below the bar {bar:.2f}x; measuring again "
+                  "(other work on a shared machine can slow one side of a round)")
+    best.show()
+    return best
+
+
+# -- per-sample gradients ------------------------------------------------------------------------
+
+def reference_per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The trusted baseline: one backward pass per sample (cross-entropy of that sample alone),
+    gradients stacked into ``{name: (batch, *param.shape)}``."""
+    names, params = zip(*[(k, p) for k, p in model.named_parameters()])
+    rows = []
+    for i in range(x.shape[0]):
+        loss = F.cross_entropy(model(x[i:i + 1]), y[i:i + 1])
+        rows.append(torch.autograd.grad(loss, params))
+    return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(names)}
+
+
+def _cnn_case(seed, batch, size, channels, classes, dev, dtype):
+    model = small_cnn(seed=seed, channels=channels, size=size, classes=classes, device=dev, dtype=dtype)
+    x, y = toy_images(batch, seed=seed + 1, size=size, classes=classes, device=dev, dtype=dtype)
+    return model, x, y
+
+
+def _expect_grad_dict(got, model: nn.Module, batch: int, label: str) -> None:
+    shapes = {k: (batch,) + tuple(p.shape) for k, p in model.named_parameters()}
+    if not isinstance(got, Mapping):
+        raise AssertionError(f"{label} should return a dict {{parameter name: per-sample gradients}}, got "
+                             f"{describe(got)}.\n  Hint: the keys are model.named_parameters()'s names.")
+    missing, extra = sorted(set(shapes) - set(got)), sorted(set(got) - set(shapes))
+    if missing or extra:
+        hint = ""
+        if any(str(k).startswith("_module.") for k in extra):
+            hint = ("\n  Hint: names starting with '_module.' are the wrapper's (GradSampleModule); use the names "
+                    "of the model you were given (model.named_parameters()).")
+        raise AssertionError(f"{label}: the keys should be the model's parameter names {sorted(shapes)}; missing "
+                             f"{missing}, unexpected {extra}.{hint}")
+    for k, shape in shapes.items():
+        g = got[k]
+        if not isinstance(g, torch.Tensor):
+            raise AssertionError(f"{label}[{k!r}] should be a tensor of shape {shape}, got {describe(g)}.")
+        if tuple(g.shape) == shape[1:]:
+            raise AssertionError(f"{label}[{k!r}] has the parameter's own shape {shape[1:]}: that is one gradient "
+                                 f"for the whole batch. Per-sample gradients have a leading batch dimension: "
+                                 f"{shape}.")
+
+
+def _compare_grads(got, expected, label: str, dtype: torch.dtype, dev: torch.device, hint: str) -> None:
+    tol = TIGHT if dtype == torch.float64 else _float32_tolerance(dev)
+    for k, e in expected.items():
+        assert_close(got[k], e, name=f"{label}[{k!r}] ({str(dtype).replace('torch.', '')})", check_dtype=False,
+                     **tol, hint=hint)
+
+
+def _accumulated(got, expected) -> bool:
+    """True if the learner's rows look like running sums of the true per-sample gradients."""
+    try:
+        return all(torch.allclose(got[k].double(), e.double().cumsum(0), rtol=1e-5, atol=1e-7)
+                   for k, e in expected.items())
+    except (RuntimeError, KeyError):
+        return False
+
+
+def check_per_sample_grads_loop(per_sample_grads_loop: Callable, *, seed: int = 0, batch: int = 6, size: int = 8,
+                                channels=(3, 4), classes: int = 5, device=None) -> None:
+    """``per_sample_grads_loop(model, x, y)`` returns ``{name: (batch, *param.shape)}``, row ``i``
+    being the gradient of sample ``i``'s cross-entropy alone, in float64 within rounding."""
+    dev = pick_device(device)
+    model, x, y = _cnn_case(seed, batch, size, channels, classes, dev, torch.float64)
+    expected = reference_per_sample_grads(model, x, y)
+    got = call(per_sample_grads_loop, model, x.clone(), y.clone(), name="per_sample_grads_loop")
+    _expect_grad_dict(got, model, batch, "per_sample_grads_loop")
+    if _accumulated(got, expected):
+        raise AssertionError("per_sample_grads_loop: row i holds the sum of the gradients of samples 0..i: the "
+                             "gradients accumulated in p.grad across samples.\n  Hint: clear them before each "
+                             "sample (model.zero_grad()), or use torch.autograd.grad, which returns them instead.")
+    _compare_grads(got, expected, "per_sample_grads_loop", torch.float64, dev,
+                   "row i is the gradient of F.cross_entropy(model(x[i:i+1]), y[i:i+1]) alone; stack the rows.")
+    ok(f"per_sample_grads_loop equals the reference on {batch} samples in float64 (seed {seed})")
+
+
+def _expect_vmap_grad(watch: ForwardWatch, label: str, batch: int) -> None:
+    if not watch.calls:
+        raise AssertionError(f"{label} never called the model it was given.")
+    if all(c == ("grad",) for c in watch.calls):
+        raise AssertionError(f"{label}: {watch.summary()}: torch.func.grad in a Python loop. Wrap it in "
+                             "torch.func.vmap, with in_dims that map over the samples and not over the "
+                             "parameters.")
+    _expect_vmapped(watch, label, batch, "sample")
+    if not all("grad" in c for c in watch.calls):
+        raise AssertionError(f"{label}: {watch.summary()}; the gradient should come from torch.func.grad inside "
+                             "vmap: vmap(grad(loss_of_one_sample), in_dims=...).")
+
+
+def check_per_sample_grads(per_sample_grads: Callable, *, seed: int = 0, batch: int = 8, size: int = 8,
+                           channels=(3, 4), classes: int = 5, device=None) -> None:
+    """``per_sample_grads(model, x, y)``: the same as the loop, in float64 (tight) and float32
+    (against the float64 reference), computed with ``vmap(grad(...))``: the model is called once,
+    with ``vmap`` and ``grad`` active."""
+    dev = pick_device(device)
+    for dtype in (torch.float64, torch.float32):
+        model, x, y = _cnn_case(seed, batch, size, channels, classes, dev, dtype)
+        ref_model, ref_x, _ = _cnn_case(seed, batch, size, channels, classes, dev, torch.float64)
+        expected = reference_per_sample_grads(ref_model, ref_x, y)
+        with ForwardWatch(model) as watch:
+            got = call(per_sample_grads, model, x.clone(), y.clone(), name="per_sample_grads")
+        _expect_grad_dict(got, model, batch, "per_sample_grads")
+        _expect_vmap_grad(watch, "per_sample_grads", batch)
+        _compare_grads(got, expected, "per_sample_grads", dtype, dev,
+                       "the loss of one sample is F.cross_entropy(model(x_i[None]), y_i[None]); "
+                       "vmap(grad(loss), in_dims=(None, 0, 0)) maps over x and y, not over the parameters.")
+    ok(f"per_sample_grads equals the loop in float64 and float32, with one vmap(grad) call of the model "
+       f"(batch={batch}, seed {seed})")
+
+
+def check_opacus_grads(opacus_per_sample_grads: Callable, *, seed: int = 0, batch: int = 8, size: int = 8,
+                       channels=(3, 4), classes: int = 5, device=None) -> None:
+    """``opacus_per_sample_grads(model, x, y)``: the per-sample gradients of the mean
+    cross-entropy's terms computed by Opacus's ``GradSampleModule`` from one batched forward and
+    backward pass (no ``vmap``), keyed by the model's own parameter names, equal to the loop's."""
+    dev = pick_device(device)
+    for dtype in (torch.float64, torch.float32):
+        model, x, y = _cnn_case(seed, batch, size, channels, classes, dev, dtype)
+        ref_model, ref_x, _ = _cnn_case(seed, batch, size, channels, classes, dev, torch.float64)
+        expected = reference_per_sample_grads(ref_model, ref_x, y)
+        with ForwardWatch(model) as watch:
+            got = call(opacus_per_sample_grads, model, x.clone(), y.clone(), name="opacus_per_sample_grads")
+        _expect_grad_dict(got, model, batch, "opacus_per_sample_grads")
+        if any(c for c in watch.calls):
+            raise AssertionError(f"opacus_per_sample_grads: {watch.summary()}. This exercise is about Opacus: wrap "
+                                 "the model in opacus.GradSampleModule and run one ordinary forward and backward "
+                                 "pass on the whole batch.")
+        if len(watch.calls) != 1:
+            raise AssertionError(f"opacus_per_sample_grads: {watch.summary()}; Opacus needs one forward pass over "
+                                 "the whole batch (its hooks split the gradient by sample).")
+        dot = sum((got[k].double() * e).sum() for k, e in expected.items())
+        ratio = float(dot / sum((e * e).sum() for e in expected.values()))
+        if abs(ratio - batch) < 1e-3 * batch or abs(ratio - 1 / batch) < 1e-3 / batch:
+            which = "larger" if ratio > 1 else "smaller"
+            raise AssertionError(
+                f"opacus_per_sample_grads: every gradient is {batch}x (the batch size) {which} than the loop's. "
+                "Opacus must be told how the loss reduces the batch: GradSampleModule(model, loss_reduction=...) "
+                "has to match the reduction of the loss you backpropagate ('mean' for F.cross_entropy's default, "
+                "'sum' for reduction='sum').")
+        _compare_grads(got, expected, "opacus_per_sample_grads", dtype, dev,
+                       "wrap the model in GradSampleModule, run the loss of the whole batch backward, read "
+                       "p.grad_sample of every parameter.")
+    ok(f"opacus_per_sample_grads equals the loop in float64 and float32 (batch={batch}, seed {seed})")
+
+
+def check_per_sample_speed(per_sample_grads: Callable, *, bars: Mapping[str, float], batch: int, size: int,
+                           channels=(8, 16), classes: int = 10, num_threads: int | None = None, seed: int = 0,
+                           rounds: int = 7, min_run_time: float = 0.2, attempts: int = 3,
+                           device=None) -> SpeedReport:
+    """``per_sample_grads`` (vmap) is at least ``bars[device]`` times as fast as the loop of
+    single-sample backward passes, measured side by side on fresh batches, every output compared
+    with the loop's. ``num_threads`` pins the CPU thread count. A measurement below the bar is
+    repeated (``attempts`` in all) and the best one judged."""
+    dev = pick_device(device)
+    model = small_cnn(seed=seed, channels=channels, size=size, classes=classes, device=dev)
+    counter = iter(range(10**9))
+    tol = _float32_tolerance(dev)
+
+    def inputs():
+        return toy_images(batch, seed=seed + 17 * next(counter), size=size, classes=classes, device=dev)
+
+    def check(name, out, args):
+        if name != "loop":
+            expected = reference_per_sample_grads(model, *args)
+            _expect_grad_dict(out, model, batch, name)
+            for k, e in expected.items():
+                assert_close(out[k], e, name=f"{name} output while timing [{k!r}]", **tol)
+
+    candidates = {"loop": lambda x, y: reference_per_sample_grads(model, x, y),
+                  "vmap": lambda x, y: call(per_sample_grads, model, x, y, name="per_sample_grads")}
+    report = _best_of(candidates, "vmap", bars=bars, inputs=inputs, check=check, rounds=rounds,
+                      min_run_time=min_run_time, attempts=attempts, dev=dev, num_threads=num_threads, grad=True)
+    expect_speedup(report, "vmap", over="loop", bars=bars,
+                   hint="one vmap(grad(...)) call for the whole batch. If the machine is busy, run the cell again.")
+    return report
+
+
+# -- DP-SGD --------------------------------------------------------------------------------------
+
+#: Added to every norm before dividing by it, as Opacus does, so that a zero gradient is no problem.
+EPS = 1e-6
+
+
+def per_sample_norms(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of each sample's whole gradient (all parameters together): shape ``(batch,)``."""
+    return torch.stack([g.reshape(g.shape[0], -1).norm(dim=1) for g in grads.values()]).norm(dim=0)
+
+
+def dp_sgd_reference(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor], *, lr: float,
+                     max_norm: float, noise_multiplier: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """One DP-SGD step, the lesson's conventions:
+
+    1. clip: sample ``i``'s gradient (all parameters) is scaled by ``min(1, max_norm / (norm_i + 1e-6))``;
+    2. sum the clipped gradients over the batch;
+    3. noise: for each parameter *in the order of* ``params``, draw
+       ``torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype)`` and add it
+       times ``noise_multiplier * max_norm``;
+    4. average: divide by the batch size;
+    5. update: ``p - lr * that``, as new tensors (the inputs are left alone).
+    """
+    norms = per_sample_norms(grads)
+    factor = (max_norm / (norms + EPS)).clamp(max=1.0)
+    batch = norms.shape[0]
+    out = {}
+    for name, p in params.items():
+        clipped_sum = torch.tensordot(factor, grads[name], dims=1)
+        noise = torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype)
+        out[name] = p - lr * (clipped_sum + noise_multiplier * max_norm * noise) / batch
+    return out
+
+
+def _dp_case(seed, batch, size, channels, classes, dev):
+    model, x, y = _cnn_case(seed, batch, size, channels, classes, dev, torch.float64)
+    grads = reference_per_sample_grads(model, x, y)
+    # vary the norms a lot, so that some samples are clipped and some are not
+    scale = torch.logspace(-1, 1, batch, dtype=torch.float64, device=dev)[torch.randperm(
+        batch, generator=torch.Generator().manual_seed(seed)).to(dev)]
+    grads = {k: g * scale.view(-1, *([1] * (g.dim() - 1))) for k, g in grads.items()}
+    params = {k: p.detach().clone() for k, p in model.named_parameters()}
+    max_norm = float(per_sample_norms(grads).median())
+    return params, grads, max_norm
+
+
+def _generator(seed: int, dev: torch.device) -> torch.Generator:
+    return torch.Generator(device=dev).manual_seed(seed)
+
+
+def _variants(params, grads, *, lr, max_norm, noise_multiplier, seed, dev):
+    """Results of common mistakes, to name the one a wrong answer matches."""
+    batch = next(iter(grads.values())).shape[0]
+    out = {}
+    quiet = dict(lr=lr, max_norm=1e30, noise_multiplier=0.0)  # nothing clipped, no noise: the sum as given
+    shape = lambda g: (-1,) + (1,) * (g.dim() - 1)  # noqa: E731 - broadcast a per-sample factor over g
+    if noise_multiplier == 0:
+        per_param = {k: g * (max_norm / (g.reshape(batch, -1).norm(dim=1) + EPS)).clamp(max=1.0).view(shape(g))
+                     for k, g in grads.items()}
+        out["each parameter's gradient was clipped on its own (clip a sample's whole gradient, all parameters "
+            "together)"] = dp_sgd_reference(params, per_param, generator=_generator(seed, dev), **quiet)
+        norms = per_sample_norms(grads)
+        scaled = {k: g * (max_norm / (norms + EPS)).view(shape(g)) for k, g in grads.items()}
+        out["every sample's gradient was scaled to max_norm, the small ones too (the factor is min(1, ...))"] = (
+            dp_sgd_reference(params, scaled, generator=_generator(seed, dev), **quiet))
+        out["nothing was clipped"] = dp_sgd_reference(params, grads, generator=_generator(seed, dev), **quiet)
+    ref = dp_sgd_reference(params, grads, lr=lr, max_norm=max_norm, noise_multiplier=0.0,
+                           generator=_generator(seed, dev))
+    out["the clipped gradients were summed, not averaged (divide by the batch size)"] = {
+        k: params[k] + (ref[k] - params[k]) * batch for k in params}
+    if noise_multiplier:
+        g = _generator(seed, dev)
+        noise = {k: torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype) for k, p in params.items()}
+        out["the noise's standard deviation was noise_multiplier alone (it is noise_multiplier * max_norm)"] = {
+            k: ref[k] - lr * noise_multiplier * noise[k] / batch for k in params}
+        out["the noise was not divided by the batch size"] = {
+            k: ref[k] - lr * noise_multiplier * max_norm * noise[k] for k in params}
+    return out
+
+
+def _close(a, b) -> bool:
+    return all(torch.allclose(a[k].double(), b[k].double(), rtol=1e-7, atol=1e-10) for k in b)
+
+
+def check_dp_sgd_step(dp_sgd_step: Callable, *, seed: int = 0, batch: int = 8, size: int = 8, channels=(3, 4),
+                      classes: int = 5, device=None) -> None:
+    """``dp_sgd_step(params, grads, lr=, max_norm=, noise_multiplier=, generator=)`` equals
+    :func:`dp_sgd_reference` without noise and, for a fixed seed, with noise; it draws its noise
+    from ``generator`` (exactly as many numbers as the parameters have) and leaves its inputs alone."""
+    dev = pick_device(device)
+    params, grads, max_norm = _dp_case(seed, batch, size, channels, classes, dev)
+    for noise_multiplier, lr in ((0.0, 0.3), (1.1, 0.5)):
+        kw = dict(lr=lr, max_norm=max_norm, noise_multiplier=noise_multiplier)
+        expected_gen = _generator(seed + 5, dev)
+        expected = dp_sgd_reference(params, grads, generator=expected_gen, **kw)
+        p_in = {k: v.clone() for k, v in params.items()}
+        g_in = {k: v.clone() for k, v in grads.items()}
+        gen = _generator(seed + 5, dev)
+        got = call(dp_sgd_step, p_in, g_in, generator=gen, name="dp_sgd_step", **kw)
+        if not isinstance(got, Mapping) or set(got) != set(params):
+            raise AssertionError(f"dp_sgd_step should return a dict with the same keys as params "
+                                 f"({sorted(params)}), got {describe(got)}.")
+        for what, before, after in (("params", params, p_in), ("grads", grads, g_in)):
+            changed = [k for k in before if not torch.equal(before[k], after[k])]
+            if changed:
+                raise AssertionError(f"dp_sgd_step changed its input {what}[{changed[0]!r}] in place. Return new "
+                                     "tensors and leave the inputs alone (the caller may still need them).")
+        if any(got[k] is p_in[k] for k in got):
+            raise AssertionError("dp_sgd_step returned an input tensor itself; return the updated parameters.")
+        used = not torch.equal(gen.get_state(), _generator(seed + 5, dev).get_state())
+        if noise_multiplier and not used:
+            raise AssertionError("dp_sgd_step did not draw from `generator`: the noise must come from it, so that a "
+                                 "step is reproducible.\n  Hint: torch.randn(p.shape, generator=generator, "
+                                 "device=p.device, dtype=p.dtype), one draw per parameter, in the order of params.")
+        if noise_multiplier and not torch.equal(gen.get_state(), expected_gen.get_state()):
+            raise AssertionError("dp_sgd_step drew a different amount of random numbers from `generator` than the "
+                                 "reference: one torch.randn(p.shape, generator=generator, device=p.device, "
+                                 "dtype=p.dtype) per parameter, nothing else (draw in the parameter's dtype: a "
+                                 "float32 draw uses the generator differently from a float64 one).")
+        label = "dp_sgd_step" + (" without noise" if not noise_multiplier else f" with noise (seed {seed + 5})")
+        if not _close(got, expected):
+            for mistake, result in _variants(params, grads, seed=seed + 5, dev=dev, **kw).items():
+                if _close(got, result):
+                    raise AssertionError(f"{label} differs from the reference; it looks as if {mistake}.")
+            hint = ("clip each sample's whole gradient: factor_i = min(1, max_norm / (norm_i + 1e-6)), norm_i over "
+                    "all parameters together; sum the clipped gradients; add noise_multiplier * max_norm * "
+                    "torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) per parameter in "
+                    "the order of params; divide by the batch size; p - lr * that.")
+            assert_close(dict(got), expected, name=label, **TIGHT, hint=hint)
+    ok(f"dp_sgd_step equals the reference with and without noise, draws its noise from the generator, and "
+       f"leaves its inputs alone (batch={batch}, seed {seed})")

@@ -1,0 +1,216 @@
+"""Lesson 6's pieces (ensembles and per-sample gradients with ``vmap``): the models and data the
+lesson works on, a watcher that tells whether a model ran under ``vmap``, and Opacus's warning
+explained.
+
+- :func:`mlp` / :func:`mlp_ensemble`: small classifiers with *buffers* as well as parameters
+  (a :class:`Standardize` layer holds a per-feature shift and scale), so that stacking an
+  ensemble has both to stack and forgetting the buffers shows;
+- :func:`small_cnn`: a two-convolution classifier for single-channel images, small enough for a
+  2-core CPU, smooth (SiLU, average pooling: see :class:`SmallCNN`), with no BatchNorm (a
+  per-sample gradient is not defined through batch statistics: each sample's output would depend
+  on the others);
+- :func:`toy_images` / :func:`toy_features`: seeded synthetic data (never downloaded); the
+  images are class templates plus noise, so that a few training steps visibly lower the loss;
+- :class:`ForwardWatch`: a forward pre-hook that records, for every call of a module, which
+  ``torch.func`` transforms were active. A Python loop calls the model once per sample (or per
+  ensemble member) with no transform; ``vmap`` calls it once, with ``vmap`` active. That is how
+  the checks tell the two apart without reading the learner's code.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course.devices import pick_device
+
+__all__ = ["ForwardWatch", "SmallCNN", "Standardize", "mlp", "mlp_ensemble", "plot_speedup_by_batch",
+           "quiet_opacus", "small_cnn", "toy_features", "toy_images", "transforms_active"]
+
+
+# -- models ------------------------------------------------------------------------------------
+
+class Standardize(nn.Module):
+    """``(x - shift) / scale`` with ``shift`` and ``scale`` held as buffers (state that is not
+    trained), as an input normalisation layer fitted to a data set would hold them."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.register_buffer("shift", torch.zeros(features))
+        self.register_buffer("scale", torch.ones(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.shift) / self.scale
+
+
+def _seeded(seed: int, build):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def mlp(*, seed: int, features: int = 64, hidden: int = 64, classes: int = 10, device=None,
+        dtype: torch.dtype = torch.float32) -> nn.Sequential:
+    """``Standardize -> Linear -> ReLU -> Linear -> ReLU -> Linear``, seeded; the standardisation
+    buffers are drawn too (a fresh one would be the identity, and hide a forgotten buffer)."""
+    def build():
+        model = nn.Sequential(Standardize(features), nn.Linear(features, hidden), nn.ReLU(),
+                              nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+        model[0].shift.copy_(torch.randn(features) * 0.3)
+        model[0].scale.copy_(torch.rand(features) + 0.5)
+        return model
+    return _seeded(seed, build).to(pick_device(device), dtype)
+
+
+def mlp_ensemble(n: int, *, seed: int, **kwargs: Any) -> list[nn.Sequential]:
+    """``n`` MLPs of the same shape with different weights and buffers (member ``i`` is
+    ``mlp(seed=1000 * seed + i)``), as independently initialised members of an ensemble are."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"an ensemble needs at least one model, got n={n!r}.")
+    return [mlp(seed=1000 * seed + i, **kwargs) for i in range(n)]
+
+
+class SmallCNN(nn.Module):
+    """Two 3x3 convolutions (SiLU, 2x2 average pooling after each) and a linear classifier, for
+    ``(N, 1, size, size)`` images (``size`` divisible by 4).
+
+    Smooth on purpose: with ReLU and max-pooling, a value within float32 rounding of a kink (a
+    pre-activation next to 0, two near-equal values in a pooling window) can send a gradient down
+    another path in a batched kernel than in a per-sample one, and a float32 comparison of
+    per-sample gradients then fails now and then for no fault of the code. SiLU and average
+    pooling have no kinks, so float32 results stay within rounding of float64 everywhere."""
+
+    def __init__(self, channels: Sequence[int] = (8, 16), size: int = 16, classes: int = 10):
+        super().__init__()
+        c1, c2 = channels
+        self.conv1 = nn.Conv2d(1, c1, 3, padding=1)
+        self.conv2 = nn.Conv2d(c1, c2, 3, padding=1)
+        self.fc = nn.Linear(c2 * (size // 4) ** 2, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.avg_pool2d(F.silu(self.conv1(x)), 2)
+        x = F.avg_pool2d(F.silu(self.conv2(x)), 2)
+        return self.fc(torch.flatten(x, 1))
+
+
+def small_cnn(*, seed: int, channels: Sequence[int] = (8, 16), size: int = 16, classes: int = 10, device=None,
+              dtype: torch.dtype = torch.float32) -> SmallCNN:
+    """A seeded :class:`SmallCNN`."""
+    if size % 4 or size < 4:
+        raise ValueError(f"small_cnn pools twice by 2: the image size must be a multiple of 4, got {size}.")
+    return _seeded(seed, lambda: SmallCNN(tuple(channels), size, classes)).to(pick_device(device), dtype)
+
+
+# -- data --------------------------------------------------------------------------------------
+
+def toy_images(n: int, *, seed: int, size: int = 16, classes: int = 10, noise: float = 2.0, device=None,
+               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` single-channel images ``(n, 1, size, size)`` and their labels ``(n,)``: each class
+    has a fixed smooth template (the same for every seed), and each image is its class's
+    template plus Gaussian noise. Drawn on the CPU, so every device sees the same numbers."""
+    templates = _seeded(12345, lambda: F.interpolate(torch.randn(classes, 1, 4, 4, dtype=torch.float64),
+                                                     size=(size, size), mode="bilinear", align_corners=False))
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, classes, (n,), generator=g)
+    x = templates[labels] * 1.5 + noise * torch.randn(n, 1, size, size, generator=g, dtype=torch.float64)
+    dev = pick_device(device)
+    return x.to(dev, dtype), labels.to(dev)
+
+
+def toy_features(*shape: int, seed: int, device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Features of the given shape (last dimension: features), drawn on the CPU, then moved."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).to(pick_device(device), dtype)
+
+
+# -- watching how a model is called ------------------------------------------------------------
+
+def transforms_active() -> tuple[str, ...]:
+    """The ``torch.func`` transforms active right now, outermost first (``('vmap', 'grad')``
+    inside ``vmap(grad(f))``; ``()`` in plain eager code). Reads functorch's interpreter stack
+    (a private API, pinned by the course's tests)."""
+    from torch._C import _functorch
+
+    stack = _functorch.get_interpreter_stack() or []
+    return tuple(str(level.key()).rsplit(".", 1)[-1].lower() for level in stack)
+
+
+class ForwardWatch:
+    """``with ForwardWatch(model) as watch: ...`` records every call of ``model`` (directly or
+    through ``torch.func.functional_call``): ``watch.calls`` is a list of the transforms that
+    were active at each call (see :func:`transforms_active`)."""
+
+    def __init__(self, module: nn.Module):
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"ForwardWatch watches an nn.Module, got {type(module).__name__}.")
+        self.module = module
+        self.calls: list[tuple[str, ...]] = []
+        self._handle = None
+
+    def _hook(self, module, args):
+        self.calls.append(transforms_active())
+
+    def __enter__(self) -> "ForwardWatch":
+        self._handle = self.module.register_forward_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+
+    @property
+    def under_vmap(self) -> bool:
+        """True if every call ran inside ``vmap`` (and there was at least one)."""
+        return bool(self.calls) and all("vmap" in c for c in self.calls)
+
+    def summary(self) -> str:
+        if not self.calls:
+            return "the model was never called"
+        kinds = sorted({" > ".join(c) or "no transform" for c in self.calls})
+        return f"the model was called {len(self.calls)} time(s), under: {', '.join(kinds)}"
+
+
+# -- Opacus ------------------------------------------------------------------------------------
+
+OPACUS_NOTE = (
+    "Note: Opacus computes per-sample gradients with a full backward hook on every layer. On the first "
+    "layer no input requires a gradient (the images are data), and PyTorch warns that such a hook then "
+    "fires for the layer's output gradients only; those are exactly what Opacus needs. That warning is "
+    "silenced from here on."
+)
+_opacus_explained = False
+
+
+def quiet_opacus(explain: bool = True) -> None:
+    """Silence the one warning Opacus's hooks trigger in this lesson (only that one); say why, once."""
+    global _opacus_explained
+    warnings.filterwarnings("ignore", message=r"Full backward hook is firing when gradients are computed with "
+                            r"respect to module outputs", category=UserWarning)
+    if explain and not _opacus_explained:
+        print(OPACUS_NOTE)
+        _opacus_explained = True
+
+
+# -- a picture ---------------------------------------------------------------------------------
+
+def plot_speedup_by_batch(batches: Sequence[int], ratios: dict[str, Sequence[Any]], ax=None,
+                          title: str | None = None):
+    """Speedup over the loop (median, quartile whiskers) against the batch size, one line per
+    method; ``ratios[name]`` holds one ``course.timing.Ratio`` per batch size."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 3.4))
+    for name, rs in ratios.items():
+        med = [r.median for r in rs]
+        err = [[r.median - r.low for r in rs], [r.high - r.median for r in rs]]
+        ax.errorbar(list(batches), med, yerr=err, marker="o", capsize=4, label=name)
+    ax.axhline(1.0, color="gray", lw=1, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(batches), [str(b) for b in batches])
+    ax.set(xlabel="batch size", ylabel="speedup over the loop (x)", title=title or "Per-sample gradients")
+    ax.legend()
+    return ax

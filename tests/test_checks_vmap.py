@@ -1,0 +1,382 @@
+"""Lesson 6's checks (vmap ensembles, per-sample gradients, DP-SGD): the instructor's solutions
+pass every one, and every one fails on the untouched student stub and on a planted mistake aimed
+at it. Solutions and mistakes come from the instructor notebook itself. Also: the lesson's
+helpers in course.vmap and the DP-SGD reference."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch.func import grad, vmap
+
+from autograder.solution_code import load_solution, solution_source
+from course import vmap as V
+from course.checks import vmap as C
+
+LESSON = "06_vmap_ensembles"
+ENS_SPEED = dict(n=4, batch=16, features=16, hidden=16, num_threads=1, rounds=3, min_run_time=0.02)
+PSG_SPEED = dict(batch=32, size=8, channels=(4, 8), num_threads=1, rounds=3, min_run_time=0.02)
+
+
+# Opacus's hooks trigger one PyTorch warning, explained in the lesson (course.vmap.quiet_opacus).
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
+
+
+@pytest.fixture(scope="module")
+def base_source():
+    return solution_source(LESSON)
+
+
+@pytest.fixture(scope="module")
+def sol(base_source, tmp_path_factory):
+    return load_solution(base_source, tmp_path_factory.mktemp("sol6") / "vmap_solution.py", "vmap_solution")
+
+
+@pytest.fixture(scope="module")
+def mutate6(base_source, tmp_path_factory):
+    """``mutate6(old, new)``: lesson 6's solutions with one planted mistake, as a module."""
+    counter = iter(range(10**6))
+
+    def make(old: str, new: str):
+        assert old in base_source, f"the planted mistake's anchor is not in the solution: {old!r}"
+        name = f"vmap_mutant_{next(counter)}"
+        return load_solution(base_source.replace(old, new), tmp_path_factory.mktemp("mut6") / f"{name}.py", name)
+
+    return make
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+def test_solutions_pass_every_check(sol):
+    C.check_stack_ensemble(sol.stack_ensemble)
+    C.check_stack_ensemble(sol.stack_ensemble, seed=7, n=1)
+    C.check_ensemble_predict(sol.predict_each, sol.predict_all)
+    C.check_ensemble_predict(sol.predict_each, sol.predict_all, seed=3, n=3, batch=3, classes=3)
+    C.check_per_sample_grads_loop(sol.per_sample_grads_loop)
+    C.check_per_sample_grads(sol.per_sample_grads)
+    C.check_per_sample_grads(sol.per_sample_grads, seed=4, batch=3, size=12, channels=(2, 2), classes=3)
+    C.check_opacus_grads(sol.opacus_per_sample_grads)
+    C.check_opacus_grads(sol.opacus_per_sample_grads, seed=5, batch=2, size=4)
+    C.check_dp_sgd_step(sol.dp_sgd_step)
+    C.check_dp_sgd_step(sol.dp_sgd_step, seed=11, batch=3)
+
+
+def test_speed_checks_pass_the_solutions_on_a_generous_bar(sol):
+    report = C.check_ensemble_speed(sol.predict_each, bars={"cpu": 0.01, "cuda": 0.01}, **ENS_SPEED)
+    assert report.names == ["loop", "vmap"]
+    report = C.check_per_sample_speed(sol.per_sample_grads, bars={"cpu": 0.01, "cuda": 0.01}, **PSG_SPEED)
+    assert report.names == ["loop", "vmap"]
+
+
+@pytest.mark.parametrize("check", [
+    lambda: C.check_stack_ensemble(stub),
+    lambda: C.check_ensemble_predict(stub, stub),
+    lambda: C.check_ensemble_speed(stub, bars={"cpu": 0.9, "cuda": 2.5}, **ENS_SPEED),
+    lambda: C.check_per_sample_grads_loop(stub),
+    lambda: C.check_per_sample_grads(stub),
+    lambda: C.check_opacus_grads(stub),
+    lambda: C.check_per_sample_speed(stub, bars={"cpu": 1.3, "cuda": 10.0}, **PSG_SPEED),
+    lambda: C.check_dp_sgd_step(stub),
+], ids=["stack", "predict", "ensemble_speed", "psg_loop", "psg_vmap", "opacus", "psg_speed", "dp_sgd"])
+def test_untouched_stub_fails_with_a_friendly_message(check):
+    with pytest.raises(AssertionError, match="not written yet"):
+        check()
+
+
+def test_predict_all_left_as_the_stub_fails_too(sol):
+    with pytest.raises(AssertionError, match="predict_all is not written yet"):
+        C.check_ensemble_predict(sol.predict_each, stub)
+
+
+LOOP_BODY = ("    for i in range(x.shape[0]):\n"
+             "        loss = F.cross_entropy(model(x[i:i + 1]), y[i:i + 1])\n"
+             "        rows.append(torch.autograd.grad(loss, params))\n")
+PSG_RETURN = "    return vmap(grad(sample_loss), in_dims=(None, 0, 0))(params, x, y)\n"
+ONE_MODEL = ("        return functional_call(base, (p, b), (x,))\n\n"
+             "    return vmap(one_model, in_dims=(0, 0, 0))(params, buffers, xs)")
+OPACUS_CALL = 'gsm = GradSampleModule(model, loss_reduction="mean")'
+CLIP = "        clipped_sum = (factor.view(-1, *([1] * (g.dim() - 1))) * g).sum(dim=0)\n"
+UPDATE = "new[name] = p - lr * (clipped_sum + noise_multiplier * max_norm * noise) / batch"
+
+# (check, anchor in the solution, planted mistake, what the message must say)
+MISTAKES = {
+    "stack: the model itself moved to meta": (
+        "stack", 'base = copy.deepcopy(models[0]).to("meta")', 'base = models[0].to("meta")', "changed models"),
+    "stack: base keeps real weights": (
+        "stack", 'base = copy.deepcopy(models[0]).to("meta")', "base = copy.deepcopy(models[0])", "meta device"),
+    "stack: buffers forgotten": (
+        "stack", "    return params, buffers, base\n", "    return params, {}, base\n", "buffers is empty"),
+    "stack: stacked along the wrong dimension": (
+        "stack", "    return params, buffers, base\n",
+        "    return {k: v.transpose(0, -1) for k, v in params.items()}, buffers, base\n", "params"),
+    "predict: a loop over the models": (
+        "predict", ONE_MODEL,
+        "        return functional_call(base, (p, b), (x,))\n\n"
+        "    return torch.stack([one_model({k: v[i] for k, v in params.items()}, {k: v[i] for k, v in "
+        "buffers.items()}, xs[i]) for i in range(xs.shape[0])])", "a Python loop"),
+    "predict: vmap inside a loop": (
+        "predict", ONE_MODEL,
+        "        return functional_call(base, (p, b), (x,))\n\n"
+        "    return torch.cat([vmap(one_model)({k: v[i:i + 1] for k, v in params.items()}, {k: v[i:i + 1] for k, v in "
+        "buffers.items()}, xs[i:i + 1]) for i in range(xs.shape[0])])", "vmap is inside a loop"),
+    "predict: one minibatch sliced per model": (
+        "predict", "in_dims=(0, 0, None))(params, buffers, x)", "in_dims=(0, 0, 0))(params, buffers, x)",
+        "predict_all raised"),
+    "predict: every model on the first minibatch": (
+        "predict", "in_dims=(0, 0, 0))(params, buffers, xs)", "in_dims=(0, 0, None))(params, buffers, xs[0])",
+        "does not match"),
+    "predict: buffers left out": (
+        "predict", "functional_call(base, (p, b), (x,))", "functional_call(base, p, (x,))", "Pass the stacked state"),
+    "loop: gradients accumulate in p.grad": (
+        "psg_loop", LOOP_BODY,
+        "    for i in range(x.shape[0]):\n"
+        "        F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()\n"
+        "        rows.append([p.grad.clone() for p in params])\n", "accumulated"),
+    "loop: the whole batch's loss": (
+        "psg_loop", "loss = F.cross_entropy(model(x[i:i + 1]), y[i:i + 1])",
+        "loss = F.cross_entropy(model(x), y)", "does not match"),
+    "vmap: grad in a loop": (
+        "psg_vmap", PSG_RETURN,
+        "    rows = [grad(sample_loss)(params, x[i], y[i]) for i in range(x.shape[0])]\n"
+        "    return {k: torch.stack([r[k] for r in rows]) for k in params}\n", "grad in a Python loop"),
+    "vmap: the loop instead": (
+        "psg_vmap", PSG_RETURN, "    return per_sample_grads_loop(model, x, y)\n", "a Python loop"),
+    "vmap: mapped over the parameters too": (
+        "psg_vmap", "in_dims=(None, 0, 0))(params, x, y)", "in_dims=(0, 0, 0))(params, x, y)", "raised"),
+    "vmap: loss divided by the batch size": (
+        "psg_vmap", "        return F.cross_entropy(logits, y_i.unsqueeze(0))\n",
+        "        return F.cross_entropy(logits, y_i.unsqueeze(0)) / x.shape[0]\n", "does not match"),
+    "opacus: loss_reduction disagrees with the loss": (
+        "opacus", OPACUS_CALL, 'gsm = GradSampleModule(model, loss_reduction="sum")', "the batch size"),
+    "opacus: the wrapper's names": (
+        "opacus", "for name, p in model.named_parameters()}\n    finally",
+        "for name, p in gsm.named_parameters()}\n    finally", "_module."),
+    "opacus: vmap instead": (
+        "opacus", "    gsm = GradSampleModule(model, loss_reduction=\"mean\")\n    try:",
+        "    return per_sample_grads(model, x, y)\n    gsm = None\n    try:", "about Opacus"),
+    "dp: each parameter clipped separately": (
+        "dp", CLIP,
+        "        f = (max_norm / (g.reshape(batch, -1).norm(dim=1) + 1e-6)).clamp(max=1.0)\n"
+        "        clipped_sum = (f.view(-1, *([1] * (g.dim() - 1))) * g).sum(dim=0)\n", "clipped on its own"),
+    "dp: small gradients scaled up": (
+        "dp", "factor = (max_norm / (norms + 1e-6)).clamp(max=1.0)", "factor = max_norm / (norms + 1e-6)",
+        "the small ones too"),
+    "dp: nothing clipped": (
+        "dp", "factor = (max_norm / (norms + 1e-6)).clamp(max=1.0)", "factor = torch.ones_like(norms)",
+        "nothing was clipped"),
+    "dp: summed, not averaged": (
+        "dp", UPDATE, UPDATE.replace(" / batch", ""), "summed, not averaged"),
+    "dp: global random state": (
+        "dp", "torch.randn(p.shape, generator=generator, ", "torch.randn(p.shape, ", "did not draw from"),
+    "dp: noise std without max_norm": (
+        "dp", UPDATE, UPDATE.replace("noise_multiplier * max_norm * noise", "noise_multiplier * noise"),
+        "noise_multiplier alone"),
+    "dp: noise not averaged": (
+        "dp", UPDATE, "new[name] = p - lr * (clipped_sum / batch + noise_multiplier * max_norm * noise)",
+        "not divided by the batch size"),
+    "dp: parameters updated in place": (
+        "dp", UPDATE, "new[name] = p.sub_(lr * (clipped_sum + noise_multiplier * max_norm * noise) / batch)",
+        "in place"),
+    "dp: noise drawn twice": (
+        "dp", "        noise = torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype)\n",
+        "        noise = torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype)\n"
+        "        torch.randn(1, generator=generator, device=p.device, dtype=p.dtype)\n", "different amount"),
+    "dp: noise in float32": (
+        "dp", "noise = torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype)",
+        "noise = torch.randn(p.shape, generator=generator, device=p.device).to(p.dtype)", "parameter's dtype"),
+}
+
+
+def run_check(kind, m):
+    if kind == "stack":
+        C.check_stack_ensemble(m.stack_ensemble)
+    elif kind == "predict":
+        C.check_ensemble_predict(m.predict_each, m.predict_all)
+    elif kind == "psg_loop":
+        C.check_per_sample_grads_loop(m.per_sample_grads_loop)
+    elif kind == "psg_vmap":
+        C.check_per_sample_grads(m.per_sample_grads)
+    elif kind == "opacus":
+        C.check_opacus_grads(m.opacus_per_sample_grads)
+    elif kind == "dp":
+        C.check_dp_sgd_step(m.dp_sgd_step)
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_each_check_catches_a_planted_mistake(mistake, mutate6):
+    kind, old, new, says = MISTAKES[mistake]
+    m = mutate6(old, new)
+    with pytest.raises(AssertionError, match=says):
+        run_check(kind, m)
+
+
+def test_ensemble_speed_check_fails_a_vmap_that_is_slower(sol):
+    def slow(params, buffers, base, xs):
+        for _ in range(3):
+            out = sol.predict_each(params, buffers, base, xs)
+        return out
+
+    with pytest.raises(AssertionError, match="bar on this device is 0.90x"):
+        C.check_ensemble_speed(slow, bars={"cpu": 0.9, "cuda": 2.5}, attempts=2, **ENS_SPEED)
+
+
+def test_per_sample_speed_check_fails_the_loop_in_disguise(sol):
+    with pytest.raises(AssertionError, match="bar on this device is 1.30x"):
+        C.check_per_sample_speed(sol.per_sample_grads_loop, bars={"cpu": 1.3, "cuda": 10.0}, attempts=2,
+                                 **PSG_SPEED)
+
+
+def test_speed_checks_verify_every_output_they_time(sol):
+    def wrong_predictions(params, buffers, base, xs):
+        return sol.predict_each(params, buffers, base, xs) + 1e-3
+
+    def wrong_grads(model, x, y):
+        return {k: v * 1.01 for k, v in sol.per_sample_grads(model, x, y).items()}
+
+    with pytest.raises(AssertionError, match="output while timing"):
+        C.check_ensemble_speed(wrong_predictions, bars={"cpu": 0.01, "cuda": 0.01}, **ENS_SPEED)
+    with pytest.raises(AssertionError, match="output while timing"):
+        C.check_per_sample_speed(wrong_grads, bars={"cpu": 0.01, "cuda": 0.01}, **PSG_SPEED)
+
+
+def test_per_sample_grads_summed_over_the_batch_get_a_shape_hint(sol):
+    def summed(model, x, y):
+        return {k: v.sum(0) for k, v in sol.per_sample_grads(model, x, y).items()}
+
+    with pytest.raises(AssertionError, match="one gradient for the whole batch"):
+        C.check_per_sample_grads(summed)
+
+
+# -- the DP-SGD reference ------------------------------------------------------------------------
+
+def _case(batch=6):
+    model = V.small_cnn(seed=0, channels=(2, 3), size=8, classes=4, dtype=torch.float64)
+    x, y = V.toy_images(batch, seed=1, size=8, classes=4, dtype=torch.float64)
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    return params, C.reference_per_sample_grads(model, x, y)
+
+
+def test_dp_reference_without_clipping_or_noise_is_sgd_on_the_mean_gradient():
+    params, grads = _case()
+    new = C.dp_sgd_reference(params, grads, lr=0.1, max_norm=1e9, noise_multiplier=0.0,
+                             generator=torch.Generator().manual_seed(0))
+    for k, p in params.items():
+        torch.testing.assert_close(new[k], p - 0.1 * grads[k].mean(0), rtol=1e-12, atol=1e-14)
+
+
+def test_dp_reference_clips_every_sample_to_max_norm():
+    params, grads = _case()
+    max_norm = float(C.per_sample_norms(grads).min()) / 2  # every sample is clipped
+    new = C.dp_sgd_reference(params, grads, lr=1.0, max_norm=max_norm, noise_multiplier=0.0,
+                             generator=torch.Generator().manual_seed(0))
+    step = {k: (params[k] - new[k]) * 6 for k in params}  # the sum of the clipped gradients
+    norms = C.per_sample_norms(grads)
+    unit = {k: (g / norms.view(-1, *([1] * (g.dim() - 1)))).sum(0) * max_norm for k, g in grads.items()}
+    for k in params:
+        torch.testing.assert_close(step[k], unit[k], rtol=1e-5, atol=1e-12)
+
+
+def test_dp_reference_noise_is_reproducible_and_scaled():
+    params, grads = _case()
+    kw = dict(lr=1.0, max_norm=2.0, noise_multiplier=3.0)
+    a = C.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(1), **kw)
+    b = C.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(1), **kw)
+    c = C.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(2), **kw)
+    assert all(torch.equal(a[k], b[k]) for k in a) and not torch.equal(a["fc.weight"], c["fc.weight"])
+    quiet = C.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(1), lr=1.0, max_norm=2.0,
+                               noise_multiplier=0.0)
+    noise = (quiet["fc.weight"] - a["fc.weight"]) * 6 / (3.0 * 2.0)  # back to standard normal
+    assert 0.7 < float(noise.std()) < 1.3
+
+
+# -- the helpers ---------------------------------------------------------------------------------
+
+def test_transforms_active_reads_functorch_levels():
+    seen = []
+
+    def f(x):
+        seen.append(V.transforms_active())
+        return (x ** 2).sum()
+
+    f(torch.ones(2))
+    vmap(f)(torch.ones(3, 2))
+    vmap(grad(f))(torch.ones(3, 2))
+    grad(f)(torch.ones(2))
+    assert seen == [(), ("vmap",), ("vmap", "grad"), ("grad",)]
+
+
+def test_forward_watch_counts_calls_and_removes_its_hook():
+    model = V.small_cnn(seed=0, size=8)
+    x = torch.randn(3, 1, 8, 8)
+    with V.ForwardWatch(model) as watch:
+        model(x)
+        vmap(lambda xi: model(xi[None]))(x)
+    assert watch.calls == [(), ("vmap",)] and not watch.under_vmap
+    assert "2 time(s)" in watch.summary()
+    model(x)
+    assert len(watch.calls) == 2
+    with pytest.raises(TypeError, match="nn.Module"):
+        V.ForwardWatch(lambda x: x)
+
+
+def test_models_and_data_are_seeded():
+    a, b = V.mlp_ensemble(3, seed=1), V.mlp_ensemble(3, seed=1)
+    assert all(torch.equal(p, q) for m, n in zip(a, b)
+               for p, q in zip(m.state_dict().values(), n.state_dict().values()))
+    assert not torch.equal(a[0][1].weight, a[1][1].weight)
+    assert not torch.equal(a[0][0].shift, torch.zeros(64))
+    x1, y1 = V.toy_images(5, seed=3)
+    x2, y2 = V.toy_images(5, seed=3)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2) and x1.shape == (5, 1, 16, 16)
+    assert torch.equal(V.small_cnn(seed=2).fc.weight, V.small_cnn(seed=2).fc.weight)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        V.small_cnn(seed=0, size=10)
+    with pytest.raises(ValueError, match="at least one model"):
+        V.mlp_ensemble(0, seed=0)
+
+
+def test_toy_images_are_learnable_templates():
+    x, y = V.toy_images(400, seed=0, noise=0.0)
+    for c in range(10):
+        same = x[y == c]
+        assert torch.allclose(same, same[:1].expand_as(same))
+
+
+def test_quiet_opacus_silences_only_the_hook_warning(capsys):
+    import course.vmap as module
+
+    module._opacus_explained = False
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        V.quiet_opacus()
+        V.quiet_opacus()
+        warnings.warn("Full backward hook is firing when gradients are computed with respect to module outputs "
+                      "since no inputs require gradients.", UserWarning)
+        warnings.warn("something else", UserWarning)
+    assert [str(w.message) for w in seen] == ["something else"]
+    assert capsys.readouterr().out.count("Note:") == 1
+
+
+def test_opacus_solution_leaves_the_model_clean(sol):
+    model = V.small_cnn(seed=0, channels=(2, 3), size=8)
+    before = copy.deepcopy(model.state_dict())
+    x, y = V.toy_images(4, seed=0, size=8)
+    first = sol.opacus_per_sample_grads(model, x, y)
+    second = sol.opacus_per_sample_grads(model, x, y)  # no accumulation, no "hooks added twice"
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert not model._forward_hooks and not model.conv1._forward_hooks
+
+
+def test_speedup_plot():
+    import matplotlib.pyplot as plt
+
+    from course.timing import Ratio
+
+    ax = V.plot_speedup_by_batch([2, 8], {"vmap": [Ratio(0.5, 0.4, 0.6), Ratio(2.0, 1.8, 2.1)]})
+    assert ax.get_xlabel() == "batch size" and len(ax.lines) >= 2
+    plt.close(ax.figure)
