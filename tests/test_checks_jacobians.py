@@ -210,7 +210,7 @@ MISTAKES = {
     "speed: the row loop passed off as vmap": (
         "vspeed", "    y, pullback = vjp(f, x)\n    basis = torch.eye(y.numel(), dtype=y.dtype, device=y.device)\n"
                   "    return vmap(pullback)(basis)[0]\n",
-        "    return jacobian_rows(f, x)\n", "the bar on this device"),
+        "    jacobian_rows(f, x)\n    return jacobian_rows(f, x)\n", "the bar on this device"),
     "speed: modes swapped": (
         "pspeed", "return jacfwd if n_out > x.numel() else jacrev", "return jacrev if n_out > x.numel() else jacfwd",
         "the right mode is jacfwd"),
