@@ -20,7 +20,6 @@ import argparse
 import copy
 import datetime as dt
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import course  # noqa: E402
+from course.doctor import machine_name as machine  # noqa: E402
 from autograder.solution_code import load_solution, solution_source  # noqa: E402
 from course.memory_format import cpu_has_native_bf16  # noqa: E402
 from course.models import small_resnet  # noqa: E402
@@ -45,18 +45,6 @@ SIZES = {
 CPU_TARGET = 1.2
 
 
-def machine() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {torch.get_num_threads()} threads"
 
 
 def main(argv=None) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import course  # noqa: E402
+from course.doctor import machine_name as machine  # noqa: E402
 from autograder.solution_code import load_solution, solution_source  # noqa: E402
 from course.devices import threads as pinned_threads  # noqa: E402
 from course.models import small_resnet  # noqa: E402
@@ -43,18 +43,6 @@ SIZES = {
 }
 
 
-def machine() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return name
 
 
 def main(argv=None) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import course  # noqa: E402
+from course.doctor import machine_name as machine  # noqa: E402
 from autograder.solution_code import load_solution, solution_source  # noqa: E402
 from course.devices import threads as pinned_threads  # noqa: E402
 from course.jacobians import energy, tanh_layer  # noqa: E402
@@ -48,18 +48,6 @@ TARGETS = {"vmap over vjp vs row loop": {"cpu": 3.0, "cuda": 5.0},
            "right mode vs wrong, wide": {"cpu": 3.0, "cuda": 3.0}}
 
 
-def machine() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {torch.get_num_threads()} threads"
 
 
 def checker(reference):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import course  # noqa: E402
+from course.doctor import machine_name as machine  # noqa: E402
 from autograder.solution_code import load_solution, solution_source  # noqa: E402
 from course.checks.vmap import loop_predictions  # noqa: E402
 from course.fx import threads  # noqa: E402
@@ -50,18 +50,6 @@ TARGETS = {"cpu": {"per-sample vmap": 1.3, "ensemble vmap": 1.0},
            "cuda": {"per-sample vmap": 10.0, "ensemble vmap": 2.5}}
 
 
-def machine() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {torch.get_num_threads()} threads"
 
 
 def rows(report) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Report", "doctor", "where_running"]
+__all__ = ["Report", "doctor", "machine_name", "where_running"]
 
 TESTED_TORCH = ("2.4", "2.14")  # the range of pyproject.toml, inclusive of minor releases
 
@@ -156,3 +156,18 @@ def doctor(device: str | None = None, *, show: bool = True, short: bool = False)
     if show:
         print("\n".join(rep.lines(short=short)))
     return rep
+
+
+def machine_name() -> str:
+    """The machine as benchmark records name it: the GPU's name, or the CPU model and torch's threads."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {torch.get_num_threads()} threads"
