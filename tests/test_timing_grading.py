@@ -100,3 +100,16 @@ def test_ops_absent_reads_torchscript_and_fx_graphs():
     with pytest.raises(AssertionError, match="BatchNorm2d"):
         expect_ops_absent(gm, ["BatchNorm2d"])
     expect_ops_absent(gm, ["aten::relu"])
+
+
+def test_best_of_retries_below_the_bar_and_keeps_the_best(capsys):
+    from course.grading import best_of
+
+    reports = iter([report([1.0] * 3, [1.0] * 3), report([2.0] * 3, [1.0] * 3), report([9.0] * 3, [1.0] * 3)])
+    best = best_of(lambda: next(reports), "fast", bar=1.5, attempts=3)
+    assert best.speedup("fast").median == 2.0  # stopped at the first report over the bar
+    assert "attempt 1" in capsys.readouterr().out
+    slow = iter([report([1.0] * 3, [2.0] * 3)] * 3)
+    assert best_of(lambda: next(slow), "fast", bar=1.5, attempts=3).speedup("fast").median == 0.5
+    with pytest.raises(ValueError, match="attempts"):
+        best_of(lambda: None, "fast", bar=1.0, attempts=0)

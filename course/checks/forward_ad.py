@@ -27,7 +27,7 @@ from course.data import generator, randn
 from course.devices import pick_device
 from course.forward_ad import ModeNotAllowed, WideFunction, mlp, transform_in_use
 from course.devices import threads as pinned_threads
-from course.grading import expect_speedup, speed_bar
+from course.grading import best_of, expect_speedup, speed_bar
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, compare
 
@@ -405,18 +405,10 @@ def check_jacobian_speed(jacobian_fwd: Callable, jacobian_rev: Callable, *, bars
     call(jacobian_fwd, f, inputs()[0], name="jacobian_fwd")
     call(jacobian_rev, f, inputs()[0], name="jacobian_rev")
     bar = speed_bar(bars, dev)
-    best = None
     with pinned_threads(threads):
-        for attempt in range(1, attempts + 1):
-            report = compare(candidates, inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time,
-                             device=dev)
-            if best is None or report.speedup("forward (k JVPs)").median > best.speedup("forward (k JVPs)").median:
-                best = report
-            if best.speedup("forward (k JVPs)").median >= bar:
-                break
-            if attempt < attempts:
-                print(f"attempt {attempt}: {report.speedup('forward (k JVPs)')} is below the bar {bar:.2f}x; "
-                      "measuring again (other work on a shared machine can slow one side of a round)")
+        best = best_of(lambda: compare(candidates, inputs=inputs, check=check, rounds=rounds,
+                                       min_run_time=min_run_time, device=dev),
+                       "forward (k JVPs)", bar, attempts)
     best.show()
     expect_speedup(best, "forward (k JVPs)", over="reverse (m VJPs)", bars=bars,
                    hint=f"with k={k} inputs and m={m} outputs, forward mode needs {k} JVPs and reverse mode "

@@ -26,7 +26,7 @@ from torch.func import jacfwd, jacrev
 from course.checks.common import call, ok
 from course.data import randn
 from course.devices import pick_device, threads
-from course.grading import expect_speedup, speed_bar
+from course.grading import best_of, expect_speedup, speed_bar
 from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, format_bytes, tanh_layer
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, compare
@@ -154,19 +154,12 @@ def _measure(candidates: dict, inputs: Callable, check: Callable, name: str, ove
              min_run_time: float, attempts: int, dev, num_threads) -> SpeedReport:
     """Time side by side; below the bar, measure again (up to ``attempts``) and keep the best run:
     a shared machine can stall one side of a round, but a slower technique stays below in every run."""
-    best = None
-    for attempt in range(1, attempts + 1):
+    def measure():
         with threads(num_threads if dev.type == "cpu" else None):
-            report = compare(candidates, inputs=inputs, check=check, baseline=over, rounds=rounds,
-                             min_run_time=min_run_time, device=dev)
-        if best is None or report.speedup(name).median > best.speedup(name).median:
-            best = report
-        if best.speedup(name).median >= bar:
-            break
-        if attempt < attempts:
-            print(f"attempt {attempt}: {name} at {report.speedup(name)} is below the bar {bar:.2f}x; measuring again "
-                  "(other work on a shared machine can slow one side of a round)")
-    return best
+            return compare(candidates, inputs=inputs, check=check, baseline=over, rounds=rounds,
+                           min_run_time=min_run_time, device=dev)
+
+    return best_of(measure, name, bar, attempts)
 
 
 def check_vmap_speed(jacobian_vmap: Callable, *, bars: Mapping[str, float], D: int, seed: int = 0,

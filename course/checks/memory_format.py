@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from course.checks.common import call, ok
 from course.data import randn
 from course.devices import pick_device
-from course.grading import expect_speedup, speed_bar
+from course.grading import best_of, expect_speedup, speed_bar
 from course.memory_format import (PLANTED_VARIANTS, channels_last_strides_of, memory_format_of, op_name,
                                   planted_model, tensors_in)
 from course.models import small_resnet, small_resnet_channels
@@ -383,18 +383,12 @@ def check_channels_last_speed(to_channels_last: Callable, autocast_inference: Ca
     if memory_format_of(next(p for p in model_cl.parameters() if p.dim() == 4)) is not CL:
         raise AssertionError("to_channels_last returned a model whose weights are not channels-last.")
     bar = speed_bar(bars, dev)
-    best = None
-    for attempt in range(1, attempts + 1):
+    def measure():
         with torch.no_grad():
-            report = compare({"NCHW": contiguous, "channels-last": channels_last}, inputs=inputs, check=check,
-                             rounds=rounds, min_run_time=min_run_time, device=dev)
-        if best is None or report.speedup("channels-last").median > best.speedup("channels-last").median:
-            best = report
-        if best.speedup("channels-last").median >= bar:
-            break
-        if attempt < attempts:
-            print(f"attempt {attempt}: {report.speedup('channels-last')} is below the bar {bar:.2f}x; measuring "
-                  "again (other work on a shared machine can slow one side of a round)")
+            return compare({"NCHW": contiguous, "channels-last": channels_last}, inputs=inputs, check=check,
+                           rounds=rounds, min_run_time=min_run_time, device=dev)
+
+    best = best_of(measure, "channels-last", bar, attempts)
     best.show()
     expect_speedup(best, "channels-last", over="NCHW", bars=bars,
                    hint="convert both the model and the input; check with the FormatWatcher that no op falls "

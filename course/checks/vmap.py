@@ -23,7 +23,7 @@ from torch.func import stack_module_state
 from course.checks.common import call, ok
 from course.devices import pick_device
 from course.devices import threads
-from course.grading import expect_speedup, speed_bar
+from course.grading import best_of, expect_speedup, speed_bar
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, compare
 from course.vmap import ForwardWatch, mlp_ensemble, small_cnn, toy_features, toy_images
@@ -197,18 +197,12 @@ def check_ensemble_speed(predict_each: Callable, *, bars: Mapping[str, float], n
 def _best_of(candidates, name, *, bars, inputs, check, rounds, min_run_time, attempts, dev, num_threads,
              grad: bool) -> SpeedReport:
     bar = speed_bar(bars, dev)
-    best = None
-    for attempt in range(1, attempts + 1):
+    def measure():
         with torch.set_grad_enabled(grad), threads(num_threads if dev.type == "cpu" else None):
-            report = compare(candidates, inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time,
-                             device=dev)
-        if best is None or report.speedup(name).median > best.speedup(name).median:
-            best = report
-        if best.speedup(name).median >= bar:
-            break
-        if attempt < attempts:
-            print(f"attempt {attempt}: {report.speedup(name)} is below the bar {bar:.2f}x; measuring again "
-                  "(other work on a shared machine can slow one side of a round)")
+            return compare(candidates, inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time,
+                           device=dev)
+
+    best = best_of(measure, name, bar, attempts)
     best.show()
     return best
 
