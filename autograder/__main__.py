@@ -64,13 +64,35 @@ def build_parser() -> argparse.ArgumentParser:
     gra.add_argument("--timeout", metavar="S", type=positive(float), default=1800,
                      help="seconds one submission may take in all before it is killed "
                           "and recorded as 'timeout' (default: %(default)s)")
+    gra.add_argument("--jobs", metavar="N", type=positive(int), default=1,
+                     help="grade N submissions at once (default: %(default)s)")
+    gra.add_argument("--memory-mb", metavar="MB", type=positive(float), default=4096,
+                     help="memory cap of one submission's processes; above it the row is 'oom' "
+                          "(default: %(default)s)")
+    gra.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
+                     help="confine submissions with bubblewrap (bwrap), or not (none); auto uses "
+                          "bwrap when it works here (default: %(default)s)")
+    gra.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="cuda applies the GPU speed bars and refuses to run without CUDA; cpu "
+                          "hides any GPU (default: %(default)s)")
+    gra.add_argument("--force", action="store_true",
+                     help="grade again what an earlier run already graded (default: resume)")
+
+    bun = sub.add_parser(
+        "bundle", help="build the student-facing tree (no solutions, no hidden tests)",
+        description="Copy what learners need into OUT: lessons/, the course package, the "
+                    "environment files and README; nothing from solutions/, autograder/ or tests/.")
+    bun.add_argument("out", metavar="OUT", type=Path, help="folder to create (must not exist)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "release":
+        if args.command == "bundle":
+            from .bundle import bundle
+            bundle(args.out.resolve())
+        elif args.command == "release":
             from .release import release
             release(args.solutions.resolve(), args.lessons.resolve(), args.work.resolve(),
                     lesson=args.lesson)
@@ -78,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             from .grade import grade
             grade(args.submissions.resolve(), args.out.resolve(), args.solutions.resolve(),
                   args.work.resolve(), lesson=args.lesson, db_url=args.db,
-                  cell_timeout=args.cell_timeout, timeout=args.timeout)
+                  cell_timeout=args.cell_timeout, timeout=args.timeout, jobs=args.jobs,
+                  sandbox=args.sandbox, memory_mb=args.memory_mb, device=args.device, force=args.force)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,72 +1,174 @@
-"""``python -m autograder grade``: autograde every submission, one subprocess each.
+"""``python -m autograder grade``: grade every submission in a sandbox, decide in the parent.
 
-Each submission is graded by its own ``nbgrader autograde`` process, so a crash, a dead
-kernel or an endless loop costs that one submission a row with status ``error`` or
-``timeout`` and the batch goes on. Scores are read back from nbgrader's gradebook.
-Feedback runs no student code, so it is made by one ``nbgrader generate_feedback`` per
-lesson after the batch, which saves an nbgrader start-up (seconds) per submission.
+For each lesson, the instructor's notebook runs once in the same sandbox as the submissions
+will (its transcript is cached in the work folder). For each submission:
+
+1. ``submissions.stage`` vets the files (missing, invalid, renamed notebooks);
+2. ``program.learner_program`` builds what runs: the instructor's notebook with the learner's
+   solution cells, never the submitted test cells; flags what the submission tried;
+3. ``sandbox.run_program`` runs it in a fresh confined process with time and memory limits;
+4. ``verdict.judge`` decides each graded cell here, redoing every comparison against the
+   instructor's transcript;
+5. the scores go to nbgrader's gradebook (SQLite by default, ``--db`` for PostgreSQL), to
+   ``grades.csv``/``cells.csv``, and to an HTML feedback page that shows only what learners
+   already see (no hidden test source).
+
+A fault costs one submission its row (``timeout``, ``oom``, ``crashed``) with the points it had
+earned; every result is kept in the work folder, so a re-run resumes and only grades what is
+new or changed. ``--jobs N`` grades N submissions at once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import shutil
+import os
+import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict
 from pathlib import Path
 
+from . import UsageError
+from .feedback import write_feedback
+from .program import Program, instructor_program, learner_program
 from .release import build_student_version
 from .report import CellRow, Row, summary_table, write_cells, write_grades
+from .sandbox import CellReport, Outcome, choose_sandbox, run_program
 from .submissions import Submission, find_submissions, stage
-from .workspace import Workspace, last_error, notebooks_in, select_lessons
+from .verdict import Transcript, judge
+from .workspace import Workspace, notebooks_in, select_lessons
+
+#: Bumped whenever grading itself changes, so that cached results are not reused.
+GRADER_VERSION = "2"
+
+
+class Settings:
+    def __init__(self, *, sandbox: str, cell_timeout: float, timeout: float, memory_mb: float,
+                 device: str, jobs: int, force: bool):
+        self.sandbox, self.cell_timeout, self.timeout = sandbox, cell_timeout, timeout
+        self.memory_mb, self.device, self.jobs, self.force = memory_mb, device, jobs, force
+
+    def child_env(self) -> dict[str, str]:
+        env = {"COURSE_DEVICE": self.device} if self.device != "auto" else {}
+        if self.device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        if self.jobs > 1:  # N processes on the machine's cores, not N times all of them
+            per_job = max(1, (os.cpu_count() or 1) // self.jobs)
+            env.update(OMP_NUM_THREADS=str(per_job), MKL_NUM_THREADS=str(per_job))
+        return env
 
 
 class Lesson:
-    """What grading needs to know about one lesson's source."""
+    """One lesson's source, student version and instructor transcript."""
 
-    def __init__(self, ws: Workspace, lesson_id: str):
+    def __init__(self, ws: Workspace, lesson_id: str, settings: Settings):
         from nbgrader.api import Gradebook
 
         self.id = lesson_id
-        self.notebooks = [p.name for p in notebooks_in(ws.source(lesson_id))]
-        # Graded cells in notebook order, to list cells.csv the way the lesson reads.
-        self.order: dict[tuple[str, str], int] = {}
-        for path in notebooks_in(ws.source(lesson_id)):
-            nb = json.loads(path.read_text(encoding="utf-8"))
-            for cell in nb.get("cells", []):
-                meta = cell.get("metadata", {}).get("nbgrader", {})
-                if meta.get("grade"):
-                    self.order[(path.stem, meta.get("grade_id", ""))] = len(self.order)
+        notebooks = notebooks_in(ws.source(lesson_id))
+        if len(notebooks) != 1:
+            raise UsageError(f"{lesson_id}: expected one notebook in the lesson's source folder, "
+                             f"found {len(notebooks)}")
+        self.source = notebooks[0]
+        self.notebook = self.source.name
+        self.release = ws.release(lesson_id) / self.notebook
+        self.program = instructor_program(lesson_id, self.source)
         with Gradebook(ws.db_url) as gb:
             self.max_score = float(gb.find_assignment(lesson_id).max_score)
+        self.key = _digest(self.source.read_bytes(), _course_digest(), GRADER_VERSION.encode(),
+                           settings.device.encode(), settings.sandbox.encode())
+        self.transcript = self._transcript(ws, settings)
+
+    def _transcript(self, ws: Workspace, settings: Settings) -> Transcript:
+        import torch
+
+        cache = ws.root / "trusted" / f"{self.id}-{self.key[:16]}.pt"
+        if cache.exists():
+            data = torch.load(cache, weights_only=True)
+            return Transcript(data["records"], data["seconds"])
+        print(f"preparing {self.id}: running the instructor's solution in the sandbox", flush=True)
+        outcome = run_program(self.program.to_message(), sandbox=settings.sandbox,
+                              cell_timeout=settings.cell_timeout, timeout=settings.timeout,
+                              memory_mb=settings.memory_mb, log=ws.log("trusted", f"{self.id}.log"),
+                              env=settings.child_env())
+        try:
+            transcript = Transcript.from_outcome(self.program, outcome)
+        except RuntimeError as exc:
+            raise UsageError(f"{self.id}: {exc}; log: {ws.log('trusted', f'{self.id}.log')}") from None
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"records": transcript.records, "seconds": transcript.seconds}, cache)
+        return transcript
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()
+
+
+def _course_digest() -> bytes:
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "course").rglob("*.py")) + sorted((root / "course").rglob("*.json"))
+    files += [Path(__file__).with_name(n) for n in ("child.py", "program.py", "verdict.py", "sandbox.py")]
+    return b"".join(p.read_bytes() for p in files) + torch.__version__.encode()
 
 
 def grade(submissions: Path, out: Path, solutions: Path, work: Path, *, lesson: str | None = None,
-          db_url: str | None = None, cell_timeout: int = 600, timeout: float = 1800) -> list[Row]:
+          db_url: str | None = None, cell_timeout: float = 600, timeout: float = 1800,
+          jobs: int = 1, sandbox: str = "auto", memory_mb: float = 4096, device: str = "auto",
+          force: bool = False) -> list[Row]:
     """Grade ``SUBMISSIONS/<student>/<lesson>/`` into ``out``; returns the grades.csv rows."""
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: this machine has no usable CUDA device (torch.cuda.is_available() "
+                             "is False); grade on a GPU runner, or use --device cpu for the CPU speed bars")
+    settings = Settings(sandbox=choose_sandbox(sandbox), cell_timeout=cell_timeout, timeout=timeout,
+                        memory_mb=memory_mb, device=device, jobs=jobs, force=force)
+    if settings.sandbox == "none":
+        print("warning: grading without a sandbox (bubblewrap not available): submissions can read "
+              "this machine's files; rows are flagged 'unconfined'", file=sys.stderr, flush=True)
     lesson_ids = select_lessons(solutions, lesson)
     subs = find_submissions(submissions, lesson_ids, lesson)
-    ws = Workspace(work, db_url=db_url, cell_timeout=cell_timeout)
+    ws = Workspace(work, db_url=db_url, cell_timeout=int(cell_timeout))
     lessons: dict[str, Lesson] = {}
     for lesson_id in sorted({s.lesson for s in subs}):
         print(f"preparing {lesson_id}: nbgrader generate_assignment", flush=True)
         build_student_version(ws, solutions, lesson_id, no_db=False)
-        lessons[lesson_id] = Lesson(ws, lesson_id)
+        lessons[lesson_id] = Lesson(ws, lesson_id, settings)
 
     out.mkdir(parents=True, exist_ok=True)
-    rows: list[Row] = []
-    cells: list[CellRow] = []
-    for n, sub in enumerate(subs, 1):
-        row, cell_rows = grade_one(ws, sub, lessons[sub.lesson], out, timeout)
-        rows.append(row)
-        cells.extend(cell_rows)
-        score = f"{row.score:g}/{row.max_score:g}"
-        extra = f" - {row.detail}" if row.detail else ""
-        print(f"[{n}/{len(subs)}] {sub.student}/{sub.lesson}: {row.status} {score} "
-              f"({row.seconds:.1f} s, {row.peak_rss_mb:.0f} MB){extra}", flush=True)
+    db_lock = threading.Lock()
+    results: dict[int, tuple[Row, list[CellRow]]] = {}
+    bar = _progress(len(subs))
+    done = 0
 
-    for lesson_id in sorted(lessons):
-        make_feedback(ws, lesson_id, [r for r in rows if r.lesson_id == lesson_id], out)
+    def work_one(n: int, sub: Submission):
+        return n, grade_one(ws, sub, lessons[sub.lesson], out, settings, db_lock)
 
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(work_one, n, sub) for n, sub in enumerate(subs)]
+        for future in as_completed(futures):
+            n, (row, cell_rows) = future.result()
+            results[n] = (row, cell_rows)
+            done += 1
+            extra = f" - {row.detail}" if row.detail else ""
+            flags = f" [flags: {row.flags}]" if row.flags else ""
+            line = (f"[{done}/{len(subs)}] {row.student_id}/{row.lesson_id}: {row.status} "
+                    f"{row.score:g}/{row.max_score:g} ({row.seconds:.1f} s, {row.peak_rss_mb:.0f} MB)"
+                    f"{flags}{extra}")
+            print(line, flush=True)
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    rows = [results[n][0] for n in range(len(subs))]
+    cells = [c for n in range(len(subs)) for c in results[n][1]]
     write_grades(out, rows)
     write_cells(out, cells)
     print()
@@ -75,104 +177,113 @@ def grade(submissions: Path, out: Path, solutions: Path, work: Path, *, lesson: 
     return rows
 
 
-def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path,
-              timeout: float) -> tuple[Row, list[CellRow]]:
+def _progress(total: int):
+    if not sys.stderr.isatty() and not os.environ.get("AUTOGRADER_PROGRESS"):
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc="grading", unit="submission", file=sys.stderr)
+
+
+def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, settings: Settings,
+              db_lock: threading.Lock) -> tuple[Row, list[CellRow]]:
     start = time.monotonic()
-    deadline = start + timeout
     student = sub.student
-    feedback_out = out / "feedback" / student / lesson.id
-    for stale in (ws.autograded(student, lesson.id), ws.feedback(student, lesson.id), feedback_out):
-        if stale.exists():
-            shutil.rmtree(stale)
+    feedback_dir = out / "feedback" / student / lesson.id
 
-    def row(status: str, detail: str, score: float = 0.0, cell_errors: int = 0,
-            peak: float = 0.0) -> Row:
-        return Row(student, lesson.id, score, lesson.max_score, status, cell_errors,
-                   round(time.monotonic() - start, 2), round(peak, 1), detail)
+    def row(status: str, detail: str, score: float = 0.0, cell_errors: int = 0, peak: float = 0.0,
+            flags: str = "", seconds: float | None = None) -> Row:
+        took = round(time.monotonic() - start, 2) if seconds is None else seconds
+        return Row(student, lesson.id, score, lesson.max_score, status, cell_errors, took,
+                   round(peak, 1), flags, detail)
 
-    status, detail = stage(sub, lesson.notebooks, ws.submitted(student, lesson.id))
+    status, detail = stage(sub, [lesson.notebook], ws.submitted(student, lesson.id))
     if status:
         return row(status, detail), []
     notes = [detail] if detail else []
+    path = ws.submitted(student, lesson.id) / lesson.notebook
+    raw = path.read_bytes()
+    key = _digest(raw, lesson.key.encode())
+    cache = ws.root / "results" / student / f"{lesson.id}.json"
+    if not settings.force and cache.exists():
+        saved = json.loads(cache.read_text(encoding="utf-8"))
+        if saved.get("key") == key:
+            cells = [CellRow(**c) for c in saved["cells"]]
+            return Row(**{**saved["row"], "detail": _join(saved["row"]["detail"], "resumed: graded before")}), cells
 
-    log = ws.log(student, lesson.id, "autograde.log")
-    run = ws.nbgrader(["autograde", lesson.id, "--student", student, "--force"],
-                      log=log, timeout=deadline - time.monotonic())
-    peak = run.peak_rss_mb
-    if run.timed_out:
-        notes.append(f"killed after the --timeout of {timeout:g} s; log: {log}")
-        return row("timeout", "; ".join(notes), peak=peak), []
-    if run.returncode != 0:
-        notes.append(f"nbgrader autograde exited with {run.returncode}: {last_error(log)}; log: {log}")
-        return row("error", "; ".join(notes), peak=peak), []
-
-    score, cell_rows = read_scores(ws, student, lesson)
-    errors = count_cell_errors(ws.autograded(student, lesson.id), lesson.notebooks)
+    program = learner_program(lesson.id, lesson.source, lesson.release, json.loads(raw.decode("utf-8")))
+    outcome = run_program(program.to_message(), sandbox=settings.sandbox, cell_timeout=settings.cell_timeout,
+                          timeout=settings.timeout, memory_mb=settings.memory_mb,
+                          log=ws.log("runs", student, f"{lesson.id}.log"), env=settings.child_env())
+    verdicts = judge(program, outcome, lesson.transcript)
+    for name, what in outcome.flags:
+        program.flag(name, what)
+    if not outcome.confined:
+        program.flag("unconfined", "graded without a sandbox")
+    score = sum(v.points for v in verdicts)
+    errors = sum(1 for c in outcome.cells.values() if c.error)
+    if outcome.status != "ok":
+        notes.append(outcome.detail)
     if errors:
         notes.append(f"{errors} cell(s) raised an error")
-    return row("graded", "; ".join(notes), score=score, cell_errors=errors, peak=peak), cell_rows
+    flags = ",".join(sorted(program.flags))
+    status = {"ok": "graded"}.get(outcome.status, outcome.status)
+    with db_lock:
+        record_in_gradebook(ws, student, lesson, program, verdicts)
+    write_feedback(feedback_dir / f"{Path(lesson.notebook).stem}.html", student, lesson.id, program,
+                   outcome, verdicts, status)
+    write_autograded(ws.autograded(student, lesson.id) / lesson.notebook, lesson.source, program, outcome)
+    cell_rows = [CellRow(student, lesson.id, Path(lesson.notebook).stem, v.grade_id, v.points, v.max_points)
+                 for v in verdicts]
+    result = row(status, "; ".join(n for n in notes if n), score=score, cell_errors=errors,
+                 peak=outcome.peak_rss_mb, flags=flags)
+    if program.flags:
+        (ws.root / "flags").mkdir(exist_ok=True)
+        (ws.root / "flags" / f"{student}-{lesson.id}.json").write_text(json.dumps(program.flags, indent=1))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"key": key, "row": asdict(result), "cells": [asdict(c) for c in cell_rows]}))
+    return result, cell_rows
 
 
-def make_feedback(ws: Workspace, lesson_id: str, rows: list[Row], out: Path) -> None:
-    """Generate the HTML feedback of this run's graded rows of a lesson, copy it to ``out``.
-
-    Other autograded copies in the work folder (earlier runs, timed-out submissions)
-    are excluded. A row
-    whose feedback could not be made keeps its score and says so in ``detail``.
-    """
-    graded = {r.student_id: r for r in rows if r.status == "graded"}
-    if not graded:
-        return
-    others = sorted(p.parent.name for p in ws.root.glob(f"autograded/*/{lesson_id}")
-                     if p.parent.name not in graded)
-    args = ["generate_feedback", lesson_id, "--force"]
-    if others:
-        args.append(f"--CourseDirectory.student_id_exclude={','.join(others)}")
-    log = ws.log("generate_feedback", f"{lesson_id}.log")
-    plural = "s" if len(graded) != 1 else ""
-    print(f"feedback for {lesson_id}: nbgrader generate_feedback ({len(graded)} submission{plural})",
-          flush=True)
-    run = ws.nbgrader(args, log=log, timeout=120 + 30 * len(graded))
-    for student, row in sorted(graded.items()):
-        pages = sorted(ws.feedback(student, lesson_id).glob("*.html"))
-        if not pages:
-            why = "timed out" if run.timed_out else last_error(log)
-            note = f"no feedback (generate_feedback: {why}); log: {log}"
-            row.detail = f"{row.detail}; {note}" if row.detail else note
-            continue
-        dest = out / "feedback" / student / lesson_id
-        dest.mkdir(parents=True, exist_ok=True)
-        for page in pages:
-            shutil.copyfile(page, dest / page.name)
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
 
 
-def read_scores(ws: Workspace, student: str, lesson: Lesson) -> tuple[float, list[CellRow]]:
-    """The submission's total and per-cell autograded scores, from the gradebook."""
-    from nbgrader.api import Gradebook
+def record_in_gradebook(ws: Workspace, student: str, lesson: Lesson, program: Program, verdicts) -> None:
+    """The scores as nbgrader's own records, so formgrader and nbgrader export see them."""
+    from nbgrader.api import Gradebook, MissingEntry
 
-    cells = []
+    stem = Path(lesson.notebook).stem
     with Gradebook(ws.db_url) as gb:
-        submission = gb.find_submission(lesson.id, student)
-        total = float(submission.score)
-        for notebook in submission.notebooks:
-            for grade in notebook.grades:
-                cells.append(CellRow(student, lesson.id, notebook.name, grade.name,
-                                     float(grade.score or 0.0), float(grade.max_score)))
-    cells.sort(key=lambda c: (lesson.order.get((c.notebook, c.grade_id), len(lesson.order)),
-                              c.notebook, c.grade_id))
-    return total, cells
+        gb.update_or_create_student(student)
+        try:
+            gb.find_submission(lesson.id, student)
+        except MissingEntry:
+            gb.add_submission(lesson.id, student)
+        for v in verdicts:
+            grade = gb.find_grade(v.grade_id, stem, lesson.id, student)
+            grade.auto_score = v.points
+            grade.needs_manual_grade = False
+        gb.db.commit()
 
 
-def count_cell_errors(folder: Path, notebooks: list[str]) -> int:
-    """Code cells of the autograded notebooks whose outputs hold an error."""
-    count = 0
-    for name in notebooks:
-        path = folder / name
-        if not path.exists():
-            continue
-        nb = json.loads(path.read_text(encoding="utf-8"))
-        count += sum(
-            1 for cell in nb.get("cells", [])
-            if cell.get("cell_type") == "code"
-            and any(o.get("output_type") == "error" for o in cell.get("outputs", [])))
-    return count
+def write_autograded(path: Path, source: Path, program: Program, outcome: Outcome) -> None:
+    """The graded notebook with each cell's output, for instructors (formgrader's folder)."""
+    import nbformat
+
+    nb = nbformat.read(source, as_version=4)
+    meta = {c.get("id"): c.metadata for c in nb.cells}
+    cells = [c for c in nb.cells if c.cell_type == "markdown"][:1]
+    for cell in program.cells:
+        new = nbformat.v4.new_code_cell(cell.source)
+        new.metadata = dict(meta.get(cell.id, {})) if cell.kind != "added" else {}
+        rep: CellReport | None = outcome.cells.get(cell.index)
+        if rep is not None and rep.output:
+            new.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=rep.output))
+        if rep is not None and rep.error:
+            name, _, value = rep.error.partition(":")
+            new.outputs.append(nbformat.v4.new_output("error", ename=name.strip(), evalue=value.strip(),
+                                                      traceback=rep.error.splitlines()))
+        cells.append(new)
+    nb.cells = cells
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)

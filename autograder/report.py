@@ -14,10 +14,11 @@ class Row:
     lesson_id: str
     score: float
     max_score: float
-    status: str  # graded | missing | invalid | timeout | error
+    status: str  # graded | missing | invalid | timeout | oom | crashed
     cell_errors: int
     seconds: float
     peak_rss_mb: float
+    flags: str   # comma-separated names of what the submission tried (see docs/grading.md)
     detail: str
 
 
@@ -77,4 +78,7 @@ def summary_table(rows: list[Row]) -> str:
         counts[r.status] = counts.get(r.status, 0) + 1
     lines.append("")
     lines.append(", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no submissions")
+    flagged = [f"{r.student_id}/{r.lesson_id}: {r.flags}" for r in rows if r.flags]
+    if flagged:
+        lines.append("flagged: " + "; ".join(flagged))
     return "\n".join(lines)

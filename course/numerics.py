@@ -13,7 +13,26 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-__all__ = ["assert_close", "default_tolerance", "describe"]
+__all__ = ["assert_close", "default_tolerance", "describe", "observing_paused"]
+
+#: Set only by the autograder's sandboxed runner (``autograder/child.py``): it is told every
+#: comparison a check makes, so that the grading parent can redo the comparison itself against
+#: references it computed from the instructor's solution. ``None`` in a learner's notebook.
+_observer = None
+_paused = 0
+
+
+class observing_paused:
+    """Comparisons inside this block are not reported to the autograder (timing loops, whose
+    number of rounds depends on the machine)."""
+
+    def __enter__(self):
+        global _paused
+        _paused += 1
+
+    def __exit__(self, *exc):
+        global _paused
+        _paused -= 1
 
 # (rtol, atol) per dtype, the same spirit as torch.testing: a few units in the last place.
 _TOLERANCES = {
@@ -165,6 +184,9 @@ def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol:
     Tolerances default to those of the least precise dtype involved; compare against a float64
     reference with ``check_dtype=False`` to measure a float32 result's error honestly.
     """
+    if _observer is not None and not _paused:
+        _observer(actual, expected, dict(rtol=rtol, atol=atol, name=name, check_dtype=check_dtype,
+                                         equal_nan=equal_nan))
     try:
         _walk(actual, expected, name, rtol=rtol, atol=atol, check_dtype=check_dtype,
               check_device=check_device, equal_nan=equal_nan, hint=hint)

@@ -22,6 +22,7 @@ import torch
 from torch.utils import benchmark
 
 from course.devices import pick_device, synchronize
+from course.numerics import observing_paused
 
 __all__ = ["Ratio", "SpeedReport", "compare", "format_time"]
 
@@ -147,6 +148,12 @@ def compare(candidates: Mapping[str, Callable[..., Any]], *, inputs: Callable[[]
     the same ones. ``check(name, output, args)`` (optional) is called on one output of every
     candidate in every round, so a candidate cannot win by skipping work.
     """
+    with observing_paused():
+        return _compare(candidates, inputs=inputs, baseline=baseline, rounds=rounds, warmup=warmup,
+                        min_run_time=min_run_time, device=device, progress=progress, check=check)
+
+
+def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, device, progress, check):
     if not candidates:
         raise ValueError("compare() needs at least one candidate, e.g. {'eager': f, 'compiled': g}.")
     for name, fn in candidates.items():

@@ -34,13 +34,9 @@ FOLD_HINT = ("scale = gamma / sqrt(var + eps) has one value per output channel: 
 # ---------------------------------------------------------------- trusted references
 
 def _op_type(gm: fx.GraphModule, node: fx.Node) -> str:
-    if node.op == "call_module":
-        return type(gm.get_submodule(node.target)).__name__
-    if node.op == "call_function":
-        return getattr(node.target, "__name__", str(node.target))
-    if node.op == "call_method":
-        return str(node.target)
-    return node.op
+    kinds = {"call_module": lambda t: type(gm.get_submodule(t)).__name__,
+             "call_function": lambda t: getattr(t, "__name__", str(t)), "call_method": str}
+    return kinds[node.op](node.target) if node.op in kinds else node.op
 
 
 def _reasons(gm: fx.GraphModule, bn_node: fx.Node) -> str | None:

@@ -213,11 +213,9 @@ def reference_per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tenso
     """The trusted baseline: one backward pass per sample (cross-entropy of that sample alone),
     gradients stacked into ``{name: (batch, *param.shape)}``."""
     names, params = zip(*[(k, p) for k, p in model.named_parameters()])
-    rows = []
-    for i in range(x.shape[0]):
-        loss = F.cross_entropy(model(x[i:i + 1]), y[i:i + 1])
-        rows.append(torch.autograd.grad(loss, params))
-    return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(names)}
+    per_sample = [torch.autograd.grad(F.cross_entropy(model(xi[None]), yi[None]), params)
+                  for xi, yi in zip(x, y)]
+    return {k: torch.stack(g) for k, g in zip(names, zip(*per_sample))}
 
 
 def _cnn_case(seed, batch, size, channels, classes, dev, dtype):

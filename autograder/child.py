@@ -1,0 +1,335 @@
+"""The sandboxed side of grading: runs one graded program and reports what happened.
+
+Started by ``autograder/sandbox.py`` as ``python -I child.py IN_FD OUT_FD CELLS_DIR``, usually
+inside bubblewrap, where it sees the Python environment, the ``course`` package and an empty
+folder, nothing else. It never decides a grade. It tells the grading parent, over a pipe:
+
+- when each cell starts and ends, and the error a cell raised (with its output, for feedback);
+- every comparison a graded check makes (``course.numerics.assert_close`` reports the value the
+  learner's code produced and the reference it was compared with); the parent redoes each
+  comparison itself, against references from the instructor's run, so patching comparisons,
+  references or inputs in here earns nothing;
+- flags: what the seal and the audit hook saw learner code try (patching guarded modules,
+  reaching for frames, the garbage collector, ctypes, other processes, the grader's files).
+
+Every message carries a token that only this harness holds, so learner code that writes to the
+pipe cannot forge one. The parent treats all of it as evidence, never as a verdict.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+import signal
+import struct
+import sys
+import threading
+import time
+import traceback
+
+# The standard library itself (os.py's folder), not site-packages: in a venv sysconfig's
+# "platstdlib" points into the venv, where torch lives.
+STDLIB = (os.path.dirname(os.path.realpath(os.__file__)) + os.sep,
+          os.path.dirname(os.path.abspath(os.__file__)) + os.sep)
+GUARDED_PREFIXES = ("course", "torch", "builtins", "time", "math", "functools", "operator", "timeit",
+                    "unittest", "numpy")
+FORBIDDEN_PATH = re.compile(r"solutions|gradebook|autograd(?:er|ed)|submitted|/proc/\d+/mem|"
+                            r"/proc/self/(?:fd|mem|environ)|/dev/fd/", re.IGNORECASE)
+LEARNER_EVENTS = {
+    "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function", "ctypes.string_at",
+    "ctypes.addressof", "ctypes.wstring_at", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+    "object.__getattr__", "sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
+    "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+    "os.kill", "os.killpg", "function.__new__", "code.__new__", "object.__setattr__", "object.__delattr__",
+    "socket.connect", "socket.bind", "signal.pthread_kill",
+}
+
+
+class Channel:
+    """Length-prefixed pickles to the parent, each stamped with the token."""
+
+    def __init__(self, fd: int, token: str):
+        self._fd, self._token, self._lock = fd, token, threading.Lock()
+
+    def send(self, kind: str, **data) -> None:
+        import torch
+
+        buf = io.BytesIO()
+        torch.save({"token": self._token, "kind": kind, **data}, buf)
+        payload = buf.getvalue()
+        with self._lock:
+            _write_all(self._fd, struct.pack(">Q", len(payload)) + payload)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = os.read(fd, n)
+        if not chunk:
+            raise EOFError("the grading parent closed the pipe")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def plain(value, depth: int = 0):
+    """A copy of ``value`` made of tensors, numbers, strings and containers only: what the parent
+    can load without running code. Anything else becomes a description (and fails comparison)."""
+    import torch
+
+    if depth > 20:
+        return "<nested too deeply>"
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type != "meta":
+            t = t.cpu()
+        return t.clone().as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t.clone()
+    if value is None or type(value) in (bool, int, float, complex, str):
+        return value
+    if isinstance(value, (torch.dtype, torch.device, torch.Size, torch.memory_format)):
+        return str(value) if not isinstance(value, torch.Size) else tuple(value)
+    if type(value) in (tuple, list):
+        return type(value)(plain(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return {str(k): plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, tuple):  # named tuples and torch return types
+        return tuple(plain(v, depth + 1) for v in value)
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+
+class Seal:
+    """Which callables and modules the guarded modules held before learner code ran."""
+
+    def __init__(self):
+        self.snapshot: dict[str, tuple[object, dict]] = {}
+        self.take()
+
+    @staticmethod
+    def _guarded(name: str) -> bool:
+        root = name.split(".")[0]
+        return root in GUARDED_PREFIXES and ".config" not in name and not name.endswith("config")
+
+    def take(self) -> None:
+        import types
+
+        for name, mod in list(sys.modules.items()):
+            if mod is None or not self._guarded(name) or name in self.snapshot:
+                continue
+            try:
+                entries = {k: v for k, v in vars(mod).items()
+                           if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type,
+                                             types.ModuleType)) or callable(v)}
+            except TypeError:
+                continue
+            self.snapshot[name] = (mod, entries)
+
+    def broken(self) -> list[str]:
+        changed = []
+        for name, (mod, entries) in self.snapshot.items():
+            now = sys.modules.get(name, _MISSING)
+            if now is not mod and now is not _MISSING:
+                if name.split(".")[0] == "course" or not _from_guarded(now):
+                    changed.append(f"sys.modules[{name!r}] replaced")
+                continue
+            d = vars(mod)
+            ours = name.split(".")[0] == "course"
+            for key, obj in entries.items():
+                now = d.get(key, _MISSING)
+                if now is not obj and (ours or not _from_guarded(now)):
+                    changed.append(f"{name}.{key} replaced")
+                    if len(changed) > 5:
+                        return changed
+        return changed
+
+
+_MISSING = object()
+LEARNER_FILES = [""]  # set in main(): where the learner's cells are written
+
+
+def _from_guarded(value) -> bool:
+    """Whether ``value`` comes from a guarded library itself (torch re-binds some of its own
+    names lazily); what learner code defines or deletes does not."""
+    if value is _MISSING:
+        return False
+    code = getattr(value, "__code__", None)
+    if code is not None and LEARNER_FILES[0] and code.co_filename.startswith(LEARNER_FILES[0]):
+        return False
+    module = getattr(value, "__module__", None) or getattr(value, "__name__", "")
+    return isinstance(module, str) and module.split(".")[0] in GUARDED_PREFIXES
+
+
+def main() -> int:
+    in_fd, out_fd, cells_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    size = struct.unpack(">Q", _read_exact(in_fd, 8))[0]
+    setup = pickle.loads(_read_exact(in_fd, size))
+    os.close(in_fd)
+    channel = Channel(out_fd, setup["token"])
+    del setup["token"]
+
+    # Everything the checks use is imported before any learner code runs.
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import torch  # noqa: F401
+    import course
+    import course.checks  # noqa: F401
+    import course.numerics as numerics
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(course.checks.__path__, "course.checks."):
+        importlib.import_module(info.name)
+    for info in pkgutil.iter_modules(course.__path__, "course."):
+        if info.name not in ("course.__main__",):
+            importlib.import_module(info.name)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    import torch.fx  # noqa: F401
+    import torch.func  # noqa: F401
+    import torch.utils.benchmark  # noqa: F401
+
+    state = {"cell": None, "learner": False, "records": 0, "busy": False}
+    cell_prefix = os.path.realpath(cells_dir) + os.sep
+    learner_prefix = cell_prefix + "learner_"
+    LEARNER_FILES[0] = learner_prefix
+
+    def flag(name: str, detail: str) -> None:
+        channel.send("flag", name=name, detail=detail[:300], cell=state["cell"])
+
+    def observer(actual, expected, tol):
+        cell = state["cell"]
+        if cell is None or cell["kind"] != "test":
+            return
+        channel.send("record", cell=cell["index"], n=state["records"], name=str(tol.get("name")),
+                     actual=plain(actual), expected=plain(expected), tol=plain(tol))
+        state["records"] += 1
+
+    numerics._observer = observer
+    seal = Seal()
+    guarded_types = tuple(v for _, (_, e) in seal.snapshot.items() for v in e.values() if isinstance(v, type))
+    guarded_type_ids = {id(t) for t in guarded_types}
+
+    def learner_caller() -> str | None:
+        """The learner file that triggered the event, if the nearest non-stdlib frame is one."""
+        frame = sys._getframe(2)
+        trail = []
+        while frame is not None:
+            trail.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+            path = frame.f_code.co_filename
+            if path.startswith(STDLIB) or path.startswith("<frozen"):
+                frame = frame.f_back
+                continue
+            if os.environ.get("GRADING_DEBUG"):
+                sys.__stderr__.write(" <- ".join(trail) + "\n")
+            return f"{os.path.basename(path)}:{frame.f_lineno}" if path.startswith(learner_prefix) else None
+        return None
+
+    def hook(event, args):
+        if state["busy"] or not state["learner"]:
+            return
+        if event == "open":
+            path = args[0]
+            if isinstance(path, bytes):
+                path = path.decode(errors="replace")
+            if isinstance(path, str) and FORBIDDEN_PATH.search(path):
+                state["busy"] = True
+                try:
+                    who = learner_caller() or "code called by the submission"
+                finally:
+                    state["busy"] = False
+                flag("probing", f"{who} opened {path}")
+                raise PermissionError(f"grading: {path} is out of bounds")
+            return
+        if event not in LEARNER_EVENTS:
+            return
+        state["busy"] = True
+        try:
+            if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame",
+                                                                 "ag_frame", "f_back"):
+                return
+            if event == "object.__setattr__" or event == "object.__delattr__":
+                target = args[0]
+                owner = getattr(target, "__module__", "") or ""
+                if not (id(target) in guarded_type_ids or
+                        (callable(target) and str(owner).split(".")[0] in GUARDED_PREFIXES and
+                         getattr(target, "__module__", None) is not None and not isinstance(target, type))):
+                    return
+            who = learner_caller()
+        finally:
+            state["busy"] = False
+        if who is None:
+            return
+        name = "patching" if event.startswith("object.__set") or event.startswith("object.__del") else "introspection"
+        flag(name, f"{who}: {event} {str(args[:2])[:120]}")
+        raise RuntimeError(f"grading: {event} is not allowed in submitted code")
+
+    sys.addaudithook(hook)
+
+    class CellTimeout(BaseException):
+        pass
+
+    def on_alarm(signum, frame):
+        raise CellTimeout()
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    channel.send("ready", seal_entries=sum(len(e) for _, e in seal.snapshot.values()))
+
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    real_out, real_err = sys.stdout, sys.stderr
+    tampered = False
+    for cell in setup["cells"]:
+        learner = cell["kind"] in ("solution", "added")
+        path = os.path.join(cells_dir, f"{'learner_' if learner else 'cell_'}{cell['index']:03d}.py")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(cell["source"])
+        state["cell"], state["records"] = cell, 0
+        channel.send("cell_start", cell=cell["index"])
+        buf = io.StringIO()
+        sys.stdout = sys.stderr = buf
+        error = ""
+        start = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, setup["cell_timeout"])
+        try:
+            code = compile(cell["source"], path, "exec")
+            state["learner"] = learner or cell["kind"] == "test" or state["learner"]
+            exec(code, namespace)
+        except CellTimeout:
+            error = f"TimeoutError: the cell ran longer than {setup['cell_timeout']:g} s and was interrupted"
+        except BaseException as exc:  # noqa: BLE001 - a learner's SystemExit is a cell error too
+            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = [f"{os.path.basename(f.filename)}:{f.lineno}" for f in tb if f.filename.startswith(cell_prefix)]
+            if where:
+                error += f"\n  (at {', '.join(where[-3:])})"
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            sys.stdout, sys.stderr = real_out, real_err
+        state["busy"] = True
+        try:
+            broken = seal.broken() if not tampered else []
+        finally:
+            state["busy"] = False
+        if broken:
+            tampered = True
+            flag("tampered", "; ".join(broken))
+        seal.take()  # modules imported by this cell are guarded from now on
+        out = buf.getvalue()
+        channel.send("cell_end", cell=cell["index"], error=error[-4000:], output=out[-6000:],
+                     seconds=round(time.monotonic() - start, 3), records=state["records"],
+                     tampered=tampered)
+    state["cell"] = None
+    channel.send("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

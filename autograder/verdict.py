@@ -1,0 +1,112 @@
+"""The grading parent's own verdict on each graded cell.
+
+A graded cell earns its points only when all of this holds, checked here, in a process no
+submission code ever ran in:
+
+1. the sandboxed run reached the cell and the cell finished without an error;
+2. the seal was intact up to the end of the cell (no guarded module patched, see child.py);
+3. the check made exactly the comparisons that it made when run on the instructor's solution,
+   in the same order, and every value the learner's code produced matches the reference from
+   the instructor's run, compared here with the check's own tolerance. The references the
+   sandbox compared against must match the instructor's too; when they do not, inputs or
+   references were altered in the sandbox (flag ``altered-references``).
+
+Checks that compare in other ways (structure checks, speed bars) count through rule 1, under
+the seal of rule 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from course.numerics import assert_close
+
+from .program import TEST, Program
+from .sandbox import Outcome
+
+
+@dataclass
+class CellVerdict:
+    grade_id: str
+    points: float
+    max_points: float
+    message: str       # why it failed, for the feedback ('' when it passed)
+
+
+@dataclass
+class Transcript:
+    """The instructor's run: per graded cell, its comparisons (name, expected value, tolerance)."""
+    records: dict[str, list[dict]]
+    seconds: float
+
+    @classmethod
+    def from_outcome(cls, program: Program, outcome: Outcome) -> "Transcript":
+        problems = []
+        if outcome.status != "ok":
+            problems.append(f"the run ended with status {outcome.status} ({outcome.detail})")
+        records = {}
+        for cell in program.graded:
+            rep = outcome.cells.get(cell.index)
+            if rep is None or not rep.finished or rep.error:
+                problems.append(f"{cell.grade_id}: {rep.error if rep else 'not reached'}")
+                continue
+            records[cell.grade_id] = [{"name": r["name"], "expected": r["expected"], "tol": r["tol"]}
+                                      for r in rep.records]
+        if outcome.flags:
+            problems.append(f"flags on the instructor's own run: {outcome.flags[:3]}")
+        if problems:
+            raise RuntimeError("the instructor's solution does not pass its own checks on this machine, so "
+                               "nothing can be graded against it: " + "; ".join(problems)[:1500])
+        return cls(records, outcome.seconds)
+
+
+def judge(program: Program, outcome: Outcome, reference: Transcript) -> list[CellVerdict]:
+    verdicts = []
+    tampered_from = None
+    for cell in program.cells:
+        rep = outcome.cells.get(cell.index)
+        if rep is not None and rep.tampered and tampered_from is None:
+            tampered_from = cell.index
+        if cell.kind != TEST:
+            continue
+        verdicts.append(CellVerdict(cell.grade_id, 0.0, cell.points,
+                                    _why_not(cell, rep, reference.records.get(cell.grade_id, []),
+                                             tampered_from, outcome, program)))
+        if not verdicts[-1].message:
+            verdicts[-1].points = cell.points
+    return verdicts
+
+
+def _why_not(cell, rep, expected, tampered_from, outcome, program) -> str:
+    if rep is None or not rep.finished:
+        return f"not graded: the run stopped before this cell ({outcome.status}: {outcome.detail})"
+    if tampered_from is not None and tampered_from <= cell.index:
+        return "not graded: guarded modules were patched before or during this cell (flag 'tampered')"
+    if rep.error:
+        return rep.error
+    got = rep.records
+    if len(got) != len(expected):
+        return (f"the check made {len(got)} comparison(s) here, but {len(expected)} on the instructor's "
+                "solution: the code under test did not run the way the check expects")
+    for mine, ref in zip(got, expected):
+        tol = dict(ref["tol"])
+        kw = dict(rtol=tol.get("rtol"), atol=tol.get("atol"), check_dtype=bool(tol.get("check_dtype", True)),
+                  equal_nan=bool(tol.get("equal_nan", False)), check_device=False)
+        if mine["name"] != ref["name"]:
+            return f"the check compared {mine['name']!r} where the instructor's run compared {ref['name']!r}"
+        try:
+            assert_close(mine["expected"], ref["expected"], name=f"reference of {ref['name']}", **kw)
+        except AssertionError:
+            program.flag("altered-references", f"{cell.grade_id}: the reference for {ref['name']!r} "
+                         "differs from the instructor's run")
+            return (f"{ref['name']}: the reference computed during grading differs from the instructor's "
+                    "(inputs or references were altered); not graded")
+        except Exception as exc:  # noqa: BLE001 - a strange value is a mismatch, never a crash
+            return f"{ref['name']}: could not compare the reference ({type(exc).__name__})"
+        try:
+            assert_close(mine["actual"], ref["expected"], name=ref["name"], **kw)
+        except AssertionError as exc:
+            return f"checked again by the grader: {exc}"
+        except Exception as exc:  # noqa: BLE001
+            return f"{ref['name']}: the value could not be compared ({type(exc).__name__}: {exc})"[:500]
+    return ""
