@@ -211,6 +211,9 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
             return Row(**{**saved["row"], "detail": _join(saved["row"]["detail"], "resumed: graded before")}), cells
 
     program = learner_program(lesson.id, lesson.source, lesson.release, json.loads(raw.decode("utf-8")))
+    extra = sorted(p.name for p in path.parent.iterdir() if p.name != lesson.notebook)
+    if extra:
+        program.flag("extra-files", f"shipped beside the notebook, never used: {', '.join(extra)[:200]}")
     outcome = run_program(program.to_message(), sandbox=settings.sandbox, cell_timeout=settings.cell_timeout,
                           timeout=settings.timeout, memory_mb=settings.memory_mb,
                           log=ws.log("runs", student, f"{lesson.id}.log"), env=settings.child_env())

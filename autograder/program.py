@@ -132,8 +132,8 @@ def learner_program(lesson: str, source_nb: Path, release_nb: Path, submitted: d
                 if ctype != "code":
                     program.flag("retyped-cells", f"{gid}: solution cell turned into {ctype}")
                 elif gid in answers:
-                    program.flag("duplicate-ids", f"two solution cells claim {gid!r}; the first is graded")
-                    added.setdefault(anchor, []).append(src)
+                    program.flag("duplicate-ids", f"two solution cells claim {gid!r}; the first is graded, "
+                                 "the other is not run")
                 else:
                     answers[gid] = src
             elif target.kind == TEST:

@@ -47,13 +47,14 @@ def toy_source_notebook():
         _cell("markdown", "# Toy lesson\nWrite two small functions.", "intro"),
         _cell("code", "def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n"
                       "    ### END SOLUTION", "add-solution", _solution("add_solution")),
-        _cell("code", "assert add(1, 2) == 3\n### BEGIN HIDDEN TESTS\n"
-                      "assert add(-5, 5) == 0\nassert add(0.5, 0.25) == 0.75\n"
+        _cell("code", "from course.numerics import assert_close", "imports"),
+        _cell("code", "assert_close(add(1, 2), 3)\n### BEGIN HIDDEN TESTS\n"
+                      "assert_close(add(-5, 5), 0)\nassert_close(add(0.5, 0.25), 0.75)\n"
                       "### END HIDDEN TESTS", "add-tests", _tests("add_tests", 2)),
         _cell("code", "def mul(a, b):\n    ### BEGIN SOLUTION\n    return a * b\n"
                       "    ### END SOLUTION", "mul-solution", _solution("mul_solution")),
-        _cell("code", "assert mul(2, 3) == 6\n### BEGIN HIDDEN TESTS\n"
-                      "assert mul(-1, 4) == -4\n### END HIDDEN TESTS",
+        _cell("code", "assert_close(mul(2, 3), 6)\n### BEGIN HIDDEN TESTS\n"
+                      "assert_close(mul(-1, 4), -4)\n### END HIDDEN TESTS",
               "mul-tests", _tests("mul_tests", 1)),
     ]
     return nb
@@ -127,13 +128,18 @@ def graded(course):
     put("renamed", solution_version(course), name=f"Copy of {NOTEBOOK}")
     put("looping", with_answer(solution_version(course), "add_solution",
                                "def add(a, b):\n    while True:\n        pass"))
+    for student, (nb, _score, _flags) in hostile_cases(course).items():
+        put(student, nb)
+    (subs / "shadow" / LESSON / "course").mkdir(parents=True)
+    (subs / "shadow" / LESSON / "course" / "__init__.py").write_text("assert_close = lambda *a, **k: None\n")
+    (subs / "shadow" / LESSON / "torch.py").write_text("raise SystemExit\n")
     (subs / ".hidden").mkdir()
     (subs / "notes.txt").write_text("not a student")
 
     out = course["root"] / "out"
     proc = autograder("grade", subs, "--out", out, "--solutions", course["solutions"],
                       "--work", course["work"], "--cell-timeout", 5, "--timeout", 120,
-                      check=False)
+                      "--memory-mb", 1500, "--jobs", 2, check=False)
     assert (out / "grades.csv").exists(), f"{proc.stdout}\n{proc.stderr}"
     rows = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
     cells = read_csv(out / "cells.csv")
@@ -146,7 +152,7 @@ def test_release_strips_solutions_and_hidden_tests(course):
     text = (course["lessons"] / LESSON / NOTEBOOK).read_text()
     assert "BEGIN SOLUTION" not in text and "return a + b" not in text
     assert "HIDDEN TESTS" not in text and "add(-5, 5)" not in text
-    assert "assert add(1, 2) == 3" in text  # visible tests stay
+    assert "assert_close(add(1, 2), 3)" in text  # visible tests stay
     assert "raise NotImplementedError()" in text
     nb = student_version(course)
     assert all(c.get("outputs", []) == [] for c in nb.cells)
@@ -179,10 +185,11 @@ def test_release_unknown_lesson_fails_clearly(course, tmp_path):
 def test_grade_exits_zero_with_one_row_per_submission(graded):
     assert graded["proc"].returncode == 0, graded["proc"].stderr
     assert list(graded["rows"]) == sorted(["perfect", "untouched", "wrong_mul", "hardcoded",
-                                           "missing", "invalid", "renamed", "looping"])
+                                           "missing", "invalid", "renamed", "looping",
+                                           *hostile_cases(None)])
     header = (graded["out"] / "grades.csv").read_text().splitlines()[0]
     assert header == ("student_id,lesson_id,score,max_score,status,cell_errors,seconds,"
-                      "peak_rss_mb,detail")
+                      "peak_rss_mb,flags,detail")
     for row in graded["rows"].values():
         assert row["lesson_id"] == LESSON and float(row["max_score"]) == 3
 
@@ -244,12 +251,12 @@ def test_endless_loop_costs_only_its_tests(graded):
 def test_feedback_for_graded_rows(graded):
     for student, row in graded["rows"].items():
         html = graded["out"] / "feedback" / student / LESSON / f"{LESSON}.html"
-        assert html.exists() == (row["status"] == "graded"), student
+        assert html.exists() == (row["status"] not in ("missing", "invalid")), student
 
 
 def test_progress_and_summary_printed(graded):
     stdout = graded["proc"].stdout
-    assert "[2/8] invalid/01_toy: invalid" in stdout
+    assert f"/{len(graded['rows'])}] invalid/01_toy: invalid" in stdout
     assert "perfect" in stdout.split("student", 1)[1]
 
 
@@ -271,9 +278,12 @@ def test_regrade_survives_hang_and_dead_kernel(course, graded, tmp_path):
     autograder("grade", subs, "--out", out, "--solutions", course["solutions"],
                "--work", course["work"], "--lesson", LESSON, "--timeout", 6)
     rows = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
-    assert rows["a_hang"]["status"] == "timeout" and float(rows["a_hang"]["score"]) == 0
+    # Killed in mul's cell: add's points, earned before it, are kept.
+    assert rows["a_hang"]["status"] == "timeout" and float(rows["a_hang"]["score"]) == 2
     assert float(rows["a_hang"]["seconds"]) < 20
-    assert rows["b_crash"]["status"] == "error" and "DeadKernelError" in rows["b_crash"]["detail"]
+    # The crash comes in mul's cell: add's points, earned before it, are kept.
+    assert rows["b_crash"]["status"] == "crashed" and float(rows["b_crash"]["score"]) == 2
+    assert "died" in rows["b_crash"]["detail"]
     assert (rows["c_fine"]["status"], float(rows["c_fine"]["score"])) == ("graded", 3)
 
 
@@ -310,5 +320,105 @@ def test_cells_without_ids_get_stable_ids(tmp_path):
         normalise_cell_ids(path)
     assert paths[0].read_bytes() == paths[1].read_bytes()
     ids = [c["id"] for c in json.loads(paths[0].read_text())["cells"]]
-    assert ids == ["cell-0", "add_solution", "add_tests", "mul_solution", "mul_tests"]
+    assert ids == ["cell-0", "add_solution", "cell-2", "add_tests", "mul_solution", "mul_tests"]
     nbformat.validate(nbformat.read(paths[0], as_version=4))
+
+
+# -- hostile and faulty submissions ---------------------------------------------------------------
+
+WRONG_ADD = "def add(a, b):\n    return a - b\n"
+RIGHT_MUL = "def mul(a, b):\n    return a * b\n"
+
+
+def hostile_cases(course):
+    """student -> (notebook, expected score, flags that must be named). Each tries one way of
+    earning points without the work; ``add`` is wrong in all of them (2 points it must not get),
+    ``mul`` is right unless the attack takes it down too."""
+    if course is None:
+        return ["h_patch_assert", "h_patch_torch_time", "h_ipython_hooks", "h_edit_tests", "h_delete_tests",
+                "h_duplicate_ids", "shadow", "h_grader_aware", "h_probe_files", "h_frames", "h_forge_pipe",
+                "h_oom", "h_crash", "h_exit", "h_retype_tests"]
+    sol = lambda: solution_version(course)  # noqa: E731
+    cases = {}
+
+    def case(name, nb, score, flags):
+        cases[name] = (nb, score, flags)
+
+    # Patched comparisons: local checks pass, but the grader compares again itself.
+    case("h_patch_assert", with_answer(sol(), "add_solution", WRONG_ADD +
+         "import course.numerics, builtins\ncourse.numerics.assert_close = lambda *a, **k: None\n"), 0, {"tampered", "patching"})
+    case("h_patch_torch_time", with_answer(sol(), "add_solution", WRONG_ADD +
+         "import torch, time\ntorch.allclose = lambda *a, **k: True\ntime.perf_counter = lambda: 0.0\n"),
+         0, {"tampered", "patching"})
+    # Changing how later cells run or report errors: there is no IPython to hook.
+    case("h_ipython_hooks", with_answer(sol(), "add_solution", WRONG_ADD +
+         "import sys\nsys.excepthook = lambda *a: None\ntry:\n    get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)\n"
+         "except NameError:\n    pass\n"), 1, {"introspection"})
+    # Edited, deleted, retyped and duplicated test cells: the instructor's are graded.
+    nb = with_answer(sol(), "add_solution", WRONG_ADD)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade"):
+            cell.source = "pass"
+    case("h_edit_tests", nb, 1, {"edited-tests"})
+    nb = with_answer(sol(), "add_solution", WRONG_ADD)
+    nb.cells = [c for c in nb.cells if not c.metadata.get("nbgrader", {}).get("grade")]
+    case("h_delete_tests", nb, 1, {"deleted-tests"})
+    nb = with_answer(sol(), "add_solution", WRONG_ADD)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade"):
+            cell.cell_type, cell.outputs, cell.execution_count = "markdown", None, None
+            del cell["outputs"], cell["execution_count"]
+    case("h_retype_tests", nb, 1, {"retyped-cells"})
+    nb = with_answer(sol(), "add_solution", WRONG_ADD)
+    dup = nbformat.v4.new_code_cell("def add(a, b):\n    return a + b\n")
+    dup.id = nb.cells[1].id
+    dup.metadata = nb.cells[1].metadata
+    nb.cells.insert(1, dup)  # a right answer under the same id, defined first...
+    case("h_duplicate_ids", nb, 3, {"duplicate-ids"})  # ...is graded: first one wins, flagged
+    # Files beside the notebook that would shadow modules are never copied in.
+    case("shadow", with_answer(sol(), "add_solution", WRONG_ADD), 1, {"extra-files"})
+    case("h_grader_aware", with_answer(sol(), "add_solution",
+         "import os\nGRADING = 'NBGRADER_EXECUTION' in os.environ\n" + WRONG_ADD), 1, {"grader-aware"})
+    case("h_probe_files", with_answer(sol(), "add_solution", WRONG_ADD +
+         "import glob\nfound = glob.glob('/**/solutions/**/*.ipynb', recursive=True)[:3]\n"
+         "for p in ['../../solutions/01_toy/01_toy.ipynb', '/work/main/.autograder/gradebook.db']:\n"
+         "    try:\n        open(p).read()\n    except OSError:\n        pass\n"), 1, {"probing"})
+    case("h_frames", with_answer(sol(), "add_solution",
+         "import sys\ndef add(a, b):\n    sys._getframe(1).f_globals\n    return a + b\n"), 1, {"introspection"})
+    case("h_forge_pipe", with_answer(sol(), "add_solution", WRONG_ADD +
+         "import os\nfor fd in range(3, 12):\n    try:\n        os.write(fd, b'\\x00' * 8 + b'forged')\n"
+         "    except OSError:\n        pass\n"), 0, {"tampered"})
+    # Faults: each costs this submission only, with the points earned before it kept.
+    case("h_oom", with_answer(sol(), "mul_solution", "blob = bytearray(3 * 2**30)\n" + RIGHT_MUL), 2, set())
+    case("h_crash", with_answer(sol(), "mul_solution", "import os\nos._exit(3)\n"), 2, set())
+    case("h_exit", with_answer(sol(), "add_solution", "raise SystemExit(0)\n"), 1, set())
+    return cases
+
+
+HOSTILE_STATUS = {"h_oom": "oom", "h_crash": "crashed", "h_forge_pipe": "crashed"}
+
+
+@pytest.mark.parametrize("student", hostile_cases(None))
+def test_hostile_submission_gets_only_what_it_earned_and_is_named(graded, course, student):
+    _, score, flags = hostile_cases(course)[student]
+    row = graded["rows"][student]
+    assert row["status"] == HOSTILE_STATUS.get(student, "graded"), row
+    assert float(row["score"]) == score, row
+    named = set(filter(None, row["flags"].split(",")))
+    assert flags <= named, row
+
+
+def test_feedback_never_shows_hidden_tests(graded):
+    for page in graded["out"].glob("feedback/*/*/*.html"):
+        text = page.read_text()
+        assert "HIDDEN" not in text and "add(-5, 5)" not in text and "mul(-1, 4)" not in text, page
+
+
+def test_rerun_resumes_instead_of_grading_again(course, graded):
+    out = course["root"] / "out-again"
+    proc = autograder("grade", graded["subs"], "--out", out, "--solutions", course["solutions"],
+                      "--work", course["work"], "--cell-timeout", 5, "--timeout", 120, "--memory-mb", 1500)
+    again = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
+    assert {s: (r["score"], r["status"]) for s, r in again.items()} == \
+        {s: (r["score"], r["status"]) for s, r in graded["rows"].items()}
+    assert "resumed" in again["perfect"]["detail"]
