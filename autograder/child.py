@@ -171,7 +171,6 @@ def main() -> int:
     in_fd, out_fd, cells_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     size = struct.unpack(">Q", _read_exact(in_fd, 8))[0]
     setup = pickle.loads(_read_exact(in_fd, size))
-    os.close(in_fd)
     channel = Channel(out_fd, setup["token"])
     del setup["token"]
 
@@ -214,6 +213,21 @@ def main() -> int:
         state["records"] += 1
 
     numerics._observer = observer
+    import contextlib
+    import course.timing as timing
+
+    @contextlib.contextmanager
+    def exclusive():
+        """Ask the parent for the machine to ourselves, wait for its go, give it back after."""
+        channel.send("speed_begin", cell=(state["cell"] or {}).get("index"))
+        if _read_exact(in_fd, 1) != b"g":
+            raise RuntimeError("grading: the parent refused the timing turn")
+        try:
+            yield
+        finally:
+            channel.send("speed_end")
+
+    timing._exclusive = exclusive
     seal = Seal()
     guarded_types = tuple(v for _, (_, e) in seal.snapshot.items() for v in e.values() if isinstance(v, type))
     guarded_type_ids = {id(t) for t in guarded_types}

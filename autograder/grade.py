@@ -208,7 +208,9 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
         saved = json.loads(cache.read_text(encoding="utf-8"))
         if saved.get("key") == key:
             cells = [CellRow(**c) for c in saved["cells"]]
-            return Row(**{**saved["row"], "detail": _join(saved["row"]["detail"], "resumed: graded before")}), cells
+            took = round(time.monotonic() - start, 2)
+            return Row(**{**saved["row"], "seconds": took,
+                          "detail": _join(saved["row"]["detail"], "resumed: graded by an earlier run")}), cells
 
     program = learner_program(lesson.id, lesson.source, lesson.release, json.loads(raw.decode("utf-8")))
     extra = sorted(p.name for p in path.parent.iterdir() if p.name != lesson.notebook)

@@ -21,9 +21,11 @@ import secrets
 import select
 import shutil
 import struct
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +56,75 @@ class Outcome:
     peak_rss_mb: float
     detail: str = ""
     confined: bool = True
+
+
+class _Turns:
+    """Timing turns across submissions graded in parallel (``--jobs``): a child that starts a
+    measurement gets the machine to itself; every other child is stopped (SIGSTOP) until the
+    measurement ends, and its time limits do not count the pause."""
+
+    def __init__(self):
+        self.lock = threading.Lock()          # held by the child that is timing
+        self.registry = threading.Lock()
+        self.children: dict[int, "_Child"] = {}
+        self.holder: int | None = None
+
+    def add(self, child: "_Child") -> None:
+        with self.registry:
+            self.children[child.pid] = child
+            if self.holder is not None:
+                child.pause()
+
+    def remove(self, child: "_Child") -> None:
+        with self.registry:
+            self.children.pop(child.pid, None)
+
+    def begin(self, child: "_Child") -> None:
+        self.lock.acquire()
+        with self.registry:
+            self.holder = child.pid
+            for other in self.children.values():
+                if other is not child:
+                    other.pause()
+
+    def end(self, child: "_Child") -> None:
+        with self.registry:
+            if self.holder != child.pid:
+                return
+            self.holder = None
+            for other in self.children.values():
+                other.resume()
+        self.lock.release()
+
+
+class _Child:
+    def __init__(self, pid: int):
+        self.pid, self.paused_total, self.paused_since = pid, 0.0, None
+
+    def _signal(self, sig) -> None:
+        for p in [self.pid, *_descendants(self.pid)]:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+
+    def pause(self) -> None:
+        if self.paused_since is None:
+            self.paused_since = time.monotonic()
+            self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.paused_since is not None:
+            self._signal(signal.SIGCONT)
+            self.paused_total += time.monotonic() - self.paused_since
+            self.paused_since = None
+
+    def paused(self) -> float:
+        extra = time.monotonic() - self.paused_since if self.paused_since is not None else 0.0
+        return self.paused_total + extra
+
+
+TURNS = _Turns()
 
 
 def bwrap_works() -> bool:
@@ -153,7 +224,9 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             view = view[os.write(to_child_w, view):]
     except OSError:
         pass
-    os.close(to_child_w)
+    child = _Child(proc.pid)
+    TURNS.add(child)
+    holding = False
 
     reports: dict[int, CellReport] = {}
     flags: list[tuple[str, str]] = []
@@ -165,7 +238,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     done = False
     last_poll = 0.0
     while True:
-        now = time.monotonic()
+        now = time.monotonic() - child.paused()
         if now - last_poll > 0.2:
             last_poll = now
             peak = max(peak, _tree_rss_mb(proc.pid))
@@ -200,7 +273,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             kind = msg["kind"]
             if kind == "cell_start":
                 current = reports.setdefault(msg["cell"], CellReport(msg["cell"]))
-                cell_started = time.monotonic()
+                cell_started = time.monotonic() - child.paused()
             elif kind == "record" and current is not None and msg["cell"] == current.index:
                 current.records.append(msg)
             elif kind == "cell_end" and current is not None and msg["cell"] == current.index:
@@ -209,10 +282,24 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                 current.finished = True
             elif kind == "flag":
                 flags.append((msg["name"], msg["detail"]))
+            elif kind == "speed_begin" and not holding:
+                TURNS.begin(child)
+                holding = True
+                try:
+                    os.write(to_child_w, b"g")
+                except OSError:
+                    pass
+            elif kind == "speed_end" and holding:
+                TURNS.end(child)
+                holding = False
             elif kind == "done":
                 done = True
         if status or done:
             break
+    if holding:
+        TURNS.end(child)
+    TURNS.remove(child)
+    child.resume()
     if status or not done:
         _kill_tree(proc.pid)
     try:
@@ -221,6 +308,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         _kill_tree(proc.pid)
         proc.wait()
     os.close(from_child_r)
+    os.close(to_child_w)
     if scratch:
         shutil.rmtree(scratch, ignore_errors=True)
     if not status:
@@ -231,5 +319,5 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             code = proc.returncode
             why = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
             detail = f"the Python process died ({why}) before the end of the notebook"
-    return Outcome(status, reports, flags, round(time.monotonic() - start, 2), round(peak, 1), detail,
+    return Outcome(status, reports, flags, round(time.monotonic() - start - child.paused(), 2), round(peak, 1), detail,
                    confined=sandbox == "bwrap")

@@ -414,11 +414,22 @@ def test_feedback_never_shows_hidden_tests(graded):
         assert "HIDDEN" not in text and "add(-5, 5)" not in text and "mul(-1, 4)" not in text, page
 
 
+def test_serial_grading_gives_the_same_grades_as_parallel(course, graded):
+    """The fixture graded with --jobs 2; --jobs 1 --force grades everything again, one at a time."""
+    out = course["root"] / "out-serial"
+    autograder("grade", graded["subs"], "--out", out, "--solutions", course["solutions"], "--work",
+               course["work"], "--cell-timeout", 5, "--timeout", 120, "--memory-mb", 1500, "--jobs", 1, "--force")
+    serial = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
+    assert {s: (r["score"], r["status"], r["flags"]) for s, r in serial.items()} == \
+        {s: (r["score"], r["status"], r["flags"]) for s, r in graded["rows"].items()}
+    assert "resumed" not in serial["perfect"]["detail"]
+
+
 def test_rerun_resumes_instead_of_grading_again(course, graded):
     out = course["root"] / "out-again"
-    proc = autograder("grade", graded["subs"], "--out", out, "--solutions", course["solutions"],
-                      "--work", course["work"], "--cell-timeout", 5, "--timeout", 120, "--memory-mb", 1500)
+    autograder("grade", graded["subs"], "--out", out, "--solutions", course["solutions"],
+               "--work", course["work"], "--cell-timeout", 5, "--timeout", 120, "--memory-mb", 1500)
     again = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
     assert {s: (r["score"], r["status"]) for s, r in again.items()} == \
         {s: (r["score"], r["status"]) for s, r in graded["rows"].items()}
-    assert "resumed" in again["perfect"]["detail"]
+    assert "resumed" in again["perfect"]["detail"] and float(again["perfect"]["seconds"]) < 5
