@@ -136,11 +136,13 @@ def grade(submissions: Path, out: Path, solutions: Path, work: Path, *, lesson: 
     lesson_ids = select_lessons(solutions, lesson)
     subs = find_submissions(submissions, lesson_ids, lesson)
     ws = Workspace(work, db_url=db_url, cell_timeout=int(cell_timeout))
-    lessons: dict[str, Lesson] = {}
-    for lesson_id in sorted({s.lesson for s in subs}):
+    needed = sorted({s.lesson for s in subs})
+    for lesson_id in needed:
         print(f"preparing {lesson_id}: nbgrader generate_assignment", flush=True)
         build_student_version(ws, solutions, lesson_id, no_db=False)
-        lessons[lesson_id] = Lesson(ws, lesson_id, settings)
+    # The instructor runs are independent: with --jobs N, N of them at once.
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        lessons = dict(zip(needed, pool.map(lambda lid: Lesson(ws, lid, settings), needed)))
 
     out.mkdir(parents=True, exist_ok=True)
     db_lock = threading.Lock()

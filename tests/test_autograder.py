@@ -7,6 +7,7 @@ because every submission costs a Jupyter kernel start.
 from __future__ import annotations
 
 import csv
+import shutil
 import json
 import subprocess
 import sys
@@ -433,3 +434,75 @@ def test_rerun_resumes_instead_of_grading_again(course, graded):
     assert {s: (r["score"], r["status"]) for s, r in again.items()} == \
         {s: (r["score"], r["status"]) for s, r in graded["rows"].items()}
     assert "resumed" in again["perfect"]["detail"] and float(again["perfect"]["seconds"]) < 5
+
+
+# -- a PostgreSQL gradebook ------------------------------------------------------------------------
+
+def _pg_url():
+    import os
+    url = os.environ.get("COURSE_TEST_PG_URL")
+    if not url:
+        if os.environ.get("COURSE_REQUIRE_PG"):
+            pytest.fail("COURSE_REQUIRE_PG is set but COURSE_TEST_PG_URL is not: .ci/run should start PostgreSQL")
+        pytest.skip("no PostgreSQL server (set COURSE_TEST_PG_URL; .ci/run starts one)")
+    return url
+
+
+def test_postgresql_gradebook_gets_the_same_grades(course, graded, tmp_path):
+    import uuid
+
+    import psycopg2
+    from nbgrader.api import Gradebook
+
+    admin = _pg_url()
+    name = f"course_test_{uuid.uuid4().hex[:10]}"
+    conn = psycopg2.connect(admin)
+    conn.autocommit = True
+    conn.cursor().execute(f"CREATE DATABASE {name}")
+    url = admin.rsplit("/", 1)[0] + "/" + name
+    try:
+        subs = tmp_path / "subs"
+        for student in ("perfect", "wrong_mul", "untouched"):
+            shutil.copytree(graded["subs"] / student, subs / student)
+        out = tmp_path / "out"
+        autograder("grade", subs, "--out", out, "--solutions", course["solutions"], "--work",
+                   tmp_path / "work", "--db", url, "--jobs", 2, "--cell-timeout", 5)
+        rows = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
+        assert {s: r["score"] for s, r in rows.items()} == {s: graded["rows"][s]["score"] for s in rows}
+        with Gradebook(url) as gb:
+            scores = {s.student.id: s.score for s in gb.assignment_submissions(LESSON)}
+        assert scores == {s: float(r["score"]) for s, r in rows.items()}
+    finally:
+        cur = conn.cursor()
+        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        cur.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.close()
+
+
+def test_sandbox_is_required_where_ci_asks_for_it():
+    import os
+
+    from autograder.sandbox import bwrap_works
+    if not os.environ.get("COURSE_REQUIRE_SANDBOX"):
+        pytest.skip("COURSE_REQUIRE_SANDBOX not set (.ci/run sets it where bubblewrap is installed)")
+    assert bwrap_works()
+
+
+def test_sandboxed_code_cannot_see_instructor_files(course, tmp_path):
+    """Run a program directly in the sandbox: the work folder, solutions/ and the network are absent."""
+    from autograder.sandbox import bwrap_works, run_program
+    if not bwrap_works():
+        pytest.skip("bubblewrap is not available here")
+    probe = ("import os, socket\n"
+             f"print('solutions', os.path.exists({str(course['solutions'])!r}))\n"
+             f"print('work', os.path.exists({str(course['work'])!r}))\n"
+             f"print('repo', os.path.exists({str(REPO / 'solutions')!r}))\n"
+             "print('uid', os.getuid())\n"
+             "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); print('net True')\n"
+             "except OSError:\n    print('net False')\n")
+    outcome = run_program([{"index": 0, "id": "probe", "kind": "instructor", "source": probe, "grade_id": ""}],
+                          sandbox="bwrap", cell_timeout=60, timeout=120, memory_mb=2000, log=tmp_path / "log")
+    assert outcome.status == "ok", outcome
+    text = outcome.cells[0].output
+    assert "solutions False" in text and "work False" in text and "repo False" in text, text
+    assert "net False" in text and "uid 65534" in text, text

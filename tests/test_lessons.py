@@ -19,6 +19,9 @@ from course.lessons import catalog
 ROOT = Path(__file__).resolve().parents[1]
 LESSON_IDS = [item["id"] for item in catalog()]
 
+# One `grade` run serves the whole module: six instructor transcripts and 31 submissions.
+pytestmark = pytest.mark.timeout(2400)
+
 # One planted mistake per lesson: (anchor in the solution, replacement, the graded cells it must break).
 PLANTED = {
     "01_custom_rnns": ("h = torch.where(alive, h_new, h)", "h = alive * h_new + (~alive) * h",
@@ -87,6 +90,59 @@ def test_release_regenerates_exactly_the_committed_lessons(tmp_path):
             f"lessons/{rel} differs from what solutions/ generates: run `make release` and commit")
 
 
+ATTACK = """import sys, os, glob, time, torch
+for name, module in list(sys.modules.items()):           # make every local comparison pass
+    if name.startswith("course") and hasattr(module, "assert_close"):
+        module.assert_close = lambda *args, **kwargs: None
+torch.allclose = lambda *args, **kwargs: True
+time.perf_counter = lambda: 0.0
+GRADED = "NBGRADER_EXECUTION" in os.environ               # branch on being graded
+for pattern in ("/**/solutions/**/*.ipynb", "/**/gradebook.db"):
+    found = glob.glob(pattern, recursive=True)[:3]          # look for instructor files
+try:
+    get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)
+except NameError:
+    pass
+"""
+
+
+def hostile(path: Path) -> dict:
+    """The untouched student version, plus: every test cell emptied, a test cell duplicated,
+    and a first cell that patches comparisons, torch and time, looks for the grader's files and
+    hooks error reporting. It must score 0 and be named."""
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+            cell["source"] = "pass"
+    first_test = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade"))
+    nb["cells"].append(json.loads(json.dumps(first_test)))
+    nb["cells"].insert(0, {"cell_type": "code", "id": "attack", "metadata": {}, "outputs": [],
+                           "execution_count": None, "source": ATTACK})
+    return nb
+
+
+#: The lesson whose planted mistake also hides behind patched checks (one is enough: each costs a run).
+PATCHED_LESSON = "01_custom_rnns"
+
+
+def patched(src: Path) -> tuple[dict, float]:
+    """The planted mistake, with the checks' comparisons patched away in the same cell; the
+    seal marks everything from that cell on, so the score is what the cells before it earned."""
+    old, new, _ = PLANTED[PATCHED_LESSON]
+    nb = json.loads(src.read_text())
+    earned, seen = 0.0, False
+    for cell in nb["cells"]:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        text = "".join(cell["source"])
+        if old in text:
+            cell["source"] = text.replace(old, new) + "\n" + ATTACK
+            seen = True
+        elif meta.get("grade") and not seen:
+            earned += meta["points"]
+    assert seen
+    return nb, earned
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """One `grade` run over: every lesson's instructor notebook, and for each lesson with a
@@ -106,9 +162,15 @@ def graded(tmp_path_factory):
             assert json.dumps(old)[1:-1] in text, "the planted mistake's anchor is gone from the solution"
             (subs / "mistake" / lesson_id).mkdir(parents=True)
             (subs / "mistake" / lesson_id / src.name).write_text(text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1]))
+        (subs / "hostile" / lesson_id).mkdir(parents=True)
+        (subs / "hostile" / lesson_id / src.name).write_text(json.dumps(hostile(notebook(lesson_id, "lessons"))))
+        if lesson_id == PATCHED_LESSON:
+            nb, _ = patched(src)
+            (subs / "patched" / lesson_id).mkdir(parents=True)
+            (subs / "patched" / lesson_id / src.name).write_text(json.dumps(nb))
     out = tmp / "out"
     proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(out),
-                           "--work", str(tmp / "work")], cwd=ROOT, capture_output=True, text=True)
+                           "--work", str(tmp / "work"), "--jobs", "2"], cwd=ROOT, capture_output=True, text=True)
     print(proc.stdout[-4000:], proc.stderr[-4000:])
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {(r["student_id"], r["lesson_id"]): r for r in read_csv(out / "grades.csv")}
@@ -153,3 +215,22 @@ def test_planted_mistake_loses_exactly_the_points_of_the_checks_it_breaks(graded
     got = cells[("mistake", lesson_id)]
     assert {k for k, v in got.items() if v < points[k]} == broken
     assert float(rows[("mistake", lesson_id)]["score"]) == sum(points.values()) - sum(points[k] for k in broken)
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("lesson_id", LESSON_IDS)
+def test_hostile_submission_scores_zero_and_is_named(graded, lesson_id):
+    rows, cells, _ = graded
+    row = rows[("hostile", lesson_id)]
+    assert row["status"] == "graded" and float(row["score"]) == 0, row
+    flags = set(row["flags"].split(","))
+    assert {"tampered", "patching", "edited-tests", "duplicate-ids", "grader-aware", "introspection"} <= flags, row
+
+
+@pytest.mark.notebooks
+def test_mistake_behind_patched_checks_earns_only_the_cells_before_it(graded):
+    rows, cells, _ = graded
+    _, earned = patched(notebook(PATCHED_LESSON, "solutions"))
+    row = rows[("patched", PATCHED_LESSON)]
+    assert row["status"] == "graded" and float(row["score"]) == earned, row
+    assert "tampered" in row["flags"].split(","), row

@@ -1,0 +1,86 @@
+"""Grading throughput: submissions per minute for one lesson with --jobs 1 and --jobs 2.
+
+    python benchmarks/grading_throughput.py                 # lesson 1, 4 submissions per run
+    python benchmarks/grading_throughput.py --lesson 02_fx_transforms --count 6
+
+Every submission is the instructor's notebook under a new student id (so nothing is resumed).
+A warm-up run with one student first makes the lesson's instructor transcript, which every later
+run reuses from the work folder; the figure is the wall time of a whole `grade` command over
+``count`` submissions, sandbox start-up, set-up cells and speed checks included. Results go to
+benchmarks/results/grading-throughput-<device>.md/.json with the machine named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from course.doctor import machine_name  # noqa: E402
+
+
+def run(subs: Path, out: Path, work: Path, lesson: str, jobs: int) -> tuple[float, list[str]]:
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(out), "--work",
+                           str(work), "--lesson", lesson, "--jobs", str(jobs)], cwd=ROOT, capture_output=True,
+                          text=True)
+    took = time.monotonic() - start
+    if proc.returncode != 0:
+        raise SystemExit(proc.stdout[-3000:] + proc.stderr[-3000:])
+    lines = (out / "grades.csv").read_text().splitlines()[1:]
+    return took, lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lesson", default="01_custom_rnns")
+    parser.add_argument("--count", type=int, default=4)
+    args = parser.parse_args()
+    source = ROOT / "solutions" / args.lesson / f"{args.lesson}.ipynb"
+    tmp = Path(tempfile.mkdtemp(prefix="throughput-"))
+    work = tmp / "work"
+
+    def students(prefix: str, n: int) -> Path:
+        subs = tmp / f"subs-{prefix}"
+        for i in range(n):
+            (subs / f"{prefix}{i}" / args.lesson).mkdir(parents=True)
+            shutil.copy(source, subs / f"{prefix}{i}" / args.lesson / source.name)
+        return subs
+
+    print("warm-up: the instructor transcript and one submission", flush=True)
+    run(students("warm", 1), tmp / "out-warm", work, args.lesson, 1)
+    results = {}
+    for jobs in (1, 2):
+        took, lines = run(students(f"j{jobs}-", args.count), tmp / f"out-{jobs}", work, args.lesson, jobs)
+        scores = sorted({line.split(",")[2] + "/" + line.split(",")[3] for line in lines})
+        results[jobs] = {"seconds": round(took, 1), "per_minute": round(args.count / took * 60, 2), "scores": scores}
+        print(f"--jobs {jobs}: {args.count} submissions in {took:.1f} s = {results[jobs]['per_minute']} per minute; "
+              f"scores {scores}", flush=True)
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    record = {"lesson": args.lesson, "count": args.count, "machine": machine_name(), "date": dt.date.today().isoformat(),
+              "torch": torch.__version__, "jobs": results}
+    out_dir = ROOT / "benchmarks" / "results"
+    (out_dir / f"grading-throughput-{device}.json").write_text(json.dumps(record, indent=1) + "\n")
+    rows = "\n".join(f"| {j} | {r['seconds']} | {r['per_minute']} | {', '.join(r['scores'])} |" for j, r in results.items())
+    (out_dir / f"grading-throughput-{device}.md").write_text(
+        f"# Grading throughput, {args.lesson}\n\n{record['machine']}, torch {record['torch']}, {record['date']}.\n"
+        f"{args.count} submissions per run (the instructor's notebook under new ids), sandboxed with "
+        "bubblewrap, after a warm-up that made the instructor transcript.\n\n"
+        "| --jobs | seconds | submissions per minute | scores |\n|---|---|---|---|\n" + rows + "\n\n"
+        f"Speedup of --jobs 2 over --jobs 1: {results[1]['seconds'] / results[2]['seconds']:.2f}x. Speed checks take "
+        "turns (the other submission is paused while one measures), which caps the gain.\n")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
