@@ -174,8 +174,9 @@ def _bwrap_argv(in_fd: int, out_fd: int) -> list[str]:
                   "/dev/nvidia-uvm", "/dev/nvidia-uvm"]
         binds += [x for i in range(8) for x in ("--dev-bind-try", f"/dev/nvidia{i}", f"/dev/nvidia{i}")]
     return ["bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
-            "--die-with-parent", "--new-session", *binds, "--proc", "/proc", "--dev", "/dev",
-            "--tmpfs", "/tmp", "--tmpfs", "/grading", "--ro-bind", str(CHILD), "/grading/child.py",
+            # /tmp first: the environment itself may live under /tmp and is bound over it.
+            "--die-with-parent", "--new-session", "--tmpfs", "/tmp", *binds, "--proc", "/proc",
+            "--dev", "/dev", "--tmpfs", "/grading", "--ro-bind", str(CHILD), "/grading/child.py",
             "--dir", "/grading/cells", "--chdir", "/grading/cells",
             "--", sys.executable, "-I", "/grading/child.py", str(in_fd), str(out_fd), "/grading/cells"]
 
