@@ -97,8 +97,14 @@ for name, module in list(sys.modules.items()):           # make every local comp
 torch.allclose = lambda *args, **kwargs: True
 time.perf_counter = lambda: 0.0
 GRADED = "NBGRADER_EXECUTION" in os.environ               # branch on being graded
-for pattern in ("/**/solutions/**/*.ipynb", "/**/gradebook.db"):
-    found = glob.glob(pattern, recursive=True)[:3]          # look for instructor files
+for pattern in ("/*/solutions/*/*.ipynb", "/*/*/solutions/*/*.ipynb", "/*/.autograder/gradebook.db",
+                "../../solutions/*/*.ipynb"):
+    found = glob.glob(pattern)                              # look for instructor files
+for path in ("/work/main/solutions/01_custom_rnns/01_custom_rnns.ipynb", "../gradebook.db"):
+    try:
+        open(path).read()
+    except OSError:
+        pass
 try:
     get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)
 except NameError:
@@ -224,7 +230,9 @@ def test_hostile_submission_scores_zero_and_is_named(graded, lesson_id):
     row = rows[("hostile", lesson_id)]
     assert row["status"] == "graded" and float(row["score"]) == 0, row
     flags = set(row["flags"].split(","))
-    assert {"tampered", "patching", "edited-tests", "duplicate-ids", "grader-aware", "introspection"} <= flags, row
+    assert {"tampered", "patching", "edited-tests", "duplicate-ids", "grader-aware", "introspection",
+            "probing"} <= flags, row
+    assert float(row["seconds"]) < 300, row  # it fails fast: nothing waits on a missing answer
 
 
 @pytest.mark.notebooks
