@@ -32,6 +32,9 @@ from .runner import RunResult, run_limited
 #: Files and folders never copied from a course or submission folder.
 IGNORED_NAMES = {".ipynb_checkpoints", "__pycache__", ".DS_Store", ".git"}
 
+#: nbgrader's course id: PostgreSQL enforces the gradebook's foreign keys to it.
+COURSE_ID = "default_course"
+
 _CELL_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
@@ -85,7 +88,7 @@ class Workspace:
 
     def __init__(self, root: Path, db_url: str | None = None, cell_timeout: int = 600):
         self.root = root.resolve()
-        self.db_url = db_url or f"sqlite:///{self.root / 'gradebook.db'}"
+        self.db_url = _driver(db_url) if db_url else f"sqlite:///{self.root / 'gradebook.db'}"
         self.cell_timeout = cell_timeout
         self.root.mkdir(parents=True, exist_ok=True)
         self._write_config()
@@ -99,6 +102,7 @@ class Workspace:
             "\n# --- this run (written by python -m autograder) ---\n"
             f"c.CourseDirectory.root = {str(self.root)!r}\n"
             f"c.CourseDirectory.db_url = {self.db_url!r}\n"
+            f"c.CourseDirectory.course_id = {COURSE_ID!r}\n"
             f"c.Execute.timeout = {int(self.cell_timeout)}\n"
             "# Always run the kernelspec of jupyter/kernels/python3: the grading interpreter.\n"
             "c.Execute.kernel_name = 'python3'\n"
@@ -178,6 +182,17 @@ class Workspace:
         """
         cmd = [sys.executable, "-m", "autograder.nbgrader_cli", *args]
         return run_limited(cmd, cwd=self.root, env=self.env(), timeout=timeout, log=log)
+
+
+def _driver(url: str) -> str:
+    """``postgresql://`` names no driver, and SQLAlchemy 2.1 then wants psycopg 3; the course
+    pins psycopg2, so use it unless the URL names a driver or psycopg 3 is installed."""
+    if url.startswith(("postgresql://", "postgres://")):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url.split("://", 1)[1]
+    return url
 
 
 def normalise_cell_ids(path: Path) -> None:

@@ -469,7 +469,8 @@ def test_postgresql_gradebook_gets_the_same_grades(course, graded, tmp_path):
                    tmp_path / "work", "--db", url, "--jobs", 2, "--cell-timeout", 5)
         rows = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
         assert {s: r["score"] for s, r in rows.items()} == {s: graded["rows"][s]["score"] for s in rows}
-        with Gradebook(url) as gb:
+        from autograder.workspace import _driver
+        with Gradebook(_driver(url)) as gb:
             scores = {s.student.id: s.score for s in gb.assignment_submissions(LESSON)}
         assert scores == {s: float(r["score"]) for s, r in rows.items()}
     finally:
