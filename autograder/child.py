@@ -235,15 +235,11 @@ def main() -> int:
     def learner_caller() -> str | None:
         """The learner file that triggered the event, if the nearest non-stdlib frame is one."""
         frame = sys._getframe(2)
-        trail = []
         while frame is not None:
-            trail.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
             path = frame.f_code.co_filename
             if path.startswith(STDLIB) or path.startswith("<frozen"):
                 frame = frame.f_back
                 continue
-            if os.environ.get("GRADING_DEBUG"):
-                sys.__stderr__.write(" <- ".join(trail) + "\n")
             return f"{os.path.basename(path)}:{frame.f_lineno}" if path.startswith(learner_prefix) else None
         return None
 
