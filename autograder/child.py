@@ -176,6 +176,7 @@ def main() -> int:
 
     # Everything the checks use is imported before any learner code runs.
     os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ["COURSE_SELF_CHECK_SKIP"] = "1"  # the lessons' last cell; the grader reads the tests
     import torch  # noqa: F401
     import course
     import course.checks  # noqa: F401

@@ -1,7 +1,7 @@
 """The learner's part of an instructor notebook, as importable Python.
 
 Tests and benchmarks use the instructor's own solutions (the code of the nbgrader solution cells,
-with the imports of the notebook's first code cell), so that they measure and check exactly what
+with the imports of the notebook's first code cell after the Colab set-up cell), so that they measure and check exactly what
 the notebook teaches, and follow it when it changes.
 """
 
@@ -15,7 +15,7 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["load_solution", "solution_source"]
+__all__ = ["load_solution", "solved_notebook", "solution_source"]
 
 
 def solution_source(lesson_id: str, solutions: Path | None = None) -> str:
@@ -23,7 +23,9 @@ def solution_source(lesson_id: str, solutions: Path | None = None) -> str:
     if not path.exists():
         raise FileNotFoundError(f"No instructor notebook at {path}; expected solutions/<id>/<id>.ipynb.")
     nb = json.loads(path.read_text())
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    # Code cells, less the Colab set-up cell (a no-op where the course is installed).
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"
+            and "course-setup" not in c.get("metadata", {}).get("tags", [])]
     setup = "".join(code[0]["source"])
     parts = ["\n".join(line for line in setup.splitlines() if not line.startswith("report ="))]
     parts += ["".join(c["source"]) for c in code if c.get("metadata", {}).get("nbgrader", {}).get("solution")]
@@ -38,3 +40,24 @@ def load_solution(source: str, path: Path, name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def solved_notebook(lesson_id: str, root: Path | None = None) -> dict:
+    """A learner's notebook with every exercise done: the student version of a lesson, each
+    solution cell holding the instructor's code (the nbgrader markers dropped). What a learner
+    who finished the lesson would have; the browser, Colab and self-check tests run it."""
+    root = root or ROOT
+    student = json.loads((root / "lessons" / lesson_id / f"{lesson_id}.ipynb").read_text())
+    source = json.loads((root / "solutions" / lesson_id / f"{lesson_id}.ipynb").read_text())
+    answers = {}
+    for cell in source["cells"]:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("solution") and cell["cell_type"] == "code":
+            lines = "".join(cell["source"]).splitlines()
+            answers[meta["grade_id"]] = "\n".join(
+                line for line in lines if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+    for cell in student["cells"]:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in answers:
+            cell["source"] = answers[gid]
+    return student

@@ -14,12 +14,14 @@ Each module is small and named for what it does:
   :mod:`course.jacobians`, :mod:`course.vmap`  helpers of lessons 1-6
 - :mod:`course.checks`   the lessons' graded checks, one module per lesson
 - :mod:`course.lessons`  the lessons as data (points, budgets)
+- :mod:`course.selfcheck`, :mod:`course.progress`  a learner's self-check and progress
 """
 
 from course.devices import Sizes, device_kind, pick_device, sizes, synchronize, threads
 from course.doctor import doctor
 from course.numerics import assert_close
 from course.quiet import quiet_torchscript
+from course.selfcheck import self_check
 
 __all__ = [
     "Sizes",
@@ -28,6 +30,7 @@ __all__ = [
     "doctor",
     "pick_device",
     "quiet_torchscript",
+    "self_check",
     "sizes",
     "synchronize",
     "threads",
