@@ -8,10 +8,16 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
+# What JupyterLab serves, and extra flags for it (the browser test passes --no-browser and a token).
+LAB_ROOT ?= lessons
+LAB_ARGS ?=
+# The learners' Jupyter settings (jupyter-config/): nbgrader's Validate button stays, its
+# instructor tools (formgrader, create assignment, course and assignment lists) are off.
+LAB_CONFIG := JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter-config$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}"
 # JupyterLab refuses to run as root unless told to (containers often run as root).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup lab test release lock doctor clean
+.PHONY: setup lab test release lock doctor progress clean
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +30,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 setup: $(STAMP)
 
 lab: setup
-	$(BIN)/jupyter lab --port=$(PORT) --ServerApp.root_dir=lessons $(ROOT_FLAG)
+	$(LAB_CONFIG) $(BIN)/jupyter lab --port=$(PORT) --ServerApp.root_dir=$(LAB_ROOT) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -34,6 +40,9 @@ release: setup
 
 doctor: setup
 	$(BIN)/python -m course doctor
+
+progress: setup
+	$(BIN)/python -m course progress
 
 # Re-resolve the pins from the ranges in pyproject.toml (needs the package registry).
 lock:

@@ -26,7 +26,7 @@ The cell below runs every test cell of this lesson again, against what your note
 and lists which exercises pass. It records the result too: `python -m course progress`, in a
 terminal, shows your progress across lessons. Nothing here is graded: the grader runs the same
 checks again on inputs you have not seen (other seeds and sizes) and re-measures the speedups."""
-CHECK_TEMPLATE = 'course.self_check("{lesson_id}")'
+CHECK_TEMPLATE = 'checked = course.self_check("{lesson_id}")'
 
 SETUP_TEMPLATE = '''\
 # Set-up for Colab (or any Python without the course): installs the course's helper package,

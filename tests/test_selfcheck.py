@@ -1,0 +1,218 @@
+"""The learner's self-check (`course.self_check`, `python -m course check`, `python -m course
+progress`) and the launch cells every lesson carries (Colab set-up, links, self-check)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import course
+from autograder import launch
+from autograder.release import exercise_table
+from autograder.solution_code import solved_notebook
+from course import progress, selfcheck
+from course.lessons import catalog
+from launch_helpers import write_solved
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSON_IDS = [item["id"] for item in catalog()]
+FAST = "04_forward_ad"  # the quickest lesson to run whole (well under a minute)
+# A planted mistake in lesson 4: the dual numbers' product rule loses a term.
+PLANTED = ("Dual(self.primal * other.primal, self.tangent * other.primal + self.primal * other.tangent)",
+           "Dual(self.primal * other.primal, self.primal * other.tangent)")
+
+
+@pytest.fixture(autouse=True)
+def private_progress(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_PROGRESS_FILE", str(tmp_path / "progress.json"))
+    monkeypatch.delenv(selfcheck.SKIP_ENV, raising=False)
+
+
+def run_cells(nb: dict, tmp_path: Path, *, skip_last: bool = True) -> dict:
+    """Execute a notebook's code cells in one namespace, each from a file (TorchScript reads
+    source from disk); the Colab set-up cell and, by default, the self-check cell left out."""
+    ns: dict = {"__name__": "__main__"}
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    for n, cell in enumerate(code[:-1] if skip_last else code):
+        src = "".join(cell["source"])
+        path = tmp_path / f"cell_{n:03d}.py"
+        path.write_text(src)
+        try:
+            exec(compile(src, str(path), "exec"), ns)
+        except Exception:  # noqa: BLE001 - the untouched version raises in its exercise cells
+            pass
+    return ns
+
+
+# -- what release writes is committed, and complete ---------------------------------------------
+
+def test_exercises_json_matches_the_committed_lessons():
+    shipped = json.loads((ROOT / "course" / "exercises.json").read_text())
+    assert shipped == exercise_table(ROOT / "lessons"), "course/exercises.json is stale: run `make release`"
+    for item in catalog():
+        assert sum(e["points"] for e in shipped[item["id"]]) == item["points"], item["id"]
+
+
+def joined(nb: dict) -> list:
+    """The cells with each source as one string (nbformat writes lists of lines)."""
+    return [{**c, "source": "".join(c["source"])} for c in nb["cells"]]
+
+
+@pytest.mark.parametrize("lesson_id", LESSON_IDS)
+def test_launch_cells_of_every_lesson_are_up_to_date(lesson_id):
+    for folder in ("solutions", "lessons"):
+        nb = json.loads((ROOT / folder / lesson_id / f"{lesson_id}.ipynb").read_text())
+        assert joined(launch.apply(nb, lesson_id)) == joined(nb), f"{folder}/{lesson_id}: run `make release`"
+        code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+        assert "course-setup" in code[0]["metadata"].get("tags", []), "the set-up cell must come first"
+        assert "".join(code[-1]["source"]) == f'checked = course.self_check("{lesson_id}")'
+        intro = "".join(nb["cells"][0]["source"])
+        assert launch.colab_url(lesson_id) in intro and launch.binder_url(lesson_id) in intro
+
+
+@pytest.mark.parametrize("lesson_id", LESSON_IDS)
+def test_every_lesson_opens_with_objectives_prerequisites_time_and_doctor(lesson_id):
+    nb = json.loads((ROOT / "lessons" / lesson_id / f"{lesson_id}.ipynb").read_text())
+    intro = "".join(nb["cells"][0]["source"])
+    for part in ("**You will**", "**Prerequisites**", "**Time**", "**Grading**"):
+        assert part in intro, f"{lesson_id}: the opening cell lacks {part}"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert "course.doctor()" in "".join(code[1]["source"]), "the first cell after set-up runs course.doctor()"
+
+
+def test_release_pins_the_package_version_and_the_readme_links():
+    s = launch.settings()
+    assert s["release"] == f"v{s['version']}", "[tool.course] release must be the tag of project.version"
+    assert f"@{s['release']}" in launch.requirement()
+    readme = (ROOT / "README.md").read_text()
+    assert launch.binder_url() in readme and launch.colab_url(LESSON_IDS[0]) in readme
+    for lesson_id in LESSON_IDS:
+        assert launch.colab_url(lesson_id) in readme and launch.binder_url(lesson_id) in readme
+
+
+def test_setup_cell_does_nothing_where_the_course_is_installed(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"the set-up cell ran a command: {args}")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    exec(compile(launch.setup_source(), "<setup cell>", "exec"), {"__name__": "__main__"})
+
+
+def test_setup_cell_keeps_torch_by_constraint():
+    src = launch.setup_source()
+    assert "torch==" in src and '"-c", keep' in src, "the installed torch must be pinned while pip runs"
+    assert "--upgrade" not in src and "--force-reinstall" not in src
+
+
+# -- the cell helper ---------------------------------------------------------------------------
+
+def test_self_check_on_nothing_done_reports_every_exercise_not_run(capsys):
+    report = course.self_check(FAST, namespace={})
+    assert report.n_passed == 0 and {r.status for r in report.results} == {"not run"}
+    assert "0 of 6 exercises pass, 0 of 13 points" in capsys.readouterr().out
+
+
+def test_self_check_passes_a_finished_lesson_and_names_a_planted_mistake(tmp_path, capsys):
+    nb = solved_notebook(FAST)
+    namespace = run_cells(nb, tmp_path)
+    capsys.readouterr()  # the notebook's own output
+    report = course.self_check(FAST, namespace=namespace)
+    assert report.complete, str(report)
+    out = capsys.readouterr().out
+    assert "6 of 6 exercises pass, 13 of 13 points" in out and "FAIL" not in out
+    assert "ok:" not in out, "the tests' own chatter stays out of the report"
+    assert progress.load()[FAST].earned == 13
+
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if PLANTED[0] in src:
+            cell["source"] = src.replace(PLANTED[0], PLANTED[1])
+            break
+    else:
+        pytest.fail("the planted mistake's anchor is not in lesson 4's solution")
+    (tmp_path / "wrong").mkdir()
+    namespace = run_cells(nb, tmp_path / "wrong")
+    capsys.readouterr()
+    wrong = course.self_check(FAST, namespace=namespace)
+    failed = [r.grade_id for r in wrong.results if not r.passed]
+    assert failed == ["test_dual"], str(wrong)
+    assert "FAIL  Exercise 1" in capsys.readouterr().out
+
+
+def test_self_check_on_the_untouched_lesson_fails_every_exercise(tmp_path):
+    nb = json.loads((ROOT / "lessons" / FAST / f"{FAST}.ipynb").read_text())
+    report = course.self_check(FAST, namespace=run_cells(nb, tmp_path), show=False)
+    assert report.n_passed == 0, str(report)
+    assert any("not written yet" in r.message for r in report.results), str(report)
+
+
+def test_self_check_is_skipped_under_the_grader(monkeypatch, capsys):
+    monkeypatch.setenv(selfcheck.SKIP_ENV, "1")
+    assert course.self_check(FAST, namespace={}) is None
+    assert "skipped" in capsys.readouterr().out
+
+
+def test_self_check_of_an_unknown_lesson_says_which_exist():
+    with pytest.raises(ValueError, match="01_custom_rnns"):
+        course.self_check("07_nope", namespace={})
+
+
+# -- the commands ------------------------------------------------------------------------------
+
+def course_cli(*args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "course", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.notebooks
+def test_check_and_progress_commands(tmp_path):
+    env = dict(os.environ, COURSE_PROGRESS_FILE=str(tmp_path / "progress.json"))
+    lessons = tmp_path / "lessons"
+    solved = write_solved(lessons, FAST)
+    proc = course_cli("check", str(solved), cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "6 of 6 exercises pass, 13 of 13 points" in proc.stdout
+    assert "WARNING" not in proc.stderr, proc.stderr[-2000:]
+
+    proc = course_cli("progress", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "13 of 13 points, 6 of 6 exercises pass" in proc.stdout
+    assert "not checked yet" in proc.stdout and "changed since" not in proc.stdout
+
+    # The learner breaks exercise 1: progress notices the edit, --run checks again.
+    nb = json.loads(solved.read_text())
+    for cell in nb["cells"]:
+        cell["source"] = "".join(cell["source"]).replace(PLANTED[0], PLANTED[1])
+    solved.write_text(json.dumps(nb))
+    assert "notebook changed since" in course_cli("progress", cwd=tmp_path, env=env).stdout
+    proc = course_cli("progress", "--run", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "10 of 13 points, 5 of 6 exercises pass" in proc.stdout, proc.stdout
+    assert "to do: Exercise 1" in proc.stdout
+
+    proc = course_cli("check", str(solved), cwd=tmp_path, env=env)
+    assert proc.returncode == 1 and "FAIL  Exercise 1: a dual-number class" in proc.stdout
+
+
+def test_check_command_explains_bad_input(tmp_path):
+    env = dict(os.environ, COURSE_PROGRESS_FILE=str(tmp_path / "progress.json"))
+    proc = course_cli("check", "nope.ipynb", cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "no such notebook" in proc.stderr and "lessons/01_custom_rnns" in proc.stderr
+    (tmp_path / "notes.ipynb").write_text("not json")
+    proc = course_cli("check", "notes.ipynb", cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "Could not read" in proc.stderr
+    (tmp_path / "07_other.ipynb").write_text(json.dumps({"cells": [], "metadata": {}}))
+    proc = course_cli("check", "07_other.ipynb", cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "Which lesson" in proc.stderr
+
+
+def test_progress_survives_a_damaged_file(tmp_path, monkeypatch, capsys):
+    (tmp_path / "progress.json").write_text("{broken")
+    assert progress.load() == {}
+    text = progress.summary(tmp_path)
+    assert "0 of 81 points" in text and text.count("not checked yet") == len(LESSON_IDS)
