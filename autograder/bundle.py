@@ -1,7 +1,8 @@
 """``python -m autograder bundle OUT``: the tree learners get, and nothing else.
 
 What learners need: the student versions in ``lessons/``, the ``course`` helper package (the
-visible checks run in it), the environment files and the README. Left out: ``solutions/``
+visible checks run in it), the environment files, the Makefile (``make lab``), the learners'
+Jupyter settings with Binder's ``start``, and the README. Left out: ``solutions/``
 (solutions and hidden tests), ``autograder/``, ``tests/``, ``benchmarks/`` and any work folder.
 ``leaks`` then reads every file of the bundle for lines of solution code or hidden tests, and
 the command fails if it finds one.
@@ -16,7 +17,8 @@ from pathlib import Path
 
 from . import REPO_ROOT, UsageError
 
-INCLUDE = ["lessons", "course", "requirements", "pyproject.toml", "environment.yml", "README.md", "LICENSE"]
+INCLUDE = ["lessons", "course", "requirements", "pyproject.toml", "environment.yml", "README.md", "LICENSE",
+           "Makefile", "start", "jupyter-config"]
 SKIP = {"__pycache__", ".ipynb_checkpoints", ".DS_Store"}
 _BLOCK = re.compile(r"### BEGIN (SOLUTION|HIDDEN TESTS)(.*?)### END \1", re.DOTALL)
 
@@ -68,7 +70,7 @@ def bundle(out: Path, solutions: Path | None = None) -> Path:
         if src.is_dir():
             shutil.copytree(src, out / name, ignore=lambda _d, names: [n for n in names if n in SKIP])
         elif src.exists():
-            shutil.copyfile(src, out / name)
+            shutil.copy2(src, out / name)  # keeps Binder's `start` executable
     problems = leaks(out, solutions or REPO_ROOT / "solutions")
     if problems:
         shutil.rmtree(out)

@@ -1,0 +1,43 @@
+"""`python -m autograder bundle`: what learners get (lessons, the helper package, the files that
+launch them: Makefile, Binder's start, the Jupyter settings), and never a solution."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from autograder.bundle import leaks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bundle_has_what_learners_launch_with_and_no_instructor_material(tmp_path):
+    out = tmp_path / "bundle"
+    proc = subprocess.run([sys.executable, "-m", "autograder", "bundle", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("lessons", "course", "requirements", "environment.yml", "Makefile", "README.md",
+                 "jupyter-config/labconfig/page_config.json", "course/exercises.json"):
+        assert (out / name).exists(), name
+    assert os.access(out / "start", os.X_OK), "Binder's start must stay executable"
+    for name in ("solutions", "autograder", "tests", "benchmarks"):
+        assert not (out / name).exists(), name
+    assert leaks(out, ROOT / "solutions") == []
+
+
+def test_leak_check_finds_a_solution_pasted_into_a_lesson(tmp_path):
+    lesson = tmp_path / "lessons" / "04_forward_ad" / "04_forward_ad.ipynb"
+    lesson.parent.mkdir(parents=True)
+    nb = json.loads((ROOT / "lessons" / "04_forward_ad" / "04_forward_ad.ipynb").read_text())
+    solution = json.loads((ROOT / "solutions" / "04_forward_ad" / "04_forward_ad.ipynb").read_text())
+    answer = next(c for c in solution["cells"] if "### BEGIN SOLUTION" in "".join(c["source"]))
+    body = "".join(answer["source"]).split("### BEGIN SOLUTION")[1].split("### END SOLUTION")[0]
+    lesson.write_text(json.dumps(nb))
+    assert leaks(tmp_path, ROOT / "solutions") == []
+    nb["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                        "source": body})
+    lesson.write_text(json.dumps(nb))
+    assert leaks(tmp_path, ROOT / "solutions"), "a pasted solution must be found"
