@@ -226,8 +226,10 @@ def _run_test(ex: Exercise, namespace: dict) -> Result:
             exec(code, namespace)
         return Result(ex.grade_id, ex.title, ex.points, "pass")
     except NameError as exc:
+        name = getattr(exc, "name", None) or str(exc)
         return Result(ex.grade_id, ex.title, ex.points, "not run",
-                      f"{exc}: run the cells above it first (Run > Run All Cells Above).")
+                      f"`{name}` does not exist yet: write the cell that defines it (the exercise's "
+                      "cell, or one above it) and run it, or use Run > Run All Cells Above.")
     except Exception as exc:  # noqa: BLE001 - a learner's failure is reported, never raised
         return Result(ex.grade_id, ex.title, ex.points, "fail", f"{type(exc).__name__}: {exc}"
                       if not isinstance(exc, AssertionError) else str(exc))

@@ -112,6 +112,7 @@ def test_setup_cell_keeps_torch_by_constraint():
 # -- the cell helper ---------------------------------------------------------------------------
 
 def test_self_check_on_nothing_done_reports_every_exercise_not_run(capsys):
+    """A fresh kernel (nothing run yet): every exercise is 'not run', none is a crash."""
     report = course.self_check(FAST, namespace={})
     assert report.n_passed == 0 and {r.status for r in report.results} == {"not run"}
     assert "0 of 6 exercises pass, 0 of 13 points" in capsys.readouterr().out
@@ -144,11 +145,14 @@ def test_self_check_passes_a_finished_lesson_and_names_a_planted_mistake(tmp_pat
     assert "FAIL  Exercise 1" in capsys.readouterr().out
 
 
-def test_self_check_on_the_untouched_lesson_fails_every_exercise(tmp_path):
-    nb = json.loads((ROOT / "lessons" / FAST / f"{FAST}.ipynb").read_text())
-    report = course.self_check(FAST, namespace=run_cells(nb, tmp_path), show=False)
-    assert report.n_passed == 0, str(report)
-    assert any("not written yet" in r.message for r in report.results), str(report)
+@pytest.mark.parametrize("lesson_id", LESSON_IDS)
+def test_self_check_on_an_untouched_lesson_fails_every_exercise_and_says_what_to_do(lesson_id, tmp_path):
+    nb = json.loads((ROOT / "lessons" / lesson_id / f"{lesson_id}.ipynb").read_text())
+    report = course.self_check(lesson_id, namespace=run_cells(nb, tmp_path), show=False)
+    assert report.n_passed == 0 and len(report.results) == len(selfcheck.exercises(lesson_id)), str(report)
+    for r in report.results:  # each names the function and the next step
+        assert ("is not written yet: replace `raise NotImplementedError()`" in r.message
+                or "does not exist yet: write the cell that defines it" in r.message), (r.title, r.message)
 
 
 def test_self_check_is_skipped_under_the_grader(monkeypatch, capsys):
