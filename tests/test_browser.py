@@ -125,7 +125,10 @@ def test_lesson_1_runs_all_cells_in_jupyterlab_and_ends_with_the_self_check(lab,
                 return !busy && text.includes('Self-check of lesson 1');
             }""", timeout=RUN_ALL_LIMIT_S * 1000, polling=2000)
         page.keyboard.press("Control+s")
-        page.wait_for_timeout(3000)
+        deadline = time.monotonic() + 60  # until the saved file holds the report
+        while time.monotonic() < deadline and "Self-check of lesson 1" not in json.dumps(
+                saved(lab, "01_custom_rnns")["cells"][-1].get("outputs", [])):
+            page.wait_for_timeout(1000)
         last = page.locator(".jp-NotebookPanel .jp-Cell").last
         last.scroll_into_view_if_needed()
         page.wait_for_timeout(1000)
