@@ -287,13 +287,19 @@ def check_notebook(path: str | Path, *, lesson_id: str | None = None, cell_timeo
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name=kernel_name, allow_errors=True,
                             resources={"metadata": {"path": str(path.parent.resolve())}}, **extra)
     start = time.perf_counter()
+    failure = None
     try:
         with _env(**{SKIP_ENV: "1", "MPLBACKEND": "Agg"}):
-            with contextlib.suppress(Exception):
-                _execute(client)
+            _execute(client)
+    except Exception as exc:  # noqa: BLE001 - a dead kernel or a cell over its time limit
+        failure = exc
     finally:
         if "config" in extra:
             shutil.rmtree(runtime, ignore_errors=True)
+    if failure is not None and not any(c.get("execution_count") for c in nb.cells
+                                       if c.cell_type == "code"):
+        raise RuntimeError(f"could not run {path} in a Python kernel ({type(failure).__name__}: "
+                           f"{failure}). Is ipykernel installed here? Try: pip install ipykernel")
     results = []
     for cell in nb.cells:
         grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")

@@ -215,6 +215,12 @@ def test_check_command_explains_bad_input(tmp_path):
     assert proc.returncode == 2 and "Which lesson" in proc.stderr
 
 
+def test_check_explains_a_kernel_that_cannot_start(tmp_path):
+    solved = write_solved(tmp_path / "lessons", FAST)
+    with pytest.raises(RuntimeError, match="could not run .* in a Python kernel .*pip install ipykernel"):
+        selfcheck.check_notebook(solved, kernel_name="no-such-kernel", record=False)
+
+
 def test_progress_survives_a_damaged_file(tmp_path, monkeypatch, capsys):
     (tmp_path / "progress.json").write_text("{broken")
     assert progress.load() == {}
