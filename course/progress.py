@@ -71,13 +71,8 @@ def _state(report: Report | None, notebook: Path | None) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(report.when))
     how = "in the notebook" if report.how == "self_check" else "python -m course check"
     note = f"checked {when} ({how})"
-    if notebook is not None and report.digest and report.how == "check":
-        try:
-            current = digest(json.loads(notebook.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
-            current = None
-        if current != report.digest:
-            note += ", notebook changed since"
+    if report.how == "check" and report.digest and stale(report, notebook):
+        note += ", notebook changed since"
     return note
 
 
