@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import os
+import threading
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
@@ -14,7 +16,7 @@ class Row:
     lesson_id: str
     score: float
     max_score: float
-    status: str  # graded | missing | invalid | timeout | oom | crashed
+    status: str  # graded | missing | invalid | timeout | oom | crashed | error
     cell_errors: int
     seconds: float
     peak_rss_mb: float
@@ -34,18 +36,50 @@ class CellRow:
 
 
 def _write(path: Path, rows: list, cls) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as fh:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow([f.name for f in fields(cls)])
         for row in rows:
             writer.writerow([_fmt(v) for v in astuple(row)])
+    os.replace(tmp, path)
+
+
+class RowSink:
+    """Appends each row to ``grades.csv`` and ``cells.csv`` the moment it is decided (flushed to
+    disk), so that a crash of the grader itself loses no row already graded. ``grade`` rewrites
+    both files in submission order at the end."""
+
+    def __init__(self, out: Path):
+        self.lock = threading.Lock()
+        self.files = {}
+        for name, cls in (("grades.csv", Row), ("cells.csv", CellRow)):
+            fh = open(out / name, "w", newline="", encoding="utf-8")
+            csv.writer(fh).writerow([f.name for f in fields(cls)])
+            fh.flush()
+            self.files[cls] = fh
+
+    def add(self, row: Row, cells: list[CellRow]) -> None:
+        with self.lock:
+            for cls, items in ((Row, [row]), (CellRow, cells)):
+                fh = self.files[cls]
+                writer = csv.writer(fh)
+                for item in items:
+                    writer.writerow([_fmt(v) for v in astuple(item)])
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        for fh in self.files.values():
+            fh.close()
 
 
 def _fmt(value):
     if isinstance(value, float):
         return f"{value:.2f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
     if isinstance(value, str):
-        return " ".join(value.split())  # one line per row, whatever the detail says
+        # one line per row, whatever the detail says, and always writable as UTF-8
+        return " ".join(value.encode("utf-8", "surrogatepass").decode("utf-8", "replace").split())
     return value
 
 

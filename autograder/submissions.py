@@ -7,17 +7,15 @@ clear row of the report instead of an nbgrader traceback.
 
 from __future__ import annotations
 
-import json
+import os
 import re
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
-
 from . import UsageError
-from .workspace import IGNORED_NAMES, notebooks_in
+from .intake import Rejected, describe_kind, kind_of, listing, parse_notebook, read_bytes, shown
+from .workspace import IGNORED_NAMES
 
 #: Student ids become folder names and nbgrader path patterns: keep them plain.
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")
@@ -28,13 +26,21 @@ class Submission:
     student: str
     lesson: str
     folder: Path  # may not exist: the student has no folder for a lesson asked for
+    problem: str = ""  # set when the layout itself cannot be graded (a linked folder)
+
+
+def _is_dir(path: Path) -> bool:
+    """A real folder: a symbolic link to one is not."""
+    return kind_of(path) == "dir"
 
 
 def find_submissions(root: Path, lessons: list[str], only_lesson: str | None) -> list[Submission]:
     """One Submission per student and lesson, sorted by student then lesson.
 
     With ``--lesson`` every student gets a row for that lesson (``missing`` when the
-    folder is absent); without it, the lesson folders each student has are graded.
+    folder is absent); without it, the lesson folders each student has are graded. A student
+    or lesson folder that is a symbolic link (to a classmate's folder, say) is never followed:
+    it gets an ``invalid`` row.
     """
     if not root.is_dir():
         raise UsageError(
@@ -46,27 +52,36 @@ def find_submissions(root: Path, lessons: list[str], only_lesson: str | None) ->
     for entry in sorted(root.iterdir()):
         if entry.name.startswith(".") or entry.name in IGNORED_NAMES:
             continue
-        if not entry.is_dir():
-            warn(f"skipping {entry}: expected one folder per student, this is a file")
+        kind = kind_of(entry)
+        if kind not in ("dir", "link"):
+            warn(f"skipping {shown(str(entry))}: expected one folder per student, this is "
+                 f"{describe_kind(kind)}")
             continue
         if not SAFE_ID.match(entry.name):
-            warn(f"skipping {entry}: the student id {entry.name!r} is not a safe folder name "
+            warn(f"skipping {shown(str(entry))}: the student id is not a safe folder name "
                  "(letters, digits, '.', '_', '-', '@', '+'; not starting with a symbol)")
             continue
         students.append(entry.name)
+        if kind == "link":
+            problem = ("the student folder is a symbolic link (to another folder); submit the files "
+                       "themselves, not a link")
+            for lesson in ([only_lesson] if only_lesson else lessons):
+                found.append(Submission(entry.name, lesson, entry / lesson, problem))
+            continue
         if only_lesson is not None:
             found.append(Submission(entry.name, only_lesson, entry / only_lesson))
             continue
         for sub in sorted(entry.iterdir()):
             if sub.name.startswith(".") or sub.name in IGNORED_NAMES:
                 continue
-            if sub.is_dir() and sub.name in lessons:
+            sub_kind = kind_of(sub)
+            if sub.name in lessons and sub_kind in ("dir", "link"):
                 found.append(Submission(entry.name, sub.name, sub))
-            elif sub.is_dir():
-                warn(f"skipping {sub}: no lesson {sub.name!r} in the course "
+            elif sub_kind == "dir":
+                warn(f"skipping {shown(str(sub))}: no lesson of that name in the course "
                      f"(known: {', '.join(lessons)})")
             else:
-                warn(f"skipping {sub}: expected lesson folders <lesson_id>/ inside a "
+                warn(f"skipping {shown(str(sub))}: expected lesson folders <lesson_id>/ inside a "
                      "student folder")
     if not students:
         raise UsageError(
@@ -81,69 +96,65 @@ def find_submissions(root: Path, lessons: list[str], only_lesson: str | None) ->
     return sorted(found, key=lambda s: (s.student, s.lesson))
 
 
-def stage(sub: Submission, expected: list[str], dest: Path) -> tuple[str | None, str]:
-    """Copy a submission into the nbgrader course root as nbgrader expects it.
+@dataclass
+class Staged:
+    """A submission that can be graded: its notebook's bytes and normalised content."""
+    raw: bytes
+    notebook: dict
+    notes: list[str]
+    extra: list[str]   # names of other things beside the notebook (never read)
 
-    ``expected`` are the notebook file names of the lesson's source. Returns
-    ``(status, detail)``: status ``missing`` or ``invalid`` when there is nothing
-    to grade, ``None`` when ``dest`` is ready for ``nbgrader autograde``.
+
+def stage(sub: Submission, expected: str) -> tuple[str, str] | Staged:
+    """Read the learner's notebook for lesson ``sub.lesson`` as data.
+
+    ``expected`` is the notebook's file name in the lesson's source. Returns ``(status,
+    detail)`` (``missing`` or ``invalid``) when there is nothing to grade, else a
+    :class:`Staged`. Nothing is copied, nothing beside the notebook is opened, and no link
+    is followed.
     """
-    if dest.exists():
-        shutil.rmtree(dest)
-    if not sub.folder.is_dir():
+    if sub.problem:
+        return "invalid", sub.problem
+    kind = kind_of(sub.folder)
+    if kind == "missing":
         return "missing", f"no folder {sub.lesson}/ for this student"
-    submitted = notebooks_in(sub.folder)
-    if not submitted:
+    if kind != "dir":
+        return "invalid", (f"{sub.lesson}/ is {describe_kind(kind)}, not a folder: submit the "
+                           "lesson's folder with the notebook in it")
+    candidates = []
+    try:
+        with os.scandir(sub.folder) as entries:
+            for entry in entries:
+                if entry.name.endswith(".ipynb") and not entry.name.startswith("."):
+                    candidates.append(entry.name)
+    except OSError as exc:
+        return "invalid", f"{sub.lesson}/ cannot be listed ({exc.strerror})"
+    if not candidates:
         return "missing", f"no .ipynb in {sub.lesson}/"
-    names = {p.name for p in submitted}
-    rename: dict[str, str] = {}
     notes = []
-    if not names & set(expected):
-        if len(expected) == 1 and len(submitted) == 1:
-            rename[submitted[0].name] = expected[0]
-            notes.append(f"graded {submitted[0].name!r} as {expected[0]!r}")
-        else:
-            return "missing", (f"expected {', '.join(expected)}; found "
-                               f"{', '.join(sorted(names))}")
-    dest.mkdir(parents=True)
-    for item in sorted(sub.folder.iterdir()):
-        if item.name.startswith(".") or item.name in IGNORED_NAMES:
-            continue
-        target = dest / rename.get(item.name, item.name)
-        if item.is_dir():
-            shutil.copytree(item, target, copy_function=shutil.copyfile,
-                            ignore=lambda _d, ns: [n for n in ns if n in IGNORED_NAMES])
-        else:
-            shutil.copyfile(item, target)
-    for name in expected:
-        path = dest / name
-        if path.exists():
-            problem = notebook_problem(path)
-            if problem:
-                original = next((k for k, v in rename.items() if v == name), name)
-                return "invalid", f"{original}: {problem}"
-    missing = [n for n in expected if not (dest / n).exists()]
-    if missing:
-        notes.append(f"missing {', '.join(missing)} (scored 0)")
-    return None, "; ".join(notes)
+    if expected in candidates:
+        name = expected
+    elif len(candidates) == 1:
+        name = candidates[0]
+        notes.append(f"graded '{shown(name)}' as '{expected}'")
+    else:
+        return "missing", (f"expected {expected}; found "
+                           f"{', '.join(shown(n) for n in sorted(candidates)[:10])}")
+    try:
+        raw = read_bytes(sub.folder / name)
+        notebook = parse_notebook(raw, name)
+    except Rejected as exc:
+        return "invalid", str(exc)
+    extra = listing(sub.folder, skip={name, *IGNORED_NAMES})
+    return Staged(raw, notebook, notes, extra)
 
 
 def notebook_problem(path: Path) -> str:
     """Why ``path`` cannot be graded as a notebook, or '' when it can."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        return "not a text file"
-    except json.JSONDecodeError as exc:
-        return f"not valid JSON ({exc.msg} at line {exc.lineno})"
-    if not isinstance(raw, dict) or "cells" not in raw or "nbformat" not in raw:
-        return "JSON but not a Jupyter notebook (no 'cells'/'nbformat')"
-    if raw.get("nbformat") != 4:
-        return f"notebook format {raw.get('nbformat')!r}, expected 4"
-    try:
-        nbformat.reads(json.dumps(raw), as_version=4)
-    except Exception as exc:  # nbformat raises a variety of errors on malformed notebooks
-        return f"unreadable notebook ({type(exc).__name__}: {exc})"[:200]
+        parse_notebook(read_bytes(path), path.name)
+    except Rejected as exc:
+        return str(exc)
     return ""
 
 
