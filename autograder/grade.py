@@ -23,9 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
@@ -34,14 +36,15 @@ from . import UsageError
 from .feedback import write_feedback
 from .program import Program, instructor_program, learner_program
 from .release import build_student_version
-from .report import CellRow, Row, summary_table, write_cells, write_grades
+from .intake import safe_text
+from .report import CellRow, Row, RowSink, summary_table, write_cells, write_grades
 from .sandbox import CellReport, Outcome, choose_sandbox, run_program
 from .submissions import Submission, find_submissions, stage
 from .verdict import Transcript, judge
 from .workspace import Workspace, notebooks_in, select_lessons
 
 #: Bumped whenever grading itself changes, so that cached results are not reused.
-GRADER_VERSION = "2"
+GRADER_VERSION = "3"
 
 
 class Settings:
@@ -110,12 +113,15 @@ def _digest(*parts: bytes) -> str:
 
 
 def _course_digest() -> bytes:
+    """Everything that decides a grade: the course package (checks, references, data), the whole
+    grader (staging, program, sandbox, verdicts) and the torch version."""
     import torch
 
     root = Path(__file__).resolve().parents[1]
-    files = sorted((root / "course").rglob("*.py")) + sorted((root / "course").rglob("*.json"))
-    files += [Path(__file__).with_name(n) for n in ("child.py", "program.py", "verdict.py", "sandbox.py")]
-    return b"".join(p.read_bytes() for p in files) + torch.__version__.encode()
+    files = [p for folder in ("course", "autograder") for p in sorted((root / folder).rglob("*"))
+             if p.suffix in (".py", ".json") and "__pycache__" not in p.parts]
+    return b"".join(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() for p in files) + \
+        torch.__version__.encode()
 
 
 def grade(submissions: Path, out: Path, solutions: Path, work: Path, *, lesson: str | None = None,
@@ -146,18 +152,29 @@ def grade(submissions: Path, out: Path, solutions: Path, work: Path, *, lesson: 
 
     out.mkdir(parents=True, exist_ok=True)
     db_lock = threading.Lock()
+    sink = RowSink(out)  # rows reach grades.csv/cells.csv as they are decided
     results: dict[int, tuple[Row, list[CellRow]]] = {}
     bar = _progress(len(subs))
     done = 0
 
     def work_one(n: int, sub: Submission):
-        return n, grade_one(ws, sub, lessons[sub.lesson], out, settings, db_lock)
+        try:
+            return n, grade_one(ws, sub, lessons[sub.lesson], out, settings, db_lock)
+        except Exception as exc:  # noqa: BLE001 - one submission's trouble is its own row
+            detail = (f"the grader failed while handling this submission ({type(exc).__name__}: "
+                      f"{safe_text(str(exc))[:300]}); the others were graded; log: {ws.log('errors')}")
+            ws.log("errors").mkdir(parents=True, exist_ok=True)
+            (ws.log("errors") / f"{sub.student}-{sub.lesson}.txt").write_text(
+                safe_text(traceback.format_exc()), encoding="utf-8")
+            return n, (Row(sub.student, sub.lesson, 0.0, lessons[sub.lesson].max_score, "error", 0, 0.0, 0.0,
+                           "", detail), [])
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(work_one, n, sub) for n, sub in enumerate(subs)]
         for future in as_completed(futures):
             n, (row, cell_rows) = future.result()
             results[n] = (row, cell_rows)
+            sink.add(row, cell_rows)
             done += 1
             extra = f" - {row.detail}" if row.detail else ""
             flags = f" [flags: {row.flags}]" if row.flags else ""
@@ -169,6 +186,7 @@ def grade(submissions: Path, out: Path, solutions: Path, work: Path, *, lesson: 
                 bar.update(1)
     if bar is not None:
         bar.close()
+    sink.close()
     rows = [results[n][0] for n in range(len(subs))]
     cells = [c for n in range(len(subs)) for c in results[n][1]]
     write_grades(out, rows)
@@ -198,12 +216,11 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
         return Row(student, lesson.id, score, lesson.max_score, status, cell_errors, took,
                    round(peak, 1), flags, detail)
 
-    status, detail = stage(sub, [lesson.notebook], ws.submitted(student, lesson.id))
-    if status:
-        return row(status, detail), []
-    notes = [detail] if detail else []
-    path = ws.submitted(student, lesson.id) / lesson.notebook
-    raw = path.read_bytes()
+    staged = stage(sub, lesson.notebook)
+    if isinstance(staged, tuple):
+        return row(*staged), []
+    notes = list(staged.notes)
+    raw = staged.raw
     key = _digest(raw, lesson.key.encode())
     cache = ws.root / "results" / student / f"{lesson.id}.json"
     if not settings.force and cache.exists():
@@ -213,11 +230,16 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
             took = round(time.monotonic() - start, 2)
             return Row(**{**saved["row"], "seconds": took,
                           "detail": _join(saved["row"]["detail"], "resumed: graded by an earlier run")}), cells
+    # The vetted bytes, kept for instructors (a file the grader wrote itself, never a link).
+    kept = ws.submitted(student, lesson.id)
+    if kept.exists():
+        shutil.rmtree(kept)
+    kept.mkdir(parents=True)
+    (kept / lesson.notebook).write_bytes(raw)
 
-    program = learner_program(lesson.id, lesson.source, lesson.release, json.loads(raw.decode("utf-8")))
-    extra = sorted(p.name for p in path.parent.iterdir() if p.name != lesson.notebook)
-    if extra:
-        program.flag("extra-files", f"shipped beside the notebook, never used: {', '.join(extra)[:200]}")
+    program = learner_program(lesson.id, lesson.source, lesson.release, staged.notebook)
+    if staged.extra:
+        program.flag("extra-files", f"shipped beside the notebook, never used: {', '.join(staged.extra)[:200]}")
     outcome = run_program(program.to_message(), sandbox=settings.sandbox, cell_timeout=settings.cell_timeout,
                           timeout=settings.timeout, memory_mb=settings.memory_mb,
                           log=ws.log("runs", student, f"{lesson.id}.log"), env=settings.child_env())

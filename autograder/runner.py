@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .proc import kill_tree
+
 
 # ru_maxrss is in KiB on Linux and in bytes on macOS.
 _RSS_UNITS_PER_MB = 1024.0 * 1024.0 if sys.platform == "darwin" else 1024.0
@@ -48,7 +50,7 @@ def run_limited(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: floa
                 break
             if time.monotonic() >= deadline:
                 timed_out = True
-                _kill_tree(proc.pid)
+                kill_tree(proc.pid)
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
             time.sleep(delay)
@@ -66,56 +68,3 @@ def run_limited(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: floa
         timed_out=timed_out,
         log=log,
     )
-
-
-def _descendants(root: int) -> list[int]:
-    """All live descendants of ``root``, from /proc (empty where /proc does not exist).
-
-    Jupyter starts kernels in a session of their own, so killing our process group alone
-    would leave a runaway kernel behind.
-    """
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # Format: "pid (comm) state ppid ..."; comm may itself contain spaces or parens.
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_tree(pid: int) -> None:
-    # Stop the leader first so that it cannot start anything new, then the rest.
-    for target in [pid, *_descendants(pid)]:
-        try:
-            os.kill(target, signal.SIGSTOP if target == pid else signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for target in _descendants(pid):
-        try:
-            os.kill(target, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

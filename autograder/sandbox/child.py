@@ -1,8 +1,12 @@
 """The sandboxed side of grading: runs one graded program and reports what happened.
 
-Started by ``autograder/sandbox.py`` as ``python -I child.py IN_FD OUT_FD CELLS_DIR``, usually
-inside bubblewrap, where it sees the Python environment, the ``course`` package and an empty
-folder, nothing else. It never decides a grade. It tells the grading parent, over a pipe:
+Started by ``parent.py`` as ``python -I child.py IN_FD OUT_FD CELLS_DIR PKG_ROOT LIMITS``, usually
+inside bubblewrap, where it sees the Python environment, the grading checkout's ``course``
+package (under ``PKG_ROOT``, imported from there whatever else is installed) and an empty
+folder, nothing else. Before any learner code runs it lowers its own rlimits (``LIMITS``:
+file size, processes, core dumps, data size on a CPU), soft and hard, so the kernel enforces
+them; it never sets a clock of its own: the parent interrupts a cell that runs too long with
+SIGALRM, counting only the time this process was not paused. It never decides a grade. It tells the grading parent, over a pipe:
 
 - when each cell starts and ends, and the error a cell raised (with its output, for feedback);
 - every comparison a graded check makes (``course.numerics.assert_close`` reports the value the
@@ -23,7 +27,6 @@ import os
 import pickle
 import re
 import signal
-import struct
 import sys
 import threading
 import time
@@ -47,20 +50,30 @@ LEARNER_EVENTS = {
 }
 
 
+def _load_protocol():
+    """``protocol.py`` beside this file, by path (no folder is added to ``sys.path``)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "protocol.py")
+    spec = importlib.util.spec_from_file_location("_grading_protocol", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+protocol = _load_protocol()
+
+
 class Channel:
-    """Length-prefixed pickles to the parent, each stamped with the token."""
+    """Framed messages to the parent (``protocol.encode``), each stamped with the token."""
 
     def __init__(self, fd: int, token: str):
         self._fd, self._token, self._lock = fd, token, threading.Lock()
 
     def send(self, kind: str, **data) -> None:
-        import torch
-
-        buf = io.BytesIO()
-        torch.save({"token": self._token, "kind": kind, **data}, buf)
-        payload = buf.getvalue()
+        frame = protocol.encode({"token": self._token, "kind": kind, **data})
         with self._lock:
-            _write_all(self._fd, struct.pack(">Q", len(payload)) + payload)
+            _write_all(self._fd, frame)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -79,6 +92,16 @@ def _read_exact(fd: int, n: int) -> bytes:
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
+
+
+def set_limits(spec: str) -> None:
+    """Lower this process's rlimits (soft and hard) to ``spec``: ``FSIZE=...,NPROC=...``."""
+    import resource
+
+    for item in filter(None, spec.split(",")):
+        name, _, value = item.partition("=")
+        which = getattr(resource, f"RLIMIT_{name}")
+        resource.setrlimit(which, (int(value), int(value)))
 
 
 def plain(value, depth: int = 0):
@@ -168,8 +191,10 @@ def _from_guarded(value) -> bool:
 
 
 def main() -> int:
-    in_fd, out_fd, cells_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    size = struct.unpack(">Q", _read_exact(in_fd, 8))[0]
+    in_fd, out_fd, cells_dir, pkg_root, limits = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
+                                                   sys.argv[4], sys.argv[5])
+    set_limits(limits)
+    (size,) = protocol.HEADER.unpack(_read_exact(in_fd, protocol.HEADER.size))
     setup = pickle.loads(_read_exact(in_fd, size))
     channel = Channel(out_fd, setup["token"])
     del setup["token"]
@@ -178,8 +203,11 @@ def main() -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
     os.environ["COURSE_SELF_CHECK_SKIP"] = "1"  # the lessons' last cell; the grader reads the tests
     import torch  # noqa: F401
+    sys.path.insert(0, pkg_root)  # the grading checkout's course, not whichever one is installed
     import course
     import course.checks  # noqa: F401
+    if not os.path.realpath(course.__file__).startswith(os.path.realpath(pkg_root) + os.sep):
+        raise SystemExit(f"grading: imported course from {course.__file__}, not from {pkg_root}")
     import course.numerics as numerics
     import importlib
     import pkgutil
@@ -221,7 +249,7 @@ def main() -> int:
     def exclusive():
         """Ask the parent for the machine to ourselves, wait for its go, give it back after."""
         channel.send("speed_begin", cell=(state["cell"] or {}).get("index"))
-        if _read_exact(in_fd, 1) != b"g":
+        if _read_exact(in_fd, 1) != protocol.GO:
             raise RuntimeError("grading: the parent refused the timing turn")
         try:
             yield
@@ -295,6 +323,7 @@ def main() -> int:
     channel.send("ready", seal_entries=sum(len(e) for _, e in seal.snapshot.values()))
 
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    trusted: dict = {}  # names bound by instructor cells, restored before every test cell
     real_out, real_err = sys.stdout, sys.stderr
     tampered = False
     for cell in setup["cells"]:
@@ -303,12 +332,16 @@ def main() -> int:
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(cell["source"])
         state["cell"], state["records"] = cell, 0
+        if cell["kind"] == "test":
+            # The names test cells use (checks, sizes) are the instructor cells' own, whatever a
+            # learner's cell rebound them to since.
+            namespace.update(trusted)
+        before = dict(namespace) if not learner else None
         channel.send("cell_start", cell=cell["index"])
         buf = io.StringIO()
         sys.stdout = sys.stderr = buf
         error = ""
         start = time.monotonic()
-        signal.setitimer(signal.ITIMER_REAL, setup["cell_timeout"])
         try:
             code = compile(cell["source"], path, "exec")
             state["learner"] = learner or cell["kind"] == "test" or state["learner"]
@@ -322,8 +355,9 @@ def main() -> int:
             if where:
                 error += f"\n  (at {', '.join(where[-3:])})"
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
             sys.stdout, sys.stderr = real_out, real_err
+        if before is not None and cell["kind"] != "test":
+            trusted.update({k: v for k, v in namespace.items() if before.get(k, _MISSING) is not v})
         state["busy"] = True
         try:
             broken = seal.broken() if not tampered else []
@@ -334,7 +368,8 @@ def main() -> int:
             flag("tampered", "; ".join(broken))
         seal.take()  # modules imported by this cell are guarded from now on
         out = buf.getvalue()
-        channel.send("cell_end", cell=cell["index"], error=error[-4000:], output=out[-6000:],
+        channel.send("cell_end", cell=cell["index"], error=error[-protocol.MAX_ERROR_CHARS:],
+                     output=out[-protocol.MAX_OUTPUT_CHARS:],
                      seconds=round(time.monotonic() - start, 3), records=state["records"],
                      tampered=tampered)
     state["cell"] = None

@@ -1,26 +1,30 @@
 """Run a graded program in a fresh, confined Python process and collect what it reports.
 
 Confinement (``bubblewrap``, Debian's ``bwrap``): the process sees the Python installation, the
-virtual environment and the ``course`` package read-only, an empty writable ``/grading`` and
-``/tmp``, and nothing else: not ``solutions/``, not the work folder with the gradebook and the
-other submissions, not the network (every namespace is unshared), and it runs as ``nobody``.
-Where bwrap is missing (``--sandbox none``, or ``auto`` on a machine without it) the process
-still starts fresh in an empty folder with ``python -I``, and the report says the run was
-unconfined.
+virtual environment and this checkout's ``course`` package read-only, an empty writable
+``/grading`` and ``/tmp``, and nothing else: not ``solutions/``, not the work folder with the
+gradebook and the other submissions, not the network (every namespace but the user's is
+unshared), and it runs as ``nobody``. When the grader runs as root, bwrap sets up the sandbox
+without a user namespace and the child drops to the host's uid 65534 itself before any learner
+code runs (with a user namespace, ``nobody`` inside would be host root). Where bwrap is missing
+(``--sandbox none``, or ``auto`` on a machine without it) the process still starts fresh in an
+empty folder with ``python -I``, and the report says the run was unconfined.
 
-Limits, enforced from outside: a wall-clock limit per cell and per submission (the child also
-interrupts a long cell itself), and a memory cap on the whole process tree, polled from /proc.
+Limits: the parent owns every clock, net of the time a child spends paused while another
+submission measures speed. A cell past its limit is interrupted (SIGALRM to the child's
+Python), then killed 30 s later; a submission past its limit is killed; a timing turn held
+longer than :data:`TURN_LIMIT` is ended and the holder killed. Memory is polled from /proc
+(the ``oom`` status); the kernel enforces file size, process count and, on a CPU, data size
+(rlimits set in the child before learner code runs). Messages are bounded (``protocol.py``).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import secrets
 import select
 import shutil
-import struct
 import signal
 import subprocess
 import sys
@@ -30,10 +34,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runner import _descendants, _kill_tree
+from ..intake import safe_text
+from ..proc import descendants, is_python, kill_tree, signal_tree
+from . import protocol
+from .protocol import ProtocolError, Reader, decode
 
-CHILD = Path(__file__).resolve().parent / "child.py"
-COURSE = Path(__file__).resolve().parents[1] / "course"
+HERE = Path(__file__).resolve().parent
+CHILD = HERE / "child.py"
+PROTOCOL = HERE / "protocol.py"
+#: This checkout's helper package: what the sandbox imports, whatever else is installed.
+COURSE = Path(__file__).resolve().parents[2] / "course"
+#: Longest a submission may hold the machine for one measurement.
+TURN_LIMIT = 600.0
+#: How long an interrupted cell has to stop before its process is killed.
+GRACE = 30.0
 
 
 @dataclass
@@ -80,7 +94,9 @@ class _Turns:
             self.children.pop(child.pid, None)
 
     def begin(self, child: "_Child") -> None:
+        waited = time.monotonic()
         self.lock.acquire()
+        child.paused_total += time.monotonic() - waited  # waiting for a turn is not the child's time
         with self.registry:
             self.holder = child.pid
             for other in self.children.values():
@@ -102,11 +118,7 @@ class _Child:
         self.pid, self.paused_total, self.paused_since = pid, 0.0, None
 
     def _signal(self, sig) -> None:
-        for p in [self.pid, *_descendants(self.pid)]:
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
+        signal_tree(self.pid, sig)
 
     def pause(self) -> None:
         if self.paused_since is None:
@@ -162,28 +174,43 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _bwrap_argv(in_fd: int, out_fd: int) -> list[str]:
+def _bwrap_argv(in_fd: int, out_fd: int, limits: str) -> list[str]:
     binds: list[str] = []
     for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
         binds += ["--ro-bind-try", path, path]
-    for path in {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix,
-                 str(COURSE.resolve())}:
+    envs = sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix})
+    # Mount points' parents as plain 0755 folders: the environment may sit below a private one
+    # (/root, a checkout made by mktemp -d) that the sandbox's user could not otherwise pass.
+    parents = sorted({str(a) for path in envs for a in Path(path).parents if str(a) != "/"}, key=len)
+    dirs = [x for a in parents for x in ("--perms", "0755", "--dir", a)]
+    for path in envs:
         binds += ["--ro-bind", path, path]
     if Path("/dev/nvidiactl").exists():  # a GPU runner: let the child reach the devices
         binds += ["--dev-bind-try", "/dev/nvidiactl", "/dev/nvidiactl", "--dev-bind-try",
                   "/dev/nvidia-uvm", "/dev/nvidia-uvm"]
         binds += [x for i in range(8) for x in ("--dev-bind-try", f"/dev/nvidia{i}", f"/dev/nvidia{i}")]
-    return ["bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
+    command = [sys.executable, "-I", "/grading/child.py", str(in_fd), str(out_fd), "/grading/cells",
+               "/grading/pkg", limits]
+    if os.geteuid() == 0:
+        # No user namespace (inside it, uid 65534 would be host root): bwrap makes the mounts as
+        # root, then the child runs as the host's nobody, with no capabilities left.
+        spaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                   "--bounding-set=-all", "--no-new-privs", *command]
+    else:
+        spaces = ["--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534"]
+    return ["bwrap", *spaces, "--die-with-parent", "--new-session",
             # /tmp first: the environment itself may live under /tmp and is bound over it.
-            "--die-with-parent", "--new-session", "--tmpfs", "/tmp", *binds, "--proc", "/proc",
-            "--dev", "/dev", "--tmpfs", "/grading", "--ro-bind", str(CHILD), "/grading/child.py",
-            "--dir", "/grading/cells", "--chdir", "/grading/cells",
-            "--", sys.executable, "-I", "/grading/child.py", str(in_fd), str(out_fd), "/grading/cells"]
+            "--perms", "1777", "--tmpfs", "/tmp", *dirs, *binds, "--proc", "/proc", "--dev", "/dev",
+            "--perms", "0755", "--tmpfs", "/grading",
+            "--ro-bind", str(CHILD), "/grading/child.py", "--ro-bind", str(PROTOCOL), "/grading/protocol.py",
+            "--perms", "0755", "--dir", "/grading/pkg", "--ro-bind", str(COURSE.resolve()), "/grading/pkg/course",
+            "--perms", "0777", "--dir", "/grading/cells", "--chdir", "/grading/cells", "--", *command]
 
 
 def _tree_rss_mb(pid: int) -> float:
     total = 0
-    for p in [pid, *_descendants(pid)]:
+    for p in [pid, *descendants(pid)]:
         try:
             with open(f"/proc/{p}/statm") as fh:
                 total += int(fh.read().split()[1])
@@ -192,34 +219,44 @@ def _tree_rss_mb(pid: int) -> float:
     return total * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _limits(memory_mb: float, env: dict[str, str]) -> str:
+    """The rlimits the child sets on itself before learner code runs, as ``name=value,...``."""
+    limits = {"FSIZE": 256 * 2**20, "NPROC": 4096, "CORE": 0}
+    if env.get("CUDA_VISIBLE_DEVICES") == "" or not Path("/dev/nvidiactl").exists():
+        # CUDA maps huge private ranges; on a CPU, twice the cap is a backstop the kernel enforces.
+        limits["DATA"] = int(2 * memory_mb * 2**20)
+    return ",".join(f"{k}={v}" for k, v in limits.items())
+
+
 def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout: float,
                 memory_mb: float, log: Path, env: dict[str, str] | None = None) -> Outcome:
     """Run ``cells`` (``Program.to_message()``) in a fresh child; never raises for the child's sake."""
-    import torch
-
     log.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(16)
     to_child_r, to_child_w = os.pipe()
     from_child_r, from_child_w = os.pipe()
+    child_env = _env(env or {})
+    limits = _limits(memory_mb, child_env)
     scratch = None
     if sandbox == "bwrap":
-        argv = _bwrap_argv(to_child_r, from_child_w)
+        argv = _bwrap_argv(to_child_r, from_child_w, limits)
         cwd = "/"
     else:
         scratch = tempfile.mkdtemp(prefix="grading-")
         (Path(scratch) / "cells").mkdir()
-        argv = [sys.executable, "-I", str(CHILD), str(to_child_r), str(from_child_w), f"{scratch}/cells"]
+        argv = [sys.executable, "-I", str(CHILD), str(to_child_r), str(from_child_w), f"{scratch}/cells",
+                str(COURSE.parent), limits]
         cwd = f"{scratch}/cells"
     start = time.monotonic()
     with open(log, "wb") as logfh:
-        proc = subprocess.Popen(argv, cwd=cwd, env=_env(env or {}), stdin=subprocess.DEVNULL, stdout=logfh,
+        proc = subprocess.Popen(argv, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=logfh,
                                 stderr=subprocess.STDOUT, pass_fds=(to_child_r, from_child_w),
                                 start_new_session=True)
     os.close(to_child_r)
     os.close(from_child_w)
     setup = pickle.dumps({"token": token, "cells": cells, "cell_timeout": float(cell_timeout)})
     try:
-        os.write(to_child_w, struct.pack(">Q", len(setup)))
+        os.write(to_child_w, protocol.HEADER.pack(len(setup)))
         view = memoryview(setup)
         while view:
             view = view[os.write(to_child_w, view):]
@@ -227,19 +264,24 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         pass
     child = _Child(proc.pid)
     TURNS.add(child)
-    holding = False
+    holding_since: float | None = None
 
     reports: dict[int, CellReport] = {}
     flags: list[tuple[str, str]] = []
-    buf = bytearray()
+    reader = Reader()
     status, detail = "", ""
     peak = 0.0
     current: CellReport | None = None
     cell_started = start
+    interrupted = False
     done = False
     last_poll = 0.0
+
+    def net() -> float:
+        return time.monotonic() - child.paused()
+
     while True:
-        now = time.monotonic() - child.paused()
+        now = net()
         if now - last_poll > 0.2:
             last_poll = now
             peak = max(peak, _tree_rss_mb(proc.pid))
@@ -249,71 +291,91 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if now - start > timeout:
             status, detail = "timeout", f"ran past the limit of {timeout:g} s per submission"
             break
-        if current is not None and not current.finished and now - cell_started > cell_timeout + 30:
-            status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
+        if holding_since is not None and time.monotonic() - holding_since > TURN_LIMIT:
+            status, detail = "timeout", f"held the machine for one measurement longer than {TURN_LIMIT:g} s"
             break
+        if current is not None and not current.finished:
+            if not interrupted and now - cell_started > cell_timeout:
+                interrupted = True  # the child raises a timeout error in the cell
+                signal_tree(proc.pid, signal.SIGALRM, only=is_python)
+            elif interrupted and now - cell_started > cell_timeout + GRACE:
+                status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
+                break
         ready, _, _ = select.select([from_child_r], [], [], 0.1)
+        messages: list[bytes] = []
         if ready:
             chunk = os.read(from_child_r, 1 << 20)
             if not chunk:
                 break
-            buf += chunk
-        while len(buf) >= 8:
-            size = struct.unpack(">Q", bytes(buf[:8]))[0]
-            if len(buf) < 8 + size:
-                break
-            payload, buf = bytes(buf[8:8 + size]), buf[8 + size:]
             try:
-                msg = torch.load(io.BytesIO(payload), weights_only=True)
-                if not isinstance(msg, dict) or msg.get("token") != token:
-                    raise ValueError("wrong token")
-            except Exception as exc:  # noqa: BLE001 - anything unreadable is a forgery
-                flags.append(("tampered", f"an unreadable or forged message on the grading pipe ({type(exc).__name__})"))
+                messages = reader.feed(chunk)
+            except ProtocolError as exc:
+                flags.append(("tampered", f"the grading pipe carried {exc}"))
+                status, detail = "crashed", f"the grading pipe carried {exc}"
+                break
+        for payload in messages:
+            try:
+                msg = decode(payload)
+                if msg.get("token") != token:
+                    raise ProtocolError("a message without the harness's token")
+                kind = msg["kind"]
+                if kind == protocol.CELL_START:
+                    current = reports.setdefault(int(msg["cell"]), CellReport(int(msg["cell"])))
+                    cell_started, interrupted = net(), False
+                elif kind == protocol.RECORD and current is not None and msg["cell"] == current.index:
+                    current.records.append(msg)
+                elif kind == protocol.CELL_END and current is not None and msg["cell"] == current.index:
+                    current.error = safe_text(str(msg["error"]))[-protocol.MAX_ERROR_CHARS:]
+                    current.output = safe_text(str(msg["output"]))[-protocol.MAX_OUTPUT_CHARS:]
+                    current.seconds, current.tampered = float(msg["seconds"]), bool(msg["tampered"])
+                    current.finished = True
+                elif kind == protocol.FLAG:
+                    flags.append((safe_text(str(msg["name"]))[:40], safe_text(str(msg["detail"]))[:300]))
+                elif kind == protocol.SPEED_BEGIN and holding_since is None:
+                    TURNS.begin(child)
+                    holding_since = time.monotonic()
+                    try:
+                        os.write(to_child_w, protocol.GO)
+                    except OSError:
+                        pass
+                elif kind == protocol.SPEED_END and holding_since is not None:
+                    TURNS.end(child)
+                    holding_since = None
+                elif kind == protocol.DONE:
+                    done = True
+            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+                why = str(exc) if isinstance(exc, ProtocolError) else f"a malformed message ({type(exc).__name__})"
+                flags.append(("tampered", f"the grading pipe carried {why}"))
                 status, detail = "crashed", "the grading pipe was written to by something other than the grader"
                 break
-            kind = msg["kind"]
-            if kind == "cell_start":
-                current = reports.setdefault(msg["cell"], CellReport(msg["cell"]))
-                cell_started = time.monotonic() - child.paused()
-            elif kind == "record" and current is not None and msg["cell"] == current.index:
-                current.records.append(msg)
-            elif kind == "cell_end" and current is not None and msg["cell"] == current.index:
-                current.error, current.output = msg["error"], msg["output"]
-                current.seconds, current.tampered = msg["seconds"], msg["tampered"]
-                current.finished = True
-            elif kind == "flag":
-                flags.append((msg["name"], msg["detail"]))
-            elif kind == "speed_begin" and not holding:
-                TURNS.begin(child)
-                holding = True
-                try:
-                    os.write(to_child_w, b"g")
-                except OSError:
-                    pass
-            elif kind == "speed_end" and holding:
-                TURNS.end(child)
-                holding = False
-            elif kind == "done":
-                done = True
+            if len(flags) > 200:
+                del flags[100:-50]  # a flood of flags is kept bounded
         if status or done:
             break
-    if holding:
+    if holding_since is not None:
         TURNS.end(child)
     TURNS.remove(child)
     child.resume()
-    if status or not done:
-        _kill_tree(proc.pid)
+    if done and not status:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    kill_tree(proc.pid)  # nothing the submission started outlives it
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)
+        kill_tree(proc.pid)
         proc.wait()
     os.close(from_child_r)
     os.close(to_child_w)
     if scratch:
         shutil.rmtree(scratch, ignore_errors=True)
     if not status:
-        if done:
+        hungry = [r.index for r in reports.values() if r.error.startswith("MemoryError")]
+        if done and hungry:  # the kernel's data limit refused an allocation; later cells still ran
+            status, detail = "oom", f"a cell ran out of memory (the limit is {memory_mb:g} MB)"
+        elif done:
             status = "ok"
         else:
             status = "crashed"

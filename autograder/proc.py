@@ -1,0 +1,83 @@
+"""Process trees: find every descendant of a process, signal or kill them all.
+
+Used by the nbgrader runner (``runner.py``) and the grading sandbox (``sandbox/``): a learner's
+code may start processes of its own, and none of them may outlive its submission.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def descendants(root: int) -> list[int]:
+    """All live descendants of ``root``, from /proc (empty where /proc does not exist).
+
+    Jupyter starts kernels in a session of their own, so killing our process group alone
+    would leave a runaway kernel behind.
+    """
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # Format: "pid (comm) state ppid ..."; comm may itself contain spaces or parens.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    # Stop the leader first so that it cannot start anything new, then the rest.
+    for target in [pid, *descendants(pid)]:
+        try:
+            os.kill(target, signal.SIGSTOP if target == pid else signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for target in descendants(pid):
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def signal_tree(pid: int, sig: int, *, only=None) -> None:
+    """Send ``sig`` to ``pid`` and its descendants (those for which ``only(pid)`` holds, if given)."""
+    for target in [pid, *descendants(pid)]:
+        if only is not None and not only(target):
+            continue
+        try:
+            os.kill(target, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def is_python(pid: int) -> bool:
+    """Whether ``pid`` runs a Python interpreter (its command name starts with 'python')."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+            return fh.read().startswith("python")
+    except OSError:
+        return False
