@@ -4,15 +4,22 @@ A graded cell earns its points only when all of this holds, checked here, in a p
 submission code ever ran in:
 
 1. the sandboxed run reached the cell and the cell finished without an error;
-2. the seal was intact up to the end of the cell (no guarded module patched, see child.py);
+2. the seal was intact up to the end of the cell (no guarded module patched, see sandbox/child.py);
 3. the check made exactly the comparisons that it made when run on the instructor's solution,
    in the same order, and every value the learner's code produced matches the reference from
    the instructor's run, compared here with the check's own tolerance. The references the
    sandbox compared against must match the instructor's too; when they do not, inputs or
    references were altered in the sandbox (flag ``altered-references``).
 
-Checks that compare in other ways (structure checks, speed bars) count through rule 1, under
-the seal of rule 2.
+4. a speed check's record (``course.numerics.report_at_least``: the measured ratio's lower
+   confidence bound and the bar) must clear the bar, and must not be implausibly far above the
+   instructor solution's own measurement on this machine (more than :data:`IMPLAUSIBLE` times):
+   such a ratio is what a memoised or work-skipping candidate shows; it earns nothing and is
+   flagged ``implausible-speed`` for a human to look at.
+
+No graded cell is decided on "no error" alone: the instructor's run must make at least one
+comparison in every graded cell, or the lesson cannot be graded (rule 3 then has nothing to
+check). Structure checks that raise count through rule 1, under the seal of rule 2.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ from course.numerics import assert_close
 
 from .program import TEST, Program
 from .sandbox import Outcome
+
+#: A learner's speed ratio this many times the instructor's (on the same machine) is not credited.
+IMPLAUSIBLE = 3.0
 
 
 @dataclass
@@ -50,8 +60,13 @@ class Transcript:
             if rep is None or not rep.finished or rep.error:
                 problems.append(f"{cell.grade_id}: {rep.error if rep else 'not reached'}")
                 continue
-            records[cell.grade_id] = [{"name": r["name"], "expected": r["expected"], "tol": r["tol"]}
+            records[cell.grade_id] = [{"name": r["name"], "expected": r["expected"], "tol": r["tol"],
+                                       "actual": r["actual"] if _at_least(r["tol"]) else None}
                                       for r in rep.records]
+            if not rep.records:
+                problems.append(f"{cell.grade_id}: its check made no comparison the grader can check again "
+                                "(a graded cell must compare through course.numerics.assert_close or "
+                                "course.grading.expect_speedup; it never passes on 'no error' alone)")
         if outcome.flags:
             problems.append(f"flags on the instructor's own run: {outcome.flags[:3]}")
         if problems:
@@ -90,10 +105,15 @@ def _why_not(cell, rep, expected, tampered_from, outcome, program) -> str:
                 "solution: the code under test did not run the way the check expects")
     for mine, ref in zip(got, expected):
         tol = dict(ref["tol"])
-        kw = dict(rtol=tol.get("rtol"), atol=tol.get("atol"), check_dtype=bool(tol.get("check_dtype", True)),
-                  equal_nan=bool(tol.get("equal_nan", False)), check_device=False)
         if mine["name"] != ref["name"]:
             return f"the check compared {mine['name']!r} where the instructor's run compared {ref['name']!r}"
+        if _at_least(tol):
+            why = _speed(cell, mine, ref, program)
+            if why:
+                return why
+            continue
+        kw = dict(rtol=tol.get("rtol"), atol=tol.get("atol"), check_dtype=bool(tol.get("check_dtype", True)),
+                  equal_nan=bool(tol.get("equal_nan", False)), check_device=False)
         try:
             assert_close(mine["expected"], ref["expected"], name=f"reference of {ref['name']}", **kw)
         except AssertionError:
@@ -109,4 +129,28 @@ def _why_not(cell, rep, expected, tampered_from, outcome, program) -> str:
             return f"checked again by the grader: {exc}"
         except Exception as exc:  # noqa: BLE001
             return f"{ref['name']}: the value could not be compared ({type(exc).__name__}: {exc})"[:500]
+    return ""
+
+
+def _at_least(tol) -> bool:
+    return isinstance(tol, dict) and tol.get("kind") == "at_least"
+
+
+def _speed(cell, mine: dict, ref: dict, program: Program) -> str:
+    """A speed record: the learner's bound must clear the instructor's bar, plausibly."""
+    name = ref["name"]
+    value, bar, theirs = mine.get("actual"), ref["expected"], ref.get("actual")
+    if type(value) is not float or type(mine.get("expected")) is not float or value != value:
+        return f"{name}: the measured ratio is not a number; not graded"
+    if mine["expected"] != bar:
+        program.flag("altered-references", f"{cell.grade_id}: the speed bar of {name!r} was changed")
+        return f"{name}: the bar used during grading ({mine['expected']:g}x) is not the lesson's ({bar:g}x)"
+    if value < bar:
+        return f"checked again by the grader: {name} at least {value:.2f}x, below the bar {bar:.2f}x"
+    if isinstance(theirs, float) and theirs > 0 and value > IMPLAUSIBLE * max(theirs, bar):
+        program.flag("implausible-speed", f"{cell.grade_id}: {name} measured at least {value:.2f}x, the "
+                     f"instructor's solution {theirs:.2f}x on this machine")
+        return (f"{name}: measured at least {value:.2f}x, more than {IMPLAUSIBLE:g} times the instructor's "
+                f"solution ({theirs:.2f}x) on the same machine; a cached or skipped computation looks like "
+                "this, so it is not credited automatically (flagged for your instructor to review)")
     return ""

@@ -13,9 +13,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-__all__ = ["assert_close", "default_tolerance", "describe", "observing_paused"]
+__all__ = ["assert_close", "default_tolerance", "describe", "observing_paused", "report_at_least"]
 
-#: Set only by the autograder's sandboxed runner (``autograder/child.py``): it is told every
+#: Set only by the autograder's sandboxed runner (``autograder/sandbox/child.py``): it is told every
 #: comparison a check makes, so that the grading parent can redo the comparison itself against
 #: references it computed from the instructor's solution. ``None`` in a learner's notebook.
 _observer = None
@@ -33,6 +33,14 @@ class observing_paused:
     def __exit__(self, *exc):
         global _paused
         _paused -= 1
+
+def report_at_least(name: str, value: float, bar: float) -> None:
+    """Tell the autograder (if it is listening) that ``value`` was judged against ``bar`` with
+    "at least": a speed check's measured ratio. The grading parent checks it again, and compares
+    it with the instructor's own measurement. Outside the grader this does nothing."""
+    if _observer is not None and not _paused:
+        _observer(float(value), float(bar), dict(name=name, kind="at_least"))
+
 
 # (rtol, atol) per dtype, the same spirit as torch.testing: a few units in the last place.
 _TOLERANCES = {

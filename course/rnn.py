@@ -16,7 +16,7 @@ from torch import Tensor
 
 from course.devices import pick_device
 
-__all__ = ["LSTMWeights", "compiled_kernels", "layer_norm_lstm_cell_reference", "layer_norm_params",
+__all__ = ["LSTMWeights", "compiled_kernels", "eager_lstm_layer", "layer_norm_lstm_cell_reference", "layer_norm_params",
            "lstm_weights", "make_lstm", "torchscript_ops"]
 
 
@@ -83,6 +83,21 @@ def layer_norm_lstm_cell_reference(x: Tensor, state: tuple[Tensor, Tensor], p: d
     _, c_raw = torch.lstm_cell(gates, (h, c), eye, gates.new_zeros(H4, h.shape[1]))
     c_norm = F.layer_norm(c_raw, (c.shape[1],), p["ln_c_weight"], p["ln_c_bias"], eps)
     return torch.sigmoid(gates[:, 3 * c.shape[1]:]) * torch.tanh(c_norm), c_norm
+
+
+def eager_lstm_layer(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
+                     b_hh: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """The course's eager LSTM layer, the baseline of lesson 1's speed check: per time step two
+    matrix products, the biases and the pointwise gate update, as an eager layer runs them."""
+    hidden = h.shape[1]
+    steps = []
+    for x_t in x.unbind(0):
+        pre = x_t @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh
+        in_gate, forget_gate, candidate, out_gate = pre.split(hidden, dim=1)
+        c = forget_gate.sigmoid() * c + in_gate.sigmoid() * candidate.tanh()
+        h = out_gate.sigmoid() * c.tanh()
+        steps.append(h)
+    return torch.stack(steps), (h, c)
 
 
 def torchscript_ops(scripted, *args, runs: int = 3) -> list[str]:

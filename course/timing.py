@@ -7,20 +7,29 @@
 
 Why this shape: a machine's speed drifts (other work, turbo, thermal), so a ratio measured from
 two separate runs is mostly noise. Each round here times every candidate once, in a rotating
-order, on the same fresh inputs; the speedup is the median of the per-round ratios, and its
-spread is reported beside it. ``torch.utils.benchmark.Timer`` does the timing (it synchronises
-CUDA before reading the clock) with as many threads as torch uses.
+order, on the same fresh input values; the speedup is the median of the per-round ratios, and
+its spread is reported beside it.
+
+Honest by construction: in a round, each candidate runs a block of calls, every call on input
+objects of its own (fresh values each round, and each candidate its own copies), so nothing
+can be remembered from an earlier call, and the outputs checked are those of the timed calls
+themselves (one per block, picked at random after the block). CUDA is synchronised before the
+clock is read. A verdict uses :attr:`Ratio.bound`, a lower confidence bound of the median ratio
+(an order statistic, 99% one-sided), not the median itself: a slower candidate does not pass on
+a few lucky rounds, and ``until=`` adds rounds while a verdict is still open.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
-from torch.utils import benchmark
 
 from course.devices import pick_device, synchronize
 from course.numerics import observing_paused
@@ -39,13 +48,27 @@ def format_time(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
+def _bound_rank(n: int, alpha: float = 0.01) -> int:
+    """The largest k (0-based) such that P(Binomial(n, 1/2) <= k) <= alpha: the k-th smallest of n
+    per-round ratios is then a lower bound of their median at confidence 1 - alpha (-1: none)."""
+    total, k = 0.0, -1
+    for i in range(n + 1):
+        total += math.comb(n, i) / 2**n
+        if total > alpha:
+            break
+        k = i
+    return k
+
+
 @dataclass(frozen=True)
 class Ratio:
-    """A speedup (baseline time / candidate time: above 1 is faster) with its spread over rounds."""
+    """A speedup (baseline time / candidate time: above 1 is faster) with its spread over rounds,
+    and ``bound``: a 99% lower confidence bound of the median (0 when too few rounds for one)."""
 
     median: float
     low: float
     high: float
+    bound: float = 0.0
 
     def __str__(self) -> str:
         return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f})"
@@ -81,9 +104,10 @@ class SpeedReport:
     def speedup(self, name: str, over: str | None = None) -> Ratio:
         """How many times faster ``name`` is than ``over`` (default: the baseline)."""
         over = self._known(over or self.baseline)
-        ratios = [b / c for b, c in zip(self.times[over], self.times[self._known(name)])]
+        ratios = sorted(b / c for b, c in zip(self.times[over], self.times[self._known(name)]))
         low, high = _quartiles(ratios)
-        return Ratio(statistics.median(ratios), low, high)
+        k = _bound_rank(len(ratios))
+        return Ratio(statistics.median(ratios), low, high, ratios[k] if k >= 0 else 0.0)
 
     def _known(self, name: str) -> str:
         if name not in self.times:
@@ -106,7 +130,8 @@ class SpeedReport:
             spread = f"{format_time(r['q1_s'])} - {format_time(r['q3_s'])}"
             lines.append(f"{r['name']:<{w}}{format_time(r['median_s']):>11}{spread:>24}   {r['speedup']}")
         lines.append(f"({self.device}, {self.threads} threads, {len(next(iter(self.times.values())))} "
-                     "interleaved rounds; speedup = median of per-round ratios, with quartiles)")
+                     "interleaved rounds; speedup = median of per-round ratios, with quartiles; "
+                     "verdicts use its 99% lower bound)")
         return "\n".join(lines + self.notes)
 
     def __repr__(self) -> str:
@@ -139,27 +164,57 @@ class SpeedReport:
         return ax
 
 
-def _timer(fn: Callable, args: tuple, threads: int) -> benchmark.Timer:
-    return benchmark.Timer(stmt="fn(*args)", globals={"fn": fn, "args": args}, num_threads=threads)
+def _fresh(args):
+    """Copies of ``args`` that share no tensor object with them (same values)."""
+    if isinstance(args, torch.Tensor):
+        return args.detach().clone().requires_grad_(args.requires_grad) if args.is_leaf else args.clone()
+    if isinstance(args, tuple):
+        return tuple(_fresh(a) for a in args)
+    if isinstance(args, list):
+        return [_fresh(a) for a in args]
+    if isinstance(args, dict):
+        return {k: _fresh(v) for k, v in args.items()}
+    return args
+
+
+def _nbytes(args) -> int:
+    if isinstance(args, torch.Tensor):
+        return args.numel() * args.element_size()
+    if isinstance(args, (tuple, list)):
+        return sum(_nbytes(a) for a in args)
+    if isinstance(args, dict):
+        return sum(_nbytes(a) for a in args.values())
+    return 0
+
+
+#: Most calls in one timed block, and most bytes of inputs prepared for one block.
+MAX_BLOCK = 64
+MAX_BLOCK_BYTES = 256 * 2**20
 
 
 def compare(candidates: Mapping[str, Callable[..., Any]], *, inputs: Callable[[], tuple] | None = None,
             baseline: str | None = None, rounds: int = 7, warmup: int = 2, min_run_time: float = 0.2,
             device: str | torch.device | None = None, progress: bool | None = None,
-            check: Callable[[str, Any, tuple], None] | None = None) -> SpeedReport:
+            check: Callable[[str, Any, tuple], None] | None = None,
+            until: tuple[str, str, float] | None = None, max_rounds: int | None = None) -> SpeedReport:
     """Time every candidate in ``rounds`` interleaved rounds after ``warmup`` calls each.
 
-    ``inputs()`` (optional) makes fresh arguments for every round; all candidates of a round get
-    the same ones. ``check(name, output, args)`` (optional) is called on one output of every
-    candidate in every round, so a candidate cannot win by skipping work.
+    ``inputs()`` (optional) makes fresh arguments; every call gets objects of its own, and all
+    candidates of a round see the same values. ``check(name, output, args)`` (optional) is called
+    on the output of one timed call of every candidate in every round (picked at random after
+    the block), so a candidate cannot win by skipping work. ``until=(name, over, bar)`` keeps
+    adding rounds (up to ``max_rounds``, default four times ``rounds``) while the bar lies
+    between the lower bound and the median of ``name``'s speedup over ``over``.
     """
     # Under the autograder, timing waits for a turn in which no other submission runs.
     with observing_paused(), (_exclusive() if _exclusive is not None else nullcontext()):
         return _compare(candidates, inputs=inputs, baseline=baseline, rounds=rounds, warmup=warmup,
-                        min_run_time=min_run_time, device=device, progress=progress, check=check)
+                        min_run_time=min_run_time, device=device, progress=progress, check=check,
+                        until=until, max_rounds=max_rounds)
 
 
-def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, device, progress, check):
+def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, device, progress, check,
+             until, max_rounds):
     if not candidates:
         raise ValueError("compare() needs at least one candidate, e.g. {'eager': f, 'compiled': g}.")
     for name, fn in candidates.items():
@@ -171,40 +226,69 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
     baseline = baseline or next(iter(candidates))
     if baseline not in candidates:
         raise KeyError(f"The baseline {baseline!r} is not among the candidates {list(candidates)}.")
+    if until is not None and (until[0] not in candidates or until[1] not in candidates):
+        raise KeyError(f"until={until!r} names a candidate that is not among {list(candidates)}.")
     dev = pick_device(device)
     threads = torch.get_num_threads()
     names = list(candidates)
     make = inputs or (lambda: ())
+    pick = random.SystemRandom()
 
+    # Warm-up, and how many calls make a block of at least min_run_time per candidate.
+    block = 1
     args = make()
     for name in names:
-        for _ in range(warmup):
-            out = candidates[name](*args)
-        synchronize(dev)
+        for _ in range(max(warmup, 1)):
+            fresh = _fresh(args)
+            synchronize(dev)
+            t0 = time.perf_counter()
+            out = candidates[name](*fresh)
+            synchronize(dev)
+            took = time.perf_counter() - t0
         if check is not None and warmup:
-            check(name, out, args)
+            check(name, out, fresh)
+        block = max(block, math.ceil(min_run_time / max(took, 1e-7)))
+    per_call = max(_nbytes(args), 1)
+    block = max(1, min(block, MAX_BLOCK, MAX_BLOCK_BYTES // per_call))
 
     times: dict[str, list[float]] = {n: [] for n in names}
+    limit = max_rounds or (4 * rounds if until is not None else rounds)
     bar = None
     if progress is None or progress:
         try:
             from tqdm.auto import tqdm
-            bar = tqdm(total=rounds * len(names), desc="timing", leave=False, disable=progress is None and rounds * len(names) * min_run_time < 3)
+            bar = tqdm(total=rounds * len(names), desc="timing", leave=False,
+                       disable=progress is None and rounds * len(names) * min_run_time < 3)
         except ImportError:  # pragma: no cover - tqdm is a dependency
             bar = None
-    for r in range(rounds):
-        args = make()
+    r = 0
+    while r < limit:
+        if r >= rounds:
+            if until is None:
+                break
+            report = SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads)
+            ratio = report.speedup(until[0], until[1])
+            if not (ratio.bound < until[2] <= ratio.median):
+                break  # decided: the bound clears the bar, or the median is below it
+        values = [make() for _ in range(block)]
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
             fn = candidates[name]
+            calls = [_fresh(v) for v in values]  # this candidate's own objects
+            outs = []
+            synchronize(dev)
+            t0 = time.perf_counter()
+            for a in calls:
+                outs.append(fn(*a))
+            synchronize(dev)
+            times[name].append((time.perf_counter() - t0) / len(calls))
             if check is not None:
-                out = fn(*args)
-                synchronize(dev)
-                check(name, out, args)
-            m = _timer(fn, args, threads).blocked_autorange(min_run_time=min_run_time)
-            times[name].append(m.median)
+                i = pick.randrange(len(calls))
+                check(name, outs[i], calls[i])
+            del outs, calls
             if bar is not None:
                 bar.update(1)
+        r += 1
     if bar is not None:
         bar.close()
     return SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads)

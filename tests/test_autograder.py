@@ -277,11 +277,11 @@ def test_regrade_survives_hang_and_dead_kernel(course, graded, tmp_path):
         nbformat.write(nb, subs / student / LESSON / NOTEBOOK)
     out = tmp_path / "out"
     autograder("grade", subs, "--out", out, "--solutions", course["solutions"],
-               "--work", course["work"], "--lesson", LESSON, "--timeout", 6)
+               "--work", course["work"], "--lesson", LESSON, "--timeout", 15)
     rows = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
     # Killed in mul's cell: add's points, earned before it, are kept.
     assert rows["a_hang"]["status"] == "timeout" and float(rows["a_hang"]["score"]) == 2
-    assert float(rows["a_hang"]["seconds"]) < 20
+    assert float(rows["a_hang"]["seconds"]) < 30
     # The crash comes in mul's cell: add's points, earned before it, are kept.
     assert rows["b_crash"]["status"] == "crashed" and float(rows["b_crash"]["score"]) == 2
     assert "died" in rows["b_crash"]["detail"]

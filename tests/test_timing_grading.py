@@ -20,17 +20,92 @@ def test_compare_ranks_more_work_as_slower_and_reports_ratios():
     assert "small" in repr(rep)
 
 
-def test_compare_calls_the_check_on_every_candidate_every_round_with_fresh_inputs():
-    seen, made = [], []
+def test_compare_checks_timed_outputs_every_round_on_objects_no_other_call_saw():
+    seen, made, ids = [], [], {"a": [], "b": []}
 
     def inputs():
         made.append(torch.randn(4))
         return (made[-1],)
 
-    compare({"a": lambda x: x * 2, "b": lambda x: x + x}, inputs=inputs,
-            check=lambda name, out, args: seen.append((name, torch.equal(out, args[0] * 2))),
-            rounds=3, warmup=1, min_run_time=0.001, progress=False)
-    assert len(made) == 4 and len(seen) == 2 * 4 and all(ok for _, ok in seen)
+    def candidate(name):
+        def fn(x):
+            assert not any(x is y for y in ids[name]), f"{name} got an input object twice"
+            ids[name].append(x)  # kept alive, as a memoising candidate would
+            return x * 2
+        return fn
+
+    rep = compare({"a": candidate("a"), "b": candidate("b")}, inputs=inputs,
+                  check=lambda name, out, args: seen.append((name, torch.equal(out, args[0] * 2))),
+                  rounds=3, warmup=1, min_run_time=0.001, progress=False)
+    rounds = len(rep.times["a"])
+    assert rounds == 3 and len(made) >= 1 + rounds
+    assert len(seen) == 2 * (1 + rounds) and all(ok for _, ok in seen)
+    assert not any(m is y for m in made for y in ids["a"] + ids["b"])  # every call had its own copies
+
+
+def test_a_candidate_that_memoises_its_inputs_never_hits_its_cache():
+    cache, hits = {}, []
+
+    def memo(x):
+        key = id(x)
+        if key in cache:
+            hits.append(key)
+            return cache[key][1]
+        cache[key] = (x, x @ x)  # holds x, so its id is never reused
+        return cache[key][1]
+
+    a = torch.randn(64, 64)
+    compare({"plain": lambda x: x @ x, "memo": memo}, inputs=lambda: (torch.randn(64, 64),), rounds=5,
+            min_run_time=0.01, progress=False)
+    assert hits == [] and a is not None
+
+
+def test_a_slower_candidate_never_passes_however_noisy_the_rounds():
+    """1000 simulated measurements of a candidate truly 0.9x as fast as the baseline, with a quarter
+    of the rounds corrupted in its favour (the baseline stalled 1-5x by other work): the verdict
+    (bound >= bar 1.0) never passes. A truly 1.5x faster one, equally noisy, passes nearly always."""
+    import random
+
+    rng = random.Random(1234)
+
+    def simulated(true_ratio, rounds):
+        base, cand = [], []
+        for _ in range(rounds):
+            b = 1.0 * rng.lognormvariate(0, 0.1)
+            c = b / (true_ratio * rng.lognormvariate(0, 0.1))
+            if rng.random() < 0.25:
+                b *= rng.uniform(1, 5)  # a stalled baseline round
+            base.append(b)
+            cand.append(c)
+        return report(base, cand)
+
+    passes_slow = sum(simulated(0.9, rng.choice([7, 9, 14, 28])).speedup("fast").bound >= 1.0 for _ in range(1000))
+    passes_fast = sum(simulated(1.5, 14).speedup("fast").bound >= 1.0 for _ in range(200))
+    assert passes_slow == 0
+    assert passes_fast >= 196
+
+
+def test_the_bound_is_an_order_statistic_and_needs_enough_rounds():
+    from course.timing import _bound_rank
+
+    assert _bound_rank(3) == -1 and _bound_rank(6) == -1  # too few rounds: no bound, no pass
+    assert _bound_rank(7) == 0 and _bound_rank(28) == 7
+    three = report([10.0, 1.0, 100.0], [1.0, 1.1, 1.0])  # "10.91x (0.89-96.72)" from three rounds
+    assert three.speedup("fast").bound == 0.0
+    with pytest.raises(AssertionError, match="at least 0.00x with 99% confidence"):
+        expect_speedup(three, "fast", bars={"cpu": 1.1, "cuda": 2})
+
+
+def test_until_adds_rounds_while_the_verdict_is_open():
+    same = lambda x: x @ x  # noqa: E731 - equal work: the bar 1.0 sits between bound and median
+    rep = compare({"a": same, "b": lambda x: x @ x}, inputs=lambda: (torch.randn(32, 32),), rounds=7,
+                  min_run_time=0.002, progress=False, until=("b", "a", 1.0))
+    r = rep.speedup("b", "a")
+    rounds = len(rep.times["a"])
+    assert 7 <= rounds <= 28
+    assert rounds == 28 or not (r.bound < 1.0 <= r.median)  # stopped only once decided, or at the cap
+    with pytest.raises(KeyError, match="until="):
+        compare({"a": same}, until=("z", "a", 1.0))
 
 
 def test_compare_refuses_bad_input_with_a_clear_message():
@@ -62,9 +137,12 @@ def report(base, fast):
 
 
 def test_expect_speedup_passes_above_the_bar_and_fails_below_it():
-    assert expect_speedup(report([2.0, 2.1, 1.9], [1.0, 1.0, 1.0]), "fast", bars={"cpu": 1.5, "cuda": 3}) >= 1.9
+    assert expect_speedup(report([2.0, 2.1, 1.9] * 3, [1.0] * 9), "fast", bars={"cpu": 1.5, "cuda": 3}) >= 1.9
     with pytest.raises(AssertionError, match=r"1.05x as fast as eager on cpu .* bar on this device is 1.50x"):
-        expect_speedup(report([1.05, 1.05, 1.05], [1.0, 1.0, 1.0]), "fast", bars={"cpu": 1.5, "cuda": 3})
+        expect_speedup(report([1.05] * 9, [1.0] * 9), "fast", bars={"cpu": 1.5, "cuda": 3})
+    # a median over the bar is not enough: the bound decides
+    with pytest.raises(AssertionError, match=r"1.60x as fast .* at least 1.00x with 99% confidence"):
+        expect_speedup(report([1.0, 1.0, 1.6, 1.6, 1.6, 1.6, 1.6], [1.0] * 7), "fast", bars={"cpu": 1.5, "cuda": 3})
 
 
 def test_a_device_without_a_bar_is_an_error_not_a_pass():
@@ -105,11 +183,11 @@ def test_ops_absent_reads_torchscript_and_fx_graphs():
 def test_best_of_retries_below_the_bar_and_keeps_the_best(capsys):
     from course.grading import best_of
 
-    reports = iter([report([1.0] * 3, [1.0] * 3), report([2.0] * 3, [1.0] * 3), report([9.0] * 3, [1.0] * 3)])
+    reports = iter([report([1.0] * 9, [1.0] * 9), report([2.0] * 9, [1.0] * 9), report([9.0] * 9, [1.0] * 9)])
     best = best_of(lambda: next(reports), "fast", bar=1.5, attempts=3)
     assert best.speedup("fast").median == 2.0  # stopped at the first report over the bar
     assert "attempt 1" in capsys.readouterr().out
-    slow = iter([report([1.0] * 3, [2.0] * 3)] * 3)
+    slow = iter([report([1.0] * 9, [2.0] * 9)] * 3)
     assert best_of(lambda: next(slow), "fast", bar=1.5, attempts=3).speedup("fast").median == 0.5
     with pytest.raises(ValueError, match="attempts"):
         best_of(lambda: None, "fast", bar=1.0, attempts=0)

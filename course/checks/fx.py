@@ -406,7 +406,7 @@ def check_fusion_speed(fuse: Callable, *, bars: Mapping[str, float], batch: int,
         candidates = {"original": model, "FX fused": fused, **(extra or {})}
         with threads(num_threads if dev.type == "cpu" else None):
             report = compare(candidates, inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time,
-                             device=dev)
+                             device=dev, until=("FX fused", "original", speed_bar(bars, dev)))
     report.show()
     expect_speedup(report, "FX fused", over="original", bars=bars,
                    hint="fold every legal BatchNorm into its conv and erase the BN nodes; the fused model "

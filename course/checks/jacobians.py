@@ -155,7 +155,7 @@ def _measure(candidates: dict, inputs: Callable, check: Callable, name: str, ove
     def measure():
         with threads(num_threads if dev.type == "cpu" else None):
             return compare(candidates, inputs=inputs, check=check, baseline=over, rounds=rounds,
-                           min_run_time=min_run_time, device=dev)
+                           min_run_time=min_run_time, device=dev, until=(name, over, bar))
 
     return best_of(measure, name, bar, attempts)
 

@@ -386,7 +386,8 @@ def check_channels_last_speed(to_channels_last: Callable, autocast_inference: Ca
     def measure():
         with torch.no_grad():
             return compare({"NCHW": contiguous, "channels-last": channels_last}, inputs=inputs, check=check,
-                           rounds=rounds, min_run_time=min_run_time, device=dev)
+                           rounds=rounds, min_run_time=min_run_time, device=dev,
+                           until=("channels-last", "NCHW", bar))
 
     best = best_of(measure, "channels-last", bar, attempts)
     best.show()

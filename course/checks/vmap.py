@@ -200,6 +200,7 @@ def _best_of(candidates, name, *, bars, inputs, check, rounds, min_run_time, att
     def measure():
         with torch.set_grad_enabled(grad), threads(num_threads if dev.type == "cpu" else None):
             return compare(candidates, inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time,
+                           until=(name, "loop", bar),
                            device=dev)
 
     best = best_of(measure, name, bar, attempts)

@@ -1,0 +1,226 @@
+"""Hostile and malformed submissions against the staging wall and the sandbox's resource walls.
+
+Each case is a class of attack, not one trick: links of every kind (to the instructor's
+notebook, to a classmate's folder, dangling, to /dev/zero), special files, JSON built to break
+parsers, text that is not Unicode, oversized files, floods of output and of the grading pipe,
+rebinding the checks. One ``grade --jobs 2`` run covers them all, next to controls that must
+keep full marks; no case may cost another submission its row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from test_autograder import LESSON, NOTEBOOK, autograder, read_csv, solution_version, student_version, with_answer
+from test_autograder import course  # noqa: F401 - the module-scoped toy course fixture
+
+HUGE_INT = "1" * 5000
+
+
+def _json(nb) -> str:
+    return nbformat.writes(nb)
+
+
+@pytest.fixture(scope="module")
+def hostile(course, tmp_path_factory):  # noqa: F811
+    subs = tmp_path_factory.mktemp("hostile")
+
+    def folder(student):
+        path = subs / student / LESSON
+        path.mkdir(parents=True)
+        return path
+
+    def put(student, text=None, name=NOTEBOOK, raw=None):
+        path = folder(student)
+        if raw is not None:
+            (path / name).write_bytes(raw)
+        else:
+            (path / name).write_text(text, encoding="utf-8")
+        return path
+
+    perfect = _json(solution_version(course))
+    put("control", perfect)
+    # links
+    (folder("link_to_instructor") / NOTEBOOK).symlink_to(course["solutions"] / LESSON / NOTEBOOK)
+    (subs / "linked_student").symlink_to(subs / "control")
+    (subs / "linked_lesson").mkdir()
+    (subs / "linked_lesson" / LESSON).symlink_to(subs / "control" / LESSON)
+    beside = put("dangling_beside", perfect)
+    (beside / "notes.txt").symlink_to(subs / "does-not-exist")
+    beside = put("devzero_beside", perfect)
+    (beside / "data.bin").symlink_to("/dev/zero")
+    os.mkfifo(folder("fifo") / NOTEBOOK)
+    # JSON built to break parsers
+    put("deep", '{"cells": ' + "[" * 100_000 + "]" * 100_000 + ', "nbformat": 4}')
+    put("huge_int", perfect.replace('"nbformat": 4', f'"nbformat": 4, "big": {HUGE_INT}', 1))
+    nb = json.loads(perfect)
+    nb["cells"][1]["metadata"]["nbgrader"] = "solution"
+    put("string_metadata", json.dumps(nb))
+    nb = json.loads(perfect)
+    nb["cells"][1]["source"] = 42
+    put("number_source", json.dumps(nb))
+    nb = json.loads(perfect)
+    nb["cells"] = {"not": "a list"}
+    put("cells_not_list", json.dumps(nb))
+    put("surrogate_source", perfect.replace("return a + b", "return a + b  # \\ud800", 1))
+    put("nan_constant", perfect.replace('"nbformat": 4', '"nbformat": 4, "x": NaN', 1))
+    put("oversize", raw=b'{"cells": [], "nbformat": 4, "pad": "' + b"x" * (33 * 2**20) + b'"}')
+    put("not_utf8", raw=b"\xff\xfe" + perfect.encode("utf-16-le"))
+    put("odd_name", perfect, name=os.fsdecode(b"odd-\xff-name.ipynb"))
+    # floods and run-time surprises
+    put("surrogate_output", _json(with_answer(solution_version(course), "add_solution",
+                                              "def add(a, b):\n    print(chr(0xD800) * 3)\n    return a + b")))
+    put("stdout_flood", _json(with_answer(solution_version(course), "add_solution",
+                                          "import os\nfor _ in range(400):\n    os.write(1, b'x' * 2**20)\n"
+                                          "def add(a, b):\n    return a + b")))
+    put("pipe_flood", _json(with_answer(solution_version(course), "add_solution",
+                                        "import os, sys, struct\nos.write(int(sys.argv[2]), struct.pack('>Q', 2**40))\n"
+                                        "def add(a, b):\n    return a + b")))
+    rebind = student_version(course)
+    rebind.cells.insert(3, nbformat.v4.new_code_cell("assert_close = lambda *a, **k: None"))
+    put("rebinds_check", _json(rebind))
+
+    out = tmp_path_factory.mktemp("hostile-out")
+    proc = autograder("grade", subs, "--out", out, "--solutions", course["solutions"], "--work", course["work"],
+                      "--cell-timeout", 20, "--timeout", 120, "--memory-mb", 1500, "--jobs", 2, check=False)
+    rows = {r["student_id"]: r for r in read_csv(out / "grades.csv")} if (out / "grades.csv").exists() else {}
+    return {"proc": proc, "rows": rows, "out": out}
+
+
+INVALID = {
+    "link_to_instructor": "symbolic link",
+    "linked_student": "symbolic link",
+    "linked_lesson": "symbolic link",
+    "fifo": "named pipe",
+    "deep": "nests JSON",
+    "huge_int": "integer of 5000 digits",
+    "string_metadata": "nbgrader metadata should be a JSON object",
+    "number_source": "source should be text",
+    "cells_not_list": "'cells' should be a list",
+    "surrogate_source": "not valid Unicode",
+    "nan_constant": "NaN",
+    "oversize": "more than the 32 MB",
+    "not_utf8": "not UTF-8",
+}
+
+
+def test_no_submission_costs_another_its_row(hostile):
+    assert hostile["proc"].returncode == 0, hostile["proc"].stderr[-3000:]
+    expected = {"control", "dangling_beside", "devzero_beside", "odd_name", "surrogate_output", "stdout_flood",
+                "pipe_flood", "rebinds_check", *INVALID}
+    assert set(hostile["rows"]) == expected, hostile["proc"].stdout[-3000:]
+
+
+@pytest.mark.parametrize("student", sorted(INVALID))
+def test_malformed_and_linked_submissions_are_invalid_with_a_reason(hostile, student):
+    row = hostile["rows"][student]
+    assert (row["status"], float(row["score"])) == ("invalid", 0), row
+    assert INVALID[student] in row["detail"], row["detail"]
+
+
+def test_controls_keep_full_marks_and_nothing_beside_the_notebook_is_read(hostile):
+    for student in ("control", "dangling_beside", "devzero_beside", "odd_name", "surrogate_output"):
+        row = hostile["rows"][student]
+        assert (row["status"], float(row["score"])) == ("graded", 3), row
+    assert "extra-files" in hostile["rows"]["devzero_beside"]["flags"]
+    assert "odd-\\xff-name.ipynb" in hostile["rows"]["odd_name"]["detail"]
+    html = (hostile["out"] / "feedback" / "surrogate_output" / LESSON / f"{LESSON}.html").read_text(encoding="utf-8")
+    assert "add" in html
+
+
+def test_floods_cost_only_their_own_submission(hostile, course):  # noqa: F811
+    # The kernel's file size limit stops the flood (EFBIG in the flooding cell): that cell fails,
+    # the next one is graded, and the log it wrote stays under the limit.
+    flood = hostile["rows"]["stdout_flood"]
+    assert (flood["status"], float(flood["score"])) == ("graded", 1), flood
+    log = course["work"] / "logs" / "runs" / "stdout_flood" / f"{LESSON}.log"
+    assert log.stat().st_size <= 256 * 2**20
+    pipe = hostile["rows"]["pipe_flood"]
+    assert pipe["status"] == "crashed" and "over the 64 MB limit" in pipe["detail"], pipe
+    assert "tampered" in pipe["flags"]
+
+
+def test_rebinding_a_check_changes_nothing(hostile):
+    row = hostile["rows"]["rebinds_check"]
+    assert float(row["score"]) == 0, row
+
+
+def test_rows_are_on_disk_as_they_are_decided(hostile):
+    text = (hostile["out"] / "grades.csv").read_text(encoding="utf-8")
+    assert text.count("\n") == 1 + len(hostile["rows"])
+    assert not list(hostile["out"].glob("*.tmp"))
+
+
+# -- the sandbox's clocks and user ------------------------------------------------------------
+
+def _cell(source, index=0):
+    return {"index": index, "id": f"c{index}", "kind": "instructor", "source": source, "grade_id": ""}
+
+
+def test_a_paused_submission_is_not_timed_out_by_a_classmates_timing_turn(tmp_path):
+    """A holds the machine for one measurement (8 s); B, paused meanwhile, has a 4 s cell with a
+    6 s limit. Before, B's own alarm kept running while it was stopped and B timed out."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    holder = ("import time, course.timing as t\n"
+              "t.compare({'a': lambda: time.sleep(0.5)}, rounds=16, warmup=0, min_run_time=0.0, progress=False)\n")
+    sleeper = "import time\ntime.sleep(1.5)\nfor _ in range(5):\n    time.sleep(0.5)\nprint('done')\n"
+    results = {}
+
+    def run(name, source, limit):
+        results[name] = run_program([_cell(source)], sandbox=sandbox, cell_timeout=limit, timeout=120,
+                                    memory_mb=2000, log=tmp_path / f"{name}.log")
+
+    a = threading.Thread(target=run, args=("a", holder, 60))
+    b = threading.Thread(target=run, args=("b", sleeper, 6))
+    a.start()
+    b.start()
+    a.join()
+    b.join()
+    assert results["a"].status == "ok", results["a"]
+    assert results["b"].status == "ok", results["b"]
+    assert not results["b"].cells[0].error and "done" in results["b"].cells[0].output, results["b"].cells[0]
+
+
+def test_a_cell_past_its_limit_is_interrupted_by_the_parent(tmp_path):
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    out = run_program([_cell("import time\ntime.sleep(30)\n"), _cell("print('next')", 1)], sandbox=sandbox,
+                      cell_timeout=2, timeout=60, memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok" and "TimeoutError" in out.cells[0].error and out.cells[1].output.strip() == "next"
+
+
+def test_the_sandbox_user_is_never_host_root(tmp_path):
+    from autograder.sandbox import bwrap_works, run_program
+
+    if not bwrap_works():
+        pytest.skip("bubblewrap is not available here")
+    probe = ("import os\nprint('uid', os.getuid(), os.geteuid())\n"
+             "print('map', ' '.join(open('/proc/self/uid_map').read().split()))\n"
+             "print('status', [l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1])\n")
+    out = run_program([_cell(probe)], sandbox="bwrap", cell_timeout=30, timeout=60, memory_mb=2000,
+                      log=tmp_path / "log")
+    text = out.cells[0].output
+    assert "uid 65534 65534" in text, text
+    assert "status 0000000000000000" in text, text  # no capabilities at all
+    if os.geteuid() == 0:  # no user namespace: uid 65534 inside is the host's nobody, not root
+        assert "map 0 0 4294967295" in text, text
+
+
+def test_the_sandbox_imports_the_grading_checkouts_course(tmp_path):
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    out = run_program([_cell("import course\nprint(course.__file__)")], sandbox=sandbox, cell_timeout=30,
+                      timeout=60, memory_mb=2000, log=tmp_path / "log")
+    where = out.cells[0].output.strip()
+    repo_course = str(Path(__file__).resolve().parents[1] / "course")
+    assert where.startswith("/grading/pkg/course/" if sandbox == "bwrap" else repo_course), where

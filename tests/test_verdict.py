@@ -1,0 +1,62 @@
+"""The grading parent's verdict on evidence: speed records, and no pass on 'no error' alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from autograder.program import TEST, Cell, Program
+from autograder.sandbox import CellReport, Outcome
+from autograder.verdict import IMPLAUSIBLE, Transcript, judge
+
+
+def _program():
+    return Program("l", "l.ipynb", [Cell(0, "s", "solution", "x = 1", "sol"),
+                                    Cell(1, "t", TEST, "check(x)", "speed_test", 2.0)])
+
+
+def _speed(value, bar=1.1):
+    return {"name": "speed: fast over slow", "actual": value, "expected": bar,
+            "tol": {"name": "speed: fast over slow", "kind": "at_least"}}
+
+
+def _outcome(records, error=""):
+    return Outcome("ok", {0: CellReport(0, finished=True), 1: CellReport(1, error=error, records=records,
+                                                                          finished=True)}, [], 1.0, 10.0)
+
+
+def test_a_graded_cell_with_no_comparison_cannot_be_graded():
+    with pytest.raises(RuntimeError, match="speed_test: its check made no comparison"):
+        Transcript.from_outcome(_program(), _outcome([]))
+
+
+@pytest.fixture
+def transcript():
+    return Transcript.from_outcome(_program(), _outcome([_speed(1.6)]))
+
+
+def test_speed_records_are_checked_again_against_the_bar(transcript):
+    program = _program()
+    assert judge(program, _outcome([_speed(1.3)]), transcript)[0].points == 2.0
+    below = judge(program, _outcome([_speed(1.05)]), transcript)[0]
+    assert below.points == 0 and "below the bar 1.10x" in below.message
+
+
+def test_a_changed_bar_or_a_non_number_earns_nothing(transcript):
+    program = _program()
+    lowered = judge(program, _outcome([_speed(1.3, bar=0.0)]), transcript)[0]
+    assert lowered.points == 0 and "altered-references" in program.flags
+    for value in ("1.3", float("nan"), None):
+        assert judge(_program(), _outcome([_speed(value)]), transcript)[0].points == 0
+
+
+def test_an_implausibly_fast_candidate_is_flagged_not_credited(transcript):
+    program = _program()
+    verdict = judge(program, _outcome([_speed(IMPLAUSIBLE * 1.6 + 0.5)]), transcript)[0]
+    assert verdict.points == 0 and "implausible-speed" in program.flags
+    assert "not credited automatically" in verdict.message
+    assert judge(_program(), _outcome([_speed(IMPLAUSIBLE * 1.6 - 0.5)]), transcript)[0].points == 2.0
+
+
+def test_no_record_where_the_instructor_made_one_is_a_failure(transcript):
+    verdict = judge(_program(), _outcome([]), transcript)[0]
+    assert verdict.points == 0 and "made 0 comparison(s)" in verdict.message
