@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from course.devices import pick_device
+from course.guard import reference
 
 __all__ = ["ForwardOnlyTanh", "ModeNotAllowed", "ReverseOnlyTanh", "WideFunction", "mlp",
            "plot_jacobian_sweep", "transform_in_use"]
@@ -104,6 +105,7 @@ class WideFunction:
             raise ValueError(f"this function takes a vector of {self.k} numbers, got shape {tuple(x.shape)}.")
         return self.W2 @ _TANH[self.mode](self.W1 @ x + self.b1) + self.b2
 
+    @reference
     def jacobian(self, x: torch.Tensor) -> torch.Tensor:
         """The (m, k) Jacobian at ``x``, in float64, in closed form."""
         W1, b1, W2 = (t.to(torch.float64) for t in (self.W1, self.b1, self.W2))

@@ -18,8 +18,8 @@ from course.devices import device_kind
 from course.numerics import observing_paused, report_at_least
 from course.timing import SpeedReport
 
-__all__ = ["best_of", "expect_compiled", "expect_ops_absent", "expect_scripted", "expect_speedup",
-           "graph_ops", "is_compiled", "is_scripted", "speed_bar"]
+__all__ = ["best_of", "count_ops", "expect_compiled", "expect_constant_work", "expect_ops_absent",
+           "expect_scripted", "expect_speedup", "graph_ops", "is_compiled", "is_scripted", "speed_bar"]
 
 
 def speed_bar(bars: Mapping[str, float], device: str | torch.device | None = None) -> float:
@@ -86,11 +86,28 @@ def is_scripted(obj: Any) -> bool:
     return isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule))
 
 
+_COMPILE_WRAPPER = []
+
+
+def _compile_wrapper_code():
+    """The code object every function ``torch.compile`` returns shares (found by compiling a
+    dummy: nothing is compiled until it is called)."""
+    if not _COMPILE_WRAPPER:
+        _COMPILE_WRAPPER.append(torch.compile(lambda x: x, backend="eager").__code__)
+    return _COMPILE_WRAPPER[0]
+
+
 def is_compiled(obj: Any) -> bool:
-    """True for what ``torch.compile`` returns (a compiled function or ``OptimizedModule``)."""
+    """True for what ``torch.compile`` returns: an ``OptimizedModule``, or dynamo's own wrapper
+    function around the original (its code object, not an attribute anyone could set)."""
+    import types
+
     from torch._dynamo.eval_frame import OptimizedModule
 
-    return isinstance(obj, OptimizedModule) or hasattr(obj, "_torchdynamo_orig_callable")
+    if isinstance(obj, OptimizedModule):
+        return True
+    return (isinstance(obj, types.FunctionType) and obj.__code__ is _compile_wrapper_code()
+            and callable(getattr(obj, "_torchdynamo_orig_callable", None)))
 
 
 def _kind(obj: Any) -> str:
@@ -141,3 +158,29 @@ def expect_ops_absent(graph: Any, ops: Iterable[str], what: str = "the graph") -
     if found:
         raise AssertionError(f"{what} still contains {sorted(set(found))} ({len(found)} node(s)); "
                              f"expected none of {sorted(ops)}.")
+
+
+def count_ops(fn: Callable[[], Any]) -> int:
+    """How many ATen ops ``fn()`` runs, counted below autograd and ``torch.func`` (a
+    ``TorchDispatchMode``): under ``vmap`` a batched op counts once, in a loop every call counts."""
+    from course.jacobians import TensorWatch
+
+    with observing_paused(), TensorWatch() as watch:
+        fn()
+    return watch.ops
+
+
+def expect_constant_work(prepare: Callable[[int], Callable[[], Any]], small: int, large: int, *, what: str,
+                         unit: str) -> tuple[int, int]:
+    """``prepare(n)`` makes the inputs for ``n`` items and returns the call to measure. Assert that
+    the call runs (nearly) as many ATen ops for ``large`` as for ``small`` items: the
+    behaviour of one batched computation, which a Python loop over the items cannot imitate (its
+    op count grows with the number of items), however the loop is dressed (a token ``vmap`` call
+    beside it, a copy of the model, a different function under the transform)."""
+    few, many = count_ops(prepare(small)), count_ops(prepare(large))
+    if many > few * (1 + 0.5 * (large - small) / small) or many > few + 4 * (large - small):
+        raise AssertionError(
+            f"{what} ran {few} ops for {small} {unit}s and {many} for {large}: the work grows with the number of "
+            f"{unit}s, as a Python loop over them does.\n  Hint: one vmap over all the {unit}s runs the same ops "
+            "whatever their number; no loop inside or around it.")
+    return few, many

@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_leaves
 
 from course.data import randn
 from course.devices import pick_device
+from course.guard import reference
 
 __all__ = ["Energy", "TanhLayer", "TensorWatch", "banded_layer", "energy", "format_bytes", "plot_crossover",
            "plot_matrix", "tanh_layer", "watch"]
@@ -63,6 +64,7 @@ class TanhLayer:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(F.linear(x, self.weight, self.bias))
 
+    @reference
     def jacobian(self, x: torch.Tensor) -> torch.Tensor:
         """The Jacobian by hand, ``diag(1 - y**2) @ W`` (``(n_out, n_in)``; no autograd)."""
         y = self(x)
@@ -122,6 +124,7 @@ class Energy:
         out[1:] += v[:-1]
         return out
 
+    @reference
     def gradient(self, x: torch.Tensor) -> torch.Tensor:
         """``A^T sigmoid(A x + c) - d sin(x) + T x`` (a function of ``x`` you can differentiate too)."""
         return self.A.T @ torch.sigmoid(self.A @ x + self.c) - self.d * torch.sin(x) + self._neighbours(x)
@@ -130,6 +133,7 @@ class Energy:
         s = torch.sigmoid(self.A @ x + self.c)
         return s * (1 - s)
 
+    @reference
     def hessian(self, x: torch.Tensor) -> torch.Tensor:
         """The whole ``n x n`` Hessian ``A^T diag(s) A - diag(d cos x) + T`` (small ``n`` only)."""
         h = self.A.T @ (self._curvature(x)[:, None] * self.A) - torch.diag(self.d * torch.cos(x))
@@ -138,6 +142,7 @@ class Energy:
         h[i + 1, i] += 1
         return h
 
+    @reference
     def hvp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``H(x) @ v`` from the formula, with vectors and ``k x n`` matrices only."""
         return self.A.T @ (self._curvature(x) * (self.A @ v)) - self.d * torch.cos(x) * v + self._neighbours(v)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from course.devices import pick_device
+from course.guard import reference
 
 __all__ = ["LSTMWeights", "compiled_kernels", "eager_lstm_layer", "layer_norm_lstm_cell_reference", "layer_norm_params",
            "lstm_weights", "make_lstm", "torchscript_ops"]
@@ -68,6 +69,7 @@ def layer_norm_params(input_size: int, hidden_size: int, *, seed: int, device=No
     return {k_: v.to(dev, dtype) for k_, v in p.items()}
 
 
+@reference
 def layer_norm_lstm_cell_reference(x: Tensor, state: tuple[Tensor, Tensor], p: dict[str, Tensor],
                                    eps: float = 1e-5) -> tuple[Tensor, Tensor]:
     """The LayerNorm LSTM cell the lesson specifies (normalised input and hidden gate
@@ -85,6 +87,7 @@ def layer_norm_lstm_cell_reference(x: Tensor, state: tuple[Tensor, Tensor], p: d
     return torch.sigmoid(gates[:, 3 * c.shape[1]:]) * torch.tanh(c_norm), c_norm
 
 
+@reference
 def eager_lstm_layer(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
                      b_hh: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """The course's eager LSTM layer, the baseline of lesson 1's speed check: per time step two

@@ -122,6 +122,21 @@ MISTAKES = {
         "        return functional_call(base, (p, b), (x,))\n\n"
         "    return torch.cat([vmap(one_model)({k: v[i:i + 1] for k, v in params.items()}, {k: v[i:i + 1] for k, v in "
         "buffers.items()}, xs[i:i + 1]) for i in range(xs.shape[0])])", "vmap is inside a loop"),
+    "predict: a loop dressed with one token vmap call": (
+        "predict", ONE_MODEL,
+        "        return functional_call(base, (p, b), (x,))\n\n"
+        "    vmap(one_model)({k: v[:1] for k, v in params.items()}, {k: v[:1] for k, v in buffers.items()}, xs[:1])\n"
+        "    shadow = copy.deepcopy(base)\n"
+        "    return torch.stack([functional_call(shadow, ({k: v[i] for k, v in params.items()}, {k: v[i] for k, v in "
+        "buffers.items()}), (xs[i],)) for i in range(xs.shape[0])])", "the work grows with the number of models"),
+    "psg: a loop dressed with one token vmap(grad) call": (
+        "psg_vmap", "    return vmap(grad(sample_loss), in_dims=(None, 0, 0))(params, x, y)",
+        "    vmap(grad(sample_loss), in_dims=(None, 0, 0))(params, x[:1], y[:1])\n"
+        "    shadow = copy.deepcopy(model)\n"
+        "    rows = [torch.autograd.grad(F.cross_entropy(shadow(x[i:i + 1]), y[i:i + 1]), list(shadow.parameters()))\n"
+        "            for i in range(x.shape[0])]\n"
+        "    return {n: torch.stack([r[j] for r in rows]) for j, (n, _) in enumerate(shadow.named_parameters())}",
+        "the work grows with the number of samples"),
     "predict: one minibatch sliced per model": (
         "predict", "in_dims=(0, 0, None))(params, buffers, x)", "in_dims=(0, 0, 0))(params, buffers, x)",
         "predict_all raised"),

@@ -149,6 +149,27 @@ def patched(src: Path) -> tuple[dict, float]:
     return nb, earned
 
 
+#: Exercises answered by calling the course's own references: (grade id of the solution cell, the
+#: answer, the graded cell that must lose its points). Every other cell keeps the solution's points.
+BORROWED = {
+    "01_custom_rnns": ("layer_norm_lstm_cell",
+                       "import course.rnn\n\ndef layer_norm_lstm_cell(x, h, c, p):\n"
+                       "    return course.rnn.layer_norm_lstm_cell_reference(x, (h, c), p)\n",
+                       "test_layer_norm_cell"),
+    "06_vmap_ensembles": ("dp_sgd",
+                          "from course.checks.vmap import dp_sgd_reference as dp_sgd_step\n",
+                          "test_dp_sgd"),
+}
+
+
+def borrowed(src: Path, lesson_id: str) -> dict:
+    grade_id, answer, _ = BORROWED[lesson_id]
+    nb = json.loads(src.read_text())
+    cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id)
+    cell["source"] = answer
+    return nb
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """One `grade` run over: every lesson's instructor notebook, and for each lesson with a
@@ -170,6 +191,9 @@ def graded(tmp_path_factory):
             (subs / "mistake" / lesson_id / src.name).write_text(text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1]))
         (subs / "hostile" / lesson_id).mkdir(parents=True)
         (subs / "hostile" / lesson_id / src.name).write_text(json.dumps(hostile(notebook(lesson_id, "lessons"))))
+        if lesson_id in BORROWED:
+            (subs / "borrowed" / lesson_id).mkdir(parents=True)
+            (subs / "borrowed" / lesson_id / src.name).write_text(json.dumps(borrowed(src, lesson_id)))
         if lesson_id == PATCHED_LESSON:
             nb, _ = patched(src)
             (subs / "patched" / lesson_id).mkdir(parents=True)
@@ -242,3 +266,14 @@ def test_mistake_behind_patched_checks_earns_only_the_cells_before_it(graded):
     row = rows[("patched", PATCHED_LESSON)]
     assert row["status"] == "graded" and float(row["score"]) == earned, row
     assert "tampered" in row["flags"].split(","), row
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("lesson_id", sorted(BORROWED))
+def test_answers_that_call_the_course_references_earn_nothing_and_are_named(graded, lesson_id):
+    rows, cells, _ = graded
+    row = rows[("borrowed", lesson_id)]
+    _, _, lost = BORROWED[lesson_id]
+    expected = graded_cells(notebook(lesson_id, "solutions"))
+    assert cells[("borrowed", lesson_id)] == {**expected, lost: 0.0}, row
+    assert "uses-reference" in row["flags"].split(","), row

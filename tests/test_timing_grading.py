@@ -160,6 +160,11 @@ def test_structure_checks_tell_scripted_compiled_and_plain_apart():
     assert is_compiled(torch.compile(torch.nn.Linear(2, 2), backend="eager"))
     expect_scripted(s)
     expect_compiled(c)
+    imitation = lambda x: x + 1  # noqa: E731 - an attribute is not a compilation
+    imitation._torchdynamo_orig_callable = f
+    assert not is_compiled(imitation)
+    with pytest.raises(AssertionError, match="torch.compile"):
+        expect_compiled(imitation, "compiled_layer")
     with pytest.raises(AssertionError, match="(?s)a plain function.*torch.jit.script"):
         expect_scripted(f, "scripted_layer")
     with pytest.raises(AssertionError, match="(?s)TorchScript function.*torch.compile"):

@@ -242,6 +242,10 @@ def main() -> int:
         state["records"] += 1
 
     numerics._observer = observer
+    import course.guard as guard
+
+    guard._learner_prefix = learner_prefix  # the course's references refuse learner callers
+    guard._refused = lambda name, where: flag("uses-reference", f"{where} called the course's {name}")
     import contextlib
     import course.timing as timing
 
@@ -363,6 +367,8 @@ def main() -> int:
             broken = seal.broken() if not tampered else []
         finally:
             state["busy"] = False
+        if guard._learner_prefix != learner_prefix or guard.reference.__module__ != "course.guard":
+            broken = broken + ["course.guard switched off"]
         if broken:
             tampered = True
             flag("tampered", "; ".join(broken))

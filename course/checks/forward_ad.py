@@ -30,6 +30,7 @@ from course.devices import threads as pinned_threads
 from course.grading import best_of, expect_speedup, speed_bar
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, compare
+from course.guard import reference
 
 __all__ = ["check_dual", "check_jacobian_speed", "check_jacobians", "check_param_jvp", "check_param_jvp_func",
            "check_sinc", "sinc_derivative_reference", "sinc_reference"]
@@ -234,6 +235,7 @@ def check_param_jvp_func(param_jvp_func: Callable, *, seed: int = 0, sizes=(6, 1
 _SERIES_TERMS = 14
 
 
+@reference
 def sinc_reference(x: torch.Tensor) -> torch.Tensor:
     """sin(x)/x in float64: a power series below |x| = 0.5 (no division), the quotient above."""
     x = x.to(F64)
@@ -246,6 +248,7 @@ def sinc_reference(x: torch.Tensor) -> torch.Tensor:
     return torch.where(big, torch.sin(safe) / safe, series)
 
 
+@reference
 def sinc_derivative_reference(x: torch.Tensor) -> torch.Tensor:
     """d/dx sin(x)/x in float64: the series' derivative below |x| = 0.5, (x cos x - sin x)/x^2 above."""
     x = x.to(F64)

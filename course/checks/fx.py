@@ -21,6 +21,7 @@ from course.grading import expect_compiled, expect_speedup
 from course.models import small_resnet
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, compare
+from course.guard import reference
 
 __all__ = ["check_compile_frozen", "check_conv_bn_pairs", "check_fold_conv_bn", "check_fuse",
            "check_fusion_speed", "check_op_type", "check_profiler"]
@@ -33,12 +34,14 @@ FOLD_HINT = ("scale = gamma / sqrt(var + eps) has one value per output channel: 
 
 # ---------------------------------------------------------------- trusted references
 
+@reference
 def _op_type(gm: fx.GraphModule, node: fx.Node) -> str:
     kinds = {"call_module": lambda t: type(gm.get_submodule(t)).__name__,
              "call_function": lambda t: getattr(t, "__name__", str(t)), "call_method": str}
     return kinds[node.op](node.target) if node.op in kinds else node.op
 
 
+@reference
 def _reasons(gm: fx.GraphModule, bn_node: fx.Node) -> str | None:
     """Why the BatchNorm at ``bn_node`` may not be folded (None: it may)."""
     bn = gm.get_submodule(bn_node.target)
@@ -58,10 +61,12 @@ def _bn_nodes(gm: fx.GraphModule) -> list[fx.Node]:
             and isinstance(gm.get_submodule(n.target), nn.modules.batchnorm._BatchNorm)]
 
 
+@reference
 def _legal_pairs(gm: fx.GraphModule) -> set[tuple[str, str]]:
     return {(str(n.args[0].target), str(n.target)) for n in _bn_nodes(gm) if _reasons(gm, n) is None}
 
 
+@reference
 def _fold_reference(w, b, mean, var, gamma, beta, eps):
     scale = gamma / torch.sqrt(var + eps)
     b = torch.zeros_like(mean) if b is None else b

@@ -30,6 +30,7 @@ from course.grading import best_of, expect_speedup, speed_bar
 from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, format_bytes, tanh_layer
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, compare
+from course.guard import reference
 
 __all__ = ["check_batched_hessian", "check_batched_jacobian", "check_hvp", "check_pick_jacobian",
            "check_picker_speed", "check_row_jacobian", "check_vmap_jacobian", "check_vmap_speed"]
@@ -142,6 +143,7 @@ def check_vmap_jacobian(jacobian_vmap: Callable, *, seed: int = 0, n_out: int = 
        f"rows, {large} for 40: no loop")
 
 
+@reference
 def _reference_rows(f: Callable, x: torch.Tensor) -> torch.Tensor:
     """The course's row loop (the baseline of the speed check)."""
     # autograd.functional.jacobian without vectorize: one backward pass per output row.

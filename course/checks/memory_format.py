@@ -25,6 +25,7 @@ from course.memory_format import (PLANTED_VARIANTS, channels_last_strides_of, me
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, compare
+from course.guard import reference
 
 __all__ = ["check_autocast_inference", "check_channels_last_speed", "check_format_finder",
            "check_is_channels_last_contiguous", "check_strides", "check_to_channels_last"]
@@ -88,6 +89,7 @@ def check_strides(nchw_strides: Callable, nhwc_strides: Callable, *, seed: int =
     ok(f"nchw_strides and nhwc_strides match PyTorch on {len(FIXED_SHAPES) + cases} shapes (seed {seed})")
 
 
+@reference
 def _dense(shape, order):
     strides, acc = [0] * 4, 1
     for d in reversed(order):
@@ -225,6 +227,7 @@ class _ReferenceWatcher(TorchFunctionMode):
         return out
 
 
+@reference
 def format_losses(model: nn.Module, x: torch.Tensor) -> list[str]:
     """The ops that lose channels-last when ``model`` (converted, as is ``x``) runs, in order."""
     model = model.to(memory_format=CL)

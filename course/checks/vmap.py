@@ -23,10 +23,11 @@ from torch.func import stack_module_state
 from course.checks.common import call, ok
 from course.devices import pick_device
 from course.devices import threads
-from course.grading import best_of, expect_speedup, speed_bar
+from course.grading import best_of, expect_constant_work, expect_speedup, speed_bar
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, compare
 from course.vmap import ForwardWatch, mlp_ensemble, small_cnn, toy_features, toy_images
+from course.guard import reference
 
 __all__ = ["check_dp_sgd_step", "check_ensemble_predict", "check_ensemble_speed", "check_opacus_grads",
            "check_per_sample_grads", "check_per_sample_grads_loop", "check_per_sample_speed",
@@ -47,6 +48,7 @@ def _float32_tolerance(dev: torch.device) -> dict:
 
 # -- ensembles -----------------------------------------------------------------------------------
 
+@reference
 def loop_predictions(models, x: torch.Tensor, *, same_minibatch: bool) -> torch.Tensor:
     """The baseline: each model on its own minibatch ``x[i]``, or every model on ``x``."""
     if same_minibatch:
@@ -159,8 +161,20 @@ def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, see
                          hint=f"row i is model i on {where}: vmap over (params, buffers, x) with "
                               f"in_dims={in_dims}.")
             _expect_vmapped(watch, label, n, "model")
+    for label, fn, same in (("predict_each", predict_each, False), ("predict_all", predict_all, True)):
+        def prepare(k, fn=fn, same=same, label=label):
+            members = mlp_ensemble(k, seed=seed, features=features, hidden=hidden, classes=classes, device=dev)
+            params, buffers, base = _stacked(members)
+            x = toy_features(*((batch, features) if same else (k, batch, features)), seed=seed + 3, device=dev)
+
+            def run():
+                with torch.no_grad():
+                    call(fn, params, buffers, base, x, name=label)
+            return run
+
+        expect_constant_work(prepare, n, 2 * n, what=label, unit="model")
     ok(f"predict_each and predict_all equal the loop over {n} models in float64 and float32, with one vmapped "
-       f"call of the base model each (batch={batch}, seed {seed})")
+       f"call of the base model each and as much work for {2 * n} models as for {n} (batch={batch}, seed {seed})")
 
 
 def check_ensemble_speed(predict_each: Callable, *, bars: Mapping[str, float], n: int, batch: int, features: int,
@@ -210,6 +224,7 @@ def _best_of(candidates, name, *, bars, inputs, check, rounds, min_run_time, att
 
 # -- per-sample gradients ------------------------------------------------------------------------
 
+@reference
 def reference_per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
     """The trusted baseline: one backward pass per sample (cross-entropy of that sample alone),
     gradients stacked into ``{name: (batch, *param.shape)}``."""
@@ -312,8 +327,13 @@ def check_per_sample_grads(per_sample_grads: Callable, *, seed: int = 0, batch: 
         _compare_grads(got, expected, "per_sample_grads", dtype, dev,
                        "the loss of one sample is F.cross_entropy(model(x_i[None]), y_i[None]); "
                        "vmap(grad(loss), in_dims=(None, 0, 0)) maps over x and y, not over the parameters.")
-    ok(f"per_sample_grads equals the loop in float64 and float32, with one vmap(grad) call of the model "
-       f"(batch={batch}, seed {seed})")
+    def prepare(n):
+        m, xs, ys = _cnn_case(seed, n, size, channels, classes, dev, torch.float32)
+        return lambda: call(per_sample_grads, m, xs, ys, name="per_sample_grads")
+
+    expect_constant_work(prepare, batch, 2 * batch, what="per_sample_grads", unit="sample")
+    ok(f"per_sample_grads equals the loop in float64 and float32, with one vmap(grad) call of the model, "
+       f"as much work for {2 * batch} samples as for {batch} (batch={batch}, seed {seed})")
 
 
 def check_opacus_grads(opacus_per_sample_grads: Callable, *, seed: int = 0, batch: int = 8, size: int = 8,
@@ -389,11 +409,13 @@ def check_per_sample_speed(per_sample_grads: Callable, *, bars: Mapping[str, flo
 EPS = 1e-6
 
 
+@reference
 def per_sample_norms(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The L2 norm of each sample's whole gradient (all parameters together): shape ``(batch,)``."""
     return torch.stack([g.reshape(g.shape[0], -1).norm(dim=1) for g in grads.values()]).norm(dim=0)
 
 
+@reference
 def dp_sgd_reference(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor], *, lr: float,
                      max_norm: float, noise_multiplier: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
     """One DP-SGD step, the lesson's conventions:
