@@ -15,6 +15,8 @@ import re
 import shutil
 from pathlib import Path
 
+from course import cells
+
 from . import REPO_ROOT, UsageError
 
 INCLUDE = ["lessons", "course", "requirements", "pyproject.toml", "environment.yml", "README.md", "LICENSE",
@@ -29,8 +31,8 @@ def secret_blocks(solutions: Path) -> list[tuple[str, set[str]]]:
     for nb_path in sorted(solutions.glob("*/*.ipynb")):
         nb = json.loads(nb_path.read_text(encoding="utf-8"))
         for cell in nb["cells"]:
-            src = "".join(cell.get("source", []))
-            gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", cell.get("id"))
+            src = cells.source(cell)
+            gid = cells.grade_id(cell, cell.get("id"))
             for kind, body in _BLOCK.findall(src):
                 lines = {l.strip() for l in body.splitlines()}
                 lines = {l for l in lines if len(l) >= 16 and not l.startswith("#")}

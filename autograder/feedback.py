@@ -3,6 +3,10 @@
 Written by the grader itself rather than ``nbgrader generate_feedback``, whose pages show the
 graded notebook as run, hidden tests included. Here a test cell shows only its visible source
 (the student version's), and the result of the hidden part is one line: passed, or why not.
+
+Nothing the learner's run printed appears (learners see their prints in their own notebook;
+instructors find them in ``WORK/autograded/``), and every message shown has any line of a
+hidden test removed, so a submission cannot use its feedback page to read the hidden tests back.
 """
 
 from __future__ import annotations
@@ -19,8 +23,27 @@ pre{background:#f6f8fa;padding:.6rem;overflow-x:auto;border-radius:4px;font-size
 td,th{padding:.2rem .8rem;border-bottom:1px solid #ddd;text-align:left}"""
 
 
+def hidden_lines(program: Program) -> list[str]:
+    """The lines of the program's hidden tests (those not in the visible source), longest first."""
+    lines = set()
+    for cell in program.cells:
+        if cell.kind == TEST:
+            shown = {line.strip() for line in cell.visible.splitlines()}
+            lines |= {line.strip() for line in cell.source.splitlines()
+                      if len(line.strip()) >= 8 and line.strip() not in shown}
+    return sorted(lines, key=len, reverse=True)
+
+
+def scrub(text: str, hidden: list[str]) -> str:
+    for line in hidden:
+        if line in text:
+            text = text.replace(line, "[a hidden test]")
+    return text
+
+
 def write_feedback(path: Path, student: str, lesson: str, program: Program, outcome, verdicts,
                    status: str) -> Path:
+    hidden = hidden_lines(program)
     by_grade = {v.grade_id: v for v in verdicts}
     score = sum(v.points for v in verdicts)
     total = sum(v.max_points for v in verdicts)
@@ -29,7 +52,7 @@ def write_feedback(path: Path, student: str, lesson: str, program: Program, outc
              f"<style>{_STYLE}</style>", f"<h1>{e(lesson)}</h1>",
              f"<p>Student <b>{e(student)}</b>: <b>{score:g} / {total:g}</b> points ({e(status)}).</p>"]
     if outcome.detail:
-        parts.append(f"<p class=fail>{e(outcome.detail)}</p>")
+        parts.append(f"<p class=fail>{e(scrub(outcome.detail, hidden))}</p>")
     if program.flags:
         items = "".join(f"<li><b>{e(k)}</b>: {e('; '.join(v)[:400])}</li>" for k, v in sorted(program.flags.items()))
         parts.append(f"<p>The grader noted:</p><ul>{items}</ul>")
@@ -43,14 +66,13 @@ def write_feedback(path: Path, student: str, lesson: str, program: Program, outc
             parts.append(f"<div class='cell {'pass' if ok else 'fail'}'><h3>{e(cell.grade_id)}: "
                          f"{v.points:g} / {v.max_points:g}</h3><pre>{e(cell.visible)}</pre>"
                          + ("<p class=pass>passed, hidden tests included</p>" if ok else
-                            f"<p class=fail>not passed:</p><pre>{e(v.message)}</pre>") + "</div>")
+                            f"<p class=fail>not passed:</p><pre>{e(scrub(v.message, hidden))}</pre>") + "</div>")
         elif cell.learner:
             rep = outcome.cells.get(cell.index)
-            out = (rep.output if rep else "")[-3000:]
-            err = rep.error if rep else ""
+            err = scrub(rep.error, hidden)[-2000:] if rep else ""
             parts.append(f"<div class=cell><h3>your code{f' ({e(cell.grade_id)})' if cell.grade_id else ''}</h3>"
-                         f"<pre>{e(cell.source)}</pre>" + (f"<pre>{e(out)}</pre>" if out.strip() else "")
-                         + (f"<pre class=fail>{e(err)}</pre>" if err else "") + "</div>")
+                         f"<pre>{e(cell.source)}</pre>" + (f"<pre class=fail>{e(err)}</pre>" if err else "")
+                         + "</div>")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts) + "\n", encoding="utf-8")
     return path

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course import cells as nbcells
+
 HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[ \t]*\n?",
                     re.MULTILINE | re.DOTALL)
 
@@ -66,15 +68,7 @@ class Program:
                  "grade_id": c.grade_id} for c in self.cells]
 
 
-def _source(cell: dict) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else str(src)
-
-
-def _meta(cell: dict) -> dict:
-    meta = cell.get("metadata", {})
-    nb = meta.get("nbgrader", {}) if isinstance(meta, dict) else {}
-    return nb if isinstance(nb, dict) else {}
+_source, _meta = nbcells.source, nbcells.nbgrader
 
 
 def visible_source(source: str) -> str:

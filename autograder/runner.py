@@ -1,10 +1,10 @@
 """Run one command in its own process group, with a wall-clock limit and rusage.
 
-Student code runs inside a Jupyter kernel that nbgrader starts as a grandchild of the
-command; a hung or memory-hungry submission must never take the whole batch with it.
-So every nbgrader call runs in a new session, is killed together with all its
-descendants when it runs past its time, and its peak memory is read from the kernel's
-own accounting (``os.wait4``), which covers the child and the descendants it reaped.
+Used for nbgrader's own commands (``generate_assignment`` when releasing and when preparing
+a lesson for grading): each runs in a new session, is killed together with all its
+descendants when it runs past its time, and its peak memory is read from the kernel's own
+accounting (``os.wait4``). Submissions never run here: they run in the grading sandbox
+(``autograder/sandbox/``).
 """
 
 from __future__ import annotations

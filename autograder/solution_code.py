@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from course import cells
+
 ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["load_solution", "solved_notebook", "solution_source"]
@@ -28,7 +30,7 @@ def solution_source(lesson_id: str, solutions: Path | None = None) -> str:
             and "course-setup" not in c.get("metadata", {}).get("tags", [])]
     setup = "".join(code[0]["source"])
     parts = ["\n".join(line for line in setup.splitlines() if not line.startswith("report ="))]
-    parts += ["".join(c["source"]) for c in code if c.get("metadata", {}).get("nbgrader", {}).get("solution")]
+    parts += [cells.source(c) for c in code if cells.is_solution(c)]
     return "\n\n".join(parts) + "\n"
 
 
@@ -51,13 +53,12 @@ def solved_notebook(lesson_id: str, root: Path | None = None) -> dict:
     source = json.loads((root / "solutions" / lesson_id / f"{lesson_id}.ipynb").read_text())
     answers = {}
     for cell in source["cells"]:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("solution") and cell["cell_type"] == "code":
-            lines = "".join(cell["source"]).splitlines()
-            answers[meta["grade_id"]] = "\n".join(
+        if cells.is_solution(cell):
+            lines = cells.source(cell).splitlines()
+            answers[cells.grade_id(cell)] = "\n".join(
                 line for line in lines if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
     for cell in student["cells"]:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        gid = cells.grade_id(cell)
         if gid in answers:
             cell["source"] = answers[gid]
     return student

@@ -1,8 +1,9 @@
 """Find the submissions in ``SUBMISSIONS/<student_id>/<lesson_id>/`` and vet them.
 
 Students make predictable mistakes (a renamed notebook, an empty folder, a file that
-is not JSON). These are decided here, before nbgrader runs, so that each turns into a
-clear row of the report instead of an nbgrader traceback.
+is not JSON), and a determined one submits links, special files or JSON built to break a
+parser. All of it is decided here, reading the files as data (``intake.py``), before anything
+runs, so that each turns into a clear ``missing`` or ``invalid`` row.
 """
 
 from __future__ import annotations

@@ -10,11 +10,15 @@ repository. Layout::
       jupyter/kernels/python3/kernel.json   the kernel: this interpreter
       solutions/<lesson>/    staged copy of the source notebooks (ids normalised)
       lessons/<lesson>/      nbgrader's student versions
-      submitted/<student>/<lesson>/    what is graded (renamed notebooks fixed)
-      autograded/<student>/<lesson>/   nbgrader's executed copies
-      feedback/<student>/<lesson>/     nbgrader's HTML feedback
-      logs/...               one log per nbgrader call
+      submitted/<student>/<lesson>/    the vetted bytes of what was graded (under the lesson's name)
+      autograded/<student>/<lesson>/   the graded program with each cell's output, for instructors
+      trusted/               the instructor runs' transcripts, per lesson and grading code
+      results/<student>/     each submission's decided row, keyed by its bytes (re-runs resume)
+      flags/                 what each flagged submission tried, in detail
+      logs/...               nbgrader calls, sandbox runs (logs/runs/), grader errors (logs/errors/)
       gradebook.db           default gradebook (``--db`` overrides it)
+
+The learners' feedback pages are written to ``OUT/feedback/``, not here.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import re
 import shutil
 import sys
 from pathlib import Path
+
+from course import cells as nbcells
 
 from . import NBGRADER_CONFIG, UsageError
 from .runner import RunResult, run_limited
@@ -205,7 +211,7 @@ def normalise_cell_ids(path: Path) -> None:
     for index, cell in enumerate(cells):
         if "id" in cell:
             continue
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+        grade_id = nbcells.grade_id(cell)
         candidate = grade_id if _CELL_ID.match(grade_id or "") else f"cell-{index}"
         while candidate in taken:
             candidate = f"{candidate[:56]}-{index}"

@@ -2,8 +2,7 @@
 
 The checks compare a learner's answer with the course's own references (closed-form
 Jacobians, a loop over samples, a DP-SGD step...). In a learner's notebook those references
-are ordinary functions. Under the autograder (``autograder/sandbox/child.py`` sets
-:data:`_learner_prefix`), a function marked ``@reference`` refuses to run while any frame of the
+are ordinary functions. Under the autograder (which sets ``course.grader_hooks.learner_prefix``), a function marked ``@reference`` refuses to run while any frame of the
 learner's own cells is on the call stack, or while a check is calling the learner's answer
 (:func:`answering`, used by ``course.checks.common.call``): a check may call it, an exercise may
 not answer with it, however it is wrapped (an alias, a lambda, ``functools.partial``, passed
@@ -17,14 +16,11 @@ import os
 import sys
 from typing import Callable, TypeVar
 
+from course import grader_hooks
+
 __all__ = ["ReferenceRefused", "answering", "reference"]
 
 F = TypeVar("F", bound=Callable)
-
-#: Set by the grading sandbox: the path prefix of the files holding the learner's cells.
-_learner_prefix: str | None = None
-#: Set by the grading sandbox: told (name, where) when a reference is refused.
-_refused: Callable[[str, str], None] | None = None
 
 
 _answering = 0
@@ -48,7 +44,7 @@ class ReferenceRefused(PermissionError):
 
 def _learner_frame():
     frame = sys._getframe(2)  # 0: here, 1: the guarded wrapper, 2: whoever called the reference
-    prefix = _learner_prefix
+    prefix = grader_hooks.learner_prefix
     while frame is not None:
         if frame.f_code.co_filename.startswith(prefix):
             return frame
@@ -62,13 +58,13 @@ def reference(fn: F) -> F:
 
     @functools.wraps(fn)
     def guarded(*args, **kwargs):
-        if _learner_prefix is not None:
+        if grader_hooks.learner_prefix is not None:
             frame = _learner_frame()
             if frame is not None or _answering:
                 where = (f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None
                          else "the answer a check called")
-                if _refused is not None:
-                    _refused(name, where)
+                if grader_hooks.refused is not None:
+                    grader_hooks.refused(name, where)
                 raise ReferenceRefused(
                     f"{name} is one of the course's references, which the checks compare your work with; "
                     "the grader does not let submitted code call it. Write the computation yourself.")

@@ -13,12 +13,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from course import grader_hooks
+
 __all__ = ["assert_close", "default_tolerance", "describe", "observing_paused", "report_at_least"]
 
-#: Set only by the autograder's sandboxed runner (``autograder/sandbox/child.py``): it is told every
-#: comparison a check makes, so that the grading parent can redo the comparison itself against
-#: references it computed from the instructor's solution. ``None`` in a learner's notebook.
-_observer = None
 _paused = 0
 
 
@@ -38,8 +36,8 @@ def report_at_least(name: str, value: float, bar: float) -> None:
     """Tell the autograder (if it is listening) that ``value`` was judged against ``bar`` with
     "at least": a speed check's measured ratio. The grading parent checks it again, and compares
     it with the instructor's own measurement. Outside the grader this does nothing."""
-    if _observer is not None and not _paused:
-        _observer(float(value), float(bar), dict(name=name, kind="at_least"))
+    if grader_hooks.observer is not None and not _paused:
+        grader_hooks.observer(float(value), float(bar), dict(name=name, kind="at_least"))
 
 
 # (rtol, atol) per dtype, the same spirit as torch.testing: a few units in the last place.
@@ -192,8 +190,8 @@ def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol:
     Tolerances default to those of the least precise dtype involved; compare against a float64
     reference with ``check_dtype=False`` to measure a float32 result's error honestly.
     """
-    if _observer is not None and not _paused:
-        _observer(actual, expected, dict(rtol=rtol, atol=atol, name=name, check_dtype=check_dtype,
+    if grader_hooks.observer is not None and not _paused:  # under the grader: tell the parent
+        grader_hooks.observer(actual, expected, dict(rtol=rtol, atol=atol, name=name, check_dtype=check_dtype,
                                          equal_nan=equal_nan))
     try:
         _walk(actual, expected, name, rtol=rtol, atol=atol, check_dtype=check_dtype,

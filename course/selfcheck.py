@@ -30,12 +30,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
+from course import cells
+from course.grader_hooks import SELF_CHECK_SKIP as SKIP_ENV
+
 __all__ = ["Exercise", "Report", "Result", "check_notebook", "exercises", "exercises_of",
            "self_check"]
 
-#: Set (to anything) in processes where the cell helper must not re-run the tests: the grader's
-#: sandbox and ``python -m course check``, which read the test cells' own outcomes instead.
-SKIP_ENV = "COURSE_SELF_CHECK_SKIP"
+#: SKIP_ENV, set (to anything) in processes where the cell helper must not re-run the tests: the
+#: grader's sandbox and ``python -m course check``, which read the test cells' own outcomes instead.
 
 _HEADING = re.compile(r"^#{2,4}\s*(Exercise\s+\d+[a-z]?)\b[^:\n]*:?\s*(.*)$", re.MULTILINE)
 
@@ -151,10 +153,9 @@ def exercises_of(notebook: dict) -> list[Exercise]:
                 name = re.sub(r"[`*]", "", m.group(2)).strip()
                 heading = f"{m.group(1)}: {name}" if name else m.group(1)
             continue
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.get("cell_type") == "code" and meta.get("grade") and not meta.get("solution"):
-            title = heading or meta["grade_id"]
-            found.append(Exercise(meta["grade_id"], float(meta.get("points", 0)), title, source))
+        if cells.is_test(cell):
+            title = heading or cells.grade_id(cell)
+            found.append(Exercise(cells.grade_id(cell), cells.points(cell), title, source))
     # Two test cells under one heading: tell them apart.
     titles = [e.title for e in found]
     return [Exercise(e.grade_id, e.points, e.title if titles.count(e.title) == 1
@@ -302,7 +303,7 @@ def check_notebook(path: str | Path, *, lesson_id: str | None = None, cell_timeo
                            f"{failure}). Is ipykernel installed here? Try: pip install ipykernel")
     results = []
     for cell in nb.cells:
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        grade_id = cells.grade_id(cell)
         if grade_id in items:
             results.append(_outcome(items[grade_id], cell))
     report = Report(lesson_id, results, how="check", notebook=str(path.resolve()),

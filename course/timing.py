@@ -31,14 +31,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from course import grader_hooks
 from course.devices import pick_device, synchronize
 from course.numerics import observing_paused
 
 __all__ = ["Ratio", "SpeedReport", "compare", "format_time"]
 
-#: Set by the autograder's sandboxed runner: a context manager that holds the machine for one
-#: measurement, so that submissions graded in parallel never time against each other.
-_exclusive = None
 
 
 def format_time(seconds: float) -> str:
@@ -207,7 +205,7 @@ def compare(candidates: Mapping[str, Callable[..., Any]], *, inputs: Callable[[]
     between the lower bound and the median of ``name``'s speedup over ``over``.
     """
     # Under the autograder, timing waits for a turn in which no other submission runs.
-    with observing_paused(), (_exclusive() if _exclusive is not None else nullcontext()):
+    with observing_paused(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
         return _compare(candidates, inputs=inputs, baseline=baseline, rounds=rounds, warmup=warmup,
                         min_run_time=min_run_time, device=device, progress=progress, check=check,
                         until=until, max_rounds=max_rounds)

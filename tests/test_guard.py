@@ -11,6 +11,7 @@ import torch
 
 import course
 import course.checks
+import course.grader_hooks as grader_hooks
 import course.guard as guard
 from course.rnn import layer_norm_lstm_cell_reference, layer_norm_params
 
@@ -19,8 +20,8 @@ from course.rnn import layer_norm_lstm_cell_reference, layer_norm_params
 def graded(tmp_path, monkeypatch):
     """Pretend to be the grading sandbox: cells written to ``learner_*.py`` files are the learner's."""
     refused = []
-    monkeypatch.setattr(guard, "_learner_prefix", str(tmp_path / "learner_"))
-    monkeypatch.setattr(guard, "_refused", lambda name, where: refused.append((name, where)))
+    monkeypatch.setattr(grader_hooks, "learner_prefix", str(tmp_path / "learner_"))
+    monkeypatch.setattr(grader_hooks, "refused", lambda name, where: refused.append((name, where)))
 
     def run(source: str, kind: str = "learner", **names):
         path = tmp_path / f"{kind}_{len(list(tmp_path.iterdir())):03d}.py"
@@ -80,7 +81,7 @@ def test_checks_and_instructor_cells_may_call_references(graded):
 
 
 def test_outside_the_grader_references_are_plain_functions(tmp_path):
-    assert guard._learner_prefix is None
+    assert grader_hooks.learner_prefix is None
     x, h, c, p = _args()
     path = tmp_path / "learner_000.py"
     path.write_text("out = ref(x, (h, c), p)")

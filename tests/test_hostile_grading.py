@@ -82,6 +82,11 @@ def hostile(course, tmp_path_factory):  # noqa: F811
     put("pipe_flood", _json(with_answer(solution_version(course), "add_solution",
                                         "import os, sys, struct\nos.write(int(sys.argv[2]), struct.pack('>Q', 2**40))\n"
                                         "def add(a, b):\n    return a + b")))
+    hidden = "assert_close(add(-5, 5), 0)"  # however a submission came to know it
+    put("echo_hidden", _json(with_answer(solution_version(course), "add_solution",
+                                         f"print({hidden!r})\nimport glob\nfor f in glob.glob('*.py'):\n"
+                                         "    print(open(f).read())\n"
+                                         f"def add(a, b):\n    raise ValueError({hidden!r})")))
     rebind = student_version(course)
     rebind.cells.insert(3, nbformat.v4.new_code_cell("assert_close = lambda *a, **k: None"))
     put("rebinds_check", _json(rebind))
@@ -113,7 +118,7 @@ INVALID = {
 def test_no_submission_costs_another_its_row(hostile):
     assert hostile["proc"].returncode == 0, hostile["proc"].stderr[-3000:]
     expected = {"control", "dangling_beside", "devzero_beside", "odd_name", "surrogate_output", "stdout_flood",
-                "pipe_flood", "rebinds_check", *INVALID}
+                "pipe_flood", "rebinds_check", "echo_hidden", *INVALID}
     assert set(hostile["rows"]) == expected, hostile["proc"].stdout[-3000:]
 
 
@@ -224,3 +229,32 @@ def test_the_sandbox_imports_the_grading_checkouts_course(tmp_path):
     where = out.cells[0].output.strip()
     repo_course = str(Path(__file__).resolve().parents[1] / "course")
     assert where.startswith("/grading/pkg/course/" if sandbox == "bwrap" else repo_course), where
+
+
+def test_feedback_never_shows_hidden_tests_whatever_the_submission_prints(hostile, course):  # noqa: F811
+    row = hostile["rows"]["echo_hidden"]
+    assert (row["status"], float(row["score"])) == ("graded", 1), row
+    page = (hostile["out"] / "feedback" / "echo_hidden" / LESSON / f"{LESSON}.html").read_text(encoding="utf-8")
+    assert "add(-5, 5)" not in page and "mul(-1, 4)" not in page
+    assert "[a hidden test]" in page  # the error is shown, the hidden line is not
+    # the test cells' files in the sandbox were empty: nothing of them was printed
+    log = (course["work"] / "autograded" / "echo_hidden" / LESSON / NOTEBOOK).read_text(encoding="utf-8")
+    assert "mul(-1, 4)" not in log
+
+
+def test_no_later_cell_is_in_the_sandbox_before_it_runs(tmp_path):
+    """The parent sends each cell once the one before it has ended: a probe that searches every
+    string object in the child finds no trace of the next cell (hidden tests included)."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    probe = ("import gc, warnings\nwarnings.simplefilter('ignore')\nmarker = 'SECRET' + '-MARKER-42'\n"
+             "found = any(isinstance(o, str) and marker in o for o in gc.get_objects())\n"
+             "found = found or any(isinstance(o, (bytes, bytearray)) and marker.encode() in o for o in gc.get_objects())\n"
+             "print('found', found)\n")
+    later = _cell("hidden = 'SECRET-MARKER-42'\nprint('ran')", 1)
+    out = run_program([_cell(probe), later], sandbox=sandbox, cell_timeout=30, timeout=60, memory_mb=2000,
+                      log=tmp_path / "log")
+    assert out.status == "ok", out
+    assert out.cells[0].output.strip().splitlines()[-1] == "found False", out.cells[0]
+    assert out.cells[1].output.strip() == "ran"

@@ -254,12 +254,19 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                                 start_new_session=True)
     os.close(to_child_r)
     os.close(from_child_w)
-    setup = pickle.dumps({"token": token, "cells": cells, "cell_timeout": float(cell_timeout)})
+    pending = list(cells)  # sent one at a time, each after the previous cell ended
+
+    def send_next() -> None:
+        try:
+            protocol.send_frame(to_child_w, pickle.dumps(pending.pop(0)))
+        except (OSError, IndexError):
+            pass
+
     try:
-        os.write(to_child_w, protocol.HEADER.pack(len(setup)))
-        view = memoryview(setup)
-        while view:
-            view = view[os.write(to_child_w, view):]
+        protocol.send_frame(to_child_w, pickle.dumps({"token": token, "count": len(cells),
+                                                      "cell_timeout": float(cell_timeout)}))
+        if pending:
+            send_next()
     except OSError:
         pass
     child = _Child(proc.pid)
@@ -329,6 +336,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     current.output = safe_text(str(msg["output"]))[-protocol.MAX_OUTPUT_CHARS:]
                     current.seconds, current.tampered = float(msg["seconds"]), bool(msg["tampered"])
                     current.finished = True
+                    if pending:
+                        send_next()
                 elif kind == protocol.FLAG:
                     flags.append((safe_text(str(msg["name"]))[:40], safe_text(str(msg["detail"]))[:300]))
                 elif kind == protocol.SPEED_BEGIN and holding_since is None:

@@ -1,7 +1,9 @@
 """The one definition of what crosses the sandbox's boundary, used by both sides.
 
-Parent to child (trusted to untrusted): one set-up message, a pickle (the child may trust its
-parent), then single bytes: ``GO`` grants a timing turn.
+Parent to child (trusted to untrusted): framed pickles (the child may trust its parent): a
+set-up message (token, cell limit, number of cells), then each cell only once the one before
+it has ended (:func:`send_frame`), so no cell's source, hidden tests included, is in the child
+before that cell runs; and single bytes during a cell: ``GO`` grants a timing turn.
 
 Child to parent (untrusted to trusted): frames of an 8-byte big-endian length and a payload
 that :func:`decode` reads with ``torch.load(weights_only=True)``: tensors, numbers, strings
@@ -33,6 +35,13 @@ GO = b"g"
 READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE = (
     "ready", "cell_start", "record", "cell_end", "flag", "speed_begin", "speed_end", "done")
 KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE}
+
+
+def send_frame(fd: int, payload: bytes) -> None:
+    """Write one framed payload to ``fd`` (parent to child)."""
+    data = memoryview(HEADER.pack(len(payload)) + payload)
+    while data:
+        data = data[__import__("os").write(fd, data):]
 
 
 class ProtocolError(Exception):

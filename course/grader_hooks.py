@@ -1,0 +1,39 @@
+"""The whole contract between the course package and the autograder, in one place.
+
+In a learner's notebook every hook here is ``None`` and the course behaves as plain Python.
+The grading sandbox (``autograder/sandbox/child.py``) calls :func:`install` once, before any
+learner code runs, and nothing else in the course is set from outside. Each hook is read by one
+module:
+
+- ``observer(actual, expected, tol)``: told every comparison a check makes
+  (:func:`course.numerics.assert_close`) and every speed verdict
+  (:func:`course.numerics.report_at_least`), so that the grading parent can decide again;
+- ``exclusive()``: a context manager that holds the machine for one measurement
+  (:func:`course.timing.compare`), so that submissions graded in parallel never time against
+  each other;
+- ``learner_prefix`` and ``refused(name, where)``: where the learner's cells are written, and
+  whom to tell when one of them calls a course reference (:mod:`course.guard`);
+- the environment variable :data:`SELF_CHECK_SKIP`: the lessons' closing self-check does
+  nothing (the grader reads the test cells itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ContextManager
+
+observer: Callable[[Any, Any, dict], None] | None = None
+exclusive: Callable[[], ContextManager] | None = None
+learner_prefix: str | None = None
+refused: Callable[[str, str], None] | None = None
+
+SELF_CHECK_SKIP = "COURSE_SELF_CHECK_SKIP"
+
+
+def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, refused: Callable) -> None:
+    """Called by the grading sandbox only."""
+    globals().update(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix, refused=refused)
+
+
+def installed() -> tuple:
+    """What is installed now (the sandbox compares it after every cell)."""
+    return observer, exclusive, learner_prefix, refused
