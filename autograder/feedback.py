@@ -71,7 +71,7 @@ def write_feedback(path: Path, student: str, lesson: str, program: Program, outc
             rep = outcome.cells.get(cell.index)
             err = scrub(rep.error, hidden)[-2000:] if rep else ""
             parts.append(f"<div class=cell><h3>your code{f' ({e(cell.grade_id)})' if cell.grade_id else ''}</h3>"
-                         f"<pre>{e(cell.source)}</pre>" + (f"<pre class=fail>{e(err)}</pre>" if err else "")
+                         f"<pre>{e(scrub(cell.source, hidden))}</pre>" + (f"<pre class=fail>{e(err)}</pre>" if err else "")
                          + "</div>")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts) + "\n", encoding="utf-8")

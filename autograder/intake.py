@@ -42,7 +42,8 @@ class Rejected(Exception):
 
 def shown(name: str) -> str:
     """A file name as it can be printed and written to CSV, whatever bytes it holds."""
-    return repr(name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))[1:-1]
+    text = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def safe_text(text: str) -> str:

@@ -10,7 +10,6 @@ accounting (``os.wait4``). Submissions never run here: they run in the grading s
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time

@@ -67,15 +67,34 @@ def main() -> None:
               f"scores {scores}", flush=True)
     import torch
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    from autograder.grade import GRADER_VERSION
+
     record = {"lesson": args.lesson, "count": args.count, "machine": machine_name(), "date": dt.date.today().isoformat(),
-              "torch": torch.__version__, "jobs": results}
+              "torch": torch.__version__, "grader": GRADER_VERSION, "jobs": results}
     out_dir = ROOT / "benchmarks" / "results"
-    (out_dir / f"grading-throughput-{device}.json").write_text(json.dumps(record, indent=1) + "\n")
+    path = out_dir / f"grading-throughput-{device}.json"
+    before = json.loads(path.read_text()) if path.exists() else None
+    if before and before.get("grader", "2") != GRADER_VERSION:
+        record["previous_grader"] = {k: before[k] for k in ("grader", "date", "count", "jobs") if k in before}
+        record["previous_grader"].setdefault("grader", "2")
+    elif before and "previous_grader" in before:
+        record["previous_grader"] = before["previous_grader"]
+    path.write_text(json.dumps(record, indent=1) + "\n")
     rows = "\n".join(f"| {j} | {r['seconds']} | {r['per_minute']} | {', '.join(r['scores'])} |" for j, r in results.items())
+    prev = record.get("previous_grader")
+    if prev:
+        change = "\n".join(
+            f"| {j} | {prev['jobs'][str(j)]['per_minute']} | {results[j]['per_minute']} | "
+            f"{results[j]['per_minute'] / prev['jobs'][str(j)]['per_minute']:.2f}x |"
+            for j in results if str(j) in prev["jobs"])
+        rows += (f"\n\nAgainst the previous grader (version {prev['grader']}, measured {prev['date']} on this machine "
+                 f"kind, {prev['count']} submissions per run):\n\n| --jobs | before, per minute | now, per minute | "
+                 f"now / before |\n|---|---|---|---|\n{change}")
     (out_dir / f"grading-throughput-{device}.md").write_text(
         f"# Grading throughput, {args.lesson}\n\n{record['machine']}, torch {record['torch']}, {record['date']}.\n"
         f"{args.count} submissions per run (the instructor's notebook under new ids), sandboxed with "
         "bubblewrap, after a warm-up that made the instructor transcript.\n\n"
+        f"Grader version {GRADER_VERSION}.\n\n"
         "| --jobs | seconds | submissions per minute | scores |\n|---|---|---|---|\n" + rows + "\n\n"
         f"Speedup of --jobs 2 over --jobs 1: {results[1]['seconds'] / results[2]['seconds']:.2f}x. Speed checks take "
         "turns (the other submission is paused while one measures), which caps the gain.\n")

@@ -10,11 +10,17 @@ import torch
 from course.guard import ReferenceRefused, answering
 from course.numerics import assert_close, describe
 
-__all__ = ["call", "expect_grads", "ok", "weighted_sum"]
+__all__ = ["call", "expect_grads", "ok", "record", "weighted_sum"]
 
 
 def ok(message: str) -> None:
     print(f"ok: {message}")
+
+
+def record(actual: Any, expected: Any, name: str) -> None:
+    """Report a value a check decided by its own comparison (names, strides, a choice), so that
+    the grading parent can check it again; outside the grader, one more comparison."""
+    assert_close(actual, expected, name=name)
 
 
 def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> Any:

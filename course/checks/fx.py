@@ -12,12 +12,12 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import fx, nn
 
-from course.checks.common import call, ok
+from course.checks.common import call, ok, record
 from course.data import generator, randn
 from course.devices import pick_device
 from course.devices import threads
 from course.fx import capture_inductor_code
-from course.grading import expect_compiled, expect_speedup
+from course.grading import expect_compiled, expect_speedup, speed_bar
 from course.models import small_resnet
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, compare
@@ -102,10 +102,12 @@ def check_op_type(op_type: Callable, *, seed: int = 0, width: int = 8, blocks=(1
     the function's ``__name__`` for ``call_function``, the method's name for ``call_method``, and
     the op itself (``'placeholder'``, ``'output'``, ``'get_attr'``) for the rest."""
     _, gm = _traced(seed, width, blocks, tap=True)
-    seen = set()
+    seen, gots, wants = set(), [], []
     for node in gm.graph.nodes:
         want = _op_type(gm, node)
         got = call(op_type, gm, node, name="op_type")
+        gots.append(got)
+        wants.append(want)
         if got != want:
             raise AssertionError(
                 f"op_type(gm, node) for node {node.name!r} (op {node.op!r}, target {node.target!r}) "
@@ -113,6 +115,7 @@ def check_op_type(op_type: Callable, *, seed: int = 0, width: int = 8, blocks=(1
                 "  Hint: call_module -> type(gm.get_submodule(node.target)).__name__; call_function -> "
                 "node.target.__name__; call_method -> node.target (already a string); otherwise node.op.")
         seen.add(node.op)
+    record(gots, wants, "op_type of every node")
     ok(f"op_type names all {len(gm.graph.nodes)} nodes right (ops {sorted(seen)}; seed {seed})")
 
 
@@ -151,6 +154,7 @@ def check_conv_bn_pairs(conv_bn_pairs: Callable, *, seed: int = 0, width: int = 
         raise AssertionError("conv_bn_pairs lists a pair more than once.")
     if str(gm.graph) != before:
         raise AssertionError("conv_bn_pairs changed the graph: it should only look.")
+    record(sorted([list(p) for p in got_set]), sorted([list(p) for p in want]), "conv_bn_pairs (conv, bn) targets")
     left = len(_bn_nodes(gm)) - len(want)
     ok(f"conv_bn_pairs finds all {len(want)} legal pairs and leaves the other {left} BatchNorm(s) alone "
        f"(seed {seed}{', ' + train_bn + ' in training mode' if train_bn else ''})")

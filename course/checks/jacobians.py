@@ -23,7 +23,7 @@ from typing import Callable, Mapping
 import torch
 from torch.func import jacfwd, jacrev
 
-from course.checks.common import call, ok
+from course.checks.common import call, ok, record
 from course.data import randn
 from course.devices import pick_device, threads
 from course.grading import best_of, expect_speedup, speed_bar
@@ -244,9 +244,12 @@ def check_pick_jacobian(pick_jacobian: Callable, *, seed: int = 0) -> None:
     ``x`` and ``torch.func.jacrev`` otherwise (square included), on tall, wide, square and
     non-vector shapes."""
     cases = _picker_cases(seed)
+    picks, rights = [], []
     for f, x, n_out, n_in in cases:
         got = _pick(pick_jacobian, f, x)
         right = _right_mode(n_out, n_in)
+        picks.append(_mode_name(got))
+        rights.append(_mode_name(right))
         if got is not right:
             why = ("more outputs than inputs: forward mode needs one JVP per input, reverse mode one VJP per output, "
                    "so jacfwd does fewer passes" if right is jacfwd else
@@ -256,6 +259,7 @@ def check_pick_jacobian(pick_jacobian: Callable, *, seed: int = 0) -> None:
                 f"for x of shape {tuple(x.shape)} ({n_in} inputs) and f(x) of shape {tuple(f(x).shape)} ({n_out} "
                 f"outputs), pick_jacobian chose {_mode_name(got)}; expected {_mode_name(right)}: {why}.\n"
                 "  Hint: compare numbers of elements (.numel()), not the first dimension.")
+    record(picks, rights, "pick_jacobian's choices")
     ok(f"pick_jacobian chooses right on {len(cases)} shapes (tall, wide, square, and not vectors)")
 
 

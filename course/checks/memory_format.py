@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from course.checks.common import call, ok
+from course.checks.common import call, ok, record
 from course.data import randn
 from course.devices import pick_device
 from course.grading import best_of, expect_speedup, speed_bar
@@ -73,6 +73,7 @@ def _as_strides(got, fn_name: str, shape) -> tuple[int, ...]:
 def check_strides(nchw_strides: Callable, nhwc_strides: Callable, *, seed: int = 0, cases: int = 25) -> None:
     """``nchw_strides(shape)`` and ``nhwc_strides(shape)`` return the strides (in elements) of a
     dense ``(N, C, H, W)`` tensor in NCHW (contiguous) and NHWC (channels-last) order."""
+    seen, wanted = [], []
     for shape in _shapes(seed, cases):
         for fn, label, fmt, hint in (
                 (nchw_strides, "nchw_strides", torch.contiguous_format,
@@ -83,9 +84,12 @@ def check_strides(nchw_strides: Callable, nhwc_strides: Callable, *, seed: int =
                  "C elements, H over W*C, N over H*W*C. Strides stay in (N, C, H, W) order.")):
             expected = tuple(torch.empty(shape, memory_format=fmt, device="meta").stride())
             got = _as_strides(_by_hand(fn, shape, name=label), label, shape)
+            seen.append(list(got))
+            wanted.append(list(expected))
             if got != expected:
                 raise AssertionError(f"{label}({shape}) returned {got}; PyTorch's strides are {expected}.\n"
                                      f"  Hint: {hint}")
+    record(seen, wanted, "strides by hand")
     ok(f"nchw_strides and nhwc_strides match PyTorch on {len(FIXED_SHAPES) + cases} shapes (seed {seed})")
 
 
@@ -125,9 +129,12 @@ def check_is_channels_last_contiguous(fn: Callable, *, seed: int = 0, cases: int
     """``fn(shape, strides) -> bool`` equals ``x.is_contiguous(memory_format=torch.channels_last)``
     for a tensor with that shape and those strides, on generated cases (NCHW, NHWC, permuted,
     sliced, broadcast) including the ambiguous ``(N, 1, H, W)`` and ``(N, C, 1, 1)``."""
+    gots, wants = [], []
     for shape, strides in _stride_cases(seed, cases):
         expected = torch.empty_strided(shape, strides, device="meta").is_contiguous(memory_format=CL)
         got = _by_hand(fn, tuple(shape), tuple(strides), name="is_channels_last_contiguous")
+        gots.append(got)
+        wants.append(bool(expected))
         if not isinstance(got, bool):
             raise AssertionError(f"is_channels_last_contiguous{(tuple(shape), tuple(strides))} should return "
                                  f"True or False, got {describe(got)}.")
@@ -139,6 +146,7 @@ def check_is_channels_last_contiguous(fn: Callable, *, seed: int = 0, cases: int
                 "  Hint: walk the dimensions from innermost to outermost in NHWC order (C, W, H, N) with an "
                 "expected stride starting at 1; skip dimensions of size 1 (their stride never matters); every "
                 "other dimension must have exactly the expected stride, which then grows by its size.")
+    record(gots, wants, "is_channels_last_contiguous on every case")
     ok(f"is_channels_last_contiguous agrees with PyTorch on {cases + 6} shapes and strides (seed {seed})")
 
 
@@ -277,6 +285,8 @@ def check_format_finder(find_format_loss: Callable, *, variant: str = "coords", 
                              "channels-last all the way: no op should be reported (return None).\n  Hint: only "
                              "4-D outputs with C > 1 and H*W > 1 can lose the format (memory_format_of returns "
                              "None for the rest: pooled (N, C, 1, 1) maps, flattened features, logits).")
+    record([_same_op(got, losses[0]), got_clean is None], [True, True],
+           "find_format_loss: the first op that loses the format, and none in a clean model")
     ok(f"find_format_loss names {got!r} in planted model {variant!r} and nothing in a clean one "
        f"(width={width}, seed {seed})")
 
@@ -335,6 +345,7 @@ def check_autocast_inference(autocast_inference: Callable, *, seed: int = 0, wid
     if err > bar:
         raise AssertionError(f"the output differs from float32 by {err:.2%} (relative, whole tensor); "
                              f"{dtype} should stay within {bar:.0%}.")
+    assert_close(float(err), 0.0, atol=float(bar), rtol=0.0, name="autocast_inference's relative error")
     ok(f"autocast_inference runs in {str(dtype).replace('torch.', '')}, weights stay float32, output within "
        f"{err:.2%} of float32 (width={width}, seed {seed})")
 
