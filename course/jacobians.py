@@ -124,8 +124,7 @@ class Energy:
         out[1:] += v[:-1]
         return out
 
-    @reference
-    def gradient(self, x: torch.Tensor) -> torch.Tensor:
+    def gradient(self, x: torch.Tensor) -> torch.Tensor:  # not a reference: lesson 5 differentiates it
         """``A^T sigmoid(A x + c) - d sin(x) + T x`` (a function of ``x`` you can differentiate too)."""
         return self.A.T @ torch.sigmoid(self.A @ x + self.c) - self.d * torch.sin(x) + self._neighbours(x)
 

@@ -12,7 +12,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from course.checks.common import call, expect_grads, ok
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
-from course.grading import expect_compiled, expect_scripted, expect_speedup, speed_bar
+from course.grading import best_of, expect_compiled, expect_scripted, expect_speedup, speed_bar
 from course.numerics import assert_close
 from course.rnn import eager_lstm_layer, layer_norm_lstm_cell_reference, layer_norm_params, lstm_weights, make_lstm
 from course.timing import SpeedReport, compare
@@ -104,11 +104,12 @@ def check_compiled_layer(compiled_layer, *, seed: int = 0, seq_len: int, batch: 
 
 def check_layer_speed(compiled_layer, lstm_layer, *, bars: Mapping[str, float], seq_len: int, batch: int,
                       input_size: int, hidden_size: int, seed: int = 0, rounds: int = 7,
-                      min_run_time: float = 0.2, device=None) -> SpeedReport:
+                      min_run_time: float = 0.2, attempts: int = 3, device=None) -> SpeedReport:
     """``compiled_layer`` beats an eager layer by the device's bar, measured side by side on fresh
     inputs every round, with outputs checked against nn.LSTM. The eager baseline is the course's
     own (``course.rnn.eager_lstm_layer``, the same per-step ops as the lesson's ``lstm_layer``),
-    never the learner's, which a submission could slow down; ``lstm_layer`` must still run."""
+    never the learner's, which a submission could slow down; ``lstm_layer`` must still run. A
+    measurement below the bar is repeated (``attempts`` in all) and the best one judged."""
     expect_compiled(compiled_layer, "compiled_layer")
     dev = pick_device(device)
     lstm = make_lstm(input_size, hidden_size, seed=seed, device=dev)
@@ -128,9 +129,11 @@ def check_layer_speed(compiled_layer, lstm_layer, *, bars: Mapping[str, float], 
 
     with torch.no_grad():
         call(lstm_layer, *inputs(), name="lstm_layer")
-        report = compare({"eager": eager_lstm_layer, "torch.compile": compiled_layer}, inputs=inputs, check=check,
-                         rounds=rounds, min_run_time=min_run_time, device=dev,
-                         until=("torch.compile", "eager", speed_bar(bars, dev)))
+        bar = speed_bar(bars, dev)
+        report = best_of(lambda: compare({"eager": eager_lstm_layer, "torch.compile": compiled_layer}, inputs=inputs,
+                                         check=check, rounds=rounds, min_run_time=min_run_time, device=dev,
+                                         until=("torch.compile", "eager", bar)),
+                         "torch.compile", bar, attempts)
     report.show()
     expect_speedup(report, "torch.compile", over="eager", bars=bars,
                    hint="compile the whole layer (the loop over time too), precompute the input "
