@@ -41,6 +41,7 @@ class Cell:
     grade_id: str = ""
     points: float = 0.0
     visible: str = ""    # TEST: the source as learners see it (hidden tests removed)
+    answers: tuple[str, ...] = ()  # SOLUTION: the names the instructor's version of the cell binds
 
     @property
     def learner(self) -> bool:
@@ -65,7 +66,7 @@ class Program:
 
     def to_message(self) -> list[dict]:
         return [{"index": c.index, "id": c.id, "kind": c.kind, "source": c.source,
-                 "grade_id": c.grade_id} for c in self.cells]
+                 "grade_id": c.grade_id, "answers": list(c.answers)} for c in self.cells]
 
 
 _source, _meta = nbcells.source, nbcells.nbgrader
@@ -89,7 +90,8 @@ def instructor_program(lesson: str, source_nb: Path) -> Program:
             cells.append(Cell(index, cell.get("id", f"cell-{index}"), TEST, src, meta.get("grade_id", ""),
                               float(meta.get("points", 0) or 0), visible_source(src)))
         elif meta.get("solution"):
-            cells.append(Cell(index, cell.get("id", f"cell-{index}"), SOLUTION, src, meta.get("grade_id", "")))
+            cells.append(Cell(index, cell.get("id", f"cell-{index}"), SOLUTION, src, meta.get("grade_id", ""),
+                              answers=bound_names(src)))
         else:
             cells.append(Cell(index, cell.get("id", f"cell-{index}"), INSTRUCTOR, src, meta.get("grade_id", "")))
     return Program(lesson, source_nb.name, cells)
@@ -153,7 +155,7 @@ def learner_program(lesson: str, source_nb: Path, release_nb: Path, submitted: d
         if like is None:
             program.cells.append(Cell(n, f"added-{n}", kind, src))
         else:
-            program.cells.append(Cell(n, like.id, kind, src, like.grade_id, like.points, like.visible))
+            program.cells.append(Cell(n, like.id, kind, src, like.grade_id, like.points, like.visible, like.answers))
 
     for src in added.get(-1, []):
         emit(ADDED, src)
@@ -167,6 +169,24 @@ def learner_program(lesson: str, source_nb: Path, release_nb: Path, submitted: d
     for name, detail in scan("\n\n".join(c.source for c in program.cells if c.learner)):
         program.flag(name, detail)
     return program
+
+
+def bound_names(source: str) -> tuple[str, ...]:
+    """The names a cell binds at its top level (functions, classes, assignments, imports)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return tuple(sorted(names))
 
 
 def _norm(src: str) -> str:

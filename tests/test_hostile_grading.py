@@ -258,3 +258,24 @@ def test_no_later_cell_is_in_the_sandbox_before_it_runs(tmp_path):
     assert out.status == "ok", out
     assert out.cells[0].output.strip().splitlines()[-1] == "found False", out.cells[0]
     assert out.cells[1].output.strip() == "ran"
+
+
+def test_test_cells_see_the_instructors_names_and_the_learners_answers(tmp_path):
+    """Before a test cell, names instructor cells bound are restored (an added cell rebinding a
+    check changes nothing), except the names the lesson's solution cells define (the answers)."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    cells = [
+        {"index": 0, "id": "a", "kind": "instructor", "source": "check = 'real check'\nanswer = 'placeholder'",
+         "grade_id": ""},
+        {"index": 1, "id": "b", "kind": "solution", "source": "answer = 'learner answer'", "grade_id": "sol",
+         "answers": ["answer"]},
+        {"index": 2, "id": "c", "kind": "added", "source": "check = lambda *a: None\nanswer = 'rebound'",
+         "grade_id": ""},
+        {"index": 3, "id": "d", "kind": "test", "source": "print(check, '|', answer)", "grade_id": "t"},
+    ]
+    out = run_program(cells, sandbox=sandbox, cell_timeout=30, timeout=60, memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok", out
+    # the check is the instructor's again; the answer is whatever the learner's cells left
+    assert out.cells[3].output.strip() == "real check | rebound", out.cells[3]

@@ -369,13 +369,16 @@ def main() -> int:
             sys.stdout, sys.stderr = real_out, real_err
         if before is not None and cell["kind"] != "test":
             trusted.update({k: v for k, v in namespace.items() if before.get(k, _MISSING) is not v})
+        elif cell["kind"] == "solution":
+            for name in cell.get("answers", ()):  # an answer's names are the learner's from here on
+                trusted.pop(name, None)
         state["busy"] = True
         try:
             broken = seal.broken() if not tampered else []
         finally:
             state["busy"] = False
         if hooks.installed() != contract or guard.reference.__module__ != "course.guard":
-            broken = broken + ["course.guard switched off"]
+            broken = broken + ["the course/grader contract (course.grader_hooks, course.guard) was changed"]
         if broken:
             tampered = True
             flag("tampered", "; ".join(broken))
