@@ -83,10 +83,12 @@ def hostile(course, tmp_path_factory):  # noqa: F811
                                         "import os, sys, struct\nos.write(int(sys.argv[2]), struct.pack('>Q', 2**40))\n"
                                         "def add(a, b):\n    return a + b")))
     hidden = "assert_close(add(-5, 5), 0)"  # however a submission came to know it
-    put("echo_hidden", _json(with_answer(solution_version(course), "add_solution",
-                                         f"print({hidden!r})\nimport glob\nfor f in glob.glob('*.py'):\n"
-                                         "    print(open(f).read())\n"
-                                         f"def add(a, b):\n    raise ValueError({hidden!r})")))
+    echo = with_answer(solution_version(course), "add_solution",
+                       f"print({hidden!r})\ndef add(a, b):\n    raise ValueError({hidden!r})")
+    # at the end, after every test cell ran: print every cell file the sandbox holds
+    echo.cells.append(nbformat.v4.new_code_cell("import glob\nfor f in sorted(glob.glob('*.py')):\n"
+                                                "    print(f, open(f).read())"))
+    put("echo_hidden", _json(echo))
     rebind = student_version(course)
     rebind.cells.insert(3, nbformat.v4.new_code_cell("assert_close = lambda *a, **k: None"))
     put("rebinds_check", _json(rebind))
@@ -237,9 +239,14 @@ def test_feedback_never_shows_hidden_tests_whatever_the_submission_prints(hostil
     page = (hostile["out"] / "feedback" / "echo_hidden" / LESSON / f"{LESSON}.html").read_text(encoding="utf-8")
     assert "add(-5, 5)" not in page and "mul(-1, 4)" not in page
     assert "[a hidden test]" in page  # the error is shown, the hidden line is not
-    # the test cells' files in the sandbox were empty: nothing of them was printed
-    log = (course["work"] / "autograded" / "echo_hidden" / LESSON / NOTEBOOK).read_text(encoding="utf-8")
-    assert "mul(-1, 4)" not in log
+    # the test cells' files in the sandbox were empty: the learner's cell printed nothing of them
+    # (the instructor's copy in WORK/autograded holds the whole test cells, by design; look at outputs)
+    graded_nb = nbformat.read(course["work"] / "autograded" / "echo_hidden" / LESSON / NOTEBOOK, as_version=4)
+    printed = "".join(o.get("text", "") for c in graded_nb.cells if c.cell_type == "code"
+                      and "glob.glob" in c.source for o in c.get("outputs", []))
+    assert "cell_" in printed and "learner_" in printed  # the files were there, and read
+    # the hidden tests live only in the test cells, whose files were empty
+    assert "mul(-1, 4)" not in printed and "BEGIN HIDDEN" not in printed
 
 
 def test_no_later_cell_is_in_the_sandbox_before_it_runs(tmp_path):
