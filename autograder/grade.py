@@ -44,7 +44,7 @@ from .verdict import Transcript, judge
 from .workspace import Workspace, notebooks_in, select_lessons
 
 #: Bumped whenever grading itself changes, so that cached results are not reused.
-GRADER_VERSION = "3"
+GRADER_VERSION = "4"
 
 
 class Settings:
@@ -92,7 +92,7 @@ class Lesson:
             data = torch.load(cache, weights_only=True)
             return Transcript(data["records"], data["seconds"])
         print(f"preparing {self.id}: running the instructor's solution in the sandbox", flush=True)
-        outcome = run_program(self.program.to_message(), sandbox=settings.sandbox,
+        outcome = run_program(self.program.to_message(), judge_setup=self.program.judge_setup, sandbox=settings.sandbox,
                               cell_timeout=settings.cell_timeout, timeout=settings.timeout,
                               memory_mb=settings.memory_mb, log=ws.log("trusted", f"{self.id}.log"),
                               env=settings.child_env())
@@ -240,7 +240,7 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
     program = learner_program(lesson.id, lesson.source, lesson.release, staged.notebook)
     if staged.extra:
         program.flag("extra-files", f"shipped beside the notebook, never used: {', '.join(staged.extra)[:200]}")
-    outcome = run_program(program.to_message(), sandbox=settings.sandbox, cell_timeout=settings.cell_timeout,
+    outcome = run_program(program.to_message(), judge_setup=program.judge_setup, sandbox=settings.sandbox, cell_timeout=settings.cell_timeout,
                           timeout=settings.timeout, memory_mb=settings.memory_mb,
                           log=ws.log("runs", student, f"{lesson.id}.log"), env=settings.child_env())
     verdicts = judge(program, outcome, lesson.transcript)

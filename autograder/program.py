@@ -42,6 +42,7 @@ class Cell:
     points: float = 0.0
     visible: str = ""    # TEST: the source as learners see it (hidden tests removed)
     answers: tuple[str, ...] = ()  # SOLUTION: the names the instructor's version of the cell binds
+    served: bool = False  # TEST: runs in the judge process (every check it calls is served)
 
     @property
     def learner(self) -> bool:
@@ -54,6 +55,8 @@ class Program:
     notebook: str
     cells: list[Cell]
     flags: dict[str, list[str]] = field(default_factory=dict)
+    #: The instructor's set-up cells the judge runs before served test cells (see :func:`judge_setup`).
+    judge_setup: list[str] = field(default_factory=list)
 
     def flag(self, name: str, detail: str) -> None:
         self.flags.setdefault(name, [])
@@ -66,7 +69,7 @@ class Program:
 
     def to_message(self) -> list[dict]:
         return [{"index": c.index, "id": c.id, "kind": c.kind, "source": c.source,
-                 "grade_id": c.grade_id, "answers": list(c.answers)} for c in self.cells]
+                 "grade_id": c.grade_id, "answers": list(c.answers), "served": c.served} for c in self.cells]
 
 
 _source, _meta = nbcells.source, nbcells.nbgrader
@@ -88,13 +91,13 @@ def instructor_program(lesson: str, source_nb: Path) -> Program:
         src = _source(cell)
         if meta.get("grade") and not meta.get("solution"):
             cells.append(Cell(index, cell.get("id", f"cell-{index}"), TEST, src, meta.get("grade_id", ""),
-                              float(meta.get("points", 0) or 0), visible_source(src)))
+                              float(meta.get("points", 0) or 0), visible_source(src), served=is_served(src)))
         elif meta.get("solution"):
             cells.append(Cell(index, cell.get("id", f"cell-{index}"), SOLUTION, src, meta.get("grade_id", ""),
                               answers=bound_names(src)))
         else:
             cells.append(Cell(index, cell.get("id", f"cell-{index}"), INSTRUCTOR, src, meta.get("grade_id", "")))
-    return Program(lesson, source_nb.name, cells)
+    return Program(lesson, source_nb.name, cells, judge_setup=judge_setup(cells))
 
 
 def learner_program(lesson: str, source_nb: Path, release_nb: Path, submitted: dict) -> Program:
@@ -106,7 +109,7 @@ def learner_program(lesson: str, source_nb: Path, release_nb: Path, submitted: d
              if _meta(c).get("grade") and not _meta(c).get("solution")}
     by_grade = {c.grade_id: c for c in base.cells if c.grade_id}
     by_id = {c.id: c for c in base.cells}
-    program = Program(lesson, base.notebook, [])
+    program = Program(lesson, base.notebook, [], judge_setup=base.judge_setup)
 
     answers: dict[str, str] = {}
     added: dict[int, list[str]] = {}   # instructor cell index -> learner cells after it
@@ -155,7 +158,8 @@ def learner_program(lesson: str, source_nb: Path, release_nb: Path, submitted: d
         if like is None:
             program.cells.append(Cell(n, f"added-{n}", kind, src))
         else:
-            program.cells.append(Cell(n, like.id, kind, src, like.grade_id, like.points, like.visible, like.answers))
+            program.cells.append(Cell(n, like.id, kind, src, like.grade_id, like.points, like.visible, like.answers,
+                                      like.served))
 
     for src in added.get(-1, []):
         emit(ADDED, src)
@@ -169,6 +173,67 @@ def learner_program(lesson: str, source_nb: Path, release_nb: Path, submitted: d
     for name, detail in scan("\n\n".join(c.source for c in program.cells if c.learner)):
         program.flag(name, detail)
     return program
+
+
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """(names a cell reads, names it binds anywhere); both empty when it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set(), set()
+    loaded, stored = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else stored).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stored.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            stored |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return loaded, stored
+
+
+def is_served(test_source: str) -> bool:
+    """Whether a test cell runs in the judge: it calls checks, and every one is served
+    (``course.checks.served_checks``)."""
+    from course.checks import served_checks
+
+    try:
+        tree = ast.parse(test_source)
+    except SyntaxError:
+        return False
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    return bool(called) and called <= served_checks()
+
+
+def judge_setup(cells: list[Cell]) -> list[str]:
+    """The instructor's set-up cells the judge runs, in order: those that bind a name a served test
+    cell needs (directly or through another such cell) and read nothing a learner's cell binds
+    (nor anything bound by a cell that does). What a served test cell reads beyond them is the
+    learner's."""
+    import builtins
+
+    trusted: set[str] = set()
+    usable: list[tuple[Cell, set[str], set[str]]] = []
+    for cell in cells:
+        if cell.kind == INSTRUCTOR:
+            loaded, stored = _names(cell.source)
+            if loaded - stored - trusted - set(dir(builtins)):
+                trusted -= stored  # it depends on learner names: what it binds is not trusted
+            else:
+                trusted |= stored
+                usable.append((cell, loaded, stored))
+        elif cell.kind in (SOLUTION, ADDED):
+            trusted -= set(cell.answers) | _names(cell.source)[1]
+    needed: set[str] = set()
+    for cell in cells:
+        if cell.kind == TEST and cell.served:
+            needed |= _names(cell.source)[0]
+    chosen = []
+    for cell, loaded, stored in reversed(usable):
+        if stored & needed:
+            chosen.append(cell.source)
+            needed |= loaded
+    return list(reversed(chosen))
 
 
 def bound_names(source: str) -> tuple[str, ...]:

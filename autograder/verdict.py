@@ -95,7 +95,8 @@ def judge(program: Program, outcome: Outcome, reference: Transcript) -> list[Cel
 def _why_not(cell, rep, expected, tampered_from, outcome, program) -> str:
     if rep is None or not rep.finished:
         return f"not graded: the run stopped before this cell ({outcome.status}: {outcome.detail})"
-    if tampered_from is not None and tampered_from <= cell.index:
+    # A served cell's check ran in the judge: patching the learner's process cannot reach its evidence.
+    if tampered_from is not None and tampered_from <= cell.index and not cell.served:
         return "not graded: guarded modules were patched before or during this cell (flag 'tampered')"
     if rep.error:
         return rep.error

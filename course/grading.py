@@ -113,6 +113,8 @@ def is_compiled(obj: Any) -> bool:
 def _kind(obj: Any) -> str:
     if obj is None:
         return "None"
+    if type(obj).__name__ == "Described" and type(obj).__module__ == "course.remote":
+        return f"a {obj.type_name}"
     if is_scripted(obj):
         return "a TorchScript function/module"
     if is_compiled(obj):

@@ -70,5 +70,7 @@ def reference(fn: F) -> F:
                     "the grader does not let submitted code call it. Write the computation yourself.")
         return fn(*args, **kwargs)
 
+    # functools.wraps would leave the unguarded function one attribute away (``__wrapped__``).
+    del guarded.__wrapped__
     guarded.__course_reference__ = True
     return guarded  # type: ignore[return-value]

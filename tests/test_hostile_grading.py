@@ -286,3 +286,72 @@ def test_test_cells_see_the_instructors_names_and_the_learners_answers(tmp_path)
     assert out.status == "ok", out
     # the check is the instructor's again; the answer is whatever the learner's cells left
     assert out.cells[3].output.strip() == "real check | rebound", out.cells[3]
+
+
+# -- served checks: the judge process ---------------------------------------------------------
+
+FORGER = '''
+import torch, threading, course.grader_hooks as hooks
+# The harness's own objects, reached through a closure the course package holds: the channel to
+# the parent, with its token. In a served cell none of it is heard.
+cells = {c.cell_contents.__class__.__name__: c.cell_contents for c in hooks.observer.__closure__ or ()}
+channel, state = cells.get("Channel"), cells.get("dict")
+def forge(index):
+    ok = torch.zeros(2)
+    channel.send("record", cell=index, n=0, name="lstm_cell(...) -> (h', c')", actual=ok, expected=ok,
+                 tol={"name": "forged"})
+    channel.send("cell_end", cell=index, error="", output="", seconds=0.1, records=1, tampered=False)
+def lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    forge(state["cell"]["index"])
+    return torch.zeros_like(h), torch.zeros_like(c)   # wrong
+print("channel reached:", channel is not None)
+'''
+
+
+def _served_program(learner: str, check: str = "check_lstm_cell(lstm_cell)\n"):
+    setup = "import torch\nfrom course.checks.rnn import check_lstm_cell, check_scripted_layer\n"
+    return [
+        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
+        {"index": 1, "id": "b", "kind": "solution", "source": learner, "grade_id": "sol", "answers": ["lstm_cell"]},
+        {"index": 2, "id": "c", "kind": "test", "source": check, "grade_id": "t", "served": True},
+        {"index": 3, "id": "d", "kind": "instructor", "source": "print('after', lstm_cell.__name__)", "grade_id": ""},
+    ], [setup]
+
+
+def test_a_served_check_runs_in_the_judge_and_forged_evidence_is_not_heard(tmp_path):
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    cells, setup = _served_program(FORGER)
+    out = run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=60, timeout=120, memory_mb=2000,
+                      log=tmp_path / "log")
+    assert out.status == "ok", out
+    assert "channel reached: True" in out.cells[1].output, out.cells[1]  # the attack did reach the harness...
+    served = out.cells[2]
+    assert "does not match the reference" in served.error, served  # ...and the judge's verdict stands
+    assert all(r["tol"].get("name") != "forged" for r in served.records), served.records
+    assert out.cells[3].output.strip() == "after lstm_cell"  # the learner's process went on after serving
+
+
+def test_a_right_answer_passes_in_the_judge_and_a_hang_is_interrupted(tmp_path):
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    right = ("import torch\ndef lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh):\n"
+             "    i, f, g, o = (x @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh).chunk(4, 1)\n"
+             "    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)\n"
+             "    return torch.sigmoid(o) * torch.tanh(c), c\n")
+    cells, setup = _served_program(right)
+    out = run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=60, timeout=120, memory_mb=2000,
+                      log=tmp_path / "log")
+    assert out.status == "ok" and not out.cells[2].error and out.cells[2].records, out.cells[2]
+    assert "ok: lstm_cell equals nn.LSTM" in out.cells[2].output
+    hang = "import time\ndef lstm_cell(*args):\n    time.sleep(600)\n"
+    cells, setup = _served_program(hang, "check_lstm_cell(lstm_cell)\ncheck_lstm_cell(lstm_cell, seed=3)\n")
+    cells.insert(3, {"index": 4, "id": "e", "kind": "test", "source": "check_lstm_cell(lstm_cell)\n",
+                     "grade_id": "t2", "served": True})
+    out = run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=4, timeout=120, memory_mb=2000,
+                      log=tmp_path / "log2")
+    assert out.status == "ok", out
+    assert "TimeoutError" in out.cells[2].error and "TimeoutError" in out.cells[4].error, out.cells
+    assert out.cells[3].output.strip() == "after lstm_cell"

@@ -132,9 +132,13 @@ PATCHED_LESSON = "01_custom_rnns"
 
 
 def patched(src: Path) -> tuple[dict, float]:
-    """The planted mistake, with the checks' comparisons patched away in the same cell; the
-    seal marks everything from that cell on, so the score is what the cells before it earned."""
-    old, new, _ = PLANTED[PATCHED_LESSON]
+    """The planted mistake, with the checks' comparisons patched away in the same cell. The seal
+    marks everything from that cell on: a check that runs in the learner's process earns nothing
+    from there; a served one (run in the judge, which the patching cannot reach) is judged as
+    usual: the mistake's own check fails, the others pass."""
+    from autograder.program import is_served
+
+    old, new, broken = PLANTED[PATCHED_LESSON]
     nb = json.loads(src.read_text())
     earned, seen = 0.0, False
     for cell in nb["cells"]:
@@ -143,7 +147,7 @@ def patched(src: Path) -> tuple[dict, float]:
         if old in text:
             cell["source"] = text.replace(old, new) + "\n" + ATTACK
             seen = True
-        elif meta.get("grade") and not seen:
+        elif meta.get("grade") and (not seen or (is_served(text) and meta["grade_id"] not in broken)):
             earned += meta["points"]
     assert seen
     return nb, earned

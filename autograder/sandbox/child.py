@@ -64,69 +64,7 @@ def _load_protocol():
 protocol = _load_protocol()
 
 
-class Channel:
-    """Framed messages to the parent (``protocol.encode``), each stamped with the token."""
-
-    def __init__(self, fd: int, token: str):
-        self._fd, self._token, self._lock = fd, token, threading.Lock()
-
-    def send(self, kind: str, **data) -> None:
-        frame = protocol.encode({"token": self._token, "kind": kind, **data})
-        with self._lock:
-            _write_all(self._fd, frame)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def _read_exact(fd: int, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = os.read(fd, n)
-        if not chunk:
-            raise EOFError("the grading parent closed the pipe")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def set_limits(spec: str) -> None:
-    """Lower this process's rlimits (soft and hard) to ``spec``: ``FSIZE=...,NPROC=...``."""
-    import resource
-
-    for item in filter(None, spec.split(",")):
-        name, _, value = item.partition("=")
-        which = getattr(resource, f"RLIMIT_{name}")
-        resource.setrlimit(which, (int(value), int(value)))
-
-
-def plain(value, depth: int = 0):
-    """A copy of ``value`` made of tensors, numbers, strings and containers only: what the parent
-    can load without running code. Anything else becomes a description (and fails comparison)."""
-    import torch
-
-    if depth > 20:
-        return "<nested too deeply>"
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-        if t.device.type != "meta":
-            t = t.cpu()
-        return t.clone().as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t.clone()
-    if value is None or type(value) in (bool, int, float, complex, str):
-        return value
-    if isinstance(value, (torch.dtype, torch.device, torch.Size, torch.memory_format)):
-        return str(value) if not isinstance(value, torch.Size) else tuple(value)
-    if type(value) in (tuple, list):
-        return type(value)(plain(v, depth + 1) for v in value)
-    if type(value) is dict:
-        return {str(k): plain(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, tuple):  # named tuples and torch return types
-        return tuple(plain(v, depth + 1) for v in value)
-    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+Channel, read_exact, set_limits, plain = protocol.Channel, protocol.read_exact, protocol.set_limits, protocol.plain
 
 
 class Seal:
@@ -193,10 +131,11 @@ def _from_guarded(value) -> bool:
 def main() -> int:
     in_fd, out_fd, cells_dir, pkg_root, limits = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
                                                    sys.argv[4], sys.argv[5])
+    serve_fds = (int(sys.argv[6]), int(sys.argv[7])) if len(sys.argv) > 7 else None  # from the judge, to it
     set_limits(limits)
     def receive():
-        (size,) = protocol.HEADER.unpack(_read_exact(in_fd, protocol.HEADER.size))
-        return pickle.loads(_read_exact(in_fd, size))
+        (size,) = protocol.HEADER.unpack(read_exact(in_fd, protocol.HEADER.size))
+        return pickle.loads(read_exact(in_fd, size))
 
     setup = receive()
     channel = Channel(out_fd, setup["token"])
@@ -227,7 +166,7 @@ def main() -> int:
     import torch.func  # noqa: F401
     import torch.utils.benchmark  # noqa: F401
 
-    state = {"cell": None, "learner": False, "records": 0, "busy": False}
+    state = {"cell": None, "learner": False, "records": 0, "busy": False, "running": False}
     cell_prefix = os.path.realpath(cells_dir) + os.sep
     learner_prefix = cell_prefix + "learner_"
     LEARNER_FILES[0] = learner_prefix
@@ -250,7 +189,7 @@ def main() -> int:
     def exclusive():
         """Ask the parent for the machine to ourselves, wait for its go, give it back after."""
         channel.send("speed_begin", cell=(state["cell"] or {}).get("index"))
-        if _read_exact(in_fd, 1) != protocol.GO:
+        if read_exact(in_fd, 1) != protocol.GO:
             raise RuntimeError("grading: the parent refused the timing turn")
         try:
             yield
@@ -323,7 +262,8 @@ def main() -> int:
         pass
 
     def on_alarm(signum, frame):
-        raise CellTimeout()
+        if state["running"]:  # an alarm that arrives between cells is late: ignored
+            raise CellTimeout()
 
     signal.signal(signal.SIGALRM, on_alarm)
     channel.send("ready", seal_entries=sum(len(e) for _, e in seal.snapshot.values()))
@@ -332,8 +272,30 @@ def main() -> int:
     trusted: dict = {}  # names bound by instructor cells, restored before every test cell
     real_out, real_err = sys.stdout, sys.stderr
     tampered = False
+    link = None
+    if serve_fds is not None:
+        from course.remote import Link, serve
+        link = Link(serve_fds[1], serve_fds[0])
     for _ in range(setup["count"]):
         cell = receive()  # the parent sends a cell only once the one before it has ended
+        if cell["kind"] == "serve":
+            # A served test cell runs in the judge; this process answers its calls on the learner's
+            # names (and sends nothing of its own for the cell).
+            state["cell"], state["records"] = {"index": cell["index"], "kind": "served"}, 0
+            state["learner"] = True
+            sys.stdout = sys.stderr = io.StringIO()
+            state["running"] = True
+            try:
+                while link is not None:
+                    try:
+                        serve(link, namespace)
+                        break
+                    except CellTimeout:
+                        continue
+            finally:
+                state["running"] = False
+                sys.stdout, sys.stderr = real_out, real_err
+            continue
         learner = cell["kind"] in ("solution", "added")
         path = os.path.join(cells_dir, f"{'learner_' if learner else 'cell_'}{cell['index']:03d}.py")
         source = cell.pop("source")  # held by this loop alone: nothing the harness keeps reaches it
@@ -356,6 +318,7 @@ def main() -> int:
             code = compile(source, path, "exec")
             del source
             state["learner"] = learner or cell["kind"] == "test" or state["learner"]
+            state["running"] = True
             exec(code, namespace)
         except CellTimeout:
             error = f"TimeoutError: the cell ran longer than {setup['cell_timeout']:g} s and was interrupted"
@@ -366,6 +329,7 @@ def main() -> int:
             if where:
                 error += f"\n  (at {', '.join(where[-3:])})"
         finally:
+            state["running"] = False
             sys.stdout, sys.stderr = real_out, real_err
         if before is not None and cell["kind"] != "test":
             trusted.update({k: v for k, v in namespace.items() if before.get(k, _MISSING) is not v})

@@ -41,6 +41,7 @@ from .protocol import ProtocolError, Reader, decode
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "child.py"
+JUDGE = HERE / "judge.py"
 PROTOCOL = HERE / "protocol.py"
 #: This checkout's helper package: what the sandbox imports, whatever else is installed.
 COURSE = Path(__file__).resolve().parents[2] / "course"
@@ -114,11 +115,15 @@ class _Turns:
 
 
 class _Child:
-    def __init__(self, pid: int):
-        self.pid, self.paused_total, self.paused_since = pid, 0.0, None
+    """The processes of one submission (the learner's, and the judge's when it has served
+    checks): paused, resumed and clocked together."""
+
+    def __init__(self, *pids: int):
+        self.pid, self.pids, self.paused_total, self.paused_since = pids[0], pids, 0.0, None
 
     def _signal(self, sig) -> None:
-        signal_tree(self.pid, sig)
+        for pid in self.pids:
+            signal_tree(pid, sig)
 
     def pause(self) -> None:
         if self.paused_since is None:
@@ -174,7 +179,8 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _bwrap_argv(in_fd: int, out_fd: int, limits: str) -> list[str]:
+def _bwrap_argv(script: str, args: list[str]) -> list[str]:
+    """bwrap's argv to run ``/grading/<script> ARGS`` (``child.py`` or ``judge.py``) confined."""
     binds: list[str] = []
     for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
         binds += ["--ro-bind-try", path, path]
@@ -189,8 +195,7 @@ def _bwrap_argv(in_fd: int, out_fd: int, limits: str) -> list[str]:
         binds += ["--dev-bind-try", "/dev/nvidiactl", "/dev/nvidiactl", "--dev-bind-try",
                   "/dev/nvidia-uvm", "/dev/nvidia-uvm"]
         binds += [x for i in range(8) for x in ("--dev-bind-try", f"/dev/nvidia{i}", f"/dev/nvidia{i}")]
-    command = [sys.executable, "-I", "/grading/child.py", str(in_fd), str(out_fd), "/grading/cells",
-               "/grading/pkg", limits]
+    command = [sys.executable, "-I", f"/grading/{script}", *args]
     if os.geteuid() == 0:
         # No user namespace (inside it, uid 65534 would be host root): bwrap makes the mounts as
         # root, then the child runs as the host's nobody, with no capabilities left.
@@ -203,7 +208,8 @@ def _bwrap_argv(in_fd: int, out_fd: int, limits: str) -> list[str]:
             # /tmp first: the environment itself may live under /tmp and is bound over it.
             "--perms", "1777", "--tmpfs", "/tmp", *dirs, *binds, "--proc", "/proc", "--dev", "/dev",
             "--perms", "0755", "--tmpfs", "/grading",
-            "--ro-bind", str(CHILD), "/grading/child.py", "--ro-bind", str(PROTOCOL), "/grading/protocol.py",
+            "--ro-bind", str(CHILD), "/grading/child.py", "--ro-bind", str(JUDGE), "/grading/judge.py",
+            "--ro-bind", str(PROTOCOL), "/grading/protocol.py",
             "--perms", "0755", "--dir", "/grading/pkg", "--ro-bind", str(COURSE.resolve()), "/grading/pkg/course",
             "--perms", "0777", "--dir", "/grading/cells", "--chdir", "/grading/cells", "--", *command]
 
@@ -228,70 +234,143 @@ def _limits(memory_mb: float, env: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in limits.items())
 
 
-def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout: float,
-                memory_mb: float, log: Path, env: dict[str, str] | None = None) -> Outcome:
-    """Run ``cells`` (``Program.to_message()``) in a fresh child; never raises for the child's sake."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_hex(16)
-    to_child_r, to_child_w = os.pipe()
-    from_child_r, from_child_w = os.pipe()
-    child_env = _env(env or {})
-    limits = _limits(memory_mb, child_env)
-    scratch = None
-    if sandbox == "bwrap":
-        argv = _bwrap_argv(to_child_r, from_child_w, limits)
-        cwd = "/"
-    else:
-        scratch = tempfile.mkdtemp(prefix="grading-")
-        (Path(scratch) / "cells").mkdir()
-        argv = [sys.executable, "-I", str(CHILD), str(to_child_r), str(from_child_w), f"{scratch}/cells",
-                str(COURSE.parent), limits]
-        cwd = f"{scratch}/cells"
-    start = time.monotonic()
-    with open(log, "wb") as logfh:
-        proc = subprocess.Popen(argv, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=logfh,
-                                stderr=subprocess.STDOUT, pass_fds=(to_child_r, from_child_w),
-                                start_new_session=True)
-    os.close(to_child_r)
-    os.close(from_child_w)
-    pending = list(cells)  # sent one at a time, each after the previous cell ended
+class _Proc:
+    """One confined process of a run and its two pipes (frames in, messages out)."""
 
-    def send_next() -> None:
+    def __init__(self, script: str, args: list[str], *, sandbox: str, env: dict, log: Path, token: str,
+                 extra_fds: tuple[int, ...] = ()):
+        to_r, self.to_w = os.pipe()
+        self.from_r, from_w = os.pipe()
+        self.token, self.reader, self.done = token, Reader(), False
+        self.scratch = None
+        fds = [str(to_r), str(from_w)]
+        if sandbox == "bwrap":
+            argv = _bwrap_argv(script, fds + _sandbox_args(script, args))
+            cwd = "/"
+        else:
+            self.scratch = tempfile.mkdtemp(prefix="grading-")
+            (Path(self.scratch) / "cells").mkdir()
+            argv = [sys.executable, "-I", str(HERE / script), *fds,
+                    *_local_args(script, args, f"{self.scratch}/cells")]
+            cwd = f"{self.scratch}/cells"
+        with open(log, "wb") as logfh:
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=logfh,
+                                         stderr=subprocess.STDOUT, pass_fds=(to_r, from_w, *extra_fds),
+                                         start_new_session=True)
+        os.close(to_r)
+        os.close(from_w)
+
+    def send(self, message: dict) -> None:
         try:
-            protocol.send_frame(to_child_w, pickle.dumps(pending.pop(0)))
-        except (OSError, IndexError):
+            protocol.send_frame(self.to_w, pickle.dumps(message))
+        except OSError:
             pass
 
-    try:
-        protocol.send_frame(to_child_w, pickle.dumps({"token": token, "count": len(cells),
-                                                      "cell_timeout": float(cell_timeout)}))
-        if pending:
-            send_next()
-    except OSError:
-        pass
-    child = _Child(proc.pid)
-    TURNS.add(child)
+    def go(self) -> None:
+        try:
+            os.write(self.to_w, protocol.GO)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        kill_tree(self.proc.pid)  # nothing the submission started outlives it
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            kill_tree(self.proc.pid)
+            self.proc.wait()
+        os.close(self.from_r)
+        os.close(self.to_w)
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _sandbox_args(script: str, args: list[str]) -> list[str]:
+    if script == "child.py":  # CELLS_DIR PKG_ROOT LIMITS [CALL_FD REPLY_FD]
+        return ["/grading/cells", "/grading/pkg", *args]
+    return [*args[:2], "/grading/pkg", *args[2:]]  # judge: CALL_FD REPLY_FD PKG_ROOT LIMITS
+
+
+def _local_args(script: str, args: list[str], cells: str) -> list[str]:
+    if script == "child.py":
+        return [cells, str(COURSE.parent), *args]
+    return [*args[:2], str(COURSE.parent), *args[2:]]
+
+
+def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout: float,
+                memory_mb: float, log: Path, env: dict[str, str] | None = None,
+                judge_setup: list[str] | None = None) -> Outcome:
+    """Run ``cells`` (``Program.to_message()``) in a fresh child; never raises for the child's sake.
+
+    Test cells marked ``served`` run in a second confined process, the judge (``judge.py``), after
+    the instructor's ``judge_setup`` cells; the learner's process answers its calls meanwhile."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    child_env = _env(env or {})
+    limits = _limits(memory_mb, child_env)
+    served = [c for c in cells if c.get("served")]
+    start = time.monotonic()
+    call_r = call_w = reply_r = reply_w = None
+    child_args = [limits]
+    if served:
+        call_r, call_w = os.pipe()    # judge -> learner: requests
+        reply_r, reply_w = os.pipe()  # learner -> judge: replies
+        child_args += [str(call_r), str(reply_w)]
+    child = _Proc("child.py", child_args, sandbox=sandbox, env=child_env, log=log, token=secrets.token_hex(16),
+                  extra_fds=(call_r, reply_w) if served else ())
+    judge = None
+    if served:
+        # The judge runs trusted code only; its limits are the grader's, not the submission's.
+        judge = _Proc("judge.py", [str(call_w), str(reply_r), "FSIZE=268435456,CORE=0"], sandbox=sandbox,
+                      env=child_env, log=log.with_name(log.name + ".judge"), token=secrets.token_hex(16),
+                      extra_fds=(call_w, reply_r))
+        for fd in (call_r, call_w, reply_r, reply_w):
+            os.close(fd)
+    procs = [p for p in (child, judge) if p is not None]
+    pending = list(cells)  # sent one at a time, each after the previous cell ended
+    owner: list[_Proc | None] = [None]  # who runs the cell now
+
+    def send_next() -> None:
+        if not pending:
+            return
+        cell = pending.pop(0)
+        if cell.get("served") and judge is not None:
+            child.send({"index": cell["index"], "kind": "serve"})
+            judge.send({"index": cell["index"], "source": cell["source"]})
+            owner[0] = judge
+        else:
+            child.send(cell)
+            owner[0] = child
+
+    child.send({"token": child.token, "count": len(cells), "cell_timeout": float(cell_timeout)})
+    if judge is not None:
+        judge.send({"token": judge.token, "count": len(served), "cell_timeout": float(cell_timeout),
+                    "setup_cells": list(judge_setup or [])})
+    send_next()
+    clock = _Child(*(p.proc.pid for p in procs))
+    TURNS.add(clock)
+    holding: _Proc | None = None
     holding_since: float | None = None
 
     reports: dict[int, CellReport] = {}
     flags: list[tuple[str, str]] = []
-    reader = Reader()
     status, detail = "", ""
     peak = 0.0
     current: CellReport | None = None
     cell_started = start
     interrupted = False
-    done = False
     last_poll = 0.0
 
     def net() -> float:
-        return time.monotonic() - child.paused()
+        return time.monotonic() - clock.paused()
+
+    def finished() -> bool:
+        return all(p.done for p in procs)
 
     while True:
         now = net()
         if now - last_poll > 0.2:
             last_poll = now
-            peak = max(peak, _tree_rss_mb(proc.pid))
+            peak = max(peak, _tree_rss_mb(child.proc.pid))
             if peak > memory_mb:
                 status, detail = "oom", f"used more than the memory cap of {memory_mb:g} MB"
                 break
@@ -303,83 +382,80 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             break
         if current is not None and not current.finished:
             if not interrupted and now - cell_started > cell_timeout:
-                interrupted = True  # the child raises a timeout error in the cell
-                signal_tree(proc.pid, signal.SIGALRM, only=is_python)
+                interrupted = True  # the cell raises a timeout error (in the judge and the learner's process)
+                for p in procs:
+                    signal_tree(p.proc.pid, signal.SIGALRM, only=is_python)
             elif interrupted and now - cell_started > cell_timeout + GRACE:
                 status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
                 break
-        ready, _, _ = select.select([from_child_r], [], [], 0.1)
-        messages: list[bytes] = []
-        if ready:
-            chunk = os.read(from_child_r, 1 << 20)
+        ready, _, _ = select.select([p.from_r for p in procs if not p.done], [], [], 0.1)
+        closed = False
+        for source in procs:
+            if source.from_r not in ready:
+                continue
+            chunk = os.read(source.from_r, 1 << 20)
             if not chunk:
+                closed = True
                 break
             try:
-                messages = reader.feed(chunk)
+                messages = source.reader.feed(chunk)
             except ProtocolError as exc:
                 flags.append(("tampered", f"the grading pipe carried {exc}"))
                 status, detail = "crashed", f"the grading pipe carried {exc}"
                 break
-        for payload in messages:
-            try:
-                msg = decode(payload)
-                if msg.get("token") != token:
-                    raise ProtocolError("a message without the harness's token")
-                kind = msg["kind"]
-                if kind == protocol.CELL_START:
-                    current = reports.setdefault(int(msg["cell"]), CellReport(int(msg["cell"])))
-                    cell_started, interrupted = net(), False
-                elif kind == protocol.RECORD and current is not None and msg["cell"] == current.index:
-                    current.records.append(msg)
-                elif kind == protocol.CELL_END and current is not None and msg["cell"] == current.index:
-                    current.error = safe_text(str(msg["error"]))[-protocol.MAX_ERROR_CHARS:]
-                    current.output = safe_text(str(msg["output"]))[-protocol.MAX_OUTPUT_CHARS:]
-                    current.seconds, current.tampered = float(msg["seconds"]), bool(msg["tampered"])
-                    current.finished = True
-                    if pending:
+            for payload in messages:
+                try:
+                    msg = decode(payload)
+                    if msg.get("token") != source.token:
+                        raise ProtocolError("a message without the harness's token")
+                    kind = msg["kind"]
+                    mine = source is owner[0]
+                    if kind == protocol.CELL_START and mine:
+                        current = reports.setdefault(int(msg["cell"]), CellReport(int(msg["cell"])))
+                        cell_started, interrupted = net(), False
+                    elif kind == protocol.RECORD and mine and current is not None and msg["cell"] == current.index:
+                        current.records.append(msg)
+                    elif kind == protocol.CELL_END and mine and current is not None and msg["cell"] == current.index:
+                        current.error = safe_text(str(msg["error"]))[-protocol.MAX_ERROR_CHARS:]
+                        current.output = safe_text(str(msg["output"]))[-protocol.MAX_OUTPUT_CHARS:]
+                        current.seconds, current.tampered = float(msg["seconds"]), bool(msg["tampered"])
+                        current.finished = True
                         send_next()
-                elif kind == protocol.FLAG:
-                    flags.append((safe_text(str(msg["name"]))[:40], safe_text(str(msg["detail"]))[:300]))
-                elif kind == protocol.SPEED_BEGIN and holding_since is None:
-                    TURNS.begin(child)
-                    holding_since = time.monotonic()
-                    try:
-                        os.write(to_child_w, protocol.GO)
-                    except OSError:
-                        pass
-                elif kind == protocol.SPEED_END and holding_since is not None:
-                    TURNS.end(child)
-                    holding_since = None
-                elif kind == protocol.DONE:
-                    done = True
-            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
-                why = str(exc) if isinstance(exc, ProtocolError) else f"a malformed message ({type(exc).__name__})"
-                flags.append(("tampered", f"the grading pipe carried {why}"))
-                status, detail = "crashed", "the grading pipe was written to by something other than the grader"
+                    elif kind == protocol.FLAG:
+                        flags.append((safe_text(str(msg["name"]))[:40], safe_text(str(msg["detail"]))[:300]))
+                    elif kind == protocol.SPEED_BEGIN and holding_since is None:
+                        TURNS.begin(clock)
+                        holding, holding_since = source, time.monotonic()
+                        source.go()
+                    elif kind == protocol.SPEED_END and holding is source:
+                        TURNS.end(clock)
+                        holding, holding_since = None, None
+                    elif kind == protocol.DONE:
+                        source.done = True
+                except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+                    why = str(exc) if isinstance(exc, ProtocolError) else f"a malformed message ({type(exc).__name__})"
+                    flags.append(("tampered", f"the grading pipe carried {why}"))
+                    status, detail = "crashed", "the grading pipe was written to by something other than the grader"
+                    break
+                if len(flags) > 200:
+                    del flags[100:-50]  # a flood of flags is kept bounded
+            if status:
                 break
-            if len(flags) > 200:
-                del flags[100:-50]  # a flood of flags is kept bounded
-        if status or done:
+        if status or closed or finished():
             break
     if holding_since is not None:
-        TURNS.end(child)
-    TURNS.remove(child)
-    child.resume()
+        TURNS.end(clock)
+    TURNS.remove(clock)
+    clock.resume()
+    done = finished()
     if done and not status:
         try:
-            proc.wait(timeout=10)
+            child.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-    kill_tree(proc.pid)  # nothing the submission started outlives it
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
-        proc.wait()
-    os.close(from_child_r)
-    os.close(to_child_w)
-    if scratch:
-        shutil.rmtree(scratch, ignore_errors=True)
+    exits = {id(p): p.proc.poll() for p in procs}  # before close() kills what is left
+    for p in procs:
+        p.close()
     if not status:
         hungry = [r.index for r in reports.values() if r.error.startswith("MemoryError")]
         if done and hungry:  # the kernel's data limit refused an allocation; later cells still ran
@@ -388,8 +464,10 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             status = "ok"
         else:
             status = "crashed"
-            code = proc.returncode
+            dead = judge if judge is not None and exits[id(judge)] is not None and exits[id(child)] is None else child
+            code = exits[id(dead)] if exits[id(dead)] is not None else dead.proc.returncode
             why = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
-            detail = f"the Python process died ({why}) before the end of the notebook"
-    return Outcome(status, reports, flags, round(time.monotonic() - start - child.paused(), 2), round(peak, 1), detail,
+            who = "the Python process" if dead is child else "the judge process (served checks)"
+            detail = f"{who} died ({why}) before the end of the notebook"
+    return Outcome(status, reports, flags, round(time.monotonic() - start - clock.paused(), 2), round(peak, 1), detail,
                    confined=sandbox == "bwrap")

@@ -18,7 +18,9 @@ nothing from the grader.
 from __future__ import annotations
 
 import io
+import os
 import struct
+import threading
 
 #: Largest single message from the child (records carry tensors: a lesson's are at most a few MB).
 MAX_MESSAGE = 64 * 2**20
@@ -41,7 +43,7 @@ def send_frame(fd: int, payload: bytes) -> None:
     """Write one framed payload to ``fd`` (parent to child)."""
     data = memoryview(HEADER.pack(len(payload)) + payload)
     while data:
-        data = data[__import__("os").write(fd, data):]
+        data = data[os.write(fd, data):]
 
 
 class ProtocolError(Exception):
@@ -93,3 +95,70 @@ class Reader:
             out.append(bytes(self.buf[HEADER.size:HEADER.size + size]))
             del self.buf[:HEADER.size + size]
         return out
+
+
+# -- shared by the harnesses inside the sandbox (child.py, judge.py) --------------------------
+
+class Channel:
+    """Framed messages to the parent (``protocol.encode``), each stamped with the token."""
+
+    def __init__(self, fd: int, token: str):
+        self._fd, self._token, self._lock = fd, token, threading.Lock()
+
+    def send(self, kind: str, **data) -> None:
+        frame = encode({"token": self._token, "kind": kind, **data})
+        with self._lock:
+            write_all(self._fd, frame)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def read_exact(fd: int, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = os.read(fd, n)
+        if not chunk:
+            raise EOFError("the grading parent closed the pipe")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def set_limits(spec: str) -> None:
+    """Lower this process's rlimits (soft and hard) to ``spec``: ``FSIZE=...,NPROC=...``."""
+    import resource
+
+    for item in filter(None, spec.split(",")):
+        name, _, value = item.partition("=")
+        which = getattr(resource, f"RLIMIT_{name}")
+        resource.setrlimit(which, (int(value), int(value)))
+
+
+def plain(value, depth: int = 0):
+    """A copy of ``value`` made of tensors, numbers, strings and containers only: what the parent
+    can load without running code. Anything else becomes a description (and fails comparison)."""
+    import torch
+
+    if depth > 20:
+        return "<nested too deeply>"
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type != "meta":
+            t = t.cpu()
+        return t.clone().as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t.clone()
+    if value is None or type(value) in (bool, int, float, complex, str):
+        return value
+    if isinstance(value, (torch.dtype, torch.device, torch.Size, torch.memory_format)):
+        return str(value) if not isinstance(value, torch.Size) else tuple(value)
+    if type(value) in (tuple, list):
+        return type(value)(plain(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return {str(k): plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, tuple):  # named tuples and torch return types
+        return tuple(plain(v, depth + 1) for v in value)
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"

@@ -39,11 +39,20 @@ def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> An
                              "with your code, then run its cell again.") from None
     except AssertionError:
         raise
+    except NameError as exc:
+        if type(fn).__name__ == "Remote":  # under the grader: the notebook never bound the name
+            raise AssertionError(f"{label} is not defined in your notebook ({exc}). Run the cell that "
+                                 "defines it, and keep its name.") from None
+        raise _learner_error(label, exc, args) from exc
     except Exception as exc:  # the learner's own error: name it, keep its traceback below
-        shapes = ", ".join(describe(a) for a in args if hasattr(a, "shape"))[:400]
-        raise AssertionError(f"{label} raised {type(exc).__name__}: {exc}\n"
-                             f"  It was called with: {shapes or 'no tensor arguments'}.\n"
-                             "  The traceback above shows the line in your code.") from exc
+        raise _learner_error(label, exc, args) from exc
+
+
+def _learner_error(label: str, exc: Exception, args: tuple) -> AssertionError:
+    shapes = ", ".join(describe(a) for a in args if hasattr(a, "shape"))[:400]
+    return AssertionError(f"{label} raised {type(exc).__name__}: {exc}\n"
+                          f"  It was called with: {shapes or 'no tensor arguments'}.\n"
+                          "  The traceback above shows the line in your code.")
 
 
 def weighted_sum(outputs: Any, seed: int = 1234) -> torch.Tensor:

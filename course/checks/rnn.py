@@ -14,11 +14,16 @@ from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
 from course.grading import best_of, expect_compiled, expect_scripted, expect_speedup, speed_bar
 from course.numerics import assert_close
+from course.remote import local_script
 from course.rnn import eager_lstm_layer, layer_norm_lstm_cell_reference, layer_norm_params, lstm_weights, make_lstm
 from course.timing import SpeedReport, compare
 
 __all__ = ["check_compiled_layer", "check_layer_norm_cell", "check_layer_speed", "check_lstm_cell",
            "check_lstm_layer", "check_masked_lstm_layer", "check_scripted_layer", "check_stacked_lstm"]
+
+#: Checks the grader runs in its judge process, calling the learner's code across the boundary.
+SERVED = ("check_lstm_cell", "check_lstm_layer", "check_scripted_layer", "check_layer_norm_cell",
+          "check_stacked_lstm", "check_masked_lstm_layer")
 
 F64 = torch.float64
 GATE_HINT = ("PyTorch's gate order is input, forget, cell (g), output: gates.chunk(4, dim=1); "
@@ -79,9 +84,11 @@ def check_lstm_layer(lstm_layer: Callable, *, seed: int = 0, seq_len: int = 7, b
 
 
 def check_scripted_layer(scripted_layer, **sizes) -> None:
-    """``scripted_layer`` is a TorchScript function and still equals nn.LSTM."""
-    expect_scripted(scripted_layer, "scripted_layer")
-    check_lstm_layer(scripted_layer, label="scripted_layer", **sizes)
+    """``scripted_layer`` is a TorchScript function and still equals nn.LSTM. Under the grader
+    the TorchScript itself is tested: its archive is loaded and run in the judge."""
+    scripted = local_script(scripted_layer)
+    expect_scripted(scripted, "scripted_layer")
+    check_lstm_layer(scripted, label="scripted_layer", **sizes)
 
 
 def check_compiled_layer(compiled_layer, *, seed: int = 0, seq_len: int, batch: int, input_size: int,
@@ -240,7 +247,7 @@ def check_masked_lstm_layer(masked_lstm_layer: Callable, *, seed: int = 0, max_l
     # 3. TorchScript can compile it
     if script:
         try:
-            scripted = torch.jit.script(masked_lstm_layer)
+            scripted = local_script(masked_lstm_layer, compile=True)  # under the grader, run here
         except Exception as exc:  # TorchScript's errors are long: keep the first lines
             first = "\n    ".join(str(exc).strip().splitlines()[:6])
             raise AssertionError("masked_lstm_layer must compile with torch.jit.script, but it fails:\n    "

@@ -1,0 +1,160 @@
+"""The trusted side of a served check: runs the instructor's test cells outside the learner's process.
+
+Started by ``parent.py`` as ``python -I judge.py IN_FD OUT_FD CALL_FD REPLY_FD PKG_ROOT LIMITS``,
+confined like the learner's process (bubblewrap, no network, ``nobody``) but sharing nothing with
+it: no memory, no module, no file. It runs only code from the grading checkout: the instructor's
+set-up cells that depend on no learner name (imports, sizes; chosen by ``program.py``), then each
+*served* test cell as the parent sends it. In a test cell, every name those set-up cells did not
+bind is a :class:`course.remote.Remote`: the learner's value, reached over ``CALL_FD``/``REPLY_FD``
+(``course.wire``: data both ways, never pickles), while the learner's process serves requests
+(``child.py``). So the check, its references, its comparisons and the evidence it reports to
+the parent (the same messages as ``child.py``: records, cell start and end) are out of the
+learner's reach; what the learner's code contributes is outputs, as data, on inputs this process
+chose.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import importlib.util
+import io
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+
+
+def _load_protocol():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "protocol.py")
+    spec = importlib.util.spec_from_file_location("_grading_protocol", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+protocol = _load_protocol()
+
+
+def learner_names(source: str, known: dict) -> list[str]:
+    """The names a test cell reads that neither it nor the trusted set-up binds: the learner's."""
+    tree = ast.parse(source)
+    loaded, stored = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else stored).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            stored.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            stored |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return sorted(n for n in loaded - stored if n not in known and not hasattr(builtins, n))
+
+
+def main() -> int:
+    in_fd, out_fd, call_fd, reply_fd, pkg_root, limits = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
+                                                          int(sys.argv[4]), sys.argv[5], sys.argv[6])
+    protocol.set_limits(limits)
+
+    def receive():
+        (size,) = protocol.HEADER.unpack(protocol.read_exact(in_fd, protocol.HEADER.size))
+        return pickle.loads(protocol.read_exact(in_fd, size))  # from the grading parent: trusted
+
+    setup = receive()
+    channel = protocol.Channel(out_fd, setup["token"])
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ["COURSE_SELF_CHECK_SKIP"] = "1"
+    sys.path.insert(0, pkg_root)
+    import torch  # noqa: F401
+
+    import course
+    if not os.path.realpath(course.__file__).startswith(os.path.realpath(pkg_root) + os.sep):
+        raise SystemExit(f"grading: imported course from {course.__file__}, not from {pkg_root}")
+    import course.checks  # noqa: F401
+    import course.grader_hooks as hooks
+    from course.remote import Link, Remote
+
+    state = {"cell": None, "records": 0}
+
+    def observer(actual, expected, tol):
+        if state["cell"] is None:
+            return
+        channel.send("record", cell=state["cell"], n=state["records"], name=str(tol.get("name")),
+                     actual=protocol.plain(actual), expected=protocol.plain(expected), tol=protocol.plain(tol))
+        state["records"] += 1
+
+    @contextlib.contextmanager
+    def exclusive():
+        channel.send("speed_begin", cell=state["cell"])
+        if protocol.read_exact(in_fd, 1) != protocol.GO:
+            raise RuntimeError("grading: the parent refused the timing turn")
+        try:
+            yield
+        finally:
+            channel.send("speed_end")
+
+    # No learner frame is ever on this process's stack: the references serve the checks freely.
+    hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
+                  refused=lambda name, where: None)
+
+    class CellTimeout(BaseException):
+        pass
+
+    def on_alarm(signum, frame):
+        if state["cell"] is not None:  # an alarm that arrives between cells is late: ignored
+            raise CellTimeout()
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    link = Link(call_fd, reply_fd)
+    namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
+    real_out, real_err = sys.stdout, sys.stderr
+    for source in setup["setup_cells"]:
+        sys.stdout = sys.stderr = io.StringIO()
+        try:
+            exec(compile(source, "<instructor set-up>", "exec"), namespace)
+        except BaseException:  # noqa: BLE001 - reported with the first test cell
+            setup.setdefault("setup_errors", []).append(traceback.format_exc(limit=3)[-1500:])
+        finally:
+            sys.stdout, sys.stderr = real_out, real_err
+    trusted = dict(namespace)
+    channel.send("ready", seal_entries=0)
+
+    for _ in range(setup["count"]):
+        cell = receive()
+        index, source = cell["index"], cell["source"]
+        namespace.clear()
+        namespace.update(trusted)
+        for name in learner_names(source, trusted):
+            namespace[name] = Remote(link, name)
+        state["cell"], state["records"] = index, 0
+        channel.send("cell_start", cell=index)
+        buf = io.StringIO()
+        sys.stdout = sys.stderr = buf
+        error = ""
+        start = time.monotonic()
+        try:
+            if setup.get("setup_errors"):
+                raise RuntimeError("grading: the lesson's set-up failed in the judge:\n" + setup["setup_errors"][0])
+            exec(compile(source, f"<test cell {index}>", "exec"), namespace)
+        except CellTimeout:
+            error = f"TimeoutError: the cell ran longer than {setup['cell_timeout']:g} s and was interrupted"
+        except BaseException as exc:  # noqa: BLE001
+            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        finally:
+            sys.stdout, sys.stderr = real_out, real_err
+            state["cell"] = None
+        try:
+            link.send({"op": "end"})
+        except OSError:
+            pass
+        channel.send("cell_end", cell=index, error=error[-protocol.MAX_ERROR_CHARS:],
+                     output=buf.getvalue()[-protocol.MAX_OUTPUT_CHARS:], seconds=round(time.monotonic() - start, 3),
+                     records=state["records"], tampered=False)
+    channel.send("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""Calling a learner's code across a process boundary, for checks that run outside its reach.
+
+Under the grader, a *served* check (see ``SERVED`` in a lesson's check module) runs in the
+trusted *judge* process, not in the learner's. The learner's process runs its notebook, and at
+each served test cell it serves requests (:func:`serve`) until the judge is done. In the judge,
+every name the test cell uses that the instructor's set-up cells did not bind (the learner's
+answers) is a :class:`Remote`: calling it sends the inputs the check chose to the learner's
+process (:mod:`course.wire`: data, never pickles) and returns the outputs. Gradients cross too:
+outputs that carry a gradient in the learner's process are joined to the judge's inputs by an
+autograd function whose backward asks the learner's process for the vector-Jacobian product
+with the judge's own ``grad_outputs``. So a check written for a local function works unchanged
+on a remote one, and every value it compares was computed by the judge or returned, as data, by
+the learner's code on inputs the judge chose.
+
+A TorchScript answer crosses as its archive (``torch.jit.save``) and runs in the judge
+(:func:`local_script`): what was compiled is what the judge tests.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+import struct
+from typing import Any, Callable
+
+import torch
+
+from course import wire
+
+__all__ = ["Described", "Link", "Remote", "RemoteError", "is_remote", "local_script", "serve"]
+
+_FRAME = struct.Struct(">Q")
+
+
+class RemoteError(Exception):
+    """An exception raised by the learner's code in its own process (only its type's name and its
+    message cross)."""
+
+
+class Link:
+    """One end of the judge/learner channel: framed :mod:`course.wire` values over two fds."""
+
+    def __init__(self, send_fd: int, recv_fd: int):
+        self.send_fd, self.recv_fd, self.seq = send_fd, recv_fd, 0
+
+    def send(self, value: Any) -> None:
+        data = wire.encode(value)
+        view = memoryview(_FRAME.pack(len(data)) + data)
+        while view:
+            view = view[os.write(self.send_fd, view):]
+
+    def receive(self) -> Any:
+        (size,) = _FRAME.unpack(self._read(_FRAME.size))
+        if size > wire.MAX_BYTES:
+            raise wire.WireError(f"a message of {size} bytes, over the limit")
+        return wire.decode(self._read(size))
+
+    def _read(self, n: int) -> bytes:
+        chunks = []
+        while n:
+            chunk = os.read(self.recv_fd, min(n, 1 << 22))
+            if not chunk:
+                raise EOFError("the other process closed the channel")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def request(self, message: dict) -> Any:
+        """Send ``message``; the value of the reply, or the learner's exception raised here.
+        Replies to earlier requests (one interrupted by a time limit) are skipped."""
+        self.seq += 1
+        self.send({**message, "seq": self.seq})
+        while True:
+            reply = self.receive()
+            if not isinstance(reply, dict):
+                raise RemoteError("the learner's process answered with something that is not a reply")
+            if reply.get("seq") == self.seq:
+                break
+            if not (isinstance(reply.get("seq"), int) and reply["seq"] < self.seq):
+                raise RemoteError("the learner's process answered a request that was never made")
+        if "ok" in reply:
+            return reply["ok"]
+        raise _exception(reply.get("raised"), reply.get("message"))
+
+
+def _exception(type_name: Any, message: Any) -> BaseException:
+    """The learner's exception, as a builtin exception of the same name where there is one
+    (``NotImplementedError``, ``AssertionError``...), else a :class:`RemoteError` subclass so named."""
+    name = type_name if isinstance(type_name, str) and type_name.isidentifier() else "Exception"
+    text = str(message)[:4000] if isinstance(message, str) else ""
+    cls = getattr(builtins, name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
+        try:
+            return cls(text)
+        except Exception:  # noqa: BLE001 - builtins with other signatures
+            pass
+    return type(name[:60], (RemoteError,), {})(text)
+
+
+def is_remote(obj: Any) -> bool:
+    return isinstance(obj, Remote)
+
+
+class Remote:
+    """A name bound in the learner's process, seen from the judge: call it, or fetch its
+    TorchScript archive (:func:`local_script`)."""
+
+    def __init__(self, link: Link, name: str):
+        self._link, self.__name__ = link, name
+        self.__qualname__ = name
+
+    def __repr__(self) -> str:
+        return f"<the learner's {self.__name__}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves = [t for t in _tensors((args, kwargs)) if t.requires_grad]
+        device = next((str(t.device) for t in _tensors((args, kwargs))), "cpu")
+        grad = bool(leaves) and torch.is_grad_enabled()
+        reply = self._link.request({"op": "call", "name": self.__name__, "args": list(args),
+                                    "kwargs": dict(kwargs), "grad": grad, "device": device})
+        if not (isinstance(reply, dict) and isinstance(reply.get("id"), int) and "value" in reply
+                and isinstance(reply.get("differentiable"), list)):
+            raise RemoteError("the learner's process sent a malformed result")
+        # Only what this process joins below carries a gradient here.
+        value = _to_device(_map_tensors(reply["value"], lambda t: t.detach()), device)
+        if not grad:
+            return value
+        outs = _tensors(value)
+        diff = [i for i in reply["differentiable"] if isinstance(i, int) and 0 <= i < len(outs)]
+        if not diff:
+            return value
+        joined = _Joined.apply(self._link, reply["id"], len(leaves), *leaves, *[outs[i] for i in diff])
+        replace = dict(zip(diff, joined))
+        counter = iter(range(len(outs)))
+        return _map_tensors(value, lambda t: replace.get(next(counter), t))
+
+
+class _Joined(torch.autograd.Function):
+    """Outputs computed in the learner's process, made to depend on the judge's inputs: the
+    backward asks that process for its gradients with the judge's ``grad_outputs``."""
+
+    @staticmethod
+    def forward(ctx, link, call_id, n_leaves, *tensors):
+        ctx.link, ctx.call_id, ctx.n_leaves = link, call_id, n_leaves
+        ctx.shapes = [(t.shape, t.dtype, t.device) for t in tensors[:n_leaves]]
+        ctx.set_materialize_grads(False)
+        return tuple(t.detach().clone() for t in tensors[n_leaves:])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        answer = ctx.link.request({"op": "backward", "id": ctx.call_id,
+                                   "grads": [None if g is None else g.detach() for g in grads]})
+        if not isinstance(answer, list) or len(answer) != ctx.n_leaves:
+            raise RemoteError("the learner's process sent gradients of the wrong number")
+        out = []
+        for g, (shape, dtype, device) in zip(answer, ctx.shapes):
+            if g is None:
+                out.append(None)
+            elif isinstance(g, torch.Tensor) and g.shape == shape and not g.requires_grad:
+                out.append(g.to(device=device, dtype=dtype) if g.dtype != dtype and g.is_floating_point()
+                           else g.to(device))
+            else:
+                raise RemoteError(f"the learner's process sent a gradient of shape "
+                                  f"{tuple(getattr(g, 'shape', ()))} for an input of shape {tuple(shape)}")
+        return (None, None, None, *out, *[None] * (len(grads)))
+
+
+def local_script(obj: Any, *, compile: bool = False) -> Any:
+    """``obj`` itself where it is local; for a :class:`Remote`, the TorchScript function the
+    learner's process holds under that name (or compiles from it, with ``compile=True``), loaded
+    here from its archive. What is not TorchScript comes back as a description string."""
+    if not isinstance(obj, Remote):
+        return torch.jit.script(obj) if compile and not isinstance(
+            obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule)) else obj
+    reply = obj._link.request({"op": "script", "name": obj.__name__, "compile": compile})
+    if isinstance(reply, str):
+        return Described(reply)
+    if not isinstance(reply, torch.Tensor) or reply.dtype != torch.uint8 or reply.dim() != 1:
+        raise RemoteError("the learner's process sent a malformed TorchScript archive")
+    return torch.jit.load(io.BytesIO(reply.numpy().tobytes()), map_location="cpu")
+
+
+class Described:
+    """What a learner's name holds when it is not TorchScript (only its type crosses)."""
+
+    def __init__(self, type_name: str):
+        self.type_name = type_name
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name}>"
+
+
+# -- helpers on nested values ---------------------------------------------------------------
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    _map_tensors(value, lambda t: out.append(t) or t)
+    return out
+
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if type(value) is list:
+        return [_map_tensors(v, fn) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_map_tensors(v, fn) for v in value)
+    if type(value) is dict:
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+def _to_device(value: Any, device: str) -> Any:
+    if device == "cpu":
+        return value
+    return _map_tensors(value, lambda t: t.to(device))
+
+
+# -- the learner's side ---------------------------------------------------------------------
+
+def serve(link: Link, namespace: dict, on_error: Callable[[BaseException], None] | None = None) -> int:
+    """Answer the judge's requests on ``link`` from ``namespace`` until it says ``end``; return
+    how many were answered. Runs in the learner's process: nothing here is trusted."""
+    calls: dict[int, tuple[list, list]] = {}
+    answered = 0
+    while True:
+        try:
+            message = link.receive()
+        except (EOFError, OSError):
+            return answered
+        except wire.WireError:
+            return answered
+        if not isinstance(message, dict) or message.get("op") == "end":
+            return answered
+        try:
+            reply = {"ok": _answer(message, namespace, calls)}
+        except BaseException as exc:  # noqa: BLE001 - the learner's exception (or a timeout) is the answer
+            if on_error is not None:
+                on_error(exc)
+            name = _text(lambda: type(exc).__name__, "Exception")
+            if name == "CellTimeout":  # the grader's time limit interrupted the call
+                name, exc = "TimeoutError", TimeoutError("interrupted at the cell's time limit")
+            reply = {"raised": name,
+                     "message": _text(lambda: str(exc), "(its message could not be read)")}
+        reply["seq"] = message.get("seq")
+        try:
+            link.send(reply)
+        except OSError:
+            return answered
+        except BaseException as exc:  # noqa: BLE001 - a value that would not encode is a wrong answer
+            link.send({"raised": "RuntimeError", "seq": message.get("seq"),
+                       "message": "the result could not be sent: " + _text(lambda: str(exc), "")})
+        answered += 1
+
+
+def _text(get: Callable[[], Any], default: str) -> str:
+    """``get()`` as text of at most 4000 characters; ``default`` if learner code makes it fail."""
+    try:
+        text = get()
+        return text[:4000] if type(text) is str else default
+    except BaseException:  # noqa: BLE001
+        return default
+
+
+def _answer(message: dict, namespace: dict, calls: dict) -> Any:
+    op, name = message.get("op"), message.get("name")
+    if op in ("call", "script") and name not in namespace:
+        raise NameError(f"name {name!r} is not defined")
+    if op == "call":
+        device = message.get("device", "cpu")
+        args = _map_tensors(message.get("args", []), lambda t: _arrive(t, device))
+        kwargs = _map_tensors(message.get("kwargs", {}), lambda t: _arrive(t, device))
+        with torch.set_grad_enabled(bool(message.get("grad"))):
+            value = namespace[name](*args, **kwargs)
+        call_id = len(calls)
+        leaves = [t for t in _tensors((args, kwargs)) if t.requires_grad]
+        outs = _tensors(value)
+        differentiable = [i for i, t in enumerate(outs) if t.requires_grad]
+        calls[call_id] = (leaves, [outs[i] for i in differentiable])
+        return {"id": call_id, "value": value, "differentiable": differentiable}
+    if op == "backward":
+        leaves, outs = calls[message["id"]]
+        grads = message["grads"]
+        pairs = [(o, g.to(o.device)) for o, g in zip(outs, grads) if isinstance(g, torch.Tensor)]
+        if not pairs or not leaves:
+            return [None] * len(leaves)
+        result = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
+                                     allow_unused=True, retain_graph=True)
+        return list(result)
+    if op == "script":
+        obj = namespace[name]
+        if message.get("compile") and not isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule)):
+            obj = torch.jit.script(obj)
+        if not isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule)):
+            module = type(obj).__module__
+            return type(obj).__qualname__ if module == "builtins" else f"{module}.{type(obj).__qualname__}"
+        buf = io.BytesIO()
+        torch.jit.save(obj, buf)
+        return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    raise ValueError(f"unknown request {op!r}")
+
+
+def _arrive(t: torch.Tensor, device: str) -> torch.Tensor:
+    grad = t.requires_grad
+    t = t.detach().to(device) if device != "cpu" else t.detach()
+    return t.requires_grad_(grad)

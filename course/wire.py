@@ -1,0 +1,181 @@
+"""Values across a process boundary as data: never pickled, never code.
+
+What a trusted check sends to the learner's process (inputs) and what comes back (outputs,
+gradients) is encoded here: a JSON header that describes the structure (``None``, booleans,
+numbers, strings, lists, tuples, dicts with string keys, dtypes, tensors) followed by the raw
+bytes of every tensor. :func:`decode` reads it back with limits on size, nesting and counts,
+checks every field's type, and builds tensors with ``torch.frombuffer`` from an allowlist of
+dtypes: whatever the other side sends, decoding yields plain values or raises :class:`WireError`.
+Anything that is not one of those values (a module, a function, a custom class) is sent as a
+description, ``Opaque("package.Type")``, which compares unequal to every expected value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["MAX_BYTES", "Opaque", "WireError", "decode", "encode"]
+
+#: Largest encoded value either side accepts.
+MAX_BYTES = 256 * 2**20
+MAX_DEPTH = 32
+MAX_ITEMS = 100_000
+MAX_TENSOR_DIMS = 16
+
+_HEAD = struct.Struct(">I")
+_DTYPES = {str(d).replace("torch.", ""): d for d in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+class WireError(ValueError):
+    """Bytes that are not a value of this format (or exceed its limits)."""
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A value the wire does not carry: only its type's name crosses."""
+
+    type_name: str
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name}>"
+
+
+def encode(value: Any) -> bytes:
+    """``value`` as bytes: tensors are copied to the CPU, detached, made contiguous; their
+    ``requires_grad`` flag travels with them."""
+    buffers: list[bytes] = []
+    head = json.dumps(_to_json(value, buffers, 0), allow_nan=False, separators=(",", ":")).encode()
+    return _HEAD.pack(len(head)) + head + b"".join(buffers)
+
+
+def _to_json(v: Any, buffers: list[bytes], depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        return {"o": "<nested too deeply>"}
+    if v is None or type(v) is bool:
+        return v
+    if type(v) is int:
+        return v if abs(v) < 2**63 else {"o": "int (over 64 bits)"}
+    if type(v) is float:
+        return v if math.isfinite(v) else {"f": repr(v)}
+    if type(v) is str:
+        return {"s": v}
+    if isinstance(v, torch.Tensor):
+        t = v.detach()
+        if t.device.type == "meta" or t.is_sparse or t.layout != torch.strided:
+            return {"o": f"torch.Tensor ({t.layout}, {t.device})"}
+        name = str(t.dtype).replace("torch.", "")
+        if name not in _DTYPES or t.dim() > MAX_TENSOR_DIMS:
+            return {"o": f"torch.Tensor ({t.dtype})"}
+        t = t.to("cpu").contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        buffers.append(data)
+        return {"t": [name, list(t.shape), len(data), bool(v.requires_grad)]}
+    if isinstance(v, torch.dtype):
+        return {"d": str(v).replace("torch.", "")}
+    if type(v) is list:
+        return [_to_json(x, buffers, depth + 1) for x in v]
+    if isinstance(v, tuple):  # named tuples and torch's return types travel as tuples
+        return {"u": [_to_json(x, buffers, depth + 1) for x in v]}
+    if type(v) is dict and all(type(k) is str for k in v):
+        return {"m": [[k, _to_json(x, buffers, depth + 1)] for k, x in v.items()]}
+    if isinstance(v, Opaque):
+        return {"o": v.type_name}
+    return {"o": f"{type(v).__module__}.{type(v).__qualname__}"[:200]}
+
+
+def decode(data: bytes) -> Any:
+    """The value in ``data``, or :class:`WireError`; never runs code the bytes chose."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError("not bytes")
+    data = bytes(data)
+    if len(data) > MAX_BYTES:
+        raise WireError(f"{len(data)} bytes, over the {MAX_BYTES // 2**20} MB limit")
+    if len(data) < _HEAD.size:
+        raise WireError("too short")
+    (n,) = _HEAD.unpack_from(data)
+    if _HEAD.size + n > len(data):
+        raise WireError("header longer than the message")
+    try:
+        head = json.loads(data[_HEAD.size:_HEAD.size + n].decode("utf-8"),
+                          parse_constant=_refuse, parse_int=_small_int)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise WireError(f"unreadable header ({type(exc).__name__})") from None
+    reader = _Reader(data, _HEAD.size + n)
+    value = reader.value(head, 0)
+    if reader.pos != len(data):
+        raise WireError("bytes left over after the value")
+    return value
+
+
+def _refuse(name: str):
+    raise WireError(f"{name} is not a JSON number")
+
+
+def _small_int(text: str) -> int:
+    if len(text) > 20:
+        raise WireError("an integer of more than 20 digits")
+    return int(text)
+
+
+class _Reader:
+    def __init__(self, data: bytes, pos: int):
+        self.data, self.pos, self.items = data, pos, 0
+
+    def value(self, h: Any, depth: int) -> Any:
+        self.items += 1
+        if depth > MAX_DEPTH + 1 or self.items > MAX_ITEMS:
+            raise WireError("nested too deeply or too many items")
+        if h is None or isinstance(h, (bool, int, float)):
+            return h
+        if isinstance(h, list):
+            return [self.value(x, depth + 1) for x in h]
+        if not isinstance(h, dict) or len(h) != 1:
+            raise WireError("a value of no known kind")
+        (kind, body), = h.items()
+        if kind == "s" and isinstance(body, str):
+            return body
+        if kind == "f" and body in ("nan", "inf", "-inf"):
+            return float(body)
+        if kind == "u" and isinstance(body, list):
+            return tuple(self.value(x, depth + 1) for x in body)
+        if kind == "m" and isinstance(body, list):
+            out = {}
+            for pair in body:
+                if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+                    raise WireError("a malformed dict entry")
+                out[pair[0]] = self.value(pair[1], depth + 1)
+            return out
+        if kind == "d" and body in _DTYPES:
+            return _DTYPES[body]
+        if kind == "o" and isinstance(body, str):
+            return Opaque(body[:200])
+        if kind == "t":
+            return self.tensor(body)
+        raise WireError(f"a value of no known kind ({str(kind)[:20]!r})")
+
+    def tensor(self, body: Any) -> torch.Tensor:
+        if not (isinstance(body, list) and len(body) == 4 and body[0] in _DTYPES and isinstance(body[1], list)
+                and len(body[1]) <= MAX_TENSOR_DIMS and all(type(s) is int and 0 <= s < 2**40 for s in body[1])
+                and type(body[2]) is int and type(body[3]) is bool):
+            raise WireError("a malformed tensor")
+        dtype, shape, size, grad = _DTYPES[body[0]], body[1], body[2], body[3]
+        numel = math.prod(shape)
+        if numel * torch.empty((), dtype=dtype).element_size() != size or self.pos + size > len(self.data):
+            raise WireError("a tensor whose size does not match its bytes")
+        raw = self.data[self.pos:self.pos + size]
+        self.pos += size
+        if numel == 0:
+            t = torch.empty(shape, dtype=dtype)
+        else:
+            t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
+        if grad and (dtype.is_floating_point or dtype.is_complex):
+            t.requires_grad_(True)
+        return t

@@ -1,0 +1,264 @@
+"""The judge/learner boundary: values cross as data (course.wire), checks run unchanged on remote
+answers (course.remote), and nothing the learner's side sends can do more than be a wrong answer."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from pathlib import Path
+from typing import List, Tuple
+
+import pytest
+import torch
+from torch import Tensor
+
+from autograder import program as prog
+from course import wire
+from course.checks.rnn import (SERVED, check_layer_norm_cell, check_lstm_cell, check_lstm_layer,
+                               check_masked_lstm_layer, check_scripted_layer, check_stacked_lstm)
+from course.remote import Link, Remote, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# -- course.wire ------------------------------------------------------------------------------
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    kinds = ["none", "bool", "int", "float", "str", "tensor", "dtype"] + (["list", "tuple", "dict"] if depth < 4 else [])
+    kind = rng.choice(kinds)
+    if kind == "none":
+        return None
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "int":
+        return rng.randint(-2**62, 2**62)
+    if kind == "float":
+        return rng.choice([rng.uniform(-1e9, 1e9), float("nan"), float("inf"), -0.0])
+    if kind == "str":
+        return "".join(rng.choice("aé∂\n\"{}[]\\x") for _ in range(rng.randint(0, 12)))
+    if kind == "dtype":
+        return rng.choice([torch.float32, torch.int64, torch.bool])
+    if kind == "tensor":
+        dtype = rng.choice([torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8,
+                            torch.bool, torch.complex64])
+        shape = [rng.randint(0, 3) for _ in range(rng.randint(0, 3))]
+        t = (torch.randn(shape, generator=torch.Generator().manual_seed(rng.randint(0, 99)), dtype=torch.float64) * 9)
+        t = t.to(dtype)
+        if dtype.is_floating_point and rng.random() < 0.3:
+            t.requires_grad_(True)
+        return t
+    if kind == "list":
+        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    if kind == "tuple":
+        return tuple(_random_value(rng, depth + 1) for _ in range(rng.randint(0, 4)))
+    return {f"k{i}": _random_value(rng, depth + 1) for i in range(rng.randint(0, 4))}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                and a.requires_grad == b.requires_grad and torch.equal(a.detach(), b))
+    if isinstance(a, float) and a != a:
+        return isinstance(b, float) and b != b
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_wire_round_trips_every_value_it_carries(seed):
+    value = _random_value(random.Random(seed))
+    assert _same(value, wire.decode(wire.encode(value)))
+
+
+def test_wire_describes_what_it_does_not_carry():
+    import collections
+    Point = collections.namedtuple("Point", "x y")
+    out = wire.decode(wire.encode([len, torch.nn.Linear(2, 2), Point(1, 2), {1: 2}, 2**70, object()]))
+    assert out[0] == wire.Opaque("builtins.builtin_function_or_method")
+    assert out[1] == wire.Opaque("torch.nn.modules.linear.Linear")
+    assert out[2] == (1, 2)  # named tuples travel as tuples
+    assert isinstance(out[3], wire.Opaque) and isinstance(out[4], wire.Opaque) and isinstance(out[5], wire.Opaque)
+    assert out[1] != torch.zeros(1).sum().item()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_wire_refuses_damaged_bytes_with_its_own_error(seed):
+    """Whatever bytes the learner's side sends: a value or WireError, never another exception."""
+    rng = random.Random(seed)
+    data = bytearray(wire.encode(_random_value(rng)))
+    for _ in range(rng.randint(1, 8)):
+        op = rng.choice(["flip", "cut", "grow"])
+        if op == "flip" and data:
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        elif op == "cut" and data:
+            del data[rng.randrange(len(data)):]
+        else:
+            data += bytes(rng.randrange(256) for _ in range(rng.randint(1, 9)))
+    try:
+        wire.decode(bytes(data))
+    except wire.WireError:
+        pass
+
+
+@pytest.mark.parametrize("header", [
+    b'{"t":["float32",[1000000000000,1000000],0,false]}',      # a shape far beyond its bytes
+    b'{"t":["object",[1],8,false]}',                          # no such dtype
+    b'{"m":[[1,2]]}',                                         # a non-string key
+    b'[' * 5000 + b']' * 5000,                                # nesting
+    b'{"s":' + b'1' * 400 + b'}',                             # an integer of 400 digits
+    b'NaN', b'{"x":1}', b'{"f":"1e999"}', b'"\\ud800"',
+])
+def test_wire_refuses_values_built_to_hurt(header):
+    data = len(header).to_bytes(4, "big") + header
+    with pytest.raises(wire.WireError):
+        wire.decode(data)
+
+
+# -- course.remote: checks on answers served by another process ---------------------------
+
+
+def lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    gates = x @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh
+    i, f, g, o = gates.chunk(4, 1)
+    c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c2), c2
+
+
+def lstm_layer(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
+               b_hh: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+    outs: List[Tensor] = []
+    for t in range(x.size(0)):
+        gates = x[t] @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh
+        i, f, g, o = gates.chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outs.append(h)
+    return torch.stack(outs), (h, c)
+
+
+def masked(x: Tensor, lengths: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
+           b_hh: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+    outs: List[Tensor] = []
+    for t in range(x.size(0)):
+        gates = x[t] @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh
+        i, f, g, o = gates.chunk(4, 1)
+        c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h2 = torch.sigmoid(o) * torch.tanh(c2)
+        alive = (lengths > t).unsqueeze(1)
+        h = torch.where(alive, h2, h)
+        c = torch.where(alive, c2, c)
+        outs.append(torch.where(alive, h2, torch.zeros_like(h2)))
+    return torch.stack(outs), (h, c)
+
+
+def _same_value_other_gradient(*args):
+    h, c = lstm_cell(*args)
+    return h + (0.01 * h - (0.01 * h).detach()), c
+
+
+def _raise(exc):
+    def fn(*args, **kwargs):
+        raise exc
+    return fn
+
+
+class _Weird(Exception):
+    def __str__(self):
+        raise RuntimeError("no message for you")
+
+
+LEARNER = {
+    "lstm_cell": lstm_cell, "lstm_layer": lstm_layer, "scripted_layer": torch.jit.script(lstm_layer),
+    "plain_layer": lstm_layer, "masked_lstm_layer": masked,
+    "detached": lambda *a: tuple(t.detach() for t in lstm_cell(*a)),
+    "other_gradient": _same_value_other_gradient,
+    "stub": _raise(NotImplementedError()),
+    "exits": _raise(SystemExit(3)), "weird": _raise(_Weird()),
+    "not_a_tensor": lambda *a: (lambda: 0, "h"),
+    "lying_shape": lambda *a: (torch.zeros(7, 7, dtype=torch.float64), torch.zeros(7, 7, dtype=torch.float64)),
+    "data_not_code": 3.0,
+}
+
+
+@pytest.fixture
+def remote():
+    """A learner's process in a thread: the judge's end of the link, and the answers served."""
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    judge, learner = Link(a_w, b_r), Link(b_w, a_r)
+    thread = threading.Thread(target=serve, args=(learner, dict(LEARNER)), daemon=True)
+    thread.start()
+    yield lambda name: Remote(judge, name)
+    judge.send({"op": "end"})
+    thread.join(10)
+    for fd in (a_r, a_w, b_r, b_w):
+        os.close(fd)
+
+
+def test_served_checks_pass_right_answers_across_the_boundary(remote, capsys):
+    check_lstm_cell(remote("lstm_cell"))
+    check_lstm_layer(remote("lstm_layer"), seed=5, seq_len=3)
+    check_scripted_layer(remote("scripted_layer"))
+    check_masked_lstm_layer(remote("masked_lstm_layer"))
+    assert capsys.readouterr().out.count("ok:") == 4
+
+
+@pytest.mark.parametrize("name, message", [
+    ("detached", "the outputs carry no gradient at all"),
+    ("other_gradient", "gradient w.r.t. x does not match"),
+    ("stub", "is not written yet"),
+    ("exits", "raised SystemExit"),
+    ("weird", "raised _Weird"),
+    ("not_a_tensor", "expected a tensor"),
+    ("lying_shape", "expected shape (4, 5), got (7, 7)"),
+    ("data_not_code", "raised TypeError"),
+    ("nowhere", "is not defined in your notebook"),
+])
+def test_wrong_answers_across_the_boundary_fail_with_the_cause(remote, name, message):
+    with pytest.raises(AssertionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_lstm_cell(remote(name))
+
+
+def test_torchscript_is_tested_as_compiled_in_the_judge(remote):
+    with pytest.raises(AssertionError, match="should be what torch.jit.script returns, but it is a function"):
+        check_scripted_layer(remote("plain_layer"))
+
+
+def test_a_desynchronised_learner_stream_is_a_failed_check_not_a_crash():
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    judge = Link(a_w, b_r)
+    os.write(b_w, (40).to_bytes(8, "big") + b"\x00\x00\x00\x05{\"s\":" + b"x" * 31)  # a forged, broken reply
+    with pytest.raises(AssertionError, match="raised WireError"):
+        check_lstm_cell(Remote(judge, "lstm_cell"))
+    for fd in (a_r, a_w, b_r, b_w):
+        os.close(fd)
+
+
+# -- which cells the judge runs -------------------------------------------------------------
+
+
+def test_lesson_1_routes_its_served_checks_and_the_trusted_set_up_to_the_judge():
+    program = prog.instructor_program("01_custom_rnns", ROOT / "solutions/01_custom_rnns/01_custom_rnns.ipynb")
+    served = {c.grade_id for c in program.graded if c.served}
+    assert served == {"test_lstm_cell", "test_lstm_layer", "test_scripted_layer", "test_layer_norm_cell",
+                      "test_stacked_lstm", "test_masked_lstm_layer", "test_fast_lstm_layer"}
+    assert set(SERVED) >= {"check_lstm_cell", "check_masked_lstm_layer"}
+    setup = "\n".join(program.judge_setup)
+    assert "from course.checks.rnn import" in setup
+    # nothing that reads a learner's name (demos on the answers, benchmarks) runs in the judge
+    for name in ("lstm_cell", "scripted_layer", "compiled_layer", "fast_lstm_layer"):
+        assert not any(name in prog._names(src)[0] for src in program.judge_setup), name
+
+
+def test_a_set_up_cell_that_reads_a_learners_name_taints_what_it_binds():
+    cells = [prog.Cell(0, "a", prog.INSTRUCTOR, "import torch\nN = 3\n"),
+             prog.Cell(1, "b", prog.SOLUTION, "def f(x):\n    return x\n", answers=("f",)),
+             prog.Cell(2, "c", prog.INSTRUCTOR, "y = f(torch.ones(N))\nM = 4\n"),
+             prog.Cell(3, "d", prog.INSTRUCTOR, "unused = 1\n"),
+             prog.Cell(4, "t", prog.TEST, "check_lstm_cell(f, batch=N, hidden_size=M)\n", served=True)]
+    assert prog.judge_setup(cells) == ["import torch\nN = 3\n"]  # M comes from a tainted cell: the learner's
