@@ -77,17 +77,23 @@ def main() -> None:
     if before and before.get("grader", "2") != GRADER_VERSION:
         record["previous_grader"] = {k: before[k] for k in ("grader", "date", "count", "jobs") if k in before}
         record["previous_grader"].setdefault("grader", "2")
-    elif before and "previous_grader" in before:
-        record["previous_grader"] = before["previous_grader"]
+        # The first figures ever recorded stay as the baseline every later grader is held to.
+        first = before.get("baseline_grader") or before.get("previous_grader")
+        if first:
+            record["baseline_grader"] = first
+    elif before:
+        for key in ("previous_grader", "baseline_grader"):
+            if key in before:
+                record[key] = before[key]
     path.write_text(json.dumps(record, indent=1) + "\n")
     rows = "\n".join(f"| {j} | {r['seconds']} | {r['per_minute']} | {', '.join(r['scores'])} |" for j, r in results.items())
-    prev = record.get("previous_grader")
-    if prev:
+    for prev in [p for p in (record.get("baseline_grader"), record.get("previous_grader")) if p][::-1]:
         change = "\n".join(
             f"| {j} | {prev['jobs'][str(j)]['per_minute']} | {results[j]['per_minute']} | "
             f"{results[j]['per_minute'] / prev['jobs'][str(j)]['per_minute']:.2f}x |"
             for j in results if str(j) in prev["jobs"])
-        rows += (f"\n\nAgainst the previous grader (version {prev['grader']}, measured {prev['date']} on this machine "
+        which = "the previous grader" if prev is record.get("previous_grader") else "the first grader measured"
+        rows += (f"\n\nAgainst {which} (version {prev['grader']}, measured {prev['date']} on this machine "
                  f"kind, {prev['count']} submissions per run):\n\n| --jobs | before, per minute | now, per minute | "
                  f"now / before |\n|---|---|---|---|\n{change}")
     (out_dir / f"grading-throughput-{device}.md").write_text(

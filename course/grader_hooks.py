@@ -13,6 +13,9 @@ module:
   each other;
 - ``learner_prefix`` and ``refused(name, where)``: where the learner's cells are written, and
   whom to tell when one of them calls a course reference (:mod:`course.guard`);
+- ``hold()``: in the judge process only, a context manager during which the learner's process is
+  stopped (SIGSTOP), so that a trusted baseline is never timed beside learner code
+  (:func:`course.timing.compare_served`);
 - the environment variable :data:`SELF_CHECK_SKIP`: the lessons' closing self-check does
   nothing (the grader reads the test cells itself).
 """
@@ -25,15 +28,18 @@ observer: Callable[[Any, Any, dict], None] | None = None
 exclusive: Callable[[], ContextManager] | None = None
 learner_prefix: str | None = None
 refused: Callable[[str, str], None] | None = None
+hold: Callable[[], ContextManager] | None = None
 
 SELF_CHECK_SKIP = "COURSE_SELF_CHECK_SKIP"
 
 
-def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, refused: Callable) -> None:
+def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, refused: Callable,
+            hold: Callable | None = None) -> None:
     """Called by the grading sandbox only."""
-    globals().update(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix, refused=refused)
+    globals().update(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix, refused=refused,
+                     hold=hold)
 
 
 def installed() -> tuple:
     """What is installed now (the sandbox compares it after every cell)."""
-    return observer, exclusive, learner_prefix, refused
+    return observer, exclusive, learner_prefix, refused, hold

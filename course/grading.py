@@ -129,6 +129,18 @@ def expect_scripted(obj: Any, name: str = "the object") -> None:
 
 
 def expect_compiled(obj: Any, name: str = "the object") -> None:
+    """``obj`` is what ``torch.compile`` returns. Under the grader's judge, ``obj`` lives in the
+    learner's process, which says what it is: a claim, which the served checks back with what the
+    judge measures itself (outputs on its inputs, speed by its own clock)."""
+    from course.remote import is_remote
+
+    if is_remote(obj):
+        what = obj.describe()
+        if not what["compiled"]:
+            raise AssertionError(f"{name} should be what torch.compile returns, but it is "
+                                 f"{'a TorchScript function/module' if what['scripted'] else 'a ' + what['type']}.\n"
+                                 f"  Hint: {name} = torch.compile(your_function)")
+        return
     if not is_compiled(obj):
         raise AssertionError(f"{name} should be what torch.compile returns, but it is {_kind(obj)}.\n"
                              f"  Hint: {name} = torch.compile(your_function)")

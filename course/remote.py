@@ -28,9 +28,49 @@ import torch
 
 from course import wire
 
-__all__ = ["Described", "Link", "Remote", "RemoteError", "is_remote", "local_script", "serve"]
+__all__ = ["FACTORIES", "Described", "Link", "Remote", "RemoteError", "checksum", "factory", "is_remote",
+           "local_script", "serve"]
 
 _FRAME = struct.Struct(">Q")
+
+
+#: Input factories a timed block may name (``module.function``), registered with :func:`factory`.
+FACTORIES: dict[str, Callable[..., tuple]] = {}
+
+
+def factory(fn: Callable[..., tuple]) -> Callable[..., tuple]:
+    """Register ``fn(seed, device=..., **sizes) -> args`` as a maker of timing inputs that both
+    sides of the boundary can run from a seed (see :func:`course.timing.compare_served`)."""
+    FACTORIES[f"{fn.__module__}.{fn.__qualname__}"] = fn
+    return fn
+
+
+_CHECK_WEIGHTS: dict[tuple, torch.Tensor] = {}
+
+
+def checksum(value: Any) -> torch.Tensor:
+    """Two numbers (float64, on the outputs' device) that depend on every element of every
+    floating tensor in ``value``: a weighted sum with fixed random weights, and the 2-norm of all
+    elements (its scale: for outputs off by ``e``, the sums differ by about ``|e|_2``). Timed
+    blocks report these instead of their outputs; computed in the outputs' own precision, so
+    that checking costs a fraction of a millisecond beside the call it checks."""
+    dot, squares, device = 0.0, 0.0, None
+    for t in _tensors(value):
+        if not (t.is_floating_point() or t.is_complex()):
+            continue
+        flat = t.detach().reshape(-1) if not t.is_complex() else torch.view_as_real(t.detach()).reshape(-1)
+        key = (flat.numel(), flat.dtype, str(flat.device))
+        w = _CHECK_WEIGHTS.get(key)
+        if w is None:
+            w = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(flat.numel() % 9973),
+                            dtype=torch.float64).to(flat.device, flat.dtype)
+            _CHECK_WEIGHTS[key] = w
+        dot = dot + (flat @ w).to(torch.float64)
+        squares = squares + torch.linalg.vector_norm(flat).to(torch.float64) ** 2
+        device = flat.device
+    if device is None:
+        return torch.zeros(2, dtype=torch.float64)
+    return torch.stack([torch.as_tensor(dot, device=device), torch.as_tensor(squares, device=device).sqrt()])
 
 
 class RemoteError(Exception):
@@ -135,6 +175,33 @@ class Remote:
         counter = iter(range(len(outs)))
         return _map_tensors(value, lambda t: replace.get(next(counter), t))
 
+    def describe(self) -> dict:
+        """What the learner's process says the name holds: its type, and whether it is compiled
+        (``torch.compile``) or TorchScript. A claim of that process, not evidence."""
+        reply = self._link.request({"op": "describe", "name": self.__name__})
+        if not isinstance(reply, dict):
+            raise RemoteError("the learner's process sent a malformed description")
+        return {"type": str(reply.get("type", "?"))[:200], "compiled": reply.get("compiled") is True,
+                "scripted": reply.get("scripted") is True}
+
+    def stage(self, constants: list) -> int:
+        """Send ``constants`` (weights: the same in every timed call) ahead of the timing."""
+        handle = self._link.request({"op": "stage", "constants": list(constants)})
+        if type(handle) is not int:
+            raise RemoteError("the learner's process sent a malformed handle")
+        return handle
+
+    def block(self, handle: int, factory_name: str, sizes: dict, seeds: list[int], device: str) -> torch.Tensor:
+        """Run the learner's function once per seed, on ``factory(seed) + constants``, and return
+        the checksums of its outputs (``len(seeds)`` x 2): the call the judge times."""
+        reply = self._link.request({"op": "block", "name": self.__name__, "handle": handle,
+                                    "factory": factory_name, "sizes": dict(sizes), "seeds": list(seeds),
+                                    "device": device})
+        if not (isinstance(reply, torch.Tensor) and reply.dtype == torch.float64
+                and tuple(reply.shape) == (len(seeds), 2)):
+            raise RemoteError("the learner's process sent checksums of the wrong kind or number")
+        return reply
+
 
 class _Joined(torch.autograd.Function):
     """Outputs computed in the learner's process, made to depend on the judge's inputs: the
@@ -223,6 +290,7 @@ def serve(link: Link, namespace: dict, on_error: Callable[[BaseException], None]
     """Answer the judge's requests on ``link`` from ``namespace`` until it says ``end``; return
     how many were answered. Runs in the learner's process: nothing here is trusted."""
     calls: dict[int, tuple[list, list]] = {}
+    calls_staged: dict[int, list] = {}
     answered = 0
     while True:
         try:
@@ -234,7 +302,7 @@ def serve(link: Link, namespace: dict, on_error: Callable[[BaseException], None]
         if not isinstance(message, dict) or message.get("op") == "end":
             return answered
         try:
-            reply = {"ok": _answer(message, namespace, calls)}
+            reply = {"ok": _answer(message, namespace, calls, calls_staged)}
         except BaseException as exc:  # noqa: BLE001 - the learner's exception (or a timeout) is the answer
             if on_error is not None:
                 on_error(exc)
@@ -263,9 +331,9 @@ def _text(get: Callable[[], Any], default: str) -> str:
         return default
 
 
-def _answer(message: dict, namespace: dict, calls: dict) -> Any:
+def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
     op, name = message.get("op"), message.get("name")
-    if op in ("call", "script") and name not in namespace:
+    if op in ("call", "script", "describe", "block") and name not in namespace:
         raise NameError(f"name {name!r} is not defined")
     if op == "call":
         device = message.get("device", "cpu")
@@ -298,6 +366,28 @@ def _answer(message: dict, namespace: dict, calls: dict) -> Any:
         buf = io.BytesIO()
         torch.jit.save(obj, buf)
         return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    if op == "describe":
+        from course.grading import is_compiled, is_scripted
+
+        obj = namespace[name]
+        module = type(obj).__module__
+        kind = type(obj).__qualname__ if module == "builtins" else f"{module}.{type(obj).__qualname__}"
+        return {"type": kind, "compiled": is_compiled(obj), "scripted": is_scripted(obj)}
+    if op == "stage":
+        staged[len(staged)] = list(message["constants"])
+        return len(staged) - 1
+    if op == "block":
+        from course.devices import synchronize
+
+        fn, make = namespace[name], FACTORIES[message["factory"]]
+        device, constants = message["device"], [_arrive(t, message["device"]) if isinstance(t, torch.Tensor) else t
+                                                for t in staged[message["handle"]]]
+        sums = []
+        with torch.no_grad():
+            for seed in message["seeds"]:
+                sums.append(checksum(fn(*make(seed, device=device, **message["sizes"]), *constants)))
+            synchronize(device)
+        return torch.stack(sums).cpu() if sums else torch.zeros(0, 2, dtype=torch.float64)
     raise ValueError(f"unknown request {op!r}")
 
 

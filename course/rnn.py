@@ -16,6 +16,7 @@ from torch import Tensor
 
 from course.devices import pick_device
 from course.guard import reference
+from course.remote import factory
 
 __all__ = ["LSTMWeights", "compiled_kernels", "eager_lstm_layer", "layer_norm_lstm_cell_reference", "layer_norm_params",
            "lstm_weights", "make_lstm", "torchscript_ops"]
@@ -85,6 +86,18 @@ def layer_norm_lstm_cell_reference(x: Tensor, state: tuple[Tensor, Tensor], p: d
     _, c_raw = torch.lstm_cell(gates, (h, c), eye, gates.new_zeros(H4, h.shape[1]))
     c_norm = F.layer_norm(c_raw, (c.shape[1],), p["ln_c_weight"], p["ln_c_bias"], eps)
     return torch.sigmoid(gates[:, 3 * c.shape[1]:]) * torch.tanh(c_norm), c_norm
+
+
+@factory
+def timing_inputs(seed: int, *, device: str, seq_len: int, batch: int, input_size: int,
+                  hidden_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Fresh ``(x, h0, c0)`` for one timed call of lesson 1's speed check, drawn on ``device``
+    from ``seed`` (the judge and the learner's process draw the same values)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(seq_len, batch, input_size, generator=g, device=device)
+    h = torch.randn(batch, hidden_size, generator=g, device=device) * 0.5
+    c = torch.randn(batch, hidden_size, generator=g, device=device) * 0.5
+    return x, h, c
 
 
 @reference

@@ -35,7 +35,7 @@ from course import grader_hooks
 from course.devices import pick_device, synchronize
 from course.numerics import observing_paused
 
-__all__ = ["Ratio", "SpeedReport", "compare", "format_time"]
+__all__ = ["Ratio", "SpeedReport", "compare", "compare_served", "format_time"]
 
 
 
@@ -290,3 +290,98 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
     if bar is not None:
         bar.close()
     return SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads)
+
+
+def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[str, Any], *, factory: Callable,
+                   sizes: Mapping[str, int], constants: Sequence[Any] = (), device: str | torch.device | None = None,
+                   rounds: int = 7, warmup: int = 2, min_run_time: float = 0.2, rtol: float = 1e-4,
+                   until: float | None = None, max_rounds: int | None = None) -> SpeedReport:
+    """Time the learner's ``candidate`` (a :class:`course.remote.Remote`, or a local function)
+    against the course's ``baseline``, the way the grader's judge does: two processes, never at once.
+
+    Every call runs on ``factory(seed, device=..., **sizes) + constants`` (a registered
+    :func:`course.remote.factory`), with seeds drawn fresh from the operating system's random
+    source for every block and sent only in the request that the judge times, so nothing can be
+    prepared ahead. The candidate's block is one request to the learner's process, timed here
+    (clock, transfer of the seeds, input making, the calls, CUDA synchronisation and the reply of
+    its output checksums); the baseline's block makes the same inputs and checksums here, while
+    the learner's process is stopped (``grader_hooks.hold``). Every timed call of the candidate
+    must give the checksums of the baseline's call on the same seed (``rtol``: per element, relative).
+    ``until=bar`` adds rounds (up to four times ``rounds``) while the bar lies between the lower
+    bound and the median of the speedup.
+    """
+    import secrets
+
+    from course.remote import checksum, is_remote
+
+    name = f"{factory.__module__}.{factory.__qualname__}"
+    base_name, base_fn = baseline
+    cand_name, cand = candidate
+    dev = pick_device(device)
+    remote = is_remote(cand)
+    hold = grader_hooks.hold if grader_hooks.hold is not None else nullcontext
+
+    def run_local(fn, seeds):
+        sums = []
+        with torch.no_grad():
+            for seed in seeds:
+                sums.append(checksum(fn(*factory(seed, device=str(dev), **sizes), *constants)))
+            synchronize(dev)
+        return torch.stack(sums).cpu()
+
+    with observing_paused(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
+        handle = cand.stage(list(constants)) if remote else None
+
+        def run_candidate(seeds):
+            if remote:
+                return cand.block(handle, name, dict(sizes), seeds, str(dev))
+            return run_local(cand, seeds)
+
+        def timed(side, seeds):
+            synchronize(dev)
+            if side == base_name:
+                with hold():
+                    t0 = time.perf_counter()
+                    sums = run_local(base_fn, seeds)
+                    took = time.perf_counter() - t0
+            else:
+                t0 = time.perf_counter()
+                sums = run_candidate(seeds)
+                took = time.perf_counter() - t0
+            return took, sums
+
+        def fresh(n):
+            return [secrets.randbits(31) for _ in range(n)]
+
+        # Warm-up, and the block length that makes the slower side take min_run_time.
+        per_call = 1e-7
+        for side in (base_name, cand_name):
+            for _ in range(max(warmup, 1)):
+                took, _ = timed(side, fresh(1))
+            per_call = max(per_call, took)
+        block = max(1, min(MAX_BLOCK, math.ceil(min_run_time / per_call)))
+        times: dict[str, list[float]] = {base_name: [], cand_name: []}
+        limit = max_rounds or (4 * rounds if until is not None else rounds)
+        for r in range(limit):
+            if r >= rounds:
+                if until is None:
+                    break
+                ratio = SpeedReport(times, base_name, str(dev), torch.get_num_threads()).speedup(cand_name)
+                if not (ratio.bound < until <= ratio.median):
+                    break
+            seeds = fresh(block)
+            got = {}
+            for side in ((base_name, cand_name) if r % 2 else (cand_name, base_name)):
+                took, got[side] = timed(side, seeds)
+                times[side].append(took / block)
+            want, have = got[base_name], got[cand_name]
+            # Outputs within rtol of the baseline's, element by element, move the weighted sum by at
+            # most about rtol * |outputs|_2 (times a standard normal): 4 of those is the tolerance.
+            bad = ((have[:, 0] - want[:, 0]).abs() > 4 * rtol * want[:, 1] + 1e-9) | ~torch.isfinite(have[:, 0])
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0])
+                raise AssertionError(
+                    f"{cand_name}: the output of a timed call differs from {base_name}'s on the same inputs "
+                    f"({int(bad.sum())} of {block} calls in round {r + 1}; checksum {float(have[i, 0]):.6g}, "
+                    f"expected {float(want[i, 0]):.6g}). A fast path must compute every call's output.")
+    return SpeedReport(times=times, baseline=base_name, device=str(dev), threads=torch.get_num_threads())

@@ -244,12 +244,10 @@ def test_a_desynchronised_learner_stream_is_a_failed_check_not_a_crash():
 
 def test_lesson_1_routes_its_served_checks_and_the_trusted_set_up_to_the_judge():
     program = prog.instructor_program("01_custom_rnns", ROOT / "solutions/01_custom_rnns/01_custom_rnns.ipynb")
-    served = {c.grade_id for c in program.graded if c.served}
-    assert served == {"test_lstm_cell", "test_lstm_layer", "test_scripted_layer", "test_layer_norm_cell",
-                      "test_stacked_lstm", "test_masked_lstm_layer", "test_fast_lstm_layer"}
-    assert set(SERVED) >= {"check_lstm_cell", "check_masked_lstm_layer"}
+    assert all(c.served for c in program.graded)  # every graded cell of lesson 1 is judged outside
+    assert set(SERVED) >= {"check_lstm_cell", "check_masked_lstm_layer", "check_layer_speed"}
     setup = "\n".join(program.judge_setup)
-    assert "from course.checks.rnn import" in setup
+    assert "from course.checks.rnn import" in setup and "S = course.sizes(" in setup
     # nothing that reads a learner's name (demos on the answers, benchmarks) runs in the judge
     for name in ("lstm_cell", "scripted_layer", "compiled_layer", "fast_lstm_layer"):
         assert not any(name in prog._names(src)[0] for src in program.judge_setup), name
@@ -262,3 +260,97 @@ def test_a_set_up_cell_that_reads_a_learners_name_taints_what_it_binds():
              prog.Cell(3, "d", prog.INSTRUCTOR, "unused = 1\n"),
              prog.Cell(4, "t", prog.TEST, "check_lstm_cell(f, batch=N, hidden_size=M)\n", served=True)]
     assert prog.judge_setup(cells) == ["import torch\nN = 3\n"]  # M comes from a tainted cell: the learner's
+
+
+# -- speed across the boundary: course.timing.compare_served --------------------------------
+
+from course.rnn import eager_lstm_layer, lstm_weights, make_lstm, timing_inputs  # noqa: E402
+from course.timing import compare_served  # noqa: E402
+import contextlib  # noqa: E402
+import time  # noqa: E402
+
+import course.grader_hooks as grader_hooks  # noqa: E402
+
+SIZES = dict(seq_len=4, batch=3, input_size=5, hidden_size=6)
+_last = {}
+
+
+def _replaying(*args):
+    """Skips work: answers every call after the first with the first call's output."""
+    if "out" not in _last:
+        _last["out"] = eager_lstm_layer(*args)
+    return _last["out"]
+
+
+def _half_wrong(*args):
+    out, (h, c) = eager_lstm_layer(*args)
+    return out, (h, c * 1.01)
+
+
+SPEED_LEARNER = {"right": lambda *a: eager_lstm_layer(*a), "replaying": _replaying, "half_wrong": _half_wrong,
+                 "compiled": torch.compile(lambda *a: eager_lstm_layer(*a), backend="eager"),
+                 "plain": lambda *a: eager_lstm_layer(*a)}
+
+
+@pytest.fixture
+def served_speed(monkeypatch):
+    """A learner's process in a thread that logs when it works; the judge's hold logs too."""
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    judge, learner = Link(a_w, b_r), Link(b_w, a_r)
+    log = []
+
+    def logged(fn):
+        def run(*args):
+            log.append(("learner", time.perf_counter()))
+            return fn(*args)
+        return run
+
+    names = {k: logged(v) for k, v in SPEED_LEARNER.items()}
+    names["compiled"] = SPEED_LEARNER["compiled"]
+    thread = threading.Thread(target=serve, args=(learner, names), daemon=True)
+    thread.start()
+
+    @contextlib.contextmanager
+    def hold():
+        log.append(("hold", time.perf_counter()))
+        yield
+        log.append(("release", time.perf_counter()))
+
+    monkeypatch.setattr(grader_hooks, "hold", hold)
+    weights = tuple(p.detach() for p in lstm_weights(make_lstm(5, 6, seed=0)))
+
+    def measure(name, **kw):
+        return compare_served(("eager", eager_lstm_layer), ("candidate", Remote(judge, name)), factory=timing_inputs,
+                              sizes=SIZES, constants=weights, rounds=kw.pop("rounds", 7), warmup=1,
+                              min_run_time=0.002, **kw)
+    yield measure, log, lambda name: Remote(judge, name)
+    judge.send({"op": "end"})
+    thread.join(10)
+
+
+def test_served_timing_checks_every_call_and_never_overlaps_the_baseline(served_speed):
+    measure, log, _ = served_speed
+    report = measure("right")
+    assert len(report.times["candidate"]) == 7 and report.speedup("candidate").median > 0
+    holds = [(t0, t1) for (a, t0), (b, t1) in zip(log, log[1:]) if a == "hold" and b == "release"]
+    assert len(holds) >= 8  # warm-up and every round's baseline block ran under hold()
+    calls = [t for kind, t in log if kind == "learner"]
+    assert calls and not any(t0 <= t <= t1 for t in calls for t0, t1 in holds)
+
+
+@pytest.mark.parametrize("name", ["replaying", "half_wrong"])
+def test_served_timing_fails_a_candidate_that_skips_or_changes_work(served_speed, name):
+    measure, _, _ = served_speed
+    _last.clear()
+    with pytest.raises(AssertionError, match="the output of a timed call differs from eager's"):
+        measure(name, rounds=3)
+
+
+def test_compiled_is_asked_of_the_learners_process(served_speed):
+    from course.grading import expect_compiled
+
+    _, _, remote = served_speed
+    expect_compiled(remote("compiled"))
+    with pytest.raises(AssertionError, match="should be what torch.compile returns, but it is a function"):
+        expect_compiled(remote("plain"))

@@ -95,9 +95,21 @@ def main() -> int:
         finally:
             channel.send("speed_end")
 
+    @contextlib.contextmanager
+    def hold():
+        """The learner's process stopped (by the parent) for the block: a trusted baseline is
+        never timed beside learner code."""
+        channel.send("hold")
+        if protocol.read_exact(in_fd, 1) != protocol.GO:
+            raise RuntimeError("grading: the parent refused to stop the learner's process")
+        try:
+            yield
+        finally:
+            channel.send("release")
+
     # No learner frame is ever on this process's stack: the references serve the checks freely.
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
-                  refused=lambda name, where: None)
+                  refused=lambda name, where: None, hold=hold)
 
     class CellTimeout(BaseException):
         pass

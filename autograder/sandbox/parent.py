@@ -234,6 +234,25 @@ def _limits(memory_mb: float, env: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in limits.items())
 
 
+def _stop_and_wait(pid: int, limit: float = 1.0) -> None:
+    """SIGSTOP the tree of ``pid`` and wait (at most ``limit`` s) until every thread is stopped."""
+    signal_tree(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        running = False
+        for p in [pid, *descendants(pid)]:
+            try:
+                for task in os.listdir(f"/proc/{p}/task"):
+                    with open(f"/proc/{p}/task/{task}/stat") as fh:
+                        state = fh.read().rsplit(")", 1)[1].split()[0]
+                    running = running or state not in ("T", "t", "Z", "X")
+            except (OSError, IndexError):
+                continue
+        if not running:
+            return
+        time.sleep(0.002)
+
+
 class _Proc:
     """One confined process of a run and its two pipes (frames in, messages out)."""
 
@@ -359,6 +378,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     cell_started = start
     interrupted = False
     last_poll = 0.0
+    held = False  # the judge has the learner's process stopped (a baseline block)
 
     def net() -> float:
         return time.monotonic() - clock.paused()
@@ -430,6 +450,13 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     elif kind == protocol.SPEED_END and holding is source:
                         TURNS.end(clock)
                         holding, holding_since = None, None
+                    elif kind == protocol.HOLD and source is judge and not held:
+                        held = True
+                        _stop_and_wait(child.proc.pid)
+                        source.go()
+                    elif kind == protocol.RELEASE and source is judge and held:
+                        held = False
+                        signal_tree(child.proc.pid, signal.SIGCONT)
                     elif kind == protocol.DONE:
                         source.done = True
                 except (ProtocolError, KeyError, TypeError, ValueError) as exc:

@@ -36,7 +36,9 @@ GO = b"g"
 # Child -> parent message kinds.
 READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE = (
     "ready", "cell_start", "record", "cell_end", "flag", "speed_begin", "speed_end", "done")
-KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE}
+# Judge -> parent only: stop the learner's process (answered by GO once it is stopped), resume it.
+HOLD, RELEASE = "hold", "release"
+KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE, HOLD, RELEASE}
 
 
 def send_frame(fd: int, payload: bytes) -> None:

@@ -15,15 +15,16 @@ from course.devices import pick_device
 from course.grading import best_of, expect_compiled, expect_scripted, expect_speedup, speed_bar
 from course.numerics import assert_close
 from course.remote import local_script
-from course.rnn import eager_lstm_layer, layer_norm_lstm_cell_reference, layer_norm_params, lstm_weights, make_lstm
-from course.timing import SpeedReport, compare
+from course.rnn import (eager_lstm_layer, layer_norm_lstm_cell_reference, layer_norm_params, lstm_weights, make_lstm,
+                        timing_inputs)
+from course.timing import SpeedReport, compare_served
 
 __all__ = ["check_compiled_layer", "check_layer_norm_cell", "check_layer_speed", "check_lstm_cell",
            "check_lstm_layer", "check_masked_lstm_layer", "check_scripted_layer", "check_stacked_lstm"]
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
 SERVED = ("check_lstm_cell", "check_lstm_layer", "check_scripted_layer", "check_layer_norm_cell",
-          "check_stacked_lstm", "check_masked_lstm_layer")
+          "check_stacked_lstm", "check_masked_lstm_layer", "check_compiled_layer", "check_layer_speed")
 
 F64 = torch.float64
 GATE_HINT = ("PyTorch's gate order is input, forget, cell (g), output: gates.chunk(4, dim=1); "
@@ -112,34 +113,24 @@ def check_compiled_layer(compiled_layer, *, seed: int = 0, seq_len: int, batch: 
 def check_layer_speed(compiled_layer, lstm_layer, *, bars: Mapping[str, float], seq_len: int, batch: int,
                       input_size: int, hidden_size: int, seed: int = 0, rounds: int = 7,
                       min_run_time: float = 0.2, attempts: int = 3, device=None) -> SpeedReport:
-    """``compiled_layer`` beats an eager layer by the device's bar, measured side by side on fresh
-    inputs every round, with outputs checked against nn.LSTM. The eager baseline is the course's
-    own (``course.rnn.eager_lstm_layer``, the same per-step ops as the lesson's ``lstm_layer``),
-    never the learner's, which a submission could slow down; ``lstm_layer`` must still run. A
-    measurement below the bar is repeated (``attempts`` in all) and the best one judged."""
+    """``compiled_layer`` beats an eager layer by the device's bar. The eager baseline is the
+    course's own (``course.rnn.eager_lstm_layer``, the same per-step ops as the lesson's
+    ``lstm_layer``), never the learner's; ``lstm_layer`` must still run. Measured by
+    :func:`course.timing.compare_served`: fresh inputs from unpredictable seeds in every call,
+    every timed output checked against the baseline's on the same inputs, the two sides never at
+    once (under the grader, in two processes: the learner's is stopped while the baseline runs).
+    A measurement below the bar is repeated (``attempts`` in all) and the best one judged."""
     expect_compiled(compiled_layer, "compiled_layer")
     dev = pick_device(device)
     lstm = make_lstm(input_size, hidden_size, seed=seed, device=dev)
     w = tuple(p.detach() for p in lstm_weights(lstm))
-    counter = iter(range(10**9))
-
-    def inputs():
-        s = seed + 101 * next(counter)
-        return (randn(seq_len, batch, input_size, seed=s, device=dev),
-                randn(batch, hidden_size, seed=s + 1, device=dev, scale=0.5),
-                randn(batch, hidden_size, seed=s + 2, device=dev, scale=0.5)) + w
-
-    def check(name, out, args):
-        x, h, c = args[:3]
-        ref_out, (rh, rc) = lstm(x, (h[None], c[None]))
-        assert_close(out, (ref_out, (rh[0], rc[0])), name=f"{name} output while timing", rtol=1e-4, atol=1e-5)
-
+    sizes = dict(seq_len=seq_len, batch=batch, input_size=input_size, hidden_size=hidden_size)
     with torch.no_grad():
-        call(lstm_layer, *inputs(), name="lstm_layer")
+        call(lstm_layer, *timing_inputs(seed, device=str(dev), **sizes), *w, name="lstm_layer")
         bar = speed_bar(bars, dev)
-        report = best_of(lambda: compare({"eager": eager_lstm_layer, "torch.compile": compiled_layer}, inputs=inputs,
-                                         check=check, rounds=rounds, min_run_time=min_run_time, device=dev,
-                                         until=("torch.compile", "eager", bar)),
+        report = best_of(lambda: compare_served(("eager", eager_lstm_layer), ("torch.compile", compiled_layer),
+                                                factory=timing_inputs, sizes=sizes, constants=w, device=dev,
+                                                rounds=rounds, min_run_time=min_run_time, until=bar),
                          "torch.compile", bar, attempts)
     report.show()
     expect_speedup(report, "torch.compile", over="eager", bars=bars,
