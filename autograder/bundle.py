@@ -22,6 +22,8 @@ from . import REPO_ROOT, UsageError
 INCLUDE = ["lessons", "course", "requirements", "pyproject.toml", "environment.yml", "README.md", "LICENSE",
            "Makefile", "start", "jupyter-config"]
 SKIP = {"__pycache__", ".ipynb_checkpoints", ".DS_Store"}
+#: The grader's references that reproduce exercises (``course/references``): never bundled.
+GRADER_ONLY = [Path("course") / "references"]
 _BLOCK = re.compile(r"### BEGIN (SOLUTION|HIDDEN TESTS)(.*?)### END \1", re.DOTALL)
 
 
@@ -73,6 +75,8 @@ def bundle(out: Path, solutions: Path | None = None) -> Path:
             shutil.copytree(src, out / name, ignore=lambda _d, names: [n for n in names if n in SKIP])
         elif src.exists():
             shutil.copy2(src, out / name)  # keeps Binder's `start` executable
+    for path in GRADER_ONLY:
+        shutil.rmtree(out / path, ignore_errors=True)
     problems = leaks(out, solutions or REPO_ROOT / "solutions")
     if problems:
         shutil.rmtree(out)

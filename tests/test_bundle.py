@@ -23,9 +23,18 @@ def test_bundle_has_what_learners_launch_with_and_no_instructor_material(tmp_pat
                  "jupyter-config/labconfig/page_config.json", "course/exercises.json"):
         assert (out / name).exists(), name
     assert os.access(out / "start", os.X_OK), "Binder's start must stay executable"
-    for name in ("solutions", "autograder", "tests", "benchmarks"):
+    for name in ("solutions", "autograder", "tests", "benchmarks", "course/references"):
         assert not (out / name).exists(), name
+    assert (out / "course/reference_data/01_layer_norm_cell.pt").exists()  # what the visible checks use instead
     assert leaks(out, ROOT / "solutions") == []
+    # the bundled course runs lesson 1's visible checks without the grader's references
+    check = ("import torch, course.checks.rnn as C\n"
+             "assert C._grader_references() is None\n"
+             "def wrong(x, h, c, p):\n    return h, c\n"
+             "try:\n    C.check_layer_norm_cell(wrong)\nexcept AssertionError as e:\n    print('caught', str(e)[:40])\n")
+    proc = subprocess.run([sys.executable, "-I", "-c", check], cwd=out, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(out)})
+    assert proc.returncode == 0 and "caught layer_norm_lstm_cell" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_leak_check_finds_a_solution_pasted_into_a_lesson(tmp_path):

@@ -13,7 +13,8 @@ import course
 import course.checks
 import course.grader_hooks as grader_hooks
 import course.guard as guard
-from course.rnn import layer_norm_lstm_cell_reference, layer_norm_params
+from course.references.rnn import layer_norm_lstm_cell_reference
+from course.rnn import layer_norm_params
 
 
 @pytest.fixture
@@ -95,7 +96,8 @@ def test_every_reference_the_checks_compare_with_is_guarded():
     for info in pkgutil.iter_modules(course.checks.__path__, "course.checks."):
         importlib.import_module(info.name)
     from course.checks import forward_ad, fx, jacobians, memory_format, vmap
-    from course import forward_ad as fad, jacobians as jac, rnn
+    from course import forward_ad as fad, jacobians as jac
+    from course.references import rnn
 
     guarded = [rnn.layer_norm_lstm_cell_reference, rnn.eager_lstm_layer, jac.TanhLayer.jacobian,
                jac.Energy.hessian, jac.Energy.hvp, fad.WideFunction.jacobian,

@@ -355,3 +355,32 @@ def test_a_right_answer_passes_in_the_judge_and_a_hang_is_interrupted(tmp_path):
     assert out.status == "ok", out
     assert "TimeoutError" in out.cells[2].error and "TimeoutError" in out.cells[4].error, out.cells
     assert out.cells[3].output.strip() == "after lstm_cell"
+
+
+def test_references_that_reproduce_exercises_are_the_judges_alone(tmp_path):
+    """The learner's process sees no course/references (bubblewrap hides it), however it asks;
+    the judge uses it for the served check."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    if not bwrap_works():
+        pytest.skip("bubblewrap is not available here")
+    borrow = ("import os, importlib\nprint('listing', os.listdir('/grading/pkg/course/references'))\n"
+              "try:\n    importlib.import_module('course.references.rnn')\n    print('imported')\n"
+              "except ImportError:\n    print('no references')\n"
+              "def layer_norm_lstm_cell(x, h, c, p):\n"
+              "    from course.references.rnn import layer_norm_lstm_cell_reference as ref\n"
+              "    return ref(x, (h, c), p)\n")
+    setup = "import torch\nfrom course.checks.rnn import check_layer_norm_cell\n"
+    cells = [
+        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
+        {"index": 1, "id": "b", "kind": "solution", "source": borrow, "grade_id": "sol",
+         "answers": ["layer_norm_lstm_cell"]},
+        {"index": 2, "id": "c", "kind": "test", "source": "check_layer_norm_cell(layer_norm_lstm_cell)\n",
+         "grade_id": "t", "served": True},
+    ]
+    out = run_program(cells, judge_setup=[setup], sandbox="bwrap", cell_timeout=60, timeout=120, memory_mb=2000,
+                      log=tmp_path / "log")
+    assert out.status == "ok", out
+    assert "listing []" in out.cells[1].output and "no references" in out.cells[1].output, out.cells[1]
+    assert "ModuleNotFoundError" in out.cells[2].error and "course.references" in out.cells[2].error, out.cells[2]
+    assert out.cells[2].records == []  # the judge never got as far as comparing: nothing borrowed

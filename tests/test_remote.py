@@ -264,7 +264,8 @@ def test_a_set_up_cell_that_reads_a_learners_name_taints_what_it_binds():
 
 # -- speed across the boundary: course.timing.compare_served --------------------------------
 
-from course.rnn import eager_lstm_layer, lstm_weights, make_lstm, timing_inputs  # noqa: E402
+from course.references.rnn import eager_lstm_layer  # noqa: E402
+from course.rnn import lstm_weights, make_lstm, timing_inputs  # noqa: E402
 from course.timing import compare_served  # noqa: E402
 import contextlib  # noqa: E402
 import time  # noqa: E402
@@ -354,3 +355,49 @@ def test_compiled_is_asked_of_the_learners_process(served_speed):
     expect_compiled(remote("compiled"))
     with pytest.raises(AssertionError, match="should be what torch.compile returns, but it is a function"):
         expect_compiled(remote("plain"))
+
+
+# -- references that reproduce exercises are the grader's -----------------------------------
+
+def test_reference_data_is_what_the_grader_reference_gives():
+    from course.references.__main__ import FILES, DATA
+
+    for name, make in FILES.items():
+        stored, now = torch.load(DATA / name, weights_only=True), make()
+        assert stored["sizes"] == now["sizes"]
+        for a, b in zip(stored["out"] + stored["grads"], now["out"] + now["grads"]):
+            assert torch.equal(a, b), f"{name} is stale: run python -m course.references"
+
+
+def _right_layer_norm_cell(x, h, c, p):
+    from course.references.rnn import layer_norm_lstm_cell_reference
+    return layer_norm_lstm_cell_reference(x, (h, c), p)
+
+
+def test_without_the_grader_references_the_visible_check_uses_data(monkeypatch, capsys):
+    import course.checks.rnn as C
+
+    monkeypatch.setattr(C, "_grader_references", lambda: None)
+    C.check_layer_norm_cell(_right_layer_norm_cell)
+    assert "ok: layer_norm_lstm_cell equals the reference" in capsys.readouterr().out
+
+    def no_cell_norm(x, h, c, p):
+        p = dict(p, ln_c_weight=torch.ones_like(p["ln_c_weight"]))
+        return _right_layer_norm_cell(x, h, c, p)
+
+    with pytest.raises(AssertionError, match="does not match the reference"):
+        C.check_layer_norm_cell(no_cell_norm)
+    with pytest.raises(AssertionError, match="reference data for .* only"):
+        C.check_layer_norm_cell(_right_layer_norm_cell, seed=3)
+
+
+def test_without_the_grader_references_the_speed_baseline_is_the_learners_own(monkeypatch):
+    import course.checks.rnn as C
+
+    seen = []
+    monkeypatch.setattr(C, "_grader_references", lambda: None)
+    monkeypatch.setattr(C, "compare_served", lambda baseline, candidate, **kw: seen.append(baseline) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        C.check_layer_speed(torch.compile(lstm_layer, backend="eager"), lstm_layer, bars={"cpu": 1.0, "cuda": 1.0},
+                            **{k: v for k, v in SIZES.items()}, attempts=1)
+    assert seen and seen[0] == ("eager", lstm_layer)

@@ -211,6 +211,8 @@ def _bwrap_argv(script: str, args: list[str]) -> list[str]:
             "--ro-bind", str(CHILD), "/grading/child.py", "--ro-bind", str(JUDGE), "/grading/judge.py",
             "--ro-bind", str(PROTOCOL), "/grading/protocol.py",
             "--perms", "0755", "--dir", "/grading/pkg", "--ro-bind", str(COURSE.resolve()), "/grading/pkg/course",
+            # The references that reproduce exercises are the judge's alone: hidden from the learner's process.
+            *(["--tmpfs", "/grading/pkg/course/references"] if script == "child.py" else []),
             "--perms", "0777", "--dir", "/grading/cells", "--chdir", "/grading/cells", "--", *command]
 
 

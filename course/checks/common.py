@@ -76,14 +76,17 @@ def _flatten(x: Any) -> list:
 
 
 def expect_grads(outputs: Any, ref_outputs: Any, inputs: Sequence[torch.Tensor],
-                 ref_inputs: Sequence[torch.Tensor], names: Sequence[str], *, label: str, **tol: Any) -> None:
-    """Gradients of a weighted sum of ``outputs`` w.r.t. ``inputs`` equal the reference's."""
+                 ref_inputs: Sequence[torch.Tensor] | None, names: Sequence[str], *, label: str,
+                 expected: Sequence[torch.Tensor | None] | None = None, **tol: Any) -> None:
+    """Gradients of a weighted sum of ``outputs`` w.r.t. ``inputs`` equal the reference's (or
+    ``expected``: gradients from reference data)."""
     loss = weighted_sum(outputs)
     if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
         raise AssertionError(f"{label}: the outputs carry no gradient at all. Did the function use "
                              "torch.no_grad(), .detach(), .item() or .data? Autograd must see every op.")
     grads = torch.autograd.grad(loss, list(inputs), allow_unused=True)
-    ref = torch.autograd.grad(weighted_sum(ref_outputs), list(ref_inputs), allow_unused=True)
+    ref = (list(expected) if expected is not None
+           else torch.autograd.grad(weighted_sum(ref_outputs), list(ref_inputs), allow_unused=True))
     for g, r, n in zip(grads, ref, names):
         if g is None and r is not None:
             raise AssertionError(f"{label}: no gradient reaches {n}. Is it used, and used without "

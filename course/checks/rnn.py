@@ -15,8 +15,7 @@ from course.devices import pick_device
 from course.grading import best_of, expect_compiled, expect_scripted, expect_speedup, speed_bar
 from course.numerics import assert_close
 from course.remote import local_script
-from course.rnn import (eager_lstm_layer, layer_norm_lstm_cell_reference, layer_norm_params, lstm_weights, make_lstm,
-                        timing_inputs)
+from course.rnn import layer_norm_params, lstm_weights, make_lstm, timing_inputs
 from course.timing import SpeedReport, compare_served
 
 __all__ = ["check_compiled_layer", "check_layer_norm_cell", "check_layer_speed", "check_lstm_cell",
@@ -114,13 +113,17 @@ def check_layer_speed(compiled_layer, lstm_layer, *, bars: Mapping[str, float], 
                       input_size: int, hidden_size: int, seed: int = 0, rounds: int = 7,
                       min_run_time: float = 0.2, attempts: int = 3, device=None) -> SpeedReport:
     """``compiled_layer`` beats an eager layer by the device's bar. The eager baseline is the
-    course's own (``course.rnn.eager_lstm_layer``, the same per-step ops as the lesson's
-    ``lstm_layer``), never the learner's; ``lstm_layer`` must still run. Measured by
+    grader's own (``course.references.rnn.eager_lstm_layer``, the same per-step ops as the lesson's
+    ``lstm_layer``), never the learner's; ``lstm_layer`` must still run. (In a learner's copy of
+    the course, without the grader's references, the learner's ``lstm_layer`` is the baseline.) Measured by
     :func:`course.timing.compare_served`: fresh inputs from unpredictable seeds in every call,
     every timed output checked against the baseline's on the same inputs, the two sides never at
     once (under the grader, in two processes: the learner's is stopped while the baseline runs).
     A measurement below the bar is repeated (``attempts`` in all) and the best one judged."""
     expect_compiled(compiled_layer, "compiled_layer")
+    refs = _grader_references()
+    # Without the grader's eager layer (a learner's copy of the course), the learner's own is the baseline.
+    baseline = refs.eager_lstm_layer if refs is not None else lstm_layer
     dev = pick_device(device)
     lstm = make_lstm(input_size, hidden_size, seed=seed, device=dev)
     w = tuple(p.detach() for p in lstm_weights(lstm))
@@ -128,7 +131,7 @@ def check_layer_speed(compiled_layer, lstm_layer, *, bars: Mapping[str, float], 
     with torch.no_grad():
         call(lstm_layer, *timing_inputs(seed, device=str(dev), **sizes), *w, name="lstm_layer")
         bar = speed_bar(bars, dev)
-        report = best_of(lambda: compare_served(("eager", eager_lstm_layer), ("torch.compile", compiled_layer),
+        report = best_of(lambda: compare_served(("eager", baseline), ("torch.compile", compiled_layer),
                                                 factory=timing_inputs, sizes=sizes, constants=w, device=dev,
                                                 rounds=rounds, min_run_time=min_run_time, until=bar),
                          "torch.compile", bar, attempts)
@@ -139,27 +142,69 @@ def check_layer_speed(compiled_layer, lstm_layer, *, bars: Mapping[str, float], 
     return report
 
 
-def check_layer_norm_cell(layer_norm_lstm_cell: Callable, *, seed: int = 0, batch: int = 4,
-                          input_size: int = 6, hidden_size: int = 5, device=None) -> None:
-    """``layer_norm_lstm_cell(x, h, c, p) -> (h', c')`` equals the lesson's reference cell."""
+def layer_norm_case(*, seed: int = 0, batch: int = 4, input_size: int = 6, hidden_size: int = 5,
+                    device=None) -> tuple[dict, list[str], list[torch.Tensor]]:
+    """Exercise 5's inputs: (sizes, parameter names, leaves ``[x, h, c, *params]``) in float64."""
     dev = pick_device(device)
     p = layer_norm_params(input_size, hidden_size, seed=seed, device=dev, dtype=F64)
     x = randn(batch, input_size, seed=seed + 1, device=dev, dtype=F64)
     h = randn(batch, hidden_size, seed=seed + 2, device=dev, dtype=F64, scale=0.5)
     c = randn(batch, hidden_size, seed=seed + 3, device=dev, dtype=F64, scale=0.5)
+    keys = sorted(p)
+    sizes = dict(seed=seed, batch=batch, input_size=input_size, hidden_size=hidden_size)
+    return sizes, keys, _leaves(x, h, c, *(p[k] for k in keys))
+
+
+def _grader_references():
+    """:mod:`course.references.rnn`, where it exists: with the grader, not in a learner's copy."""
+    try:
+        from course.references import rnn
+    except ImportError:
+        return None
+    return rnn
+
+
+def check_layer_norm_cell(layer_norm_lstm_cell: Callable, *, seed: int = 0, batch: int = 4,
+                          input_size: int = 6, hidden_size: int = 5, device=None) -> None:
+    """``layer_norm_lstm_cell(x, h, c, p) -> (h', c')`` equals the lesson's reference cell.
+
+    The reference cell is the grader's (it is the exercise's answer); a learner's notebook checks
+    the visible call against reference data for its own sizes (``course/reference_data``)."""
     hint = ("LayerNorm the input gates (x @ w_ih.T) and the hidden gates (h @ w_hh.T) separately, "
             "each over all 4H columns, add them, then the usual LSTM update, and LayerNorm the new "
             "cell state before h' = o * tanh(c'). eps = 1e-5; use every ln_* weight and bias.")
-    keys = sorted(p)
-    ref_args = _leaves(x, h, c, *(p[k] for k in keys))
-    ref = layer_norm_lstm_cell_reference(ref_args[0], (ref_args[1], ref_args[2]), dict(zip(keys, ref_args[3:])))
-    args = _leaves(x, h, c, *(p[k] for k in keys))
+    sizes, keys, args = layer_norm_case(seed=seed, batch=batch, input_size=input_size, hidden_size=hidden_size,
+                                        device=device)
+    names = ["x", "h", "c", *keys]
+    refs = _grader_references()
     got = call(layer_norm_lstm_cell, args[0], args[1], args[2], dict(zip(keys, args[3:])),
                name="layer_norm_lstm_cell")
-    assert_close(got, ref, name="layer_norm_lstm_cell(...) -> (h', c')", hint=hint)
-    expect_grads(got, ref, args, ref_args, ["x", "h", "c", *keys], label="layer_norm_lstm_cell", hint=hint)
+    if refs is not None:
+        _, _, ref_args = layer_norm_case(**sizes, device=device)
+        ref = refs.layer_norm_lstm_cell_reference(ref_args[0], (ref_args[1], ref_args[2]),
+                                                  dict(zip(keys, ref_args[3:])))
+        assert_close(got, ref, name="layer_norm_lstm_cell(...) -> (h', c')", hint=hint)
+        expect_grads(got, ref, args, ref_args, names, label="layer_norm_lstm_cell", hint=hint)
+    else:
+        data = _reference_data("01_layer_norm_cell.pt", sizes)
+        dev = args[0].device
+        assert_close(got, tuple(t.to(dev) for t in data["out"]), name="layer_norm_lstm_cell(...) -> (h', c')",
+                     hint=hint)
+        expect_grads(got, None, args, None, names, label="layer_norm_lstm_cell", hint=hint,
+                     expected=[g.to(dev) for g in data["grads"]])
     ok(f"layer_norm_lstm_cell equals the reference, values and gradients (B={batch}, I={input_size}, "
        f"H={hidden_size}, seed {seed})")
+
+
+def _reference_data(name: str, sizes: dict) -> dict:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "reference_data" / name
+    data = torch.load(path, weights_only=True)
+    if data["sizes"] != sizes:
+        raise AssertionError(f"This check has reference data for {data['sizes']} only (the lesson's own call); "
+                             f"the grader checks other sizes and seeds ({sizes} asked for here).")
+    return data
 
 
 def check_stacked_lstm(stacked_lstm: Callable, *, seed: int = 0, num_layers: int = 2, seq_len: int = 6,

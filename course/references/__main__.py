@@ -1,0 +1,36 @@
+"""Write the reference data the notebooks' visible checks use without the grader's references:
+``python -m course.references`` (run after changing a reference; a test keeps it in step)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+DATA = Path(__file__).resolve().parents[1] / "reference_data"
+
+
+def layer_norm_cell_data() -> dict:
+    """Lesson 1, exercise 5 at the visible check's own call (its defaults): outputs and gradients."""
+    from course.checks.common import weighted_sum
+    from course.checks.rnn import layer_norm_case
+    from course.references.rnn import layer_norm_lstm_cell_reference
+
+    sizes, keys, args = layer_norm_case()
+    out = layer_norm_lstm_cell_reference(args[0], (args[1], args[2]), dict(zip(keys, args[3:])))
+    grads = torch.autograd.grad(weighted_sum(out), args)
+    return {"sizes": sizes, "out": [t.detach() for t in out], "grads": [g.detach() for g in grads]}
+
+
+FILES = {"01_layer_norm_cell.pt": layer_norm_cell_data}
+
+
+def main() -> None:
+    DATA.mkdir(exist_ok=True)
+    for name, make in FILES.items():
+        torch.save(make(), DATA / name)
+        print(f"wrote {DATA / name}")
+
+
+if __name__ == "__main__":
+    main()
