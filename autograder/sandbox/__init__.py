@@ -1,8 +1,12 @@
 """The grading sandbox: run a graded program in a fresh, confined process; collect evidence.
 
 - ``parent.py``: starts the child (bubblewrap), owns its clocks and limits, reads its messages;
-- ``child.py``: the script that runs inside (never imports the grader);
-- ``protocol.py``: the one definition of the messages between them and their size limits.
+- ``child.py``: the script that runs the learner's program inside (never imports the grader);
+  at a served test cell it answers the judge's calls instead (``course.remote.serve``);
+- ``judge.py``: the trusted side of served checks, a second confined process that runs the
+  instructor's set-up and served test cells, calling the learner's code across the boundary;
+- ``protocol.py``: the one definition of the messages between them and their size limits (the
+  judge/learner channel itself carries ``course.wire`` values, see ``course/remote.py``).
 """
 
 from .parent import TURNS, CellReport, Outcome, bwrap_works, choose_sandbox, run_program

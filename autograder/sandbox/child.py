@@ -1,6 +1,6 @@
 """The sandboxed side of grading: runs one graded program and reports what happened.
 
-Started by ``parent.py`` as ``python -I child.py IN_FD OUT_FD CELLS_DIR PKG_ROOT LIMITS``, usually
+Started by ``parent.py`` as ``python -I child.py IN_FD OUT_FD CELLS_DIR PKG_ROOT LIMITS [CALL_FD REPLY_FD]``, usually
 inside bubblewrap, where it sees the Python environment, the grading checkout's ``course``
 package (under ``PKG_ROOT``, imported from there whatever else is installed) and an empty
 folder, nothing else. Before any learner code runs it lowers its own rlimits (``LIMITS``:
@@ -18,6 +18,11 @@ SIGALRM, counting only the time this process was not paused. It never decides a 
 
 Every message carries a token that only this harness holds, so learner code that writes to the
 pipe cannot forge one. The parent treats all of it as evidence, never as a verdict.
+
+A *served* test cell never comes here: the parent sends a ``serve`` stub instead, and this
+process answers the judge's requests on ``CALL_FD``/``REPLY_FD`` (``course.remote.serve``: calls,
+backward passes, TorchScript archives, timed blocks) until the judge ends the cell. Nothing this
+process sends during a served cell counts as that cell's evidence.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import pickle
 import re
 import signal
 import sys
-import threading
 import time
 import traceback
 
