@@ -28,12 +28,15 @@ def test_bundle_has_what_learners_launch_with_and_no_instructor_material(tmp_pat
     assert (out / "course/reference_data/01_layer_norm_cell.pt").exists()  # what the visible checks use instead
     assert leaks(out, ROOT / "solutions") == []
     # the bundled course runs lesson 1's visible checks without the grader's references
-    check = ("import torch, course.checks.rnn as C\n"
+    # -S: no site hooks, so a development install's finder cannot bring back this checkout's course
+    import sysconfig
+    check = (f"import sys\nsys.path[:0] = [{str(out)!r}, {sysconfig.get_paths()['purelib']!r}]\n"
+             "import torch, course, course.checks.rnn as C\n"
+             f"assert course.__file__.startswith({str(out)!r}), course.__file__\n"
              "assert C._grader_references() is None\n"
              "def wrong(x, h, c, p):\n    return h, c\n"
              "try:\n    C.check_layer_norm_cell(wrong)\nexcept AssertionError as e:\n    print('caught', str(e)[:40])\n")
-    proc = subprocess.run([sys.executable, "-I", "-c", check], cwd=out, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(out)})
+    proc = subprocess.run([sys.executable, "-S", "-c", check], cwd=out, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "caught layer_norm_lstm_cell" in proc.stdout, proc.stderr[-2000:]
 
 
