@@ -175,23 +175,6 @@ def learner_program(lesson: str, source_nb: Path, release_nb: Path, submitted: d
     return program
 
 
-def _names(source: str) -> tuple[set[str], set[str]]:
-    """(names a cell reads, names it binds anywhere); both empty when it does not parse."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set(), set()
-    loaded, stored = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loaded if isinstance(node.ctx, ast.Load) else stored).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            stored.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            stored |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return loaded, stored
-
-
 def is_served(test_source: str) -> bool:
     """Whether a test cell runs in the judge: it calls checks, and every one is served
     (``course.checks.served_checks``)."""
@@ -216,18 +199,18 @@ def judge_setup(cells: list[Cell]) -> list[str]:
     usable: list[tuple[Cell, set[str], set[str]]] = []
     for cell in cells:
         if cell.kind == INSTRUCTOR:
-            loaded, stored = _names(cell.source)
+            loaded, stored = nbcells.names(cell.source)
             if loaded - stored - trusted - set(dir(builtins)):
                 trusted -= stored  # it depends on learner names: what it binds is not trusted
             else:
                 trusted |= stored
                 usable.append((cell, loaded, stored))
         elif cell.kind in (SOLUTION, ADDED):
-            trusted -= set(cell.answers) | _names(cell.source)[1]
+            trusted -= set(cell.answers) | nbcells.names(cell.source)[1]
     needed: set[str] = set()
     for cell in cells:
         if cell.kind == TEST and cell.served:
-            needed |= _names(cell.source)[0]
+            needed |= nbcells.names(cell.source)[0]
     chosen = []
     for cell, loaded, stored in reversed(usable):
         if stored & needed:

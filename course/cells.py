@@ -9,9 +9,10 @@ is this" or "what is its grade id" asks here, and gets a safe answer for a malfo
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
-__all__ = ["grade_id", "is_solution", "is_test", "nbgrader", "points", "source"]
+__all__ = ["grade_id", "is_solution", "is_test", "names", "nbgrader", "points", "source"]
 
 
 def nbgrader(cell: Any) -> dict:
@@ -46,3 +47,22 @@ def is_test(cell: Any) -> bool:
 def points(cell: Any) -> float:
     value = nbgrader(cell).get("points", 0)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def names(code: str) -> tuple[set[str], set[str]]:
+    """(names a cell's code reads, names it binds anywhere: assignments, functions, classes,
+    imports); both empty when it does not parse. Which names a test cell takes from the learner,
+    and which set-up cells the grader's judge may run, are decided from these."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set(), set()
+    loaded, stored = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else stored).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stored.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            stored |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return loaded, stored

@@ -286,7 +286,7 @@ def _to_device(value: Any, device: str) -> Any:
 
 # -- the learner's side ---------------------------------------------------------------------
 
-def serve(link: Link, namespace: dict, on_error: Callable[[BaseException], None] | None = None) -> int:
+def serve(link: Link, namespace: dict) -> int:
     """Answer the judge's requests on ``link`` from ``namespace`` until it says ``end``; return
     how many were answered. Runs in the learner's process: nothing here is trusted."""
     calls: dict[int, tuple[list, list]] = {}
@@ -304,8 +304,6 @@ def serve(link: Link, namespace: dict, on_error: Callable[[BaseException], None]
         try:
             reply = {"ok": _answer(message, namespace, calls, calls_staged)}
         except BaseException as exc:  # noqa: BLE001 - the learner's exception (or a timeout) is the answer
-            if on_error is not None:
-                on_error(exc)
             name = _text(lambda: type(exc).__name__, "Exception")
             if name == "CellTimeout":  # the grader's time limit interrupted the call
                 name, exc = "TimeoutError", TimeoutError("interrupted at the cell's time limit")

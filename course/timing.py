@@ -162,6 +162,12 @@ class SpeedReport:
         return ax
 
 
+def _undecided(ratio: Ratio, bar: float) -> bool:
+    """Whether more rounds may change the verdict on ``bar``: it lies between the lower bound and
+    the median (else the bound clears it, or the median is below it)."""
+    return ratio.bound < bar <= ratio.median
+
+
 def _fresh(args):
     """Copies of ``args`` that share no tensor object with them (same values)."""
     if isinstance(args, torch.Tensor):
@@ -265,9 +271,8 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
             if until is None:
                 break
             report = SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads)
-            ratio = report.speedup(until[0], until[1])
-            if not (ratio.bound < until[2] <= ratio.median):
-                break  # decided: the bound clears the bar, or the median is below it
+            if not _undecided(report.speedup(until[0], until[1]), until[2]):
+                break
         values = [make() for _ in range(block)]
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
@@ -366,8 +371,8 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             if r >= rounds:
                 if until is None:
                     break
-                ratio = SpeedReport(times, base_name, str(dev), torch.get_num_threads()).speedup(cand_name)
-                if not (ratio.bound < until <= ratio.median):
+                if not _undecided(SpeedReport(times, base_name, str(dev), torch.get_num_threads()).speedup(cand_name),
+                                  until):
                     break
             seeds = fresh(block)
             got = {}

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from autograder import program as prog
 from course import wire
+from course.cells import names
 from course.checks.rnn import (SERVED, check_layer_norm_cell, check_lstm_cell, check_lstm_layer,
                                check_masked_lstm_layer, check_scripted_layer, check_stacked_lstm)
 from course.remote import Link, Remote, serve
@@ -122,20 +123,21 @@ def test_wire_refuses_values_built_to_hurt(header):
 
 
 def lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh):
-    gates = x @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh
-    i, f, g, o = gates.chunk(4, 1)
-    c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(c2), c2
+    return _step(x, h, c, w_ih, w_hh, b_ih, b_hh)
+
+
+def _step(x_t: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
+          b_hh: Tensor) -> Tuple[Tensor, Tensor]:
+    i, f, g, o = (x_t @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh).chunk(4, 1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
 
 
 def lstm_layer(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
                b_hh: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
     outs: List[Tensor] = []
     for t in range(x.size(0)):
-        gates = x[t] @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh
-        i, f, g, o = gates.chunk(4, 1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
+        h, c = _step(x[t], h, c, w_ih, w_hh, b_ih, b_hh)
         outs.append(h)
     return torch.stack(outs), (h, c)
 
@@ -144,10 +146,7 @@ def masked(x: Tensor, lengths: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh:
            b_hh: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
     outs: List[Tensor] = []
     for t in range(x.size(0)):
-        gates = x[t] @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh
-        i, f, g, o = gates.chunk(4, 1)
-        c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h2 = torch.sigmoid(o) * torch.tanh(c2)
+        h2, c2 = _step(x[t], h, c, w_ih, w_hh, b_ih, b_hh)
         alive = (lengths > t).unsqueeze(1)
         h = torch.where(alive, h2, h)
         c = torch.where(alive, c2, c)
@@ -250,7 +249,7 @@ def test_lesson_1_routes_its_served_checks_and_the_trusted_set_up_to_the_judge()
     assert "from course.checks.rnn import" in setup and "S = course.sizes(" in setup
     # nothing that reads a learner's name (demos on the answers, benchmarks) runs in the judge
     for name in ("lstm_cell", "scripted_layer", "compiled_layer", "fast_lstm_layer"):
-        assert not any(name in prog._names(src)[0] for src in program.judge_setup), name
+        assert not any(name in names(src)[0] for src in program.judge_setup), name
 
 
 def test_a_set_up_cell_that_reads_a_learners_name_taints_what_it_binds():

@@ -15,7 +15,6 @@ chose.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import contextlib
 import importlib.util
@@ -41,15 +40,9 @@ protocol = _load_protocol()
 
 def learner_names(source: str, known: dict) -> list[str]:
     """The names a test cell reads that neither it nor the trusted set-up binds: the learner's."""
-    tree = ast.parse(source)
-    loaded, stored = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loaded if isinstance(node.ctx, ast.Load) else stored).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
-            stored.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            stored |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    from course.cells import names
+
+    loaded, stored = names(source)
     return sorted(n for n in loaded - stored if n not in known and not hasattr(builtins, n))
 
 
@@ -86,26 +79,24 @@ def main() -> int:
         state["records"] += 1
 
     @contextlib.contextmanager
-    def exclusive():
-        channel.send("speed_begin", cell=state["cell"])
+    def granted(begin: str, end: str, refusal: str, **data):
+        """Ask the parent for something (``begin``), wait for its GO, give it back (``end``) after."""
+        channel.send(begin, **data)
         if protocol.read_exact(in_fd, 1) != protocol.GO:
-            raise RuntimeError("grading: the parent refused the timing turn")
+            raise RuntimeError(f"grading: the parent refused {refusal}")
         try:
             yield
         finally:
-            channel.send("speed_end")
+            channel.send(end)
 
-    @contextlib.contextmanager
+    def exclusive():
+        """The machine to this submission alone for one measurement (other submissions paused)."""
+        return granted("speed_begin", "speed_end", "the timing turn", cell=state["cell"])
+
     def hold():
-        """The learner's process stopped (by the parent) for the block: a trusted baseline is
+        """The learner's process stopped (by the parent) for a block: a trusted baseline is
         never timed beside learner code."""
-        channel.send("hold")
-        if protocol.read_exact(in_fd, 1) != protocol.GO:
-            raise RuntimeError("grading: the parent refused to stop the learner's process")
-        try:
-            yield
-        finally:
-            channel.send("release")
+        return granted("hold", "release", "to stop the learner's process")
 
     # No learner frame is ever on this process's stack: the references serve the checks freely.
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
