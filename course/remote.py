@@ -83,6 +83,7 @@ class Link:
 
     def __init__(self, send_fd: int, recv_fd: int):
         self.send_fd, self.recv_fd, self.seq = send_fd, recv_fd, 0
+        self._buffer = bytearray()  # bytes read and not yet taken: a read cut short keeps its place
 
     def send(self, value: Any) -> None:
         data = wire.encode(value)
@@ -91,20 +92,23 @@ class Link:
             view = view[os.write(self.send_fd, view):]
 
     def receive(self) -> Any:
-        (size,) = _FRAME.unpack(self._read(_FRAME.size))
+        """The next value. A receive interrupted part-way (a time limit) loses nothing: the bytes
+        it read stay buffered, so the next receive resumes the same frame."""
+        self._fill(_FRAME.size)
+        (size,) = _FRAME.unpack_from(self._buffer)
         if size > wire.MAX_BYTES:
             raise wire.WireError(f"a message of {size} bytes, over the limit")
-        return wire.decode(self._read(size))
+        self._fill(_FRAME.size + size)
+        data = bytes(self._buffer[_FRAME.size:_FRAME.size + size])
+        del self._buffer[:_FRAME.size + size]
+        return wire.decode(data)
 
-    def _read(self, n: int) -> bytes:
-        chunks = []
-        while n:
-            chunk = os.read(self.recv_fd, min(n, 1 << 22))
+    def _fill(self, n: int) -> None:
+        while len(self._buffer) < n:
+            chunk = os.read(self.recv_fd, min(n - len(self._buffer), 1 << 22))
             if not chunk:
                 raise EOFError("the other process closed the channel")
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
+            self._buffer += chunk
 
     def request(self, message: dict) -> Any:
         """Send ``message``; the value of the reply, or the learner's exception raised here.

@@ -31,7 +31,6 @@ import io
 import os
 import pickle
 import re
-import signal
 import sys
 import time
 import traceback
@@ -170,7 +169,7 @@ def main() -> int:
     import torch.func  # noqa: F401
     import torch.utils.benchmark  # noqa: F401
 
-    state = {"cell": None, "learner": False, "records": 0, "busy": False, "running": False}
+    state = {"cell": None, "learner": False, "records": 0, "busy": False}
     cell_prefix = os.path.realpath(cells_dir) + os.sep
     learner_prefix = cell_prefix + "learner_"
     LEARNER_FILES[0] = learner_prefix
@@ -262,14 +261,7 @@ def main() -> int:
 
     sys.addaudithook(hook)
 
-    class CellTimeout(BaseException):
-        pass
-
-    def on_alarm(signum, frame):
-        if state["running"]:  # an alarm that arrives between cells is late: ignored
-            raise CellTimeout()
-
-    signal.signal(signal.SIGALRM, on_alarm)
+    alarm = protocol.Alarm().install()  # the parent's time limit, felt inside a cell's code only
     channel.send("ready", seal_entries=sum(len(e) for _, e in seal.snapshot.values()))
 
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -288,17 +280,11 @@ def main() -> int:
             state["cell"], state["records"] = {"index": cell["index"], "kind": "served"}, 0
             state["learner"] = True
             sys.stdout = sys.stderr = io.StringIO()
-            state["running"] = True
-            try:
-                while link is not None:
-                    try:
-                        serve(link, namespace)
-                        break
-                    except CellTimeout:
-                        continue
-            finally:
-                state["running"] = False
-                sys.stdout, sys.stderr = real_out, real_err
+            # An alarm while learner code runs is the reply to that call; one elsewhere in
+            # serving leaves this process serving on.
+            while link is not None and isinstance(alarm.run(serve, link, namespace), protocol.CellTimeout):
+                continue
+            sys.stdout, sys.stderr = real_out, real_err
             continue
         learner = cell["kind"] in ("solution", "added")
         path = os.path.join(cells_dir, f"{'learner_' if learner else 'cell_'}{cell['index']:03d}.py")
@@ -319,22 +305,23 @@ def main() -> int:
         error = ""
         start = time.monotonic()
         try:
-            code = compile(source, path, "exec")
-            del source
-            state["learner"] = learner or cell["kind"] == "test" or state["learner"]
-            state["running"] = True
-            exec(code, namespace)
-        except CellTimeout:
+            code, outcome = compile(source, path, "exec"), None
+        except BaseException as exc:  # noqa: BLE001 - a syntax error is the cell's error
+            code, outcome = None, exc
+        del source
+        state["learner"] = learner or cell["kind"] == "test" or state["learner"]
+        if code is not None:
+            outcome = alarm.run(exec, code, namespace)
+        sys.stdout, sys.stderr = real_out, real_err
+        if isinstance(outcome, protocol.CellTimeout):
             error = f"TimeoutError: the cell ran longer than {setup['cell_timeout']:g} s and was interrupted"
-        except BaseException as exc:  # noqa: BLE001 - a learner's SystemExit is a cell error too
-            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            tb = traceback.extract_tb(exc.__traceback__)
+        elif outcome is not None:  # a learner's SystemExit is a cell error too
+            error = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
+            tb = traceback.extract_tb(outcome.__traceback__)
             where = [f"{os.path.basename(f.filename)}:{f.lineno}" for f in tb if f.filename.startswith(cell_prefix)]
             if where:
                 error += f"\n  (at {', '.join(where[-3:])})"
-        finally:
-            state["running"] = False
-            sys.stdout, sys.stderr = real_out, real_err
+            del outcome, tb
         if before is not None and cell["kind"] != "test":
             trusted.update({k: v for k, v in namespace.items() if before.get(k, _MISSING) is not v})
         elif cell["kind"] == "solution":

@@ -21,7 +21,6 @@ import importlib.util
 import io
 import os
 import pickle
-import signal
 import sys
 import time
 import traceback
@@ -102,14 +101,7 @@ def main() -> int:
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
                   refused=lambda name, where: None, hold=hold)
 
-    class CellTimeout(BaseException):
-        pass
-
-    def on_alarm(signum, frame):
-        if state["cell"] is not None:  # an alarm that arrives between cells is late: ignored
-            raise CellTimeout()
-
-    signal.signal(signal.SIGALRM, on_alarm)
+    alarm = protocol.Alarm().install()  # the parent's time limit, felt inside a cell's code only
     link = Link(call_fd, reply_fd)
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
     real_out, real_err = sys.stdout, sys.stderr
@@ -135,19 +127,20 @@ def main() -> int:
         channel.send("cell_start", cell=index)
         buf = io.StringIO()
         sys.stdout = sys.stderr = buf
-        error = ""
         start = time.monotonic()
-        try:
-            if setup.get("setup_errors"):
-                raise RuntimeError("grading: the lesson's set-up failed in the judge:\n" + setup["setup_errors"][0])
-            exec(compile(source, f"<test cell {index}>", "exec"), namespace)
-        except CellTimeout:
+        if setup.get("setup_errors"):
+            outcome = RuntimeError("grading: the lesson's set-up failed in the judge:\n" + setup["setup_errors"][0])
+        else:
+            outcome = alarm.run(lambda: exec(compile(source, f"<test cell {index}>", "exec"), namespace))
+        sys.stdout, sys.stderr = real_out, real_err
+        state["cell"] = None
+        if isinstance(outcome, protocol.CellTimeout):
             error = f"TimeoutError: the cell ran longer than {setup['cell_timeout']:g} s and was interrupted"
-        except BaseException as exc:  # noqa: BLE001
-            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        finally:
-            sys.stdout, sys.stderr = real_out, real_err
-            state["cell"] = None
+        elif outcome is not None:
+            error = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
+        else:
+            error = ""
+        outcome = None
         try:
             link.send({"op": "end"})
         except OSError:

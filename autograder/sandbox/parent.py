@@ -381,6 +381,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     interrupted = False
     last_poll = 0.0
     held = False  # the judge has the learner's process stopped (a baseline block)
+    closed: _Proc | None = None  # a process whose pipe closed before it said it was done
 
     def net() -> float:
         return time.monotonic() - clock.paused()
@@ -405,19 +406,19 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if current is not None and not current.finished:
             if not interrupted and now - cell_started > cell_timeout:
                 interrupted = True  # the cell raises a timeout error (in the judge and the learner's process)
-                for p in procs:
+                for p in reversed(procs):  # the judge first: its verdict on a served cell is the timeout
                     signal_tree(p.proc.pid, signal.SIGALRM, only=is_python)
             elif interrupted and now - cell_started > cell_timeout + GRACE:
                 status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
                 break
         ready, _, _ = select.select([p.from_r for p in procs if not p.done], [], [], 0.1)
-        closed = False
+        closed = None
         for source in procs:
             if source.from_r not in ready:
                 continue
             chunk = os.read(source.from_r, 1 << 20)
             if not chunk:
-                closed = True
+                closed = source  # it ended (or closed its pipe) before saying it was done
                 break
             try:
                 messages = source.reader.feed(chunk)
@@ -470,7 +471,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     del flags[100:-50]  # a flood of flags is kept bounded
             if status:
                 break
-        if status or closed or finished():
+        if status or closed is not None or finished():
             break
     if holding_since is not None:
         TURNS.end(clock)
@@ -480,6 +481,11 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     if done and not status:
         try:
             child.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    if closed is not None:
+        try:  # the process that closed its pipe is exiting: its own status says why
+            closed.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             pass
     exits = {id(p): p.proc.poll() for p in procs}  # before close() kills what is left
@@ -493,7 +499,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             status = "ok"
         else:
             status = "crashed"
-            dead = judge if judge is not None and exits[id(judge)] is not None and exits[id(child)] is None else child
+            dead = closed if closed is not None else (
+                judge if judge is not None and exits[id(judge)] is not None and exits[id(child)] is None else child)
             code = exits[id(dead)] if exits[id(dead)] is not None else dead.proc.returncode
             why = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
             who = "the Python process" if dead is child else "the judge process (served checks)"

@@ -164,3 +164,47 @@ def plain(value, depth: int = 0):
     if isinstance(value, tuple):  # named tuples and torch return types
         return tuple(plain(v, depth + 1) for v in value)
     return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+
+class CellTimeout(BaseException):
+    """A cell ran past its limit: raised by :class:`Alarm`'s SIGALRM handler, inside :meth:`Alarm.run` only."""
+
+
+class Alarm:
+    """The parent's SIGALRM as a :class:`CellTimeout` inside the code a cell runs, and nowhere else.
+
+    An alarm can land a moment early or late: while the harness handles the cell's own exception,
+    reports its end, or waits for the next cell. Raised there, it would kill the process and
+    every later cell's grade with it. So the handler raises only while armed, and disarms itself
+    as it raises (one alarm, one exception); :meth:`run` arms inside a ``try`` whose ``finally``
+    disarms, nested in a second ``try`` that catches whatever the first let out, the alarm raised
+    in the ``finally`` itself included. Python runs signal handlers in the main thread between
+    bytecodes, whichever thread the kernel delivered to, so the flag is all the guard needs.
+    """
+
+    def __init__(self):
+        self.armed = False
+
+    def install(self) -> "Alarm":
+        import signal
+
+        signal.signal(signal.SIGALRM, self._on_alarm)
+        return self
+
+    def _on_alarm(self, signum, frame):
+        if self.armed:
+            self.armed = False
+            raise CellTimeout()
+
+    def run(self, fn, *args):
+        """``fn(*args)`` with the alarm armed; the exception it ended with (a :class:`CellTimeout`
+        for the alarm, any ``BaseException`` of the code's own), or None."""
+        try:
+            try:
+                self.armed = True
+                fn(*args)
+            finally:
+                self.armed = False
+        except BaseException as exc:  # noqa: BLE001 - the cell's outcome, reported by the caller
+            return exc
+        return None

@@ -1,0 +1,102 @@
+"""The cell time limit (SIGALRM from the grading parent) lands inside a cell's code, never in the
+harness around it: an alarm at any moment costs at most the cell it was meant for.
+
+Properties over random alarm times: thousands of alarms at random moments, while "cells" end
+normally, raise, or run long, and the harness formats their outcome between them. A harness
+that let one alarm escape would die here, as the judge once did in CI (an alarm that landed
+while it handled the cell's own exception)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import traceback
+
+import pytest
+
+from course import wire
+from course.remote import Link
+
+
+@pytest.fixture
+def protocol():
+    from autograder.sandbox import protocol as module
+
+    previous = signal.getsignal(signal.SIGALRM)
+    yield module
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _cell(kind: int):
+    if kind == 0:
+        return None
+    if kind == 1:
+        raise ValueError("the cell's own error")
+    total = 0
+    for i in range(2000 * kind):  # long enough for an alarm to land inside now and then
+        total += i
+    return total
+
+
+def test_alarms_at_random_moments_only_ever_end_the_cell_they_land_in(protocol):
+    alarm = protocol.Alarm().install()
+    rng = random.Random(12)
+    outcomes = {"none": 0, "ValueError": 0, "CellTimeout": 0}
+    signal.setitimer(signal.ITIMER_REAL, 1e-4, 3e-5)  # an alarm every 30 microseconds
+    try:
+        for _ in range(4000):
+            outcome = alarm.run(_cell, rng.randrange(4))
+            # the harness's own work between cells: formatting, as the child and the judge do
+            text = "".join(traceback.format_exception_only(type(outcome), outcome)) if outcome else ""
+            outcomes["none" if outcome is None else type(outcome).__name__] += 1
+            assert outcome is None or isinstance(outcome, (ValueError, protocol.CellTimeout)), text
+            assert not alarm.armed
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    assert outcomes["CellTimeout"] > 20 and outcomes["ValueError"] > 20, outcomes  # the alarms did land
+
+
+def test_one_alarm_is_one_timeout_however_the_cell_catches_it(protocol):
+    alarm = protocol.Alarm().install()
+    seen = []
+
+    def stubborn():
+        for _ in range(3):
+            try:
+                os.kill(os.getpid(), signal.SIGALRM)
+                for _ in range(1000):
+                    pass
+            except protocol.CellTimeout:
+                seen.append("caught")
+
+    assert alarm.run(stubborn) is None
+    assert seen == ["caught"]  # the second and third alarms found the alarm disarmed
+
+
+def test_a_receive_cut_short_resumes_the_same_frame(protocol):
+    """A judge interrupted part-way through a reply keeps the bytes it read: the next receive
+    reads the rest of that frame, not the middle of it as a new one."""
+    alarm = protocol.Alarm().install()
+    r, w = os.pipe()
+    link = Link(os.open(os.devnull, os.O_WRONLY), r)
+    value = {"ok": list(range(50)), "seq": 7}
+    data = wire.encode(value)
+    frame = len(data).to_bytes(8, "big") + data
+    try:
+        os.write(w, frame[:5])  # part of the header
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGALRM))
+        timer.start()
+        assert isinstance(alarm.run(link.receive), protocol.CellTimeout)
+        os.write(w, frame[5:30])
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGALRM))
+        timer.start()
+        assert isinstance(alarm.run(link.receive), protocol.CellTimeout)
+        os.write(w, frame[30:] + frame)
+        assert link.receive() == value and link.receive() == value
+    finally:
+        os.close(r)
+        os.close(w)
+        os.close(link.send_fd)
