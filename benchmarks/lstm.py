@@ -32,7 +32,7 @@ from course.rnn import lstm_weights, make_lstm  # noqa: E402
 from course.timing import compare  # noqa: E402
 
 SIZES = {
-    "cpu": dict(T=50, B=32, I=256, H=256),
+    "cpu": dict(T=50, B=32, I=64, H=64),
     "reference": dict(T=100, B=64, I=512, H=512),  # the PyTorch team's custom-LSTM benchmark size
 }
 
