@@ -384,3 +384,29 @@ def test_references_that_reproduce_exercises_are_the_judges_alone(tmp_path):
     assert "listing []" in out.cells[1].output and "no references" in out.cells[1].output, out.cells[1]
     assert "ModuleNotFoundError" in out.cells[2].error and "course.references" in out.cells[2].error, out.cells[2]
     assert out.cells[2].records == []  # the judge never got as far as comparing: nothing borrowed
+
+
+@pytest.mark.parametrize("sandbox", ["none", "bwrap"])
+def test_a_warning_shown_through_the_harness_is_not_probing_and_its_other_files_still_are(tmp_path, sandbox):
+    """A warning or traceback through a cell reads the lines of the harness's own frames (``child.py``,
+    ``protocol.py``); outside bubblewrap those live in ``autograder/``, a path learners may not
+    open. Reading them for a stack is not probing (lesson 3's instructor run once failed on it);
+    opening the grader's other files still is."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    if sandbox == "bwrap" and not bwrap_works():
+        pytest.skip("bubblewrap is not available here")
+    import autograder
+
+    other = os.path.join(os.path.dirname(os.path.abspath(autograder.__file__)), "grade.py")
+    # a warning shown at the cell's caller: the harness's frame in protocol.py, whose line it reads
+    stack = "import warnings\nwarnings.simplefilter('always')\nwarnings.warn('look', stacklevel=2)\nprint('after')\n"
+    peek = f"try:\n    open({other!r}).read()\nexcept OSError as exc:\n    print('refused', type(exc).__name__)\n"
+    cells = [{**_cell(stack), "kind": "solution"}, {**_cell(peek, 1), "kind": "solution"}]
+    out = run_program(cells, sandbox=sandbox, cell_timeout=30, timeout=60, memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok", out
+    assert not out.cells[0].error and "after" in out.cells[0].output, out.cells[0]
+    probing = [detail for name, detail in out.flags if name == "probing"]
+    assert not any("protocol.py" in d or "child.py" in d for d in probing), probing
+    if sandbox == "none":  # in bubblewrap the checkout is not there to open at all
+        assert any("grade.py" in d for d in probing), out.flags
