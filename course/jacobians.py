@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_leaves
 from course.data import randn
 from course.devices import pick_device
 from course.guard import reference
+from course.remote import recipe
 
 __all__ = ["Energy", "TanhLayer", "TensorWatch", "banded_layer", "energy", "format_bytes", "plot_crossover",
            "plot_matrix", "tanh_layer", "watch"]
@@ -77,6 +78,7 @@ class TanhLayer:
         return f"TanhLayer({self.n_out} outputs x {self.n_in} inputs, {self.weight.dtype}, {self.weight.device})"
 
 
+@recipe
 def tanh_layer(n_out: int, n_in: int, *, seed: int = 0, device=None, dtype: torch.dtype = torch.float32) -> TanhLayer:
     """A seeded ``TanhLayer`` with a dense weight scaled by ``1/sqrt(n_in)`` (outputs of order 1)."""
     if n_out < 1 or n_in < 1:
@@ -87,6 +89,7 @@ def tanh_layer(n_out: int, n_in: int, *, seed: int = 0, device=None, dtype: torc
     return TanhLayer(w.to(dev, dtype), b.to(dev, dtype))
 
 
+@recipe
 def banded_layer(n: int, *, width: int = 5, seed: int = 0, device=None, dtype: torch.dtype = torch.float32) -> TanhLayer:
     """A square ``TanhLayer`` whose output ``i`` reads only the inputs ``i - width//2 .. i + width//2``
     (a 1-D convolution written as a banded matrix): its Jacobian is banded."""
@@ -153,6 +156,7 @@ class Energy:
         return f"Energy(n={self.n}, k={self.A.shape[0]}, {self.A.dtype}, {self.A.device})"
 
 
+@recipe
 def energy(n: int, *, k: int = 8, seed: int = 0, device=None, dtype: torch.dtype = torch.float32) -> Energy:
     """A seeded ``Energy`` of ``n`` variables with a rank-``k`` coupling (``device='meta'`` works)."""
     if n < 2 or k < 1:

@@ -28,8 +28,8 @@ import torch
 
 from course import wire
 
-__all__ = ["FACTORIES", "Described", "Link", "Remote", "RemoteError", "checksum", "factory", "is_remote",
-           "local_script", "serve"]
+__all__ = ["FACTORIES", "RECIPES", "Described", "Link", "Remote", "RemoteError", "build", "checksum", "factory",
+           "is_remote", "local_script", "recipe", "serve"]
 
 _FRAME = struct.Struct(">Q")
 
@@ -43,6 +43,61 @@ def factory(fn: Callable[..., tuple]) -> Callable[..., tuple]:
     sides of the boundary can run from a seed (see :func:`course.timing.compare_served`)."""
     FACTORIES[f"{fn.__module__}.{fn.__qualname__}"] = fn
     return fn
+
+
+#: Builders of objects that cross the boundary as recipes (``module.function``), see :func:`recipe`.
+RECIPES: dict[str, Callable[..., Any]] = {}
+
+
+def recipe(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Register the builder ``fn`` (plain values in: sizes, seeds, dtypes, device names, other
+    recipes; an object out), and mark what it builds with how it was built. Such an object (a
+    seeded layer, an energy) crosses the boundary as its recipe, and the learner's process builds
+    its own copy with the course's code (:func:`build`): a check can hand the learner's function a
+    function to differentiate without sending code."""
+    import functools
+    import inspect
+
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def built(*args: Any, **kwargs: Any) -> Any:
+        obj = fn(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs).arguments
+        values = {k: (str(v) if isinstance(v, torch.device) else v) for k, v in bound.items()}
+        try:
+            obj.__recipe__ = (name, values)
+        except AttributeError:  # an object without a __dict__ crosses as its description
+            pass
+        return obj
+
+    RECIPES[name] = built
+    return built
+
+
+def build(value: Any, device: str = "cpu") -> Any:
+    """``value`` with every :class:`course.wire.Recipe` in it built here by its registered builder,
+    and every tensor moved to ``device``: what the learner's process makes of a request's arguments."""
+    if isinstance(value, wire.Recipe):
+        module = value.name.rpartition(".")[0]
+        if value.name not in RECIPES and module.startswith("course.") and module.replace(".", "").isidentifier():
+            import importlib
+
+            importlib.import_module(module)  # the course module that registers it (a check's own helpers)
+        if value.name not in RECIPES:
+            raise ValueError(f"no recipe named {value.name!r}")
+        obj = RECIPES[value.name](**{k: build(v, device) for k, v in value.args.items()})
+        return getattr(obj, value.attr) if value.attr else obj
+    if isinstance(value, torch.Tensor):
+        return _arrive(value, device)
+    if type(value) is list:
+        return [build(v, device) for v in value]
+    if isinstance(value, tuple):
+        return tuple(build(v, device) for v in value)
+    if type(value) is dict:
+        return {k: build(v, device) for k, v in value.items()}
+    return value
 
 
 _CHECK_WEIGHTS: dict[tuple, torch.Tensor] = {}
@@ -162,7 +217,8 @@ class Remote:
         device = next((str(t.device) for t in _tensors((args, kwargs))), "cpu")
         grad = bool(leaves) and torch.is_grad_enabled()
         reply = self._link.request({"op": "call", "name": self.__name__, "args": list(args),
-                                    "kwargs": dict(kwargs), "grad": grad, "device": device})
+                                    "kwargs": dict(kwargs), "grad": grad, "grad_mode": torch.is_grad_enabled(),
+                                    "device": device})
         if not (isinstance(reply, dict) and isinstance(reply.get("id"), int) and "value" in reply
                 and isinstance(reply.get("differentiable"), list)):
             raise RemoteError("the learner's process sent a malformed result")
@@ -195,12 +251,13 @@ class Remote:
             raise RemoteError("the learner's process sent a malformed handle")
         return handle
 
-    def block(self, handle: int, factory_name: str, sizes: dict, seeds: list[int], device: str) -> torch.Tensor:
+    def block(self, handle: int, factory_name: str, sizes: dict, seeds: list[int], device: str,
+              grad: bool = False) -> torch.Tensor:
         """Run the learner's function once per seed, on ``factory(seed) + constants``, and return
         the checksums of its outputs (``len(seeds)`` x 2): the call the judge times."""
         reply = self._link.request({"op": "block", "name": self.__name__, "handle": handle,
                                     "factory": factory_name, "sizes": dict(sizes), "seeds": list(seeds),
-                                    "device": device})
+                                    "device": device, "grad_mode": bool(grad)})
         if not (isinstance(reply, torch.Tensor) and reply.dtype == torch.float64
                 and tuple(reply.shape) == (len(seeds), 2)):
             raise RemoteError("the learner's process sent checksums of the wrong kind or number")
@@ -339,9 +396,9 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
         raise NameError(f"name {name!r} is not defined")
     if op == "call":
         device = message.get("device", "cpu")
-        args = _map_tensors(message.get("args", []), lambda t: _arrive(t, device))
-        kwargs = _map_tensors(message.get("kwargs", {}), lambda t: _arrive(t, device))
-        with torch.set_grad_enabled(bool(message.get("grad"))):
+        args, kwargs = build(message.get("args", []), device), build(message.get("kwargs", {}), device)
+        # autograd on as in the judge's call (an answer may differentiate inside, whatever its inputs)
+        with torch.set_grad_enabled(message.get("grad_mode", message.get("grad")) is True):
             value = namespace[name](*args, **kwargs)
         call_id = len(calls)
         leaves = [t for t in _tensors((args, kwargs)) if t.requires_grad]
@@ -385,7 +442,7 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
         device, constants = message["device"], [_arrive(t, message["device"]) if isinstance(t, torch.Tensor) else t
                                                 for t in staged[message["handle"]]]
         sums = []
-        with torch.no_grad():
+        with torch.set_grad_enabled(message.get("grad_mode") is True):
             for seed in message["seeds"]:
                 sums.append(checksum(fn(*make(seed, device=device, **message["sizes"]), *constants)))
             synchronize(device)

@@ -35,7 +35,7 @@ from course import grader_hooks
 from course.devices import pick_device, synchronize
 from course.numerics import observing_paused
 
-__all__ = ["Ratio", "SpeedReport", "compare", "compare_served", "format_time"]
+__all__ = ["Ratio", "SpeedReport", "best_times", "compare", "compare_served", "format_time"]
 
 
 
@@ -300,7 +300,7 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
 def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[str, Any], *, factory: Callable,
                    sizes: Mapping[str, int], constants: Sequence[Any] = (), device: str | torch.device | None = None,
                    rounds: int = 7, warmup: int = 2, min_run_time: float = 0.2, rtol: float = 1e-4,
-                   until: float | None = None, max_rounds: int | None = None) -> SpeedReport:
+                   until: float | None = None, max_rounds: int | None = None, grad: bool = False) -> SpeedReport:
     """Time the learner's ``candidate`` (a :class:`course.remote.Remote`, or a local function)
     against the course's ``baseline``, the way the grader's judge does: two processes, never at once.
 
@@ -313,7 +313,8 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
     the learner's process is stopped (``grader_hooks.hold``). Every timed call of the candidate
     must give the checksums of the baseline's call on the same seed (``rtol``: per element, relative).
     ``until=bar`` adds rounds (up to four times ``rounds``) while the bar lies between the lower
-    bound and the median of the speedup.
+    bound and the median of the speedup. Both sides run without autograd, unless ``grad`` (for
+    functions that differentiate inside, such as a Jacobian).
     """
     import secrets
 
@@ -328,7 +329,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
 
     def run_local(fn, seeds):
         sums = []
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             for seed in seeds:
                 sums.append(checksum(fn(*factory(seed, device=str(dev), **sizes), *constants)))
             synchronize(dev)
@@ -339,7 +340,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
 
         def run_candidate(seeds):
             if remote:
-                return cand.block(handle, name, dict(sizes), seeds, str(dev))
+                return cand.block(handle, name, dict(sizes), seeds, str(dev), grad=grad)
             return run_local(cand, seeds)
 
         def timed(side, seeds):
@@ -390,3 +391,30 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                     f"({int(bad.sum())} of {block} calls in round {r + 1}; checksum {float(have[i, 0]):.6g}, "
                     f"expected {float(want[i, 0]):.6g}). A fast path must compute every call's output.")
     return SpeedReport(times=times, baseline=base_name, device=str(dev), threads=torch.get_num_threads())
+
+
+def best_times(calls: Sequence[tuple[Callable[..., Any], tuple]], *, held: Sequence[int] = (), reps: int = 5,
+               device: str | torch.device | None = None) -> list[float]:
+    """The best of ``reps`` wall times of each ``fn(*args)`` in ``calls``, taken in turn within every
+    repetition (a busy moment slows one sample of each; the best of each is left), after one
+    untimed call of each. Evidence of structure that a check can take from outside the learner's
+    process, by its own clock: how time grows with a size, or how a learner's function compares
+    with the course's loop on the same work. The calls listed in ``held`` are trusted ones: under
+    the grader the learner's process is stopped while they run (``grader_hooks.hold``), and the
+    machine is this submission's alone throughout."""
+    dev = pick_device(device)
+    hold = grader_hooks.hold if grader_hooks.hold is not None else nullcontext
+    best = [math.inf] * len(calls)
+    with observing_paused(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
+        for i, (fn, args) in enumerate(calls):
+            with (hold() if i in held else nullcontext()):
+                fn(*args)
+        for _ in range(reps):
+            for i, (fn, args) in enumerate(calls):
+                with (hold() if i in held else nullcontext()):
+                    synchronize(dev)
+                    t0 = time.perf_counter()
+                    fn(*args)
+                    synchronize(dev)
+                    best[i] = min(best[i], time.perf_counter() - t0)
+    return best

@@ -3,7 +3,10 @@
 What a trusted check sends to the learner's process (inputs) and what comes back (outputs,
 gradients) is encoded here: a JSON header that describes the structure (``None``, booleans,
 numbers, strings, lists, tuples, dicts with string keys, dtypes, tensors) followed by the raw
-bytes of every tensor. :func:`decode` reads it back with limits on size, nesting and counts,
+bytes of every tensor. Two more kinds carry objects without their code: a *recipe* (an object the
+course builds from plain values, such as a seeded layer: its registered builder's name, the
+values, and at most one public attribute, ``Recipe``; see :func:`course.remote.recipe`), and a
+*named* object from a short allowlist (``torch.func.jacfwd``...), which decodes to that very object. :func:`decode` reads it back with limits on size, nesting and counts,
 checks every field's type, and builds tensors with ``torch.frombuffer`` from an allowlist of
 dtypes: whatever the other side sends, decoding yields plain values or raises :class:`WireError`.
 Anything that is not one of those values (a module, a function, a custom class) is sent as a
@@ -15,12 +18,13 @@ from __future__ import annotations
 import json
 import math
 import struct
+import types
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["MAX_BYTES", "Opaque", "WireError", "decode", "encode"]
+__all__ = ["MAX_BYTES", "NAMED", "Opaque", "Recipe", "WireError", "decode", "encode"]
 
 #: Largest encoded value either side accepts.
 MAX_BYTES = 256 * 2**20
@@ -46,6 +50,49 @@ class Opaque:
 
     def __repr__(self) -> str:
         return f"<{self.type_name}>"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """An object to be built by the course's own code: ``RECIPES[name](**args)``, then
+    ``getattr(result, attr)`` when ``attr`` is set (a bound method such as ``energy.gradient``).
+    Decoding never builds it; only the learner's side does (:func:`course.remote.build`)."""
+
+    name: str
+    args: dict
+    attr: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<{self.name}(...){'.' + self.attr if self.attr else ''}>"
+
+
+def _named() -> dict[str, Any]:
+    import torch.func as tf
+
+    return {f"torch.func.{n}": getattr(tf, n) for n in ("jacfwd", "jacrev", "hessian", "vmap", "grad", "jvp", "vjp")}
+
+
+#: Objects that cross by name (a check's expected answer may be one of them), decoded to themselves.
+NAMED: dict[str, Any] = _named()
+_NAMED_IDS = {id(v): k for k, v in NAMED.items()}
+
+
+def _public(attr: Any) -> bool:
+    return isinstance(attr, str) and attr.isidentifier() and not attr.startswith("_") and len(attr) <= 60
+
+
+def _recipe_of(v: Any) -> tuple | None:
+    """``(name, args, attr)`` for an object a recipe built (or a public method bound to one)."""
+    attr = None
+    if isinstance(v, types.MethodType):
+        v, attr = v.__self__, v.__func__.__name__
+        if not _public(attr):
+            return None
+    own = getattr(v, "__dict__", None)
+    found = own.get("__recipe__") if type(own) is dict else None
+    if not (isinstance(found, tuple) and len(found) == 2 and isinstance(found[0], str) and type(found[1]) is dict):
+        return None
+    return found[0], found[1], attr
 
 
 def encode(value: Any) -> bytes:
@@ -88,6 +135,11 @@ def _to_json(v: Any, buffers: list[bytes], depth: int) -> Any:
         return {"m": [[k, _to_json(x, buffers, depth + 1)] for k, x in v.items()]}
     if isinstance(v, Opaque):
         return {"o": v.type_name}
+    if id(v) in _NAMED_IDS:
+        return {"n": _NAMED_IDS[id(v)]}
+    recipe = _recipe_of(v) if not isinstance(v, Recipe) else (v.name, v.args, v.attr)
+    if recipe is not None:
+        return {"r": [recipe[0], _to_json(recipe[1], buffers, depth + 1), recipe[2]]}
     return {"o": f"{type(v).__module__}.{type(v).__qualname__}"[:200]}
 
 
@@ -159,6 +211,14 @@ class _Reader:
             return Opaque(body[:200])
         if kind == "t":
             return self.tensor(body)
+        if kind == "n" and body in NAMED:
+            return NAMED[body]
+        if kind == "r" and isinstance(body, list) and len(body) == 3 and isinstance(body[0], str) \
+                and len(body[0]) <= 200 and (body[2] is None or _public(body[2])):
+            args = self.value(body[1], depth + 1)
+            if type(args) is not dict:
+                raise WireError("a recipe whose arguments are not a dict")
+            return Recipe(body[0], args, body[2])
         raise WireError(f"a value of no known kind ({str(kind)[:20]!r})")
 
     def tensor(self, body: Any) -> torch.Tensor:

@@ -14,10 +14,20 @@ writes the derivatives of its functions out by hand), on functions and points dr
   device, where tensors have shapes and no memory: the Hessian would be 12.8 GB, far over the
   lesson's 2 GB, yet nothing is allocated, so a wrong answer fails with a message instead of
   exhausting the machine. The largest tensor the HVP creates must stay far below ``n * n``.
+
+Under the grader these checks run in the judge (``SERVED``), and the learner's functions are
+called across the process boundary: the layers and energies cross as recipes, built again on the
+learner's side by the course's own code. Op counts seen there would be that process's word, so
+both questions are answered by the judge's own clock instead (:func:`_growth`): the row loop must
+take at least three times as long for 64 times the rows; a ``vmap`` (over rows or samples) and
+an HVP must take at most half the time of the course's own loop (or Hessian) on the same work,
+timed beside it while the learner's process is stopped: a loop that sleeps to look flat is still
+no faster than a loop.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
@@ -29,8 +39,13 @@ from course.devices import pick_device, threads
 from course.grading import best_of, expect_speedup, speed_bar
 from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, format_bytes, tanh_layer
 from course.numerics import assert_close, describe
-from course.timing import SpeedReport, compare
+from course.timing import SpeedReport, best_times, compare, compare_served, format_time
 from course.guard import reference
+from course.remote import factory, is_remote, recipe
+
+#: Checks the grader runs in its judge process, calling the learner's code across the boundary.
+SERVED = ("check_row_jacobian", "check_vmap_jacobian", "check_vmap_speed", "check_pick_jacobian",
+          "check_picker_speed", "check_batched_jacobian", "check_batched_hessian", "check_hvp")
 
 __all__ = ["check_batched_hessian", "check_batched_jacobian", "check_hvp", "check_pick_jacobian",
            "check_picker_speed", "check_row_jacobian", "check_vmap_jacobian", "check_vmap_speed"]
@@ -80,19 +95,83 @@ def _jacobian_cases(seed: int, n_out: int, n_in: int, device):
     return cases
 
 
-def _count_ops(fn: Callable, f: Callable, x: torch.Tensor, name: str) -> int:
-    with TensorWatch() as w:
-        call(fn, f, x, name=name)
-    return w.ops
+@dataclass
+class _Growth:
+    """Evidence of a loop: ATen ops at two sizes (counted on the CPU, in the learner's own notebook),
+    or the grader's clock: wall times at two sizes, or at the large size beside the course's own
+    loop over the same work (which a function that sleeps to look flat cannot beat)."""
+
+    small: float | None
+    large: float
+    sizes: tuple[int, int]
+    unit: str  # "ops" or "time"
+    loop: float | None = None  # the course's loop at the large size (time only)
+
+    @property
+    def grows(self) -> bool:
+        """The work of a loop: more for more rows or samples, or no faster than the course's loop."""
+        if self.loop is not None:
+            return self.large > 0.5 * self.loop
+        return self.large >= (1.75 if self.unit == "ops" else 3.0) * self.small
+
+    def text(self, what: str) -> str:
+        (a, b) = self.sizes
+        if self.unit == "ops":
+            return f"ran {int(self.small)} ops for {a} {what} and {int(self.large)} for {b}"
+        if self.loop is not None:
+            return (f"took {format_time(self.large)} for {b} {what}, where the course's loop over them takes "
+                    f"{format_time(self.loop)} (the grader's clock)")
+        return (f"took {format_time(self.small)} for {a} {what} and {format_time(self.large)} for {b} "
+                "(the grader's clock)")
 
 
-def _loop_or_not(fn: Callable, name: str, seed: int, small: int = 8, large: int = 40) -> tuple[int, int]:
-    """Op counts of ``fn`` on layers with ``small`` and ``large`` outputs (16 inputs), on the CPU."""
+def _growth(fn: Callable, name: str, make: Callable[[int], tuple], ops_sizes: tuple[int, int],
+            time_sizes: tuple[int, int], loop: Callable | None = None, attempts: int = 3) -> _Growth:
+    """How ``fn(*make(size))``'s work grows: op counts at ``ops_sizes`` for a function in this
+    process; for the learner's function across the boundary, best wall times at ``time_sizes``,
+    or (with ``loop``, the course's loop doing the same work) its time at the large size beside
+    the loop's, timed here with the learner's process stopped. A clock reading against what the
+    lesson asks (no loop when ``loop`` is given, a loop otherwise) is taken again, ``attempts`` in
+    all: a busy machine can slow one side of a measurement, never make a loop faster than a loop.
+    Across the boundary the reading is taken once per answer and question in a test cell (the
+    hidden tests ask again on other seeds; the learner's function is the same)."""
+    if is_remote(fn):
+        cache = fn.__dict__.setdefault("growth_readings", {})
+        key = (time_sizes, loop is None)
+        if key not in cache:
+            cache[key] = _clock_growth(fn, name, make, time_sizes, loop, attempts)
+        return cache[key]
     counts = []
-    for n_out in (small, large):
-        layer = tanh_layer(n_out, 16, seed=seed, device="cpu")
-        counts.append(_count_ops(fn, layer, randn(16, seed=seed + 1), name))
-    return counts[0], counts[1]
+    for n in ops_sizes:
+        with TensorWatch() as w:
+            call(fn, *make(n), name=name)
+        counts.append(w.ops)
+    return _Growth(counts[0], counts[1], ops_sizes, "ops")
+
+
+def _clock_growth(fn, name: str, make: Callable[[int], tuple], time_sizes: tuple[int, int], loop: Callable | None,
+                  attempts: int) -> _Growth:
+    learner = lambda *args: call(fn, *args, name=name)  # noqa: E731
+    for _ in range(attempts):
+        if loop is not None:
+            large = make(time_sizes[1])
+            mine, course = best_times([(learner, large), (loop, large)], held=[1])
+            g = _Growth(None, mine, time_sizes, "time", loop=course)
+            if not g.grows:
+                break
+        else:
+            small, large = best_times([(learner, make(n)) for n in time_sizes])
+            g = _Growth(small, large, time_sizes, "time")
+            if g.grows:
+                break
+    return g
+
+
+def _rows_growth(fn: Callable, name: str, seed: int, loop: Callable | None = None) -> _Growth:
+    """On layers with 8 and 40 outputs (op counts) or 8 and 512 (time: enough rows that the work, not
+    the crossing of the boundary, dominates), 16 inputs, on the CPU."""
+    return _growth(fn, name, lambda m: (tanh_layer(m, 16, seed=seed, device="cpu"), randn(16, seed=seed + 1)),
+                   (8, 40), (8, 512), loop)
 
 
 def _jacobian_numerics(fn: Callable, name: str, seed: int, n_out: int, n_in: int, device, hint: str) -> int:
@@ -116,14 +195,13 @@ def check_row_jacobian(jacobian_rows: Callable, *, seed: int = 0, n_out: int = 1
     hint = ("make x a leaf that requires grad, compute y = f(x) once, then for each i take "
             "torch.autograd.grad(y[i], x, retain_graph=True)[0] as row i, and stack the rows.")
     n = _jacobian_numerics(jacobian_rows, "jacobian_rows", seed, n_out, n_in, device, hint)
-    small, large = _loop_or_not(jacobian_rows, "jacobian_rows", seed)
-    if large < 2 * small:
+    g = _rows_growth(jacobian_rows, "jacobian_rows", seed)
+    if not g.grows:
         raise AssertionError(
-            f"jacobian_rows ran {small} ops for 8 outputs and {large} for 40: the same work whatever the number of "
-            "rows, which is what vmap does. This exercise is the baseline the rest of the lesson beats: write the "
-            "loop, one torch.autograd.grad call per output row.")
-    ok(f"jacobian_rows equals the float64 formula on {n} functions (seed {seed}); its loop runs {small} ops "
-       f"for 8 rows and {large} for 40")
+            f"jacobian_rows {g.text('outputs')}: the same work whatever the number of rows, which is what vmap "
+            "does. This exercise is the baseline the rest of the lesson beats: write the loop, one "
+            "torch.autograd.grad call per output row.")
+    ok(f"jacobian_rows equals the float64 formula on {n} functions (seed {seed}); its loop {g.text('rows')}")
 
 
 def check_vmap_jacobian(jacobian_vmap: Callable, *, seed: int = 0, n_out: int = 12, n_in: int = 9,
@@ -133,14 +211,13 @@ def check_vmap_jacobian(jacobian_vmap: Callable, *, seed: int = 0, n_out: int = 
     hint = ("y, pullback = torch.func.vjp(f, x); then vmap(pullback)(basis) with basis the identity matrix of "
             "size y.numel() (same dtype and device as y): the pullback returns a tuple, take its [0].")
     n = _jacobian_numerics(jacobian_vmap, "jacobian_vmap", seed, n_out, n_in, device, hint)
-    small, large = _loop_or_not(jacobian_vmap, "jacobian_vmap", seed)
-    if large > 1.5 * small:
+    g = _rows_growth(jacobian_vmap, "jacobian_vmap", seed, loop=_reference_rows)
+    if g.grows:
         raise AssertionError(
-            f"jacobian_vmap ran {small} ops for 8 outputs and {large} for 40: the work grows with the number of "
-            "rows, so there is a Python loop (or a comprehension) over them. Let vmap do the rows: one call of "
-            "vmap(pullback) on the whole identity matrix.")
-    ok(f"jacobian_vmap equals the float64 formula on {n} functions (seed {seed}) and runs {small} ops for 8 "
-       f"rows, {large} for 40: no loop")
+            f"jacobian_vmap {g.text('outputs')}: the work of a loop over the rows, so there is a Python loop "
+            "(or a comprehension) over them. Let vmap do the rows: one call of vmap(pullback) on the whole "
+            "identity matrix.")
+    ok(f"jacobian_vmap equals the float64 formula on {n} functions (seed {seed}) and {g.text('rows')}: no loop")
 
 
 @reference
@@ -162,29 +239,37 @@ def _measure(candidates: dict, inputs: Callable, check: Callable, name: str, ove
     return best_of(measure, name, bar, attempts)
 
 
+@factory
+def jacobian_timing_inputs(seed: int, *, device: str, D: int, layer_seed: int) -> tuple[TanhLayer, torch.Tensor]:
+    """Fresh ``(layer, x)`` for one timed call of the vmap speed check: the ``D x D`` layer drawn
+    from ``layer_seed`` (the same in every call), the point ``x`` from ``seed``. The judge and the
+    learner's process build the same ones from the seeds."""
+    return tanh_layer(D, D, seed=layer_seed, device=device), randn(D, seed=seed, device=device)
+
+
 def check_vmap_speed(jacobian_vmap: Callable, *, bars: Mapping[str, float], D: int, seed: int = 0,
                      num_threads: int | None = None, rounds: int = 9, min_run_time: float = 0.1, attempts: int = 3,
                      device=None) -> SpeedReport:
     """The learner's ``jacobian_vmap`` beats a row loop of ``torch.autograd.grad`` calls on a
-    ``D x D`` tanh layer by the device's bar, timed side by side on fresh points, every output
-    compared with the float64 formula. ``num_threads`` pins the CPU's thread count while timing."""
+    ``D x D`` tanh layer by the device's bar. Measured by :func:`course.timing.compare_served`:
+    every call on a fresh point from an unpredictable seed, every timed output checked against the
+    course's loop on the same point, the two sides never at once (under the grader, in two
+    processes: the learner's is stopped while the course's loop runs). ``num_threads`` pins the
+    CPU's thread count while timing."""
     dev = pick_device(device)
     layer = tanh_layer(D, D, seed=seed, device=dev)
-    exact = layer.to(F64)
-    counter = iter(range(10**9))
-
-    def inputs():
-        return (randn(D, seed=seed + 100 + next(counter), device=dev),)
-
-    def check(name, out, args):
-        _compare(out, exact.jacobian(args[0].to(F64)), f"{name} while timing", torch.float32,
-                 "the same function must give the same Jacobian on every point.")
-
-    call(jacobian_vmap, layer, inputs()[0], name="jacobian_vmap")
-    candidates = {"row loop": lambda x: _reference_rows(layer, x), "vmap over vjp": lambda x: jacobian_vmap(layer, x)}
+    x = randn(D, seed=seed + 100, device=dev)
+    got = call(jacobian_vmap, layer, x, name="jacobian_vmap")
+    _expect_tensor(got, "jacobian_vmap", x, (D, D), "the Jacobian of a D x D layer is D x D.")
+    _compare(got, layer.to(F64).jacobian(x.to(F64)), f"jacobian_vmap on the {D}x{D} layer it is timed on",
+             torch.float32, "the timed function must be right before it is fast.")
     bar = speed_bar(bars, dev)
-    report = _measure(candidates, inputs, check, "vmap over vjp", "row loop", bar, rounds, min_run_time, attempts,
-                      dev, num_threads)
+    sizes = dict(D=D, layer_seed=seed)
+    with threads(num_threads if dev.type == "cpu" else None):
+        report = best_of(lambda: compare_served(("row loop", _reference_rows), ("vmap over vjp", jacobian_vmap),
+                                                factory=jacobian_timing_inputs, sizes=sizes, device=dev,
+                                                rounds=rounds, min_run_time=min_run_time, until=bar, grad=True),
+                         "vmap over vjp", bar, attempts)
     report.show()
     expect_speedup(report, "vmap over vjp", over="row loop", bars=bars,
                    hint="one vjp, then one vmap over all the rows of the identity; no Python loop, no .item().")
@@ -203,6 +288,12 @@ class _Flat:
         return self.layer(x.reshape(-1)).reshape(self.out_shape)
 
 
+@recipe
+def flat_layer(layer: TanhLayer, out_shape: tuple[int, ...]) -> _Flat:
+    """A ``TanhLayer`` on flattened inputs with outputs of shape ``out_shape`` (crosses as a recipe)."""
+    return _Flat(layer, tuple(out_shape))
+
+
 def _picker_cases(seed: int):
     """(f, x, n_out, n_in): tall, wide, square and nearly square, single row or column, and
     inputs/outputs that are not vectors (count elements, not the first dimension)."""
@@ -211,9 +302,9 @@ def _picker_cases(seed: int):
     for i, (m, n) in enumerate(shapes):
         cases.append((tanh_layer(m, n, seed=seed + i, device="cpu"), randn(n, seed=seed + 50 + i), m, n))
     # x of shape (3, 4): 12 inputs; outputs (2, 7) = 14 (more than the inputs, though 2 < 3)
-    cases.append((_Flat(tanh_layer(14, 12, seed=seed), (2, 7)), randn(3, 4, seed=seed + 90), 14, 12))
+    cases.append((flat_layer(tanh_layer(14, 12, seed=seed), (2, 7)), randn(3, 4, seed=seed + 90), 14, 12))
     # x of shape (6, 2): 12 inputs; outputs (10, 1) = 10 (fewer, though 10 > 6)
-    cases.append((_Flat(tanh_layer(10, 12, seed=seed + 1), (10, 1)), randn(6, 2, seed=seed + 91), 10, 12))
+    cases.append((flat_layer(tanh_layer(10, 12, seed=seed + 1), (10, 1)), randn(6, 2, seed=seed + 91), 10, 12))
     return cases
 
 
@@ -318,15 +409,14 @@ def _batched_numerics(fn: Callable, name: str, make, seed: int, batch: int, devi
         _compare(got, ref, label, dtype, hint)
 
 
-def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int) -> None:
-    counts = []
-    for b in (2, 8):
-        with TensorWatch() as w:
-            call(fn, f, randn(b, n_in, seed=seed + b), name=name)
-        counts.append(w.ops)
-    if counts[1] > 1.5 * counts[0]:
-        raise AssertionError(f"{name} ran {counts[0]} ops for a batch of 2 and {counts[1]} for a batch of 8: a "
-                             "Python loop over the samples. Wrap the per-sample transform in vmap instead.")
+def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int, per_sample: Callable) -> _Growth:
+    """``per_sample(f)`` is the transform of one sample (the course's loop applies it sample by sample)."""
+    g = _growth(fn, name, lambda b: (f, randn(b, n_in, seed=seed + b)), (2, 8), (4, 64),
+                loop=lambda f, xs: torch.stack([per_sample(f)(x) for x in xs]))
+    if g.grows:
+        raise AssertionError(f"{name} {g.text('samples')}: a Python loop over the samples. Wrap the per-sample "
+                             "transform in vmap instead.")
+    return g
 
 
 def check_batched_jacobian(batched_jacobian: Callable, *, seed: int = 0, batch: int = 6, n_out: int = 5,
@@ -340,9 +430,10 @@ def check_batched_jacobian(batched_jacobian: Callable, *, seed: int = 0, batch: 
         return layer, n_in, layer.to(F64).jacobian, (n_out, n_in)
 
     _batched_numerics(batched_jacobian, "batched_jacobian", make, seed, batch, device, hint)
-    _no_batch_loop(batched_jacobian, "batched_jacobian", tanh_layer(n_out, n_in, seed=seed, device="cpu"), n_in, seed)
+    g = _no_batch_loop(batched_jacobian, "batched_jacobian", tanh_layer(n_out, n_in, seed=seed, device="cpu"), n_in,
+                       seed, jacrev)
     ok(f"batched_jacobian equals the float64 formula for every sample ({batch} x {n_out} x {n_in}, seed {seed}), "
-       "with no loop over the batch")
+       f"with no loop over the batch: it {g.text('samples')}")
 
 
 def check_batched_hessian(batched_hessian: Callable, *, seed: int = 0, batch: int = 6, n: int = 9,
@@ -356,9 +447,10 @@ def check_batched_hessian(batched_hessian: Callable, *, seed: int = 0, batch: in
         return e, n, e.to(F64).hessian, (n, n)
 
     _batched_numerics(batched_hessian, "batched_hessian", make, seed, batch, device, hint)
-    _no_batch_loop(batched_hessian, "batched_hessian", energy(n, seed=seed, device="cpu"), n, seed)
+    g = _no_batch_loop(batched_hessian, "batched_hessian", energy(n, seed=seed, device="cpu"), n, seed,
+                       torch.func.hessian)
     ok(f"batched_hessian equals the float64 formula for every sample ({batch} x {n} x {n}, seed {seed}), "
-       "with no loop over the batch")
+       f"with no loop over the batch: it {g.text('samples')}")
 
 
 # -- Hessian-vector products ----------------------------------------------------------------------
@@ -383,10 +475,39 @@ def check_hvp(hvp_fwd_rev: Callable, hvp_rev_rev: Callable, *, seed: int = 0, n:
             label = f"{name} on an Energy of {n} variables ({str(dtype).replace('torch.', '')})"
             _expect_tensor(got, label, x, (n,), "H(x) @ v has the shape of x.")
             _compare(got, ref, label, dtype, hint)
-        _never_builds_the_hessian(fn, name, seed, big_n)
+        if is_remote(fn):
+            _hvp_growth(fn, name, seed)
+        else:
+            _never_builds_the_hessian(fn, name, seed, big_n)
+    if is_remote(hvp_fwd_rev):
+        ok(f"hvp_fwd_rev and hvp_rev_rev equal the float64 formula (n={n}, seed {seed}); at n={HVP_SIZES[1]:,} "
+           "each takes a fraction of the time of building the Hessian")
+        return
     full = big_n * big_n * 8
     ok(f"hvp_fwd_rev and hvp_rev_rev equal the float64 formula (n={n}, seed {seed}); at n={big_n:,} in float64 "
        f"(a Hessian of {format_bytes(full)}) neither builds anything near n x n")
+
+
+#: The size at which the grader times a learner's HVP (float64), beside the Hessian built and
+#: multiplied by v (the first is unused: a true HVP and a built Hessian are told apart at one size).
+HVP_SIZES = (250, 2000)
+
+
+def _hvp_growth(fn: Callable, name: str, seed: int) -> None:
+    """Under the grader: the judge cannot see the tensors the learner's process creates, so it
+    times the HVP beside the course's Hessian-times-v on the same energy (learner's process stopped
+    meanwhile): an HVP that builds the Hessian cannot take less than half that time."""
+    def make(n):
+        return (energy(n, seed=seed, device="cpu", dtype=F64), randn(n, seed=seed + 30, dtype=F64),
+                randn(n, seed=seed + 31, dtype=F64))
+
+    g = _growth(fn, name, make, HVP_SIZES, HVP_SIZES, loop=lambda f, x, v: torch.func.hessian(f)(x) @ v)
+    if g.grows:
+        raise AssertionError(
+            f"{name} {g.text('variables').replace('loop over them', 'Hessian times v')}: the work of building "
+            "the Hessian (or something as large).\n  Hint: never call hessian, jacfwd or jacrev here: push v through the "
+            "derivative of the gradient (jvp of grad, or grad of a dot product with v); every tensor then has "
+            "the size of x.")
 
 
 def _never_builds_the_hessian(fn: Callable, name: str, seed: int, big_n: int) -> None:

@@ -1,0 +1,167 @@
+"""Lesson 5's checks across the judge/learner boundary: functions to differentiate cross as
+recipes (built again by the course's code on the learner's side), the transforms a picker returns
+cross by name, and the structure questions (a loop or not, a Hessian built or not) are answered by
+the judge's own clock, never by op counts the learner's process could report."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
+
+from autograder import program as prog
+from course import remote, wire
+from course.checks.jacobians import (SERVED, check_batched_hessian, check_batched_jacobian, check_hvp,
+                                     check_pick_jacobian, check_picker_speed, check_row_jacobian,
+                                     check_vmap_jacobian, check_vmap_speed, flat_layer)
+from course.jacobians import energy, tanh_layer
+from course.remote import Link, Remote, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- recipes and names on the wire ----------------------------------------------------------------
+
+def test_recipes_cross_as_data_and_are_built_by_the_course_on_the_other_side():
+    layer = flat_layer(tanh_layer(14, 12, seed=3), (2, 7))
+    e = energy(6, seed=2, dtype=torch.float64)
+    sent = wire.decode(wire.encode([layer, e.gradient, jacfwd, jacrev]))
+    assert isinstance(sent[0], wire.Recipe) and isinstance(sent[1], wire.Recipe) and sent[1].attr == "gradient"
+    assert sent[2] is jacfwd and sent[3] is jacrev  # the very objects: a check can ask `is jacfwd`
+    built = remote.build(sent)
+    x = torch.randn(3, 4)
+    assert torch.equal(built[0](x), layer(x))
+    y = torch.randn(6, dtype=torch.float64)
+    assert torch.equal(built[1](y), e.gradient(y))
+
+
+@pytest.mark.parametrize("forged, message", [
+    (wire.Recipe("os.system", {"command": "true"}), "no recipe named"),
+    (wire.Recipe("course.jacobians.tanh_layer", {"n_out": 2, "n_in": 2}, "__class__"), "attribute"),
+    (wire.Recipe("course.nowhere.thing", {}), "No module named"),
+])
+def test_a_recipe_names_only_what_the_course_registered(forged, message):
+    """The learner's side builds recipes, the judge never does; still, only registered builders
+    and public attributes are reachable, and a private one does not even decode."""
+    if forged.attr == "__class__":
+        with pytest.raises(wire.WireError):
+            wire.decode(wire.encode(forged).replace(b'"__class__"', b'"__class__"'))
+        head = wire.encode(wire.Recipe("course.jacobians.tanh_layer", {"n_out": 2, "n_in": 2}, "weight"))
+        with pytest.raises(wire.WireError):
+            wire.decode(head.replace(b'"weight"', b'"_weigh"'))
+        return
+    with pytest.raises(Exception, match=message):
+        remote.build(forged)
+
+
+# -- lesson 5's answers, served from a thread -------------------------------------------------------
+
+def rows(f, x):
+    x = x.detach().requires_grad_(True)
+    y = f(x)
+    return torch.stack([torch.autograd.grad(y[i], x, retain_graph=True)[0] for i in range(y.shape[0])])
+
+
+def by_vmap(f, x):
+    y, pullback = vjp(f, x)
+    return vmap(pullback)(torch.eye(y.numel(), dtype=y.dtype, device=y.device))[0]
+
+
+def pick(f, x):
+    with torch.no_grad():
+        return jacfwd if f(x).numel() > x.numel() else jacrev
+
+
+LEARNER = {
+    "jacobian_rows": rows, "jacobian_vmap": by_vmap, "pick_jacobian": pick,
+    "batched_jacobian": lambda f, xs: vmap(jacrev(f))(xs),
+    "batched_hessian": lambda f, xs: vmap(hessian(f))(xs),
+    "hvp_fwd_rev": lambda f, x, v: jvp(grad(f), (x,), (v,))[1],
+    "hvp_rev_rev": lambda f, x, v: grad(lambda y: torch.dot(grad(f)(y), v))(x),
+    # plausible wrong answers: right numbers, wrong structure
+    "rows_by_vmap": by_vmap,
+    "vmap_by_rows": rows,
+    "batched_loop": lambda f, xs: torch.stack([jacrev(f)(x) for x in xs]),
+    "hvp_full": lambda f, x, v: hessian(f)(x) @ v,
+    # a loop that sleeps at small sizes, to look as flat as a vmap
+    "flat_loop": lambda f, x: (time.sleep(max(0.0, 0.02 - 0.0002 * f(x).numel())), rows(f, x))[1],
+    # and wrong choices
+    "pick_first_dim": lambda f, x: jacfwd if f(x).shape[0] > x.shape[0] else jacrev,
+    "pick_by_name": lambda f, x: "jacfwd" if f(x).numel() > x.numel() else "jacrev",
+    "zeros": lambda f, x: torch.zeros(f(x).numel(), x.numel()),
+}
+
+
+@pytest.fixture
+def learner():
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    judge, served = Link(a_w, b_r), Link(b_w, a_r)
+    thread = threading.Thread(target=serve, args=(served, dict(LEARNER)), daemon=True)
+    thread.start()
+    yield lambda name: Remote(judge, name)
+    judge.send({"op": "end"})
+    thread.join(10)
+    for fd in (a_r, a_w, b_r, b_w):
+        os.close(fd)
+
+
+def test_right_answers_pass_every_served_check(learner, capsys):
+    check_row_jacobian(learner("jacobian_rows"))
+    check_vmap_jacobian(learner("jacobian_vmap"))
+    check_pick_jacobian(learner("pick_jacobian"))
+    check_batched_jacobian(learner("batched_jacobian"))
+    check_batched_hessian(learner("batched_hessian"))
+    check_hvp(learner("hvp_fwd_rev"), learner("hvp_rev_rev"))
+    out = capsys.readouterr().out
+    assert out.count("ok:") == 6, out
+    assert "the grader's clock" in out and "ops for" not in out  # structure from the judge's clock
+
+
+@pytest.mark.parametrize("check, name, message", [
+    (check_row_jacobian, "rows_by_vmap", "the same work whatever the number of rows"),
+    (check_vmap_jacobian, "vmap_by_rows", "the work of a loop over the rows"),
+    (check_vmap_jacobian, "flat_loop", "the work of a loop over the rows"),
+    (check_batched_jacobian, "batched_loop", "a Python loop over the samples"),
+    (check_pick_jacobian, "pick_first_dim", "compare numbers of elements"),
+    (check_pick_jacobian, "pick_by_name", "returned the string"),
+])
+def test_wrong_structure_or_choice_across_the_boundary_fails_with_its_cause(learner, check, name, message):
+    with pytest.raises(AssertionError, match=message):
+        check(learner(name))
+
+
+def test_an_hvp_that_builds_the_hessian_is_caught_by_the_judges_clock(learner):
+    with pytest.raises(AssertionError, match="the work of building the Hessian"):
+        check_hvp(learner("hvp_full"), learner("hvp_rev_rev"))
+
+
+def test_the_picker_speed_check_times_the_judges_own_transforms(learner, capsys):
+    """Only the choice crosses; what is timed is torch.func in the judge, on the judge's layer."""
+    check_picker_speed(learner("pick_jacobian"), bars={"cpu": 2.0, "cuda": 2.0}, tall=(2048, 32), wide=(32, 2048),
+                       num_threads=1, rounds=7, min_run_time=0.05)
+    with pytest.raises(AssertionError, match="returned the string 'jacfwd'"):
+        check_picker_speed(learner("pick_by_name"), bars={"cpu": 1.5}, tall=(256, 16), wide=(16, 256))
+
+
+def test_the_vmap_speed_check_times_the_answer_across_the_boundary_against_the_courses_loop(learner, capsys):
+    report = check_vmap_speed(learner("jacobian_vmap"), bars={"cpu": 1.5, "cuda": 1.5}, D=16, num_threads=1)
+    assert report.speedup("vmap over vjp").bound >= 1.5
+    with pytest.raises(AssertionError, match="the bar on this device is 1.50x"):  # a loop is no faster than a loop
+        check_vmap_speed(learner("vmap_by_rows"), bars={"cpu": 1.5, "cuda": 1.5}, D=16, num_threads=1, attempts=1)
+    with pytest.raises(AssertionError, match="right before it is fast"):  # fast and wrong: refused before timing
+        check_vmap_speed(learner("zeros"), bars={"cpu": 1.5, "cuda": 1.5}, D=16, num_threads=1)
+
+
+def test_lesson_5_routes_every_graded_cell_to_the_judge():
+    program = prog.instructor_program("05_jacobians_hessians",
+                                      ROOT / "solutions/05_jacobians_hessians/05_jacobians_hessians.ipynb")
+    assert program.graded and all(c.served for c in program.graded), [c.grade_id for c in program.graded if not c.served]
+    assert "check_vmap_speed" in SERVED
+    setup = "\n".join(program.judge_setup)
+    assert "from course.checks.jacobians import" in setup and "S = course.sizes(" in setup
