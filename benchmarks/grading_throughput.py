@@ -7,7 +7,7 @@ Every submission is the instructor's notebook under a new student id (so nothing
 A warm-up run with one student first makes the lesson's instructor transcript, which every later
 run reuses from the work folder; the figure is the wall time of a whole `grade` command over
 ``count`` submissions, sandbox start-up, set-up cells and speed checks included. Results go to
-benchmarks/results/grading-throughput-<device>.md/.json with the machine named.
+benchmarks/results/grading-throughput-<lesson>-<device>.md/.json with the machine named.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main() -> None:
     record = {"lesson": args.lesson, "count": args.count, "machine": machine_name(), "date": dt.date.today().isoformat(),
               "torch": torch.__version__, "grader": GRADER_VERSION, "jobs": results}
     out_dir = ROOT / "benchmarks" / "results"
-    path = out_dir / f"grading-throughput-{device}.json"
+    path = out_dir / f"grading-throughput-{args.lesson}-{device}.json"
     before = json.loads(path.read_text()) if path.exists() else None
     if before and before.get("grader", "2") != GRADER_VERSION:
         record["previous_grader"] = {k: before[k] for k in ("grader", "date", "count", "jobs") if k in before}
@@ -96,7 +96,7 @@ def main() -> None:
         rows += (f"\n\nAgainst {which} (version {prev['grader']}, measured {prev['date']} on this machine "
                  f"kind, {prev['count']} submissions per run):\n\n| --jobs | before, per minute | now, per minute | "
                  f"now / before |\n|---|---|---|---|\n{change}")
-    (out_dir / f"grading-throughput-{device}.md").write_text(
+    (out_dir / f"grading-throughput-{args.lesson}-{device}.md").write_text(
         f"# Grading throughput, {args.lesson}\n\n{record['machine']}, torch {record['torch']}, {record['date']}.\n"
         f"{args.count} submissions per run (the instructor's notebook under new ids), sandboxed with "
         "bubblewrap, after a warm-up that made the instructor transcript.\n\n"

@@ -19,8 +19,8 @@ Under the grader these checks run in the judge (``SERVED``), and the learner's f
 called across the process boundary: the layers and energies cross as recipes, built again on the
 learner's side by the course's own code. Op counts seen there would be that process's word, so
 both questions are answered by the judge's own clock instead (:func:`_growth`): the row loop must
-take at least three times as long for 64 times the rows; a ``vmap`` (over rows or samples) and
-an HVP must take at most half the time of the course's own loop (or Hessian) on the same work,
+take at least three times as long for 128 times the rows; a ``vmap`` (over rows or samples) and
+an HVP must take at most a third of the time of the course's own loop (or Hessian) on the same work,
 timed beside it while the learner's process is stopped: a loop that sleeps to look flat is still
 no faster than a loop.
 """
@@ -110,8 +110,8 @@ class _Growth:
     @property
     def grows(self) -> bool:
         """The work of a loop: more for more rows or samples, or no faster than the course's loop."""
-        if self.loop is not None:
-            return self.large > 0.5 * self.loop
+        if self.loop is not None:  # a vmap measured 0.04-0.2 of the course's loop; a loop about 1
+            return self.large > self.loop / 3
         return self.large >= (1.75 if self.unit == "ops" else 3.0) * self.small
 
     def text(self, what: str) -> str:
@@ -131,8 +131,9 @@ def _growth(fn: Callable, name: str, make: Callable[[int], tuple], ops_sizes: tu
     process; for the learner's function across the boundary, best wall times at ``time_sizes``,
     or (with ``loop``, the course's loop doing the same work) its time at the large size beside
     the loop's, timed here with the learner's process stopped. A clock reading against what the
-    lesson asks (no loop when ``loop`` is given, a loop otherwise) is taken again, ``attempts`` in
-    all: a busy machine can slow one side of a measurement, never make a loop faster than a loop.
+    lesson asks (no loop when ``loop`` is given, a loop otherwise) is refined by more readings,
+    ``attempts`` in all, each side's best kept across them: a busy machine can slow one side of a
+    reading, never make a loop faster than a loop.
     Across the boundary the reading is taken once per answer and question in a test cell (the
     hidden tests ask again on other seeds; the learner's function is the same)."""
     if is_remote(fn):
@@ -151,27 +152,49 @@ def _growth(fn: Callable, name: str, make: Callable[[int], tuple], ops_sizes: tu
 
 def _clock_growth(fn, name: str, make: Callable[[int], tuple], time_sizes: tuple[int, int], loop: Callable | None,
                   attempts: int) -> _Growth:
+    """Best times over two to ``attempts`` readings, each side's best kept across all of them: more
+    readings refine both sides' estimates (noise only ever adds time), they are not new chances."""
     learner = lambda *args: call(fn, *args, name=name)  # noqa: E731
-    for _ in range(attempts):
+    best = [float("inf"), float("inf")]
+    for attempt in range(max(attempts, 2)):
         if loop is not None:
             large = make(time_sizes[1])
-            mine, course = best_times([(learner, large), (loop, large)], held=[1])
-            g = _Growth(None, mine, time_sizes, "time", loop=course)
-            if not g.grows:
-                break
+            times = best_times([(learner, large), (loop, large)], held=[1])
         else:
-            small, large = best_times([(learner, make(n)) for n in time_sizes])
-            g = _Growth(small, large, time_sizes, "time")
-            if g.grows:
-                break
+            times = best_times([(learner, make(n)) for n in time_sizes])
+        best = [min(b, t) for b, t in zip(best, times)]
+        g = (_Growth(None, best[0], time_sizes, "time", loop=best[1]) if loop is not None
+             else _Growth(best[0], best[1], time_sizes, "time"))
+        if attempt >= 1 and g.grows == (loop is None):  # what the lesson asks: a loop for the row loop, none else
+            break
     return g
 
 
+@reference
+def _course_hessian(f: Callable, x: torch.Tensor) -> torch.Tensor:
+    """The Hessian of a scalar ``f`` by the course's row loop over its gradient (one backward pass
+    per row): the yardstick for a loop over samples of Hessians."""
+    def gradient(z):
+        return torch.autograd.grad(f(z), z, create_graph=True)[0]
+
+    return _course_row_loop(gradient, x)
+
+
+@reference
+def _course_row_loop(f: Callable, x: torch.Tensor) -> torch.Tensor:
+    """The course's own loop over rows, the yardstick of 'no loop': one backward pass per row of
+    the identity (as lean as a loop gets: no indexing of the output)."""
+    leaf = x.detach().clone().requires_grad_(True)
+    out = f(leaf).reshape(-1)
+    basis = torch.eye(out.numel(), dtype=out.dtype, device=out.device)
+    return torch.stack([torch.autograd.grad(out, leaf, row, retain_graph=True)[0] for row in basis])
+
+
 def _rows_growth(fn: Callable, name: str, seed: int, loop: Callable | None = None) -> _Growth:
-    """On layers with 8 and 40 outputs (op counts) or 8 and 512 (time: enough rows that the work, not
+    """On layers with 8 and 40 outputs (op counts) or 8 and 1024 (time: enough rows that the work, not
     the crossing of the boundary, dominates), 16 inputs, on the CPU."""
     return _growth(fn, name, lambda m: (tanh_layer(m, 16, seed=seed, device="cpu"), randn(16, seed=seed + 1)),
-                   (8, 40), (8, 512), loop)
+                   (8, 40), (8, 1024), loop)
 
 
 def _jacobian_numerics(fn: Callable, name: str, seed: int, n_out: int, n_in: int, device, hint: str) -> int:
@@ -211,7 +234,7 @@ def check_vmap_jacobian(jacobian_vmap: Callable, *, seed: int = 0, n_out: int = 
     hint = ("y, pullback = torch.func.vjp(f, x); then vmap(pullback)(basis) with basis the identity matrix of "
             "size y.numel() (same dtype and device as y): the pullback returns a tuple, take its [0].")
     n = _jacobian_numerics(jacobian_vmap, "jacobian_vmap", seed, n_out, n_in, device, hint)
-    g = _rows_growth(jacobian_vmap, "jacobian_vmap", seed, loop=_reference_rows)
+    g = _rows_growth(jacobian_vmap, "jacobian_vmap", seed, loop=_course_row_loop)
     if g.grows:
         raise AssertionError(
             f"jacobian_vmap {g.text('outputs')}: the work of a loop over the rows, so there is a Python loop "
@@ -410,9 +433,10 @@ def _batched_numerics(fn: Callable, name: str, make, seed: int, batch: int, devi
 
 
 def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int, per_sample: Callable) -> _Growth:
-    """``per_sample(f)`` is the transform of one sample (the course's loop applies it sample by sample)."""
-    g = _growth(fn, name, lambda b: (f, randn(b, n_in, seed=seed + b)), (2, 8), (4, 64),
-                loop=lambda f, xs: torch.stack([per_sample(f)(x) for x in xs]))
+    """``per_sample(f, x)`` is the course's lean answer for one sample; its loop over the samples is
+    the yardstick under the grader."""
+    g = _growth(fn, name, lambda b: (f, randn(b, n_in, seed=seed + b)), (2, 8), (4, 128),
+                loop=lambda f, xs: torch.stack([per_sample(f, x) for x in xs]))
     if g.grows:
         raise AssertionError(f"{name} {g.text('samples')}: a Python loop over the samples. Wrap the per-sample "
                              "transform in vmap instead.")
@@ -431,7 +455,7 @@ def check_batched_jacobian(batched_jacobian: Callable, *, seed: int = 0, batch: 
 
     _batched_numerics(batched_jacobian, "batched_jacobian", make, seed, batch, device, hint)
     g = _no_batch_loop(batched_jacobian, "batched_jacobian", tanh_layer(n_out, n_in, seed=seed, device="cpu"), n_in,
-                       seed, jacrev)
+                       seed, _course_row_loop)
     ok(f"batched_jacobian equals the float64 formula for every sample ({batch} x {n_out} x {n_in}, seed {seed}), "
        f"with no loop over the batch: it {g.text('samples')}")
 
@@ -448,7 +472,7 @@ def check_batched_hessian(batched_hessian: Callable, *, seed: int = 0, batch: in
 
     _batched_numerics(batched_hessian, "batched_hessian", make, seed, batch, device, hint)
     g = _no_batch_loop(batched_hessian, "batched_hessian", energy(n, seed=seed, device="cpu"), n, seed,
-                       torch.func.hessian)
+                       _course_hessian)
     ok(f"batched_hessian equals the float64 formula for every sample ({batch} x {n} x {n}, seed {seed}), "
        f"with no loop over the batch: it {g.text('samples')}")
 
