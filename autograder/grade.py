@@ -44,7 +44,7 @@ from .verdict import Transcript, judge
 from .workspace import Workspace, notebooks_in, select_lessons
 
 #: Bumped whenever grading itself changes, so that cached results are not reused.
-GRADER_VERSION = "5"  # 5: lesson 5 checked in the judge
+GRADER_VERSION = "6"  # 6: lesson 6 checked in the judge; clock readings on fresh, checked inputs
 
 
 class Settings:

@@ -39,14 +39,15 @@ from course.vmap import mlp_ensemble, quiet_opacus, small_cnn, toy_features, toy
 SIZES = {
     # the lesson's CPU sizes; the per-sample target is judged at its batch of 32
     "cpu": dict(channels=(8, 16), image=16, batches=(8, 32, 128), target_batch=32,
-                models=10, features=64, hidden=64, ens_batch=64),
+                models=64, features=64, hidden=64, ens_batch=32),
     # the PyTorch tutorial's: a CNN on 28x28 images (32 and 64 channels), 10 MLPs on 784 features
     "reference": dict(channels=(32, 64), image=28, batches=(16, 64, 256), target_batch=64,
                       models=10, features=784, hidden=128, ens_batch=64),
 }
-#: The issue's targets on 2 CPU cores: per-sample gradients with vmap at least 1.3x the loop, the
-#: ensemble not slower than the loop. On CUDA: the tutorial's 10x and (about) 2.5x.
-TARGETS = {"cpu": {"per-sample vmap": 1.3, "ensemble vmap": 1.0},
+#: The targets on 2 CPU cores: per-sample gradients with vmap at least 1.3x the loop, the ensemble
+#: of 64 models (the lesson's CPU size: a loop's overhead is per model) at least 1.5x. On CUDA:
+#: the tutorial's 10x and (about) 2.5x.
+TARGETS = {"cpu": {"per-sample vmap": 1.3, "ensemble vmap": 1.5},
            "cuda": {"per-sample vmap": 10.0, "ensemble vmap": 2.5}}
 
 

@@ -19,6 +19,7 @@ A TorchScript answer crosses as its archive (``torch.jit.save``) and runs in the
 from __future__ import annotations
 
 import builtins
+import contextlib
 import io
 import os
 import struct
@@ -29,7 +30,7 @@ import torch
 from course import wire
 
 __all__ = ["FACTORIES", "RECIPES", "Described", "Link", "Remote", "RemoteError", "build", "checksum", "factory",
-           "is_remote", "local_script", "recipe", "serve"]
+           "is_remote", "local_script", "mirrored", "recipe", "serve"]
 
 _FRAME = struct.Struct(">Q")
 
@@ -67,7 +68,7 @@ def recipe(fn: Callable[..., Any]) -> Callable[..., Any]:
         bound = signature.bind(*args, **kwargs).arguments
         values = {k: (str(v) if isinstance(v, torch.device) else v) for k, v in bound.items()}
         try:
-            obj.__recipe__ = (name, values)
+            obj.__recipe__ = (name, values, id(obj))  # a copy of obj is not what the recipe built
         except AttributeError:  # an object without a __dict__ crosses as its description
             pass
         return obj
@@ -91,6 +92,8 @@ def build(value: Any, device: str = "cpu") -> Any:
         return getattr(obj, value.attr) if value.attr else obj
     if isinstance(value, torch.Tensor):
         return _arrive(value, device)
+    if isinstance(value, wire.GeneratorState):
+        return value.generator()
     if type(value) is list:
         return [build(v, device) for v in value]
     if isinstance(value, tuple):
@@ -138,10 +141,11 @@ class Link:
 
     def __init__(self, send_fd: int, recv_fd: int):
         self.send_fd, self.recv_fd, self.seq = send_fd, recv_fd, 0
+        self.recipes = True  # the learner's side (serve) sends objects as what they are, never as recipes
         self._buffer = bytearray()  # bytes read and not yet taken: a read cut short keeps its place
 
     def send(self, value: Any) -> None:
-        data = wire.encode(value)
+        data = wire.encode(value, recipes=self.recipes)
         view = memoryview(_FRAME.pack(len(data)) + data)
         while view:
             view = view[os.write(self.send_fd, view):]
@@ -216,12 +220,17 @@ class Remote:
         leaves = [t for t in _tensors((args, kwargs)) if t.requires_grad]
         device = next((str(t.device) for t in _tensors((args, kwargs))), "cpu")
         grad = bool(leaves) and torch.is_grad_enabled()
+        mirror = self.__dict__.get("mirror", False)
         reply = self._link.request({"op": "call", "name": self.__name__, "args": list(args),
                                     "kwargs": dict(kwargs), "grad": grad, "grad_mode": torch.is_grad_enabled(),
-                                    "device": device})
+                                    "device": device, "after": mirror})
         if not (isinstance(reply, dict) and isinstance(reply.get("id"), int) and "value" in reply
                 and isinstance(reply.get("differentiable"), list)):
             raise RemoteError("the learner's process sent a malformed result")
+        after = reply.get("after")
+        if mirror and isinstance(after, list) and len(after) == 2:
+            _mirror(list(args), after[0])
+            _mirror(dict(kwargs), after[1])
         # Only what this process joins below carries a gradient here.
         value = _to_device(_map_tensors(reply["value"], lambda t: t.detach()), device)
         if not grad:
@@ -339,6 +348,78 @@ def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return value
 
 
+@contextlib.contextmanager
+def mirrored(fn: Any):
+    """Within it, a call of the learner's ``fn`` (a :class:`Remote`) changes the judge's own
+    arguments as the learner's code changed its copies: for the checks that ask what a function
+    did to its inputs (left them alone? drew from the generator?). Those checks pass copies made
+    for the purpose; the others never let the learner's process write into the judge's objects.
+    A local ``fn`` changes its arguments itself."""
+    if not isinstance(fn, Remote):
+        yield
+        return
+    fn.mirror = True
+    try:
+        yield
+    finally:
+        fn.mirror = False
+
+
+def _mirror(mine: Any, after: Any, depth: int = 0) -> None:
+    """Make the judge's own arguments what the learner's process reports its copies became after a
+    call (a tensor changed in place, an entry added to a dict, a generator drawn from, a module
+    moved or changed), so that a check written for a local function sees the same side effects.
+    Only where ``after`` has the shape of what was sent; anything else is left alone."""
+    if depth > wire.MAX_DEPTH:
+        return
+    if isinstance(mine, torch.Tensor) and isinstance(after, torch.Tensor):
+        _mirror_tensor(mine, after)
+    elif isinstance(mine, torch.Generator) and isinstance(after, wire.GeneratorState):
+        if str(mine.device) == after.device:
+            try:
+                mine.set_state(after.state)
+            except (RuntimeError, TypeError, ValueError):
+                pass
+    elif isinstance(mine, torch.nn.Module) and isinstance(after, wire.ModuleState):
+        state = mine.state_dict(keep_vars=True)
+        if any(after.state.get(k) is not None and after.state[k].device.type == "meta" and t.device.type != "meta"
+               for k, t in state.items()):
+            mine.to("meta")  # moved by the learner's code (the one move a check looks for)
+            return
+        for k, t in state.items():
+            if isinstance(after.state.get(k), torch.Tensor):
+                _mirror_tensor(t, after.state[k])
+    elif type(mine) is dict and type(after) is dict:
+        for k in [k for k in mine if k not in after]:
+            del mine[k]
+        for k, v in after.items():
+            if k in mine and isinstance(mine[k], torch.Tensor) and isinstance(v, torch.Tensor) \
+                    and (mine[k].shape != v.shape or mine[k].dtype != v.dtype):
+                mine[k] = v.to(mine[k].device)
+            elif k in mine:
+                _mirror(mine[k], v, depth + 1)
+            else:
+                mine[k] = _to_device(v, str(next(iter(_tensors(list(mine.values()))), torch.empty(0)).device))
+    elif type(mine) is list and type(after) is list:
+        for m, a in zip(mine, after):
+            _mirror(m, a, depth + 1)
+        if len(after) < len(mine):
+            del mine[len(after):]
+    elif isinstance(mine, tuple) and isinstance(after, tuple):
+        for m, a in zip(mine, after):
+            _mirror(m, a, depth + 1)
+
+
+def _mirror_tensor(mine: torch.Tensor, after: torch.Tensor) -> None:
+    if after.device.type == "meta" or mine.device.type == "meta":
+        return
+    with torch.no_grad():
+        if mine.shape == after.shape and mine.dtype == after.dtype:
+            theirs = after.to(mine.device)
+            if not torch.equal(mine, theirs):
+                mine.copy_(theirs)
+
+
 def _to_device(value: Any, device: str) -> Any:
     if device == "cpu":
         return value
@@ -350,6 +431,7 @@ def _to_device(value: Any, device: str) -> Any:
 def serve(link: Link, namespace: dict) -> int:
     """Answer the judge's requests on ``link`` from ``namespace`` until it says ``end``; return
     how many were answered. Runs in the learner's process: nothing here is trusted."""
+    link.recipes = False
     calls: dict[int, tuple[list, list]] = {}
     calls_staged: dict[int, list] = {}
     answered = 0
@@ -391,6 +473,8 @@ def _text(get: Callable[[], Any], default: str) -> str:
 
 
 def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
+    from course.guard import answering  # the course's references refuse to serve as the answer here too
+
     op, name = message.get("op"), message.get("name")
     if op in ("call", "script", "describe", "block") and name not in namespace:
         raise NameError(f"name {name!r} is not defined")
@@ -398,14 +482,17 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
         device = message.get("device", "cpu")
         args, kwargs = build(message.get("args", []), device), build(message.get("kwargs", {}), device)
         # autograd on as in the judge's call (an answer may differentiate inside, whatever its inputs)
-        with torch.set_grad_enabled(message.get("grad_mode", message.get("grad")) is True):
+        with torch.set_grad_enabled(message.get("grad_mode", message.get("grad")) is True), answering():
             value = namespace[name](*args, **kwargs)
         call_id = len(calls)
         leaves = [t for t in _tensors((args, kwargs)) if t.requires_grad]
         outs = _tensors(value)
         differentiable = [i for i, t in enumerate(outs) if t.requires_grad]
         calls[call_id] = (leaves, [outs[i] for i in differentiable])
-        return {"id": call_id, "value": value, "differentiable": differentiable}
+        reply = {"id": call_id, "value": value, "differentiable": differentiable}
+        if message.get("after") is True:  # the arguments as the call left them (see mirrored)
+            reply["after"] = [args, kwargs]
+        return reply
     if op == "backward":
         leaves, outs = calls[message["id"]]
         grads = message["grads"]
@@ -444,7 +531,10 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
         sums = []
         with torch.set_grad_enabled(message.get("grad_mode") is True):
             for seed in message["seeds"]:
-                sums.append(checksum(fn(*make(seed, device=device, **message["sizes"]), *constants)))
+                args = make(seed, device=device, **message["sizes"])
+                with answering():
+                    out = fn(*args, *constants)
+                sums.append(checksum(out))
             synchronize(device)
         return torch.stack(sums).cpu() if sums else torch.zeros(0, 2, dtype=torch.float64)
     raise ValueError(f"unknown request {op!r}")

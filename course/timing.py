@@ -393,28 +393,40 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
     return SpeedReport(times=times, baseline=base_name, device=str(dev), threads=torch.get_num_threads())
 
 
-def best_times(calls: Sequence[tuple[Callable[..., Any], tuple]], *, held: Sequence[int] = (), reps: int = 5,
-               device: str | torch.device | None = None) -> list[float]:
+def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequence[int] = (), reps: int = 5,
+               device: str | torch.device | None = None,
+               check: Callable[[list], None] | None = None) -> list[float]:
     """The best of ``reps`` wall times of each ``fn(*args)`` in ``calls``, taken in turn within every
     repetition (a busy moment slows one sample of each; the best of each is left), after one
-    untimed call of each. Evidence of structure that a check can take from outside the learner's
+    untimed repetition. Evidence of structure that a check can take from outside the learner's
     process, by its own clock: how time grows with a size, or how a learner's function compares
     with the course's loop on the same work. The calls listed in ``held`` are trusted ones: under
     the grader the learner's process is stopped while they run (``grader_hooks.hold``), and the
-    machine is this submission's alone throughout."""
+    machine is this submission's alone throughout.
+
+    ``args`` may be a function returning the arguments: it is called (untimed) once per
+    repetition, and calls that share it get the same fresh arguments, so nothing can be
+    memoised across repetitions. ``check(outputs)`` sees every repetition's outputs, in the order
+    of ``calls`` (a timed answer must also be right)."""
     dev = pick_device(device)
     hold = grader_hooks.hold if grader_hooks.hold is not None else nullcontext
     best = [math.inf] * len(calls)
     with observing_paused(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
-        for i, (fn, args) in enumerate(calls):
-            with (hold() if i in held else nullcontext()):
-                fn(*args)
-        for _ in range(reps):
+        for rep in range(reps + 1):  # the first is a warm-up
+            made: dict[int, tuple] = {}
+            outputs = []
             for i, (fn, args) in enumerate(calls):
+                if callable(args):
+                    args = made[id(args)] if id(args) in made else made.setdefault(id(args), tuple(args()))
                 with (hold() if i in held else nullcontext()):
                     synchronize(dev)
                     t0 = time.perf_counter()
-                    fn(*args)
+                    out = fn(*args)
                     synchronize(dev)
-                    best[i] = min(best[i], time.perf_counter() - t0)
+                    took = time.perf_counter() - t0
+                if rep:
+                    best[i] = min(best[i], took)
+                outputs.append(out)
+            if check is not None:
+                check(outputs)
     return best

@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from course.devices import pick_device
+from course.remote import recipe
 
-__all__ = ["ForwardWatch", "SmallCNN", "Standardize", "mlp", "mlp_ensemble", "plot_speedup_by_batch",
+__all__ = ["ForwardWatch", "SmallCNN", "Standardize", "meta_copy", "meta_mlp", "mlp", "mlp_ensemble", "plot_speedup_by_batch",
            "quiet_opacus", "small_cnn", "toy_features", "toy_images", "transforms_active"]
 
 
@@ -53,13 +54,18 @@ def _seeded(seed: int, build):
         return build()
 
 
+def _mlp_layers(features: int, hidden: int, classes: int) -> nn.Sequential:
+    return nn.Sequential(Standardize(features), nn.Linear(features, hidden), nn.ReLU(),
+                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+
+@recipe
 def mlp(*, seed: int, features: int = 64, hidden: int = 64, classes: int = 10, device=None,
         dtype: torch.dtype = torch.float32) -> nn.Sequential:
     """``Standardize -> Linear -> ReLU -> Linear -> ReLU -> Linear``, seeded; the standardisation
     buffers are drawn too (a fresh one would be the identity, and hide a forgotten buffer)."""
     def build():
-        model = nn.Sequential(Standardize(features), nn.Linear(features, hidden), nn.ReLU(),
-                              nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+        model = _mlp_layers(features, hidden, classes)
         model[0].shift.copy_(torch.randn(features) * 0.3)
         model[0].scale.copy_(torch.rand(features) + 0.5)
         return model
@@ -97,12 +103,35 @@ class SmallCNN(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
+@recipe
 def small_cnn(*, seed: int, channels: Sequence[int] = (8, 16), size: int = 16, classes: int = 10, device=None,
               dtype: torch.dtype = torch.float32) -> SmallCNN:
     """A seeded :class:`SmallCNN`."""
     if size % 4 or size < 4:
         raise ValueError(f"small_cnn pools twice by 2: the image size must be a multiple of 4, got {size}.")
     return _seeded(seed, lambda: SmallCNN(tuple(channels), size, classes)).to(pick_device(device), dtype)
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A stateless copy of ``model``'s architecture on the ``meta`` device (shapes, no memory): the
+    ``base`` that ``functional_call`` runs with stacked state. For an :func:`mlp`, built by the
+    :func:`meta_mlp` recipe, so that a check can hand the learner's function the very base it holds
+    (cheaply: nothing is drawn or copied)."""
+    import copy
+
+    if isinstance(model, nn.Sequential) and len(model) == 6 and isinstance(model[0], Standardize):
+        base = meta_mlp(features=model[1].in_features, hidden=model[1].out_features,
+                        classes=model[5].out_features, dtype=model[1].weight.dtype)
+        if [(k, t.shape) for k, t in base.state_dict().items()] == [(k, t.shape) for k, t in model.state_dict().items()]:
+            return base
+    return copy.deepcopy(model).to("meta")
+
+
+@recipe
+def meta_mlp(*, features: int, hidden: int, classes: int, dtype: torch.dtype = torch.float32) -> nn.Sequential:
+    """The :func:`mlp` architecture on the ``meta`` device, with no state."""
+    with torch.device("meta"):
+        return _mlp_layers(features, hidden, classes).to(dtype)
 
 
 # -- data --------------------------------------------------------------------------------------

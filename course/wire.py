@@ -6,7 +6,10 @@ numbers, strings, lists, tuples, dicts with string keys, dtypes, tensors) follow
 bytes of every tensor. Two more kinds carry objects without their code: a *recipe* (an object the
 course builds from plain values, such as a seeded layer: its registered builder's name, the
 values, and at most one public attribute, ``Recipe``; see :func:`course.remote.recipe`), and a
-*named* object from a short allowlist (``torch.func.jacfwd``...), which decodes to that very object. :func:`decode` reads it back with limits on size, nesting and counts,
+*named* object from a short allowlist (``torch.func.jacfwd``...), which decodes to that very object.
+A random generator crosses as its state (``GeneratorState``), a module the learner's side returns
+or changed as its type's name and its state (``ModuleState``; tensors on the ``meta`` device cross
+as their shape alone). :func:`decode` reads it back with limits on size, nesting and counts,
 checks every field's type, and builds tensors with ``torch.frombuffer`` from an allowlist of
 dtypes: whatever the other side sends, decoding yields plain values or raises :class:`WireError`.
 Anything that is not one of those values (a module, a function, a custom class) is sent as a
@@ -24,7 +27,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_BYTES", "NAMED", "Opaque", "Recipe", "WireError", "decode", "encode"]
+__all__ = ["MAX_BYTES", "NAMED", "GeneratorState", "ModuleState", "Opaque", "Recipe", "WireError", "decode",
+           "encode"]
 
 #: Largest encoded value either side accepts.
 MAX_BYTES = 256 * 2**20
@@ -66,6 +70,34 @@ class Recipe:
         return f"<{self.name}(...){'.' + self.attr if self.attr else ''}>"
 
 
+@dataclass(frozen=True)
+class GeneratorState:
+    """A ``torch.Generator``: its device's name and its state (a uint8 tensor)."""
+
+    device: str
+    state: torch.Tensor
+
+    def generator(self) -> torch.Generator:
+        """A generator here in this state (the learner's side builds the judge's generator so)."""
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"a generator on {self.device!r}")
+        g = torch.Generator(device=self.device)
+        g.set_state(self.state)
+        return g
+
+
+@dataclass(frozen=True)
+class ModuleState:
+    """A module the wire does not rebuild: its type's name and its ``state_dict`` (a tensor on the
+    ``meta`` device crosses as an empty meta tensor of its shape and dtype)."""
+
+    type_name: str
+    state: dict
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} with {len(self.state)} tensors>"
+
+
 def _named() -> dict[str, Any]:
     import torch.func as tf
 
@@ -90,20 +122,25 @@ def _recipe_of(v: Any) -> tuple | None:
             return None
     own = getattr(v, "__dict__", None)
     found = own.get("__recipe__") if type(own) is dict else None
-    if not (isinstance(found, tuple) and len(found) == 2 and isinstance(found[0], str) and type(found[1]) is dict):
+    # the object the recipe built, not a copy of it (copy.deepcopy copies the mark; the copy may
+    # since have changed: moved to another device, trained...)
+    if not (isinstance(found, tuple) and len(found) == 3 and isinstance(found[0], str) and type(found[1]) is dict
+            and found[2] == id(v)):
         return None
     return found[0], found[1], attr
 
 
-def encode(value: Any) -> bytes:
+def encode(value: Any, *, recipes: bool = True) -> bytes:
     """``value`` as bytes: tensors are copied to the CPU, detached, made contiguous; their
-    ``requires_grad`` flag travels with them."""
+    ``requires_grad`` flag travels with them. With ``recipes=False`` (what the learner's side
+    sends back), objects a recipe built cross as what they are now (a module as its state),
+    never as how they were built."""
     buffers: list[bytes] = []
-    head = json.dumps(_to_json(value, buffers, 0), allow_nan=False, separators=(",", ":")).encode()
+    head = json.dumps(_to_json(value, buffers, 0, recipes), allow_nan=False, separators=(",", ":")).encode()
     return _HEAD.pack(len(head)) + head + b"".join(buffers)
 
 
-def _to_json(v: Any, buffers: list[bytes], depth: int) -> Any:
+def _to_json(v: Any, buffers: list[bytes], depth: int, recipes: bool = True) -> Any:
     if depth > MAX_DEPTH:
         return {"o": "<nested too deeply>"}
     if v is None or type(v) is bool:
@@ -116,6 +153,9 @@ def _to_json(v: Any, buffers: list[bytes], depth: int) -> Any:
         return {"s": v}
     if isinstance(v, torch.Tensor):
         t = v.detach()
+        if t.device.type == "meta" and t.layout == torch.strided and str(t.dtype).replace("torch.", "") in _DTYPES \
+                and t.dim() <= MAX_TENSOR_DIMS:
+            return {"t": [str(t.dtype).replace("torch.", ""), list(t.shape), 0, bool(v.requires_grad), "meta"]}
         if t.device.type == "meta" or t.is_sparse or t.layout != torch.strided:
             return {"o": f"torch.Tensor ({t.layout}, {t.device})"}
         name = str(t.dtype).replace("torch.", "")
@@ -128,18 +168,27 @@ def _to_json(v: Any, buffers: list[bytes], depth: int) -> Any:
     if isinstance(v, torch.dtype):
         return {"d": str(v).replace("torch.", "")}
     if type(v) is list:
-        return [_to_json(x, buffers, depth + 1) for x in v]
+        return [_to_json(x, buffers, depth + 1, recipes) for x in v]
     if isinstance(v, tuple):  # named tuples and torch's return types travel as tuples
-        return {"u": [_to_json(x, buffers, depth + 1) for x in v]}
+        return {"u": [_to_json(x, buffers, depth + 1, recipes) for x in v]}
     if type(v) is dict and all(type(k) is str for k in v):
-        return {"m": [[k, _to_json(x, buffers, depth + 1)] for k, x in v.items()]}
+        return {"m": [[k, _to_json(x, buffers, depth + 1, recipes)] for k, x in v.items()]}
     if isinstance(v, Opaque):
         return {"o": v.type_name}
     if id(v) in _NAMED_IDS:
         return {"n": _NAMED_IDS[id(v)]}
-    recipe = _recipe_of(v) if not isinstance(v, Recipe) else (v.name, v.args, v.attr)
+    if isinstance(v, torch.Generator):
+        return {"g": [str(v.device), _to_json(v.get_state(), buffers, depth + 1)]}
+    if isinstance(v, GeneratorState):
+        return {"g": [v.device, _to_json(v.state, buffers, depth + 1)]}
+    recipe = (_recipe_of(v) if recipes else None) if not isinstance(v, Recipe) else (v.name, v.args, v.attr)
     if recipe is not None:
-        return {"r": [recipe[0], _to_json(recipe[1], buffers, depth + 1), recipe[2]]}
+        return {"r": [recipe[0], _to_json(recipe[1], buffers, depth + 1, recipes), recipe[2]]}
+    if isinstance(v, (torch.nn.Module, ModuleState)):
+        state = v.state if isinstance(v, ModuleState) else dict(v.state_dict(keep_vars=False))
+        kind = v.type_name if isinstance(v, ModuleState) else f"{type(v).__module__}.{type(v).__qualname__}"
+        return {"M": [kind[:200], _to_json({k: t for k, t in state.items() if type(k) is str}, buffers, depth + 1,
+                                           recipes)]}
     return {"o": f"{type(v).__module__}.{type(v).__qualname__}"[:200]}
 
 
@@ -213,6 +262,17 @@ class _Reader:
             return self.tensor(body)
         if kind == "n" and body in NAMED:
             return NAMED[body]
+        if kind == "g" and isinstance(body, list) and len(body) == 2 and isinstance(body[0], str) \
+                and len(body[0]) <= 20:
+            state = self.value(body[1], depth + 1)
+            if not (isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.dim() == 1):
+                raise WireError("a generator whose state is not bytes")
+            return GeneratorState(body[0], state)
+        if kind == "M" and isinstance(body, list) and len(body) == 2 and isinstance(body[0], str):
+            state = self.value(body[1], depth + 1)
+            if type(state) is not dict or not all(isinstance(t, torch.Tensor) for t in state.values()):
+                raise WireError("a module whose state is not tensors")
+            return ModuleState(body[0][:200], state)
         if kind == "r" and isinstance(body, list) and len(body) == 3 and isinstance(body[0], str) \
                 and len(body[0]) <= 200 and (body[2] is None or _public(body[2])):
             args = self.value(body[1], depth + 1)
@@ -222,10 +282,14 @@ class _Reader:
         raise WireError(f"a value of no known kind ({str(kind)[:20]!r})")
 
     def tensor(self, body: Any) -> torch.Tensor:
-        if not (isinstance(body, list) and len(body) == 4 and body[0] in _DTYPES and isinstance(body[1], list)
+        if not (isinstance(body, list) and len(body) in (4, 5) and body[0] in _DTYPES and isinstance(body[1], list)
                 and len(body[1]) <= MAX_TENSOR_DIMS and all(type(s) is int and 0 <= s < 2**40 for s in body[1])
-                and type(body[2]) is int and type(body[3]) is bool):
+                and type(body[2]) is int and type(body[3]) is bool and body[4:] in ([], ["meta"])):
             raise WireError("a malformed tensor")
+        if body[4:] == ["meta"]:  # shape and dtype only: no bytes
+            if body[2] != 0:
+                raise WireError("a meta tensor with bytes")
+            return torch.empty(body[1], dtype=_DTYPES[body[0]], device="meta")
         dtype, shape, size, grad = _DTYPES[body[0]], body[1], body[2], body[3]
         numel = math.prod(shape)
         if numel * torch.empty((), dtype=dtype).element_size() != size or self.pos + size > len(self.data):

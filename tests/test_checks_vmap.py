@@ -253,10 +253,26 @@ def test_speed_checks_verify_every_output_they_time(sol):
     def wrong_grads(model, x, y):
         return {k: v * 1.01 for k, v in sol.per_sample_grads(model, x, y).items()}
 
-    with pytest.raises(AssertionError, match="output while timing"):
+    with pytest.raises(AssertionError, match="right before it is fast"):
         C.check_ensemble_speed(wrong_predictions, bars={"cpu": 0.01, "cuda": 0.01}, **ENS_SPEED)
-    with pytest.raises(AssertionError, match="output while timing"):
+    with pytest.raises(AssertionError, match="right before it is fast"):
         C.check_per_sample_speed(wrong_grads, bars={"cpu": 0.01, "cuda": 0.01}, **PSG_SPEED)
+
+    def right_once(fn, wrong):
+        calls = []
+
+        def answer(*args):
+            calls.append(1)
+            return fn(*args) if len(calls) == 1 else wrong(*args)
+        return answer
+
+    # right on the call checked before timing, wrong on the timed calls (fresh inputs, every output checked)
+    with pytest.raises(AssertionError, match="output of a timed call differs"):
+        C.check_ensemble_speed(right_once(sol.predict_each, wrong_predictions), bars={"cpu": 0.01, "cuda": 0.01},
+                               **ENS_SPEED)
+    with pytest.raises(AssertionError, match="output of a timed call differs"):
+        C.check_per_sample_speed(right_once(sol.per_sample_grads, wrong_grads), bars={"cpu": 0.01, "cuda": 0.01},
+                                 **PSG_SPEED)
 
 
 def test_per_sample_grads_summed_over_the_batch_get_a_shape_hint(sol):

@@ -80,7 +80,9 @@ def test_wire_describes_what_it_does_not_carry():
     Point = collections.namedtuple("Point", "x y")
     out = wire.decode(wire.encode([len, torch.nn.Linear(2, 2), Point(1, 2), {1: 2}, 2**70, object()]))
     assert out[0] == wire.Opaque("builtins.builtin_function_or_method")
-    assert out[1] == wire.Opaque("torch.nn.modules.linear.Linear")
+    # a module (not built by a recipe) crosses as what it is: its type's name and its state, as data
+    assert isinstance(out[1], wire.ModuleState) and out[1].type_name == "torch.nn.modules.linear.Linear"
+    assert sorted(out[1].state) == ["bias", "weight"] and all(type(t) is torch.Tensor for t in out[1].state.values())
     assert out[2] == (1, 2)  # named tuples travel as tuples
     assert isinstance(out[3], wire.Opaque) and isinstance(out[4], wire.Opaque) and isinstance(out[5], wire.Opaque)
     assert out[1] != torch.zeros(1).sum().item()

@@ -5,8 +5,6 @@ the judge's own clock, never by op counts the learner's process could report."""
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from course.checks.jacobians import (SERVED, check_batched_hessian, check_batche
                                      check_pick_jacobian, check_picker_speed, check_row_jacobian,
                                      check_vmap_jacobian, check_vmap_speed, flat_layer)
 from course.jacobians import energy, tanh_layer
-from course.remote import Link, Remote, serve
+from served_helpers import memoised, served
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,6 +103,10 @@ LEARNER = {
     "jacobian_lean_loop": lambda f, xs: torch.stack([lean_rows(f, x) for x in xs]),
     # a loop that sleeps at small sizes, to look as flat as a vmap
     "flat_loop": lambda f, x: (time.sleep(max(0.0, 0.02 - 0.0002 * f(x).numel())), rows(f, x))[1],
+    # a loop that remembers its answers (the same inputs timed again and again would be free)
+    "memo_loop": lambda f, x: memoised(rows)(f, x),
+    # right at the numerics check's sizes, anything at the clock's
+    "fast_garbage": lambda f, x: by_vmap(f, x) if f(x).numel() < 100 else torch.zeros(f(x).numel(), x.numel()),
     # and wrong choices
     "pick_first_dim": lambda f, x: jacfwd if f(x).shape[0] > x.shape[0] else jacrev,
     "pick_by_name": lambda f, x: "jacfwd" if f(x).numel() > x.numel() else "jacrev",
@@ -114,16 +116,7 @@ LEARNER = {
 
 @pytest.fixture
 def learner():
-    a_r, a_w = os.pipe()
-    b_r, b_w = os.pipe()
-    judge, served = Link(a_w, b_r), Link(b_w, a_r)
-    thread = threading.Thread(target=serve, args=(served, dict(LEARNER)), daemon=True)
-    thread.start()
-    yield lambda name: Remote(judge, name)
-    judge.send({"op": "end"})
-    thread.join(10)
-    for fd in (a_r, a_w, b_r, b_w):
-        os.close(fd)
+    yield from served(LEARNER)
 
 
 def test_right_answers_pass_every_served_check(learner, capsys):
@@ -142,6 +135,8 @@ def test_right_answers_pass_every_served_check(learner, capsys):
     (check_row_jacobian, "rows_by_vmap", "the same work whatever the number of rows"),
     (check_vmap_jacobian, "vmap_by_rows", "the work of a loop over the rows"),
     (check_vmap_jacobian, "flat_loop", "the work of a loop over the rows"),
+    (check_vmap_jacobian, "memo_loop", "the work of a loop over the rows"),
+    (check_vmap_jacobian, "fast_garbage", "while timed beside the course's loop"),
     (check_batched_jacobian, "batched_loop", "a Python loop over the samples"),
     (check_batched_jacobian, "jacobian_lean_loop", "a Python loop over the samples"),
     (check_batched_hessian, "hessian_lean_loop", "a Python loop over the samples"),

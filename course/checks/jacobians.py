@@ -19,7 +19,8 @@ Under the grader these checks run in the judge (``SERVED``), and the learner's f
 called across the process boundary: the layers and energies cross as recipes, built again on the
 learner's side by the course's own code. Op counts seen there would be that process's word, so
 both questions are answered by the judge's own clock instead (:func:`_growth`): the row loop must
-take at least three times as long for 128 times the rows; a ``vmap`` (over rows or samples) and
+take at least ten times as long for 128 times the rows (a vmap measured about 3); a ``vmap`` (over rows
+or samples) and
 an HVP must take at most a third of the time of the course's own loop (or Hessian) on the same work,
 timed beside it while the learner's process is stopped: a loop that sleeps to look flat is still
 no faster than a loop.
@@ -33,7 +34,7 @@ from typing import Callable, Mapping
 import torch
 from torch.func import jacfwd, jacrev
 
-from course.checks.common import call, ok, record
+from course.checks.common import NO_LOOP, call, clock_against_loop, ok, record
 from course.data import randn
 from course.devices import pick_device, threads
 from course.grading import best_of, expect_speedup, speed_bar
@@ -111,8 +112,8 @@ class _Growth:
     def grows(self) -> bool:
         """The work of a loop: more for more rows or samples, or no faster than the course's loop."""
         if self.loop is not None:  # a vmap measured 0.04-0.2 of the course's loop; a loop about 1
-            return self.large > self.loop / 3
-        return self.large >= (1.75 if self.unit == "ops" else 3.0) * self.small
+            return self.large > NO_LOOP * self.loop
+        return self.large >= (1.75 if self.unit == "ops" else 10.0) * self.small
 
     def text(self, what: str) -> str:
         (a, b) = self.sizes
@@ -125,12 +126,13 @@ class _Growth:
                 "(the grader's clock)")
 
 
-def _growth(fn: Callable, name: str, make: Callable[[int], tuple], ops_sizes: tuple[int, int],
+def _growth(fn: Callable, name: str, make: Callable[..., tuple], ops_sizes: tuple[int, int],
             time_sizes: tuple[int, int], loop: Callable | None = None, attempts: int = 3) -> _Growth:
     """How ``fn(*make(size))``'s work grows: op counts at ``ops_sizes`` for a function in this
     process; for the learner's function across the boundary, best wall times at ``time_sizes``,
     or (with ``loop``, the course's loop doing the same work) its time at the large size beside
-    the loop's, timed here with the learner's process stopped. A clock reading against what the
+    the loop's, timed here with the learner's process stopped, on fresh inputs every time
+    (``make(size, fresh)``), every output compared with the loop's. A clock reading against what the
     lesson asks (no loop when ``loop`` is given, a loop otherwise) is refined by more readings,
     ``attempts`` in all, each side's best kept across them: a busy machine can slow one side of a
     reading, never make a loop faster than a loop.
@@ -150,22 +152,20 @@ def _growth(fn: Callable, name: str, make: Callable[[int], tuple], ops_sizes: tu
     return _Growth(counts[0], counts[1], ops_sizes, "ops")
 
 
-def _clock_growth(fn, name: str, make: Callable[[int], tuple], time_sizes: tuple[int, int], loop: Callable | None,
+def _clock_growth(fn, name: str, make: Callable[..., tuple], time_sizes: tuple[int, int], loop: Callable | None,
                   attempts: int) -> _Growth:
     """Best times over two to ``attempts`` readings, each side's best kept across all of them: more
     readings refine both sides' estimates (noise only ever adds time), they are not new chances."""
+    if loop is not None:
+        mine, theirs = clock_against_loop(fn, name, lambda fresh: make(time_sizes[1], fresh), loop, attempts=attempts)
+        return _Growth(None, mine, time_sizes, "time", loop=theirs)
     learner = lambda *args: call(fn, *args, name=name)  # noqa: E731
     best = [float("inf"), float("inf")]
     for attempt in range(max(attempts, 2)):
-        if loop is not None:
-            large = make(time_sizes[1])
-            times = best_times([(learner, large), (loop, large)], held=[1])
-        else:
-            times = best_times([(learner, make(n)) for n in time_sizes])
+        times = best_times([(learner, make(n)) for n in time_sizes])
         best = [min(b, t) for b, t in zip(best, times)]
-        g = (_Growth(None, best[0], time_sizes, "time", loop=best[1]) if loop is not None
-             else _Growth(best[0], best[1], time_sizes, "time"))
-        if attempt >= 1 and g.grows == (loop is None):  # what the lesson asks: a loop for the row loop, none else
+        g = _Growth(best[0], best[1], time_sizes, "time")
+        if attempt >= 1 and g.grows:  # what the lesson asks: a loop for the row loop
             break
     return g
 
@@ -193,7 +193,8 @@ def _course_row_loop(f: Callable, x: torch.Tensor) -> torch.Tensor:
 def _rows_growth(fn: Callable, name: str, seed: int, loop: Callable | None = None) -> _Growth:
     """On layers with 8 and 40 outputs (op counts) or 8 and 1024 (time: enough rows that the work, not
     the crossing of the boundary, dominates), 16 inputs, on the CPU."""
-    return _growth(fn, name, lambda m: (tanh_layer(m, 16, seed=seed, device="cpu"), randn(16, seed=seed + 1)),
+    return _growth(fn, name, lambda m, fresh=0: (tanh_layer(m, 16, seed=seed, device="cpu"),
+                                                 randn(16, seed=seed + 1 + fresh)),
                    (8, 40), (8, 1024), loop)
 
 
@@ -435,7 +436,7 @@ def _batched_numerics(fn: Callable, name: str, make, seed: int, batch: int, devi
 def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int, per_sample: Callable) -> _Growth:
     """``per_sample(f, x)`` is the course's lean answer for one sample; its loop over the samples is
     the yardstick under the grader."""
-    g = _growth(fn, name, lambda b: (f, randn(b, n_in, seed=seed + b)), (2, 8), (4, 128),
+    g = _growth(fn, name, lambda b, fresh=0: (f, randn(b, n_in, seed=seed + b + fresh)), (2, 8), (4, 128),
                 loop=lambda f, xs: torch.stack([per_sample(f, x) for x in xs]))
     if g.grows:
         raise AssertionError(f"{name} {g.text('samples')}: a Python loop over the samples. Wrap the per-sample "
@@ -521,9 +522,9 @@ def _hvp_growth(fn: Callable, name: str, seed: int) -> None:
     """Under the grader: the judge cannot see the tensors the learner's process creates, so it
     times the HVP beside the course's Hessian-times-v on the same energy (learner's process stopped
     meanwhile): an HVP that builds the Hessian cannot take less than half that time."""
-    def make(n):
-        return (energy(n, seed=seed, device="cpu", dtype=F64), randn(n, seed=seed + 30, dtype=F64),
-                randn(n, seed=seed + 31, dtype=F64))
+    def make(n, fresh=0):
+        return (energy(n, seed=seed, device="cpu", dtype=F64), randn(n, seed=seed + 30 + fresh, dtype=F64),
+                randn(n, seed=seed + 31 + 2 * fresh, dtype=F64))
 
     g = _growth(fn, name, make, HVP_SIZES, HVP_SIZES, loop=lambda f, x, v: torch.func.hessian(f)(x) @ v)
     if g.grows:

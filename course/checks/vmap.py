@@ -3,16 +3,23 @@
 loop, by ``vmap(grad(loss))`` and by Opacus, one DP-SGD step, and the measured speedups.
 
 Models and data come from ``seed`` (``course.vmap``), so the learner chooses none of the inputs.
+Under the grader every check here runs in the judge (``SERVED``): models cross as recipes (the
+learner's process builds the same seeded model with the course's code), a generator as its state,
+and what the learner's function did to its inputs comes back (:func:`course.remote.mirrored`).
 Numerics are checked twice where it matters: in float64 against a float64 loop, with a tight
 tolerance (any real mistake is far larger than float64 rounding), and in float32 against the
 same float64 reference, with a tolerance that float32 rounding honestly needs. Structure is
 checked with :class:`course.vmap.ForwardWatch`: a loop calls the model once per sample or per
-member with no transform active; ``vmap`` calls it once, inside ``vmap``.
+member with no transform active; ``vmap`` calls it once, inside ``vmap``. Across the boundary
+those calls happen in the learner's process, so there "a loop or not" is the judge's clock: on
+work where a loop is slow (1,024 models, 256 samples), the answer must take at most a third of the
+course's own loop, timed beside it with the learner's process stopped.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Callable, Mapping
 
 import torch
@@ -20,19 +27,29 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import stack_module_state
 
-from course.checks.common import call, ok
+from course.checks.common import NO_LOOP, call, clock_against_loop, ok
 from course.devices import pick_device
 from course.devices import threads
 from course.grading import best_of, expect_constant_work, expect_speedup, speed_bar
 from course.numerics import assert_close, describe
-from course.timing import SpeedReport, compare
-from course.vmap import ForwardWatch, mlp_ensemble, small_cnn, toy_features, toy_images
+from course.remote import factory, is_remote, mirrored
+from course.timing import SpeedReport, compare_served, format_time
+from course.vmap import ForwardWatch, meta_copy, mlp_ensemble, small_cnn, toy_features, toy_images
 from course.guard import reference
+from course.wire import ModuleState
 
 __all__ = ["check_dp_sgd_step", "check_ensemble_predict", "check_ensemble_speed", "check_opacus_grads",
            "check_per_sample_grads", "check_per_sample_grads_loop", "check_per_sample_speed",
            "check_stack_ensemble", "dp_sgd_reference", "loop_predictions", "per_sample_norms",
            "reference_per_sample_grads"]
+
+SERVED = ("check_stack_ensemble", "check_ensemble_predict", "check_ensemble_speed", "check_per_sample_grads_loop",
+          "check_per_sample_grads", "check_opacus_grads", "check_per_sample_speed", "check_dp_sgd_step")
+
+#: Sizes at which the judge's clock asks "a loop or not": enough models or samples that a loop's
+#: per-item cost dominates, small enough to take well under a second.
+CLOCK_MEMBERS = 1024
+CLOCK_SAMPLES = 256
 
 # float64: a few hundred ulps of slack for a different order of additions (batched kernels).
 TIGHT = dict(rtol=1e-9, atol=1e-11)
@@ -58,7 +75,33 @@ def loop_predictions(models, x: torch.Tensor, *, same_minibatch: bool) -> torch.
 
 def _stacked(models):
     params, buffers = stack_module_state(models)
-    return params, buffers, copy.deepcopy(models[0]).to("meta")
+    return params, buffers, meta_copy(models[0])
+
+
+def _module_facts(base) -> tuple[str, dict[str, str]] | None:
+    """``(type name, {state name: device type})`` of a module, or of one the learner's process
+    described (``ModuleState``); ``None`` for anything else."""
+    if isinstance(base, ModuleState):
+        return base.type_name, {k: t.device.type for k, t in base.state.items()}
+    if isinstance(base, nn.Module):
+        return f"{type(base).__module__}.{type(base).__qualname__}", {
+            k: t.device.type for k, t in base.state_dict().items()}
+    return None
+
+
+def _expect_no_loop_by_clock(fn: Callable, label: str, make: Callable[[int], tuple], loop: Callable, *, count: int,
+                             unit: str, key: tuple) -> str:
+    """Across the boundary: ``fn`` must take at most ``NO_LOOP`` of the course's ``loop`` on the
+    same work (``count`` models or samples, fresh from ``make(seed)`` every time, every output
+    compared with the loop's), by the judge's clock. Returns the evidence, as text."""
+    mine, theirs = clock_against_loop(fn, label, make, loop, key=key)
+    text = (f"took {format_time(mine)} for {count} {unit}s, where the course's loop over them takes "
+            f"{format_time(theirs)} (the grader's clock)")
+    if mine > NO_LOOP * theirs:
+        raise AssertionError(f"{label} {text}: the work of a Python loop over the {unit}s (a batched answer "
+                             f"takes a fraction of it).\n  Hint: write the computation for one {unit} and let "
+                             f"torch.func.vmap run it over all of them in one call; no loop inside or around it.")
+    return text
 
 
 def check_stack_ensemble(stack_ensemble: Callable, *, seed: int = 0, n: int = 4, features: int = 12,
@@ -72,7 +115,8 @@ def check_stack_ensemble(stack_ensemble: Callable, *, seed: int = 0, n: int = 4,
     before = [copy.deepcopy(m.state_dict()) for m in models]
     expected_p, expected_b = stack_module_state(models)
     expected_p = {k: v.detach() for k, v in expected_p.items()}
-    got = call(stack_ensemble, models, name="stack_ensemble")
+    with mirrored(stack_ensemble):  # across the boundary, what it did to the models comes back
+        got = call(stack_ensemble, models, name="stack_ensemble")
     if not (isinstance(got, (tuple, list)) and len(got) == 3):
         raise AssertionError(f"stack_ensemble should return (params, buffers, base), got {describe(got)}.")
     params, buffers, base = got
@@ -94,13 +138,15 @@ def check_stack_ensemble(stack_ensemble: Callable, *, seed: int = 0, n: int = 4,
                  hint=f"params[name] is the {n} models' parameter `name` stacked along a new first dimension.")
     assert_close(dict(buffers), dict(expected_b), name="buffers", **TIGHT,
                  hint=f"buffers[name] is the {n} models' buffer `name` stacked along a new first dimension.")
-    if not isinstance(base, nn.Module):
+    facts = _module_facts(base)
+    if facts is None:
         raise AssertionError(f"base should be an nn.Module (a copy of the architecture), got {describe(base)}.")
-    if type(base) is not type(models[0]) or list(base.state_dict()) != list(models[0].state_dict()):
+    kind, devices = facts
+    if kind != _module_facts(models[0])[0] or list(devices) != list(models[0].state_dict()):
         raise AssertionError("base should have the same architecture as the models: a copy of models[0].")
-    real = [n_ for n_, t in base.state_dict().items() if t.device.type != "meta"]
+    real = [n_ for n_, d in devices.items() if d != "meta"]
     if real:
-        raise AssertionError(f"base holds real tensors ({real[0]} is on {base.state_dict()[real[0]].device}); it "
+        raise AssertionError(f"base holds real tensors ({real[0]} is on {devices[real[0]]}); it "
                              "should be stateless, on the meta device, where tensors have shapes but no memory.\n"
                              "  Hint: base = copy.deepcopy(models[0]).to('meta')")
     ok(f"stack_ensemble stacks {len(params)} parameters and {len(buffers)} buffers of {n} models, base is on "
@@ -160,8 +206,14 @@ def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, see
             assert_close(got, expected, name=f"{label} ({str(dtype).replace('torch.', '')})", **tol,
                          hint=f"row i is model i on {where}: vmap over (params, buffers, x) with "
                               f"in_dims={in_dims}.")
-            _expect_vmapped(watch, label, n, "model")
+            if not is_remote(fn):  # across the boundary the model runs in the learner's process: the clock below
+                _expect_vmapped(watch, label, n, "model")
+    evidence = []
     for label, fn, same in (("predict_each", predict_each, False), ("predict_all", predict_all, True)):
+        if is_remote(fn):
+            evidence.append(_ensemble_clock(fn, label, same, seed))
+            continue
+
         def prepare(k, fn=fn, same=same, label=label):
             members = mlp_ensemble(k, seed=seed, features=features, hidden=hidden, classes=classes, device=dev)
             params, buffers, base = _stacked(members)
@@ -173,8 +225,49 @@ def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, see
             return run
 
         expect_constant_work(prepare, n, 2 * n, what=label, unit="model")
+    if evidence:
+        ok(f"predict_each and predict_all equal the loop over {n} models in float64 and float32; "
+           f"{'; '.join(evidence)} (batch={batch}, seed {seed})")
+        return
     ok(f"predict_each and predict_all equal the loop over {n} models in float64 and float32, with one vmapped "
        f"call of the base model each and as much work for {2 * n} models as for {n} (batch={batch}, seed {seed})")
+
+
+def _ensemble_clock(fn: Callable, label: str, same: bool, seed: int) -> str:
+    """The judge's clock on ``CLOCK_MEMBERS`` small models (on the CPU), against the course's loop."""
+    # tiny models: a loop's cost is per model (a few module calls each), and the state to send is small
+    members = mlp_ensemble(CLOCK_MEMBERS, seed=seed, features=4, hidden=4, classes=3, device="cpu")
+    params, buffers, base = _stacked(members)
+
+    def make(fresh):
+        return params, buffers, base, toy_features(*((4, 4) if same else (CLOCK_MEMBERS, 4, 4)), seed=fresh)
+
+    def loop(params, buffers, base, x):
+        return loop_predictions(members, x, same_minibatch=same)
+
+    with torch.no_grad():
+        text = _expect_no_loop_by_clock(fn, label, make, loop, count=CLOCK_MEMBERS, unit="model",
+                                        key=("ensemble", same))
+    return f"{label} {text}"
+
+
+@functools.lru_cache(maxsize=4)
+def _timing_ensemble(n: int, features: int, hidden: int, classes: int, model_seed: int, device: str):
+    models = mlp_ensemble(n, seed=model_seed, features=features, hidden=hidden, classes=classes, device=device)
+    params, buffers = stack_module_state(models)
+    return models, {k: v.detach() for k, v in params.items()}, buffers, meta_copy(models[0])
+
+
+@factory
+def ensemble_timing_inputs(seed: int, *, device: str, n: int, batch: int, features: int, hidden: int, classes: int,
+                           model_seed: int) -> tuple:
+    """Fresh ``(params, buffers, base, xs)`` for one timed call of the ensemble speed check: the
+    ensemble's stacked state from ``model_seed`` (the same in every call), the minibatches ``xs``
+    from ``seed``. The judge and the learner's process build the same ones from the seeds."""
+    _, params, buffers, base = _timing_ensemble(n, features, hidden, classes, model_seed, device)
+    # drawn in float32 (a float64 draw would cost more than the call it feeds, on both sides)
+    xs = torch.randn(n, batch, features, generator=torch.Generator().manual_seed(seed)).to(device)
+    return params, buffers, base, xs
 
 
 def check_ensemble_speed(predict_each: Callable, *, bars: Mapping[str, float], n: int, batch: int, features: int,
@@ -182,44 +275,33 @@ def check_ensemble_speed(predict_each: Callable, *, bars: Mapping[str, float], n
                          rounds: int = 9, min_run_time: float = 0.2, attempts: int = 3, device=None) -> SpeedReport:
     """The vmapped ensemble (``predict_each``, a different minibatch per model) is at least
     ``bars[device]`` times as fast as the loop over the models, measured side by side without
-    autograd, every output compared with the loop's. ``num_threads`` pins the CPU thread count.
-    A measurement below the bar is repeated (``attempts`` in all) and the best one judged."""
+    autograd by :func:`course.timing.compare_served`: every call on fresh minibatches from an
+    unpredictable seed, every timed output checked against the loop's on the same minibatches, the
+    two sides never at once. ``num_threads`` pins the CPU thread count. A measurement below the
+    bar is repeated (``attempts`` in all) and the best one judged."""
     dev = pick_device(device)
-    models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev)
-    params, buffers, base = _stacked(models)
-    counter = iter(range(10**9))
-    tol = _float32_tolerance(dev)
+    sizes = dict(n=n, batch=batch, features=features, hidden=hidden, classes=classes, model_seed=seed)
+    models = _timing_ensemble(n, features, hidden, classes, seed, str(dev))[0]
+    params, buffers, base, xs = ensemble_timing_inputs(seed + 31, device=str(dev), **sizes)
+    with torch.no_grad():
+        got = call(predict_each, params, buffers, base, xs, name="predict_each")
+        assert_close(got, loop_predictions(models, xs, same_minibatch=False),
+                     name="predict_each on the ensemble it is timed on", **_float32_tolerance(dev),
+                     hint="the timed function must be right before it is fast.")
 
-    def inputs():
-        return (toy_features(n, batch, features, seed=seed + 31 * next(counter), device=dev),)
+    def loop(params, buffers, base, xs):
+        return loop_predictions(models, xs, same_minibatch=False)
 
-    def check(name, out, args):
-        if name != "loop":
-            assert_close(out, loop_predictions(models, args[0], same_minibatch=False),
-                         name=f"{name} output while timing", **tol)
-
-    candidates = {"loop": lambda xs: loop_predictions(models, xs, same_minibatch=False),
-                  "vmap": lambda xs: call(predict_each, params, buffers, base, xs, name="predict_each")}
-    report = _best_of(candidates, "vmap", bars=bars, inputs=inputs, check=check, rounds=rounds,
-                      min_run_time=min_run_time, attempts=attempts, dev=dev, num_threads=num_threads, grad=False)
+    bar = speed_bar(bars, dev)
+    with threads(num_threads if dev.type == "cpu" else None):
+        report = best_of(lambda: compare_served(("loop", loop), ("vmap", predict_each), factory=ensemble_timing_inputs,
+                                                sizes=sizes, device=dev, rounds=rounds, min_run_time=min_run_time,
+                                                until=bar, grad=False), "vmap", bar, attempts)
+    report.show()
     expect_speedup(report, "vmap", over="loop", bars=bars,
                    hint="one vmap call over the stacked state (no loop, no copies of the weights per call). If "
                         "the machine is busy, run the cell again.")
     return report
-
-
-def _best_of(candidates, name, *, bars, inputs, check, rounds, min_run_time, attempts, dev, num_threads,
-             grad: bool) -> SpeedReport:
-    bar = speed_bar(bars, dev)
-    def measure():
-        with torch.set_grad_enabled(grad), threads(num_threads if dev.type == "cpu" else None):
-            return compare(candidates, inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time,
-                           until=(name, "loop", bar),
-                           device=dev)
-
-    best = best_of(measure, name, bar, attempts)
-    best.show()
-    return best
 
 
 # -- per-sample gradients ------------------------------------------------------------------------
@@ -323,10 +405,16 @@ def check_per_sample_grads(per_sample_grads: Callable, *, seed: int = 0, batch: 
         with ForwardWatch(model) as watch:
             got = call(per_sample_grads, model, x.clone(), y.clone(), name="per_sample_grads")
         _expect_grad_dict(got, model, batch, "per_sample_grads")
-        _expect_vmap_grad(watch, "per_sample_grads", batch)
+        if not is_remote(per_sample_grads):  # across the boundary: the judge's clock below
+            _expect_vmap_grad(watch, "per_sample_grads", batch)
         _compare_grads(got, expected, "per_sample_grads", dtype, dev,
                        "the loss of one sample is F.cross_entropy(model(x_i[None]), y_i[None]); "
                        "vmap(grad(loss), in_dims=(None, 0, 0)) maps over x and y, not over the parameters.")
+    if is_remote(per_sample_grads):
+        text = _per_sample_clock(per_sample_grads, "per_sample_grads")
+        ok(f"per_sample_grads equals the loop in float64 and float32 and {text} (batch={batch}, seed {seed})")
+        return
+
     def prepare(n):
         m, xs, ys = _cnn_case(seed, n, size, channels, classes, dev, torch.float32)
         return lambda: call(per_sample_grads, m, xs, ys, name="per_sample_grads")
@@ -334,6 +422,18 @@ def check_per_sample_grads(per_sample_grads: Callable, *, seed: int = 0, batch: 
     expect_constant_work(prepare, batch, 2 * batch, what="per_sample_grads", unit="sample")
     ok(f"per_sample_grads equals the loop in float64 and float32, with one vmap(grad) call of the model, "
        f"as much work for {2 * batch} samples as for {batch} (batch={batch}, seed {seed})")
+
+
+def _per_sample_clock(fn: Callable, label: str) -> str:
+    """The judge's clock on ``CLOCK_SAMPLES`` small images (on the CPU), against the course's loop
+    of single-sample backward passes."""
+    model = small_cnn(seed=0, channels=(3, 4), size=8, classes=5, device="cpu")
+
+    def make(fresh):
+        return (model, *toy_images(CLOCK_SAMPLES, seed=fresh, size=8, classes=5))
+
+    return _expect_no_loop_by_clock(fn, label, make, reference_per_sample_grads, count=CLOCK_SAMPLES,
+                                    unit="sample", key=("per-sample",))
 
 
 def check_opacus_grads(opacus_per_sample_grads: Callable, *, seed: int = 0, batch: int = 8, size: int = 8,
@@ -349,11 +449,13 @@ def check_opacus_grads(opacus_per_sample_grads: Callable, *, seed: int = 0, batc
         with ForwardWatch(model) as watch:
             got = call(opacus_per_sample_grads, model, x.clone(), y.clone(), name="opacus_per_sample_grads")
         _expect_grad_dict(got, model, batch, "opacus_per_sample_grads")
-        if any(c for c in watch.calls):
+        if is_remote(opacus_per_sample_grads):
+            pass  # the model ran in the learner's process: one batched pass is the judge's clock's question below
+        elif any(c for c in watch.calls):
             raise AssertionError(f"opacus_per_sample_grads: {watch.summary()}. This exercise is about Opacus: wrap "
                                  "the model in opacus.GradSampleModule and run one ordinary forward and backward "
                                  "pass on the whole batch.")
-        if len(watch.calls) != 1:
+        elif len(watch.calls) != 1:
             raise AssertionError(f"opacus_per_sample_grads: {watch.summary()}; Opacus needs one forward pass over "
                                  "the whole batch (its hooks split the gradient by sample).")
         dot = sum((got[k].double() * e).sum() for k, e in expected.items())
@@ -368,7 +470,24 @@ def check_opacus_grads(opacus_per_sample_grads: Callable, *, seed: int = 0, batc
         _compare_grads(got, expected, "opacus_per_sample_grads", dtype, dev,
                        "wrap the model in GradSampleModule, run the loss of the whole batch backward, read "
                        "p.grad_sample of every parameter.")
-    ok(f"opacus_per_sample_grads equals the loop in float64 and float32 (batch={batch}, seed {seed})")
+    clock = ""
+    if is_remote(opacus_per_sample_grads):
+        clock = " and " + _per_sample_clock(opacus_per_sample_grads, "opacus_per_sample_grads")
+    ok(f"opacus_per_sample_grads equals the loop in float64 and float32{clock} (batch={batch}, seed {seed})")
+
+
+@functools.lru_cache(maxsize=4)
+def _timing_cnn(size: int, channels: tuple, classes: int, model_seed: int, device: str) -> nn.Module:
+    return small_cnn(seed=model_seed, channels=channels, size=size, classes=classes, device=device)
+
+
+@factory
+def per_sample_timing_inputs(seed: int, *, device: str, batch: int, size: int, channels: tuple, classes: int,
+                             model_seed: int) -> tuple:
+    """Fresh ``(model, x, y)`` for one timed call of the per-sample speed check: the model from
+    ``model_seed`` (the same in every call), the batch from ``seed``."""
+    model = _timing_cnn(size, tuple(channels), classes, model_seed, device)
+    return (model, *toy_images(batch, seed=seed, size=size, classes=classes, device=device))
 
 
 def check_per_sample_speed(per_sample_grads: Callable, *, bars: Mapping[str, float], batch: int, size: int,
@@ -376,28 +495,25 @@ def check_per_sample_speed(per_sample_grads: Callable, *, bars: Mapping[str, flo
                            rounds: int = 7, min_run_time: float = 0.2, attempts: int = 3,
                            device=None) -> SpeedReport:
     """``per_sample_grads`` (vmap) is at least ``bars[device]`` times as fast as the loop of
-    single-sample backward passes, measured side by side on fresh batches, every output compared
-    with the loop's. ``num_threads`` pins the CPU thread count. A measurement below the bar is
-    repeated (``attempts`` in all) and the best one judged."""
+    single-sample backward passes, measured side by side by :func:`course.timing.compare_served`
+    on fresh batches from unpredictable seeds, every timed output checked against the loop's.
+    ``num_threads`` pins the CPU thread count. A measurement below the bar is repeated
+    (``attempts`` in all) and the best one judged."""
     dev = pick_device(device)
-    model = small_cnn(seed=seed, channels=channels, size=size, classes=classes, device=dev)
-    counter = iter(range(10**9))
-    tol = _float32_tolerance(dev)
-
-    def inputs():
-        return toy_images(batch, seed=seed + 17 * next(counter), size=size, classes=classes, device=dev)
-
-    def check(name, out, args):
-        if name != "loop":
-            expected = reference_per_sample_grads(model, *args)
-            _expect_grad_dict(out, model, batch, name)
-            for k, e in expected.items():
-                assert_close(out[k], e, name=f"{name} output while timing [{k!r}]", **tol)
-
-    candidates = {"loop": lambda x, y: reference_per_sample_grads(model, x, y),
-                  "vmap": lambda x, y: call(per_sample_grads, model, x, y, name="per_sample_grads")}
-    report = _best_of(candidates, "vmap", bars=bars, inputs=inputs, check=check, rounds=rounds,
-                      min_run_time=min_run_time, attempts=attempts, dev=dev, num_threads=num_threads, grad=True)
+    sizes = dict(batch=batch, size=size, channels=tuple(channels), classes=classes, model_seed=seed)
+    model, x, y = per_sample_timing_inputs(seed + 17, device=str(dev), **sizes)
+    got = call(per_sample_grads, model, x, y, name="per_sample_grads")
+    _expect_grad_dict(got, model, batch, "per_sample_grads")
+    for k, e in reference_per_sample_grads(model, x, y).items():
+        assert_close(got[k], e, name=f"per_sample_grads on the batch it is timed on [{k!r}]",
+                     **_float32_tolerance(dev), hint="the timed function must be right before it is fast.")
+    bar = speed_bar(bars, dev)
+    with threads(num_threads if dev.type == "cpu" else None):
+        report = best_of(lambda: compare_served(("loop", reference_per_sample_grads), ("vmap", per_sample_grads),
+                                                factory=per_sample_timing_inputs, sizes=sizes, device=dev,
+                                                rounds=rounds, min_run_time=min_run_time, until=bar, grad=True),
+                         "vmap", bar, attempts)
+    report.show()
     expect_speedup(report, "vmap", over="loop", bars=bars,
                    hint="one vmap(grad(...)) call for the whole batch. If the machine is busy, run the cell again.")
     return report
@@ -503,7 +619,8 @@ def check_dp_sgd_step(dp_sgd_step: Callable, *, seed: int = 0, batch: int = 8, s
         p_in = {k: v.clone() for k, v in params.items()}
         g_in = {k: v.clone() for k, v in grads.items()}
         gen = _generator(seed + 5, dev)
-        got = call(dp_sgd_step, p_in, g_in, generator=gen, name="dp_sgd_step", **kw)
+        with mirrored(dp_sgd_step):  # across the boundary, what it did to its inputs and the generator comes back
+            got = call(dp_sgd_step, p_in, g_in, generator=gen, name="dp_sgd_step", **kw)
         if not isinstance(got, Mapping) or set(got) != set(params):
             raise AssertionError(f"dp_sgd_step should return a dict with the same keys as params "
                                  f"({sorted(params)}), got {describe(got)}.")

@@ -1,0 +1,230 @@
+"""Lesson 6's checks across the judge/learner boundary: models cross as recipes (the learner's side
+builds the same seeded model with the course's code), a generator as its state, what a function
+did to its inputs comes back only where a check asks (``mirrored``), and "a loop or not" is the
+judge's clock against the course's own loop, never a watcher in the learner's process."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from opacus import GradSampleModule
+from torch.func import functional_call, grad, stack_module_state, vmap
+
+from autograder import program as prog
+from course import remote, wire
+from course.checks.vmap import (SERVED, check_dp_sgd_step, check_ensemble_predict, check_ensemble_speed,
+                                check_opacus_grads, check_per_sample_grads, check_per_sample_grads_loop,
+                                check_per_sample_speed, check_stack_ensemble)
+from served_helpers import memoised, served
+from course.vmap import meta_copy, mlp_ensemble, quiet_opacus, small_cnn
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- the wire: models, their meta copies, generators, what comes back ------------------------------
+
+def test_models_cross_as_recipes_and_a_copy_of_one_as_what_it_is():
+    models = mlp_ensemble(3, seed=2, features=5, hidden=4)
+    base = meta_copy(models[0])
+    sent = wire.decode(wire.encode([models, base]))
+    built = remote.build(sent)
+    x = torch.randn(2, 5)
+    assert all(torch.equal(b(x), m(x)) for b, m in zip(built[0], models))
+    assert built[1][1].weight.device.type == "meta"
+    # a deep copy carries the mark of the recipe, but is not what the recipe built: it crosses as its state
+    moved = copy.deepcopy(models[0]).to("meta")
+    got = wire.decode(wire.encode(moved))
+    assert isinstance(got, wire.ModuleState) and got.state["1.weight"].device.type == "meta"
+    # and the learner's side never sends recipes: a model it returns is its state, as it is now
+    assert isinstance(wire.decode(wire.encode(models[0], recipes=False)), wire.ModuleState)
+
+
+def test_a_generator_crosses_as_its_state():
+    g = torch.Generator().manual_seed(5)
+    torch.randn(3, generator=g)
+    there = remote.build(wire.decode(wire.encode(g)))
+    assert torch.equal(torch.randn(4, generator=there), torch.randn(4, generator=g))
+    with pytest.raises(wire.WireError):
+        wire.decode(wire.encode({"g": 1}).replace(b'{"m"', b'{"g"'))
+
+
+# -- lesson 6's answers, served from a thread --------------------------------------------------------
+
+def stack_ensemble(models):
+    params, buffers = stack_module_state(models)
+    return params, buffers, copy.deepcopy(models[0]).to("meta")
+
+
+def predict_each(params, buffers, base, xs):
+    return vmap(lambda p, b, x: functional_call(base, (p, b), (x,)))(params, buffers, xs)
+
+
+def predict_all(params, buffers, base, x):
+    return vmap(lambda p, b: functional_call(base, (p, b), (x,)))(params, buffers)
+
+
+def loop_each(params, buffers, base, xs):
+    return torch.stack([functional_call(base, ({k: v[i] for k, v in params.items()},
+                                               {k: v[i] for k, v in buffers.items()}), (xs[i],))
+                        for i in range(xs.shape[0])])
+
+
+def loop_all(params, buffers, base, x):
+    n = next(iter(params.values())).shape[0]
+    return loop_each(params, buffers, base, x.expand(n, *x.shape))
+
+
+def token_vmap_each(params, buffers, base, xs):
+    """A loop dressed with one token vmap call."""
+    vmap(torch.sin)(xs)
+    return loop_each(params, buffers, base, xs)
+
+
+def psg_loop(model, x, y):
+    names, params = zip(*model.named_parameters())
+    rows = [torch.autograd.grad(F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]), params) for i in range(len(x))]
+    return {n: torch.stack([r[j] for r in rows]) for j, n in enumerate(names)}
+
+
+def psg_vmap(model, x, y):
+    params = {k: p.detach() for k, p in model.named_parameters()}
+
+    def loss(p, xi, yi):
+        return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+
+    return vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+
+
+def psg_opacus(model, x, y):
+    quiet_opacus()
+    gsm = GradSampleModule(model, loss_reduction="mean")
+    try:
+        F.cross_entropy(gsm(x), y).backward()
+        return {k: p.grad_sample for k, p in model.named_parameters()}
+    finally:
+        gsm.remove_hooks()
+        gsm.zero_grad(set_to_none=True)
+
+
+def psg_sleepy_loop(model, x, y):
+    """A loop that sleeps on small batches, to look as flat as a vmap."""
+    time.sleep(max(0.0, 0.05 - 0.0004 * len(x)))
+    return psg_loop(model, x, y)
+
+
+def dp_sgd(params, grads, *, lr, max_norm, noise_multiplier, generator, in_place=False, draw=True):
+    batch = next(iter(grads.values())).shape[0]
+    norms = torch.stack([g.reshape(batch, -1).norm(dim=1) for g in grads.values()]).norm(dim=0)
+    factor = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    new = {}
+    for name, p in params.items():
+        clipped = torch.tensordot(factor, grads[name], dims=1)
+        noise = (torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) if draw
+                 else torch.randn(p.shape, device=p.device, dtype=p.dtype))
+        step = lr * (clipped + noise_multiplier * max_norm * noise) / batch
+        new[name] = p.sub_(step) if in_place else p - step
+    return new
+
+
+LEARNER = {
+    "stack_ensemble": stack_ensemble, "predict_each": predict_each, "predict_all": predict_all,
+    "per_sample_grads_loop": psg_loop, "per_sample_grads": psg_vmap, "opacus_per_sample_grads": psg_opacus,
+    "dp_sgd_step": dp_sgd,
+    # wrong structure: loops, dressed or not
+    "loop_each": loop_each, "loop_all": loop_all, "token_vmap_each": token_vmap_each,
+    "psg_as_loop": psg_loop, "psg_sleepy_loop": psg_sleepy_loop,
+    # side effects the judge sees only because the check asked
+    "stack_moves_models": lambda models: (*stack_module_state(models), models[0].to("meta")),
+    "stack_real_base": lambda models: (*stack_module_state(models), copy.deepcopy(models[0])),
+    "dp_sgd_in_place": lambda *a, **k: dp_sgd(*a, **k, in_place=True),
+    "dp_sgd_global_rng": lambda *a, **k: dp_sgd(*a, **k, draw=False),
+    "psg_memo_loop": lambda model, x, y: memoised(psg_loop)(model, x, y),
+    "psg_fast_garbage": lambda model, x, y: psg_vmap(model, x, y) if len(x) < 100 else {
+        k: torch.zeros(len(x), *p.shape) for k, p in model.named_parameters()},
+    "psg_zeroes_x": lambda model, x, y: (x.zero_(), psg_vmap(model, x, y))[1],
+}
+
+
+@pytest.fixture
+def learner():
+    yield from served(LEARNER)
+
+
+def test_right_answers_pass_every_served_check(learner, capsys):
+    check_stack_ensemble(learner("stack_ensemble"))
+    check_ensemble_predict(learner("predict_each"), learner("predict_all"))
+    check_per_sample_grads_loop(learner("per_sample_grads_loop"))
+    check_per_sample_grads(learner("per_sample_grads"))
+    check_opacus_grads(learner("opacus_per_sample_grads"))
+    check_dp_sgd_step(learner("dp_sgd_step"))
+    out = capsys.readouterr().out
+    assert out.count("ok:") == 6, out
+    assert out.count("the grader's clock") == 4 and "ops for" not in out, out
+
+
+@pytest.mark.parametrize("each, every, message", [
+    ("loop_each", "predict_all", "predict_each took .* the work of a Python loop over the models"),
+    ("token_vmap_each", "predict_all", "predict_each took .* the work of a Python loop over the models"),
+    ("predict_each", "loop_all", "predict_all took .* the work of a Python loop over the models"),
+])
+def test_an_ensemble_loop_fails_by_the_judges_clock(learner, each, every, message):
+    with pytest.raises(AssertionError, match=message):
+        check_ensemble_predict(learner(each), learner(every))
+
+
+@pytest.mark.parametrize("check, name, message", [
+    (check_per_sample_grads, "psg_as_loop", "the work of a Python loop over the samples"),
+    (check_per_sample_grads, "psg_sleepy_loop", "the work of a Python loop over the samples"),
+    (check_opacus_grads, "psg_as_loop", "the work of a Python loop over the samples"),
+    (check_per_sample_grads, "psg_memo_loop", "the work of a Python loop over the samples"),
+    (check_per_sample_grads, "psg_fast_garbage", "while timed beside the course's loop"),
+    (check_stack_ensemble, "stack_moves_models", "changed models\\[0\\]"),
+    (check_stack_ensemble, "stack_real_base", "base holds real tensors"),
+    (check_dp_sgd_step, "dp_sgd_in_place", "changed its input params"),
+    (check_dp_sgd_step, "dp_sgd_global_rng", "did not draw from `generator`"),
+])
+def test_wrong_answers_across_the_boundary_fail_with_their_cause(learner, check, name, message):
+    with pytest.raises(AssertionError, match=message):
+        check(learner(name))
+
+
+def test_only_a_check_that_asks_sees_what_a_function_did_to_its_inputs(learner):
+    """Mirroring is opt-in: a function that zeroes its input gets no say over the judge's copy,
+    where a check computes its reference."""
+    x = torch.randn(4, 1, 8, 8)
+    before = x.clone()
+    model = small_cnn(seed=0, channels=(3, 4), size=8, classes=5)
+    learner("psg_zeroes_x")(model, x, torch.tensor([0, 1, 2, 3]))
+    assert torch.equal(x, before)
+    with remote.mirrored(fn := learner("psg_zeroes_x")):
+        fn(model, x, torch.tensor([0, 1, 2, 3]))
+    assert not x.any()
+
+
+def test_the_speed_checks_time_the_answer_across_the_boundary_against_the_courses_loop(learner, capsys):
+    # many tiny models: a loop pays per model, vmap once (measured about 4x here, across the boundary)
+    sizes = dict(n=128, batch=4, features=8, hidden=8, num_threads=1, rounds=5, min_run_time=0.05)
+    report = check_ensemble_speed(learner("predict_each"), bars={"cpu": 1.5}, **sizes)
+    assert report.speedup("vmap").bound >= 1.5
+    with pytest.raises(AssertionError, match="the bar on this device is 1.50x"):
+        check_ensemble_speed(learner("loop_each"), bars={"cpu": 1.5}, attempts=1, **sizes)
+    report = check_per_sample_speed(learner("per_sample_grads"), bars={"cpu": 1.5}, batch=32, size=8, channels=(3, 4),
+                                    num_threads=1, rounds=5, min_run_time=0.05)
+    assert report.speedup("vmap").bound >= 1.5
+    with pytest.raises(AssertionError, match="the bar on this device is 1.50x"):
+        check_per_sample_speed(learner("psg_as_loop"), bars={"cpu": 1.5}, batch=32, size=8, channels=(3, 4),
+                               num_threads=1, rounds=5, min_run_time=0.05, attempts=1)
+
+
+def test_lesson_6_routes_every_graded_cell_to_the_judge():
+    program = prog.instructor_program("06_vmap_ensembles",
+                                      ROOT / "solutions/06_vmap_ensembles/06_vmap_ensembles.ipynb")
+    assert program.graded and all(c.served for c in program.graded), [c.grade_id for c in program.graded if not c.served]
+    assert set(SERVED) >= {"check_ensemble_speed", "check_per_sample_speed", "check_dp_sgd_step"}
+    setup = "\n".join(program.judge_setup)
+    assert "from course.checks.vmap import" in setup and "S = course.sizes(" in setup
