@@ -32,18 +32,30 @@ SETUP_TEMPLATE = '''\
 # Set-up for Colab (or any Python without the course): installs the course's helper package,
 # pinned to release {release}, and keeps the PyTorch you have. With `make lab` or on Binder the
 # package is there already, and this cell does nothing.
-import importlib.util, os, subprocess, sys, tempfile
-if importlib.util.find_spec("course") is None:
+import importlib.util, os, re, subprocess, sys, tempfile
+spec = importlib.util.find_spec("course")
+if spec is None or spec.origin is None:  # not installed (a folder named `course`, e.g. a clone, is not it)
     if importlib.util.find_spec("torch") is None:
         raise RuntimeError("The course needs PyTorch: install it (pytorch.org), then run this cell again.")
-    from importlib.metadata import version
+    from importlib.metadata import requires, version
+    if tuple(int(p) for p in re.findall(r"\\d+", version("torch"))[:2]) < ({torch_min_tuple}):
+        raise RuntimeError(f"The course needs torch {torch_min} or newer; you have {{version('torch')}}. "
+                           "Install a newer one (pytorch.org), restart, and run this cell again.")
     keep = os.path.join(tempfile.mkdtemp(), "keep-torch.txt")
     with open(keep, "w") as f:
         f.write(f"torch=={{version('torch')}}\\n")  # pip may add packages, never replace torch
     source = os.environ.get("COURSE_PIP_SOURCE", "{requirement}")
-    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-c", keep, source]).returncode:
-        raise RuntimeError("pip could not install the course's helper package (its message is above). "
-                           "The course needs torch>={torch_min},<{torch_max}; you have " + version("torch") + ".")
+    pip = [sys.executable, "-m", "pip", "install", "-q", "-c", keep]
+    # The package alone, then what it needs except torch: a torch newer than this release was
+    # tested with ({torch_min} to below {torch_max}) is kept too; course.doctor() below says so.
+    if subprocess.run(pip + ["--no-deps", source]).returncode:
+        raise RuntimeError("pip could not install the course's helper package (its message is above).")
+    importlib.invalidate_caches()
+    needs = [r for r in requires("{name}") or [] if "extra ==" not in r and not re.match(r"torch\\b", r)]
+    if subprocess.run(pip + needs).returncode:
+        raise RuntimeError("pip could not install what the course needs besides torch (its message is above).")
+    if getattr(sys.modules.get("course"), "__file__", "") is None:  # the folder, imported earlier
+        del sys.modules["course"]
     importlib.invalidate_caches()
 '''
 
@@ -66,8 +78,10 @@ def requirement() -> str:
 
 def setup_source() -> str:
     s = settings()
-    return SETUP_TEMPLATE.format(release=s["release"], requirement=requirement(),
-                                 torch_min=s["torch_min"], torch_max=s["torch_max"]).rstrip("\n")
+    low = tuple(int(p) for p in re.findall(r"\d+", s["torch_min"])[:2])
+    return SETUP_TEMPLATE.format(release=s["release"], requirement=requirement(), name=s["name"],
+                                 torch_min=s["torch_min"], torch_max=s["torch_max"],
+                                 torch_min_tuple=", ".join(map(str, low))).rstrip("\n")
 
 
 def colab_url(lesson_id: str) -> str:

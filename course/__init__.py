@@ -17,6 +17,10 @@ Each module is small and named for what it does:
 - :mod:`course.selfcheck`, :mod:`course.progress`  a learner's self-check and progress
 """
 
+from course.quiet import quiet_cuda_home
+
+quiet_cuda_home()  # before anything imports torch.utils.cpp_extension (a CUDA build without a GPU logs a notice)
+
 from course.devices import Sizes, device_kind, pick_device, sizes, synchronize, threads
 from course.doctor import doctor
 from course.numerics import assert_close

@@ -104,9 +104,16 @@ def _caveats(rep: Report) -> list[str]:
     if tv >= (2, 13):
         out.append("torch.jit.script is deprecated in this torch: it still works; the course "
                    "explains the warning once and moves on to torch.compile.")
-    if not (_version_tuple(TESTED_TORCH[0]) <= tv <= _version_tuple(TESTED_TORCH[1])):
-        out.append(f"torch {rep.torch} is outside the tested range {TESTED_TORCH[0]}-{TESTED_TORCH[1]}: "
-                   "results may differ; the README's set-up installs the tested version.")
+    if tv > _version_tuple(TESTED_TORCH[1]):
+        out.append(f"torch {rep.torch} is newer than this release was tested with ({TESTED_TORCH[0]} to "
+                   f"{TESTED_TORCH[1]}): lessons should run, but a message or a figure may differ; if a cell "
+                   "fails, the README's set-up installs the tested version.")
+    elif tv < _version_tuple(TESTED_TORCH[0]):
+        out.append(f"torch {rep.torch} is older than this release was tested with ({TESTED_TORCH[0]} to "
+                   f"{TESTED_TORCH[1]}): some lessons use features it lacks; install a newer one.")
+    if rep.cuda is None and torch.version.cuda and rep.device == "cpu":
+        out.append(f"this torch is built for CUDA {torch.version.cuda}, but no GPU is visible (a CPU runtime, "
+                   "such as Colab's default): lessons use their CPU sizes.")
     if rep.device == "cpu" and rep.cxx_compiler is None:
         out.append("no C++ compiler found: torch.compile needs one on the CPU "
                    "(install gcc or clang, or run on a GPU).")

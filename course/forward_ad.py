@@ -17,9 +17,15 @@ from torch import nn
 
 from course.devices import pick_device
 from course.guard import reference
+from course.remote import recipe
+
+
+from course.quiet import load_forward_ad_quietly
+
+load_forward_ad_quietly()  # the first forward-mode call would show TorchScript's deprecation (torch 2.14+)
 
 __all__ = ["ForwardOnlyTanh", "ModeNotAllowed", "ReverseOnlyTanh", "WideFunction", "mlp",
-           "plot_jacobian_sweep", "transform_in_use"]
+           "plot_jacobian_sweep", "transform_in_use", "wide_function"]
 
 
 class ModeNotAllowed(RuntimeError):
@@ -116,6 +122,15 @@ class WideFunction:
         return f"WideFunction(R^{self.k} -> R^{self.m}, hidden={self.hidden}, mode={self.mode!r})"
 
 
+@recipe
+def wide_function(k: int, m: int, hidden: int, *, seed: int, mode: str = "both", dtype: torch.dtype = torch.float32,
+                  device=None) -> WideFunction:
+    """A :class:`WideFunction` that crosses the grader's process boundary as how it was built (a
+    check hands it to the learner's function, whose process builds the same one)."""
+    return WideFunction(k, m, hidden, seed=seed, mode=mode, dtype=dtype, device=device)
+
+
+@recipe
 def mlp(sizes: Sequence[int] = (6, 16, 16, 4), *, seed: int, norm: bool = True,
         dtype: torch.dtype = torch.float64, device=None) -> nn.Sequential:
     """A seeded MLP: Linear layers with tanh between them (and a LayerNorm after the first, with

@@ -34,6 +34,11 @@ from course.devices import pick_device
 from course.guard import reference
 from course.remote import recipe
 
+
+from course.quiet import load_forward_ad_quietly
+
+load_forward_ad_quietly()  # the first forward-mode call would show TorchScript's deprecation (torch 2.14+)
+
 __all__ = ["Energy", "TanhLayer", "TensorWatch", "banded_layer", "energy", "format_bytes", "plot_crossover",
            "plot_matrix", "tanh_layer", "watch"]
 

@@ -10,9 +10,10 @@ such lesson with ``torch.compile``; repeating the warning on every cell would on
 
 from __future__ import annotations
 
+import logging
 import warnings
 
-__all__ = ["quiet_torchscript", "TORCHSCRIPT_NOTE"]
+__all__ = ["load_forward_ad_quietly", "quiet_cuda_home", "quiet_torchscript", "TORCHSCRIPT_NOTE"]
 
 TORCHSCRIPT_NOTE = (
     "Note: TorchScript (torch.jit.script / trace) is deprecated in PyTorch 2.13+: it still works, "
@@ -34,3 +35,37 @@ def quiet_torchscript(explain: bool = True) -> None:
     if explain and not _explained:
         print(TORCHSCRIPT_NOTE)
         _explained = True
+
+
+def load_forward_ad_quietly() -> None:
+    """Load PyTorch's forward-mode decompositions now, without TorchScript's deprecation warning.
+
+    PyTorch imports ``torch._decomp.decompositions_for_jvp`` on the first forward-mode call
+    (``forward_ad.make_dual``, and so ``torch.func.jvp``, ``jacfwd``), and that module compiles its
+    helpers with ``torch.jit.script``: the first call warns that TorchScript is deprecated (a
+    ``DeprecationWarning``, hidden, in 2.13; a ``FutureWarning``, shown, in 2.14 and 2.15). It is
+    PyTorch's own use, nothing a learner did: lessons 4 and 5 load it here, once, with only that
+    warning filtered; any other warning still shows."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PATTERN)
+        try:
+            from torch._decomp import decompositions_for_jvp  # noqa: F401
+        except Exception:  # noqa: BLE001 - a torch without it loads nothing here and warns as it will
+            pass
+
+
+class _NoCudaHomeNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+def quiet_cuda_home() -> None:
+    """Drop PyTorch's "No CUDA runtime is found, using CUDA_HOME=..." notice (only that record).
+
+    A CUDA build of torch on a machine without a GPU (Colab's CPU runtime) logs it when
+    ``torch.utils.cpp_extension`` is first imported: it is about building C++ extensions, which no
+    lesson does, and ``course.doctor()`` already says that no GPU is visible. Installed once, when
+    the course is imported; idempotent."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, _NoCudaHomeNotice) for f in logger.filters):
+        logger.addFilter(_NoCudaHomeNotice())

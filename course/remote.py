@@ -29,8 +29,8 @@ import torch
 
 from course import wire
 
-__all__ = ["FACTORIES", "RECIPES", "Described", "Link", "Remote", "RemoteError", "build", "checksum", "factory",
-           "is_remote", "local_script", "mirrored", "recipe", "serve"]
+__all__ = ["FACTORIES", "PROBES", "RECIPES", "Described", "Link", "Remote", "RemoteError", "build", "checksum",
+           "factory", "is_remote", "local_script", "mirrored", "probe", "prober", "recipe", "serve"]
 
 _FRAME = struct.Struct(">Q")
 
@@ -44,6 +44,42 @@ def factory(fn: Callable[..., tuple]) -> Callable[..., tuple]:
     sides of the boundary can run from a seed (see :func:`course.timing.compare_served`)."""
     FACTORIES[f"{fn.__module__}.{fn.__qualname__}"] = fn
     return fn
+
+
+#: Course functions the judge may run on a learner's name where that name lives (see :func:`probe`).
+PROBES: dict[str, Callable[..., Any]] = {}
+
+
+def prober(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Register ``fn(answer, *args, **kwargs)``, course code that exercises a learner's answer the
+    way a call cannot: it builds instances of a learner's class, runs a learner's
+    ``autograd.Function`` forward and backward, watches how a function used a model. See :func:`probe`."""
+    PROBES[f"{fn.__module__}.{fn.__qualname__}"] = fn
+    return fn
+
+
+def probe(answer: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(answer, *args, **kwargs)`` run where ``answer`` lives: here for a local answer; for a
+    :class:`Remote`, by the course's code (``fn``, registered with :func:`prober`) in the learner's
+    process, arguments and result crossing as data. What comes back is that process's word: a check
+    compares the values with its own references; facts it reports about structure (how often a
+    model ran, which transform was active) are evidence the learner's process could forge, never a
+    replacement for outputs checked here. An ``AssertionError`` the probe raises there (a friendly
+    message about the learner's code) is raised here with its message."""
+    if not isinstance(answer, Remote):
+        return fn(answer, *args, **kwargs)
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    if PROBES.get(name) is not fn:
+        raise ValueError(f"{name} is not a registered probe (course.remote.prober)")
+    device = next((str(t.device) for t in _tensors((args, kwargs))), "cpu")
+    try:
+        reply = answer._link.request({"op": "probe", "name": answer.__name__, "probe": name, "args": list(args),
+                                      "kwargs": dict(kwargs), "grad_mode": torch.is_grad_enabled(),
+                                      "device": device})
+    except NameError as exc:  # the notebook never bound the name
+        raise AssertionError(f"{answer.__name__} is not defined in your notebook ({exc}). Run the cell that "
+                             "defines it, and keep its name.") from None
+    return _to_device(_map_tensors(reply, lambda t: t.detach()), device)
 
 
 #: Builders of objects that cross the boundary as recipes (``module.function``), see :func:`recipe`.
@@ -476,7 +512,7 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
     from course.guard import answering  # the course's references refuse to serve as the answer here too
 
     op, name = message.get("op"), message.get("name")
-    if op in ("call", "script", "describe", "block") and name not in namespace:
+    if op in ("call", "script", "describe", "block", "probe") and name not in namespace:
         raise NameError(f"name {name!r} is not defined")
     if op == "call":
         device = message.get("device", "cpu")
@@ -493,6 +529,23 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
         if message.get("after") is True:  # the arguments as the call left them (see mirrored)
             reply["after"] = [args, kwargs]
         return reply
+    if op == "probe":
+        fn = PROBES.get(message.get("probe"))
+        if fn is None:
+            module = str(message.get("probe")).rpartition(".")[0]
+            if module.startswith("course.") and module.replace(".", "").isidentifier():
+                import importlib
+
+                importlib.import_module(module)  # the course module that registers it
+            fn = PROBES.get(message.get("probe"))
+        if fn is None:
+            raise ValueError(f"no probe named {message.get('probe')!r}")
+        device = message.get("device", "cpu")
+        args, kwargs = build(message.get("args", []), device), build(message.get("kwargs", {}), device)
+        # every line of a probe may run the learner's code (a property, an operator): the course's
+        # references refuse to serve anywhere inside it
+        with torch.set_grad_enabled(message.get("grad_mode") is True), answering():
+            return fn(namespace[name], *args, **kwargs)
     if op == "backward":
         leaves, outs = calls[message["id"]]
         grads = message["grads"]

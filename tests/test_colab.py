@@ -25,11 +25,12 @@ RUNNER = textwrap.dedent('''
     import json, os, sys, time, traceback
     nb = json.load(open(sys.argv[1]))
     cells_dir = sys.argv[2]
-    only_first = len(sys.argv) > 3
+    # a third argument: run only the first cell ("first-only") or the first N cells
+    limit = (int(sys.argv[3]) if sys.argv[3].isdigit() else 1) if len(sys.argv) > 3 else None
     os.makedirs(cells_dir, exist_ok=True)
     ns = {"__name__": "__main__"}
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    for n, cell in enumerate(code[:1] if only_first else code):
+    for n, cell in enumerate(code[:limit]):
         src = "".join(cell["source"])
         path = os.path.join(cells_dir, f"cell_{n:03d}.py")
         with open(path, "w") as f:
@@ -79,9 +80,9 @@ def colab(tmp_path_factory):
     shutil.rmtree(base / "venv", ignore_errors=True)
 
 
-def run(colab, *args: str, timeout: int = 1200, **env) -> subprocess.CompletedProcess:
+def run(colab, *args: str, timeout: int = 1200, cwd: Path | None = None, **env) -> subprocess.CompletedProcess:
     proc = subprocess.run([str(colab["python"]), str(colab["base"] / "runner.py"), *args],
-                          cwd=colab["solved"].parent, env=dict(colab["env"], **env),
+                          cwd=cwd or colab["solved"].parent, env=dict(colab["env"], **env),
                           capture_output=True, text=True, timeout=timeout)
     with colab["log"].open("a") as f:
         f.write(proc.stdout + proc.stderr)
@@ -93,6 +94,20 @@ def test_bare_python_has_torch_and_no_course(colab):
                            "print(u.find_spec('course') is None, u.find_spec('matplotlib') is None)"],
                           capture_output=True, text=True, env=colab["env"], cwd=colab["base"])
     assert proc.stdout.split() == ["True", "True"], proc.stdout + proc.stderr
+
+
+def test_a_course_folder_in_the_working_directory_does_not_fool_the_setup_cell(colab):
+    """Cloning this repository on Colab makes a folder named `course` (no __init__.py: Python sees
+    a namespace package). The set-up cell must install the package anyway, and the lesson's
+    import cell then find `course.checks`. Runs first, while nothing is installed."""
+    here = colab["base"] / "clone-beside"
+    (here / "course" / "lessons").mkdir(parents=True)
+    (here / "course" / "README.md").write_text("a clone of the course's repository\n")
+    before = torch_record(colab["python"])
+    proc = run(colab, str(colab["solved"]), str(colab["base"] / "cells-folder"), "2", cwd=here)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "CELL 1 ok" in proc.stdout
+    assert torch_record(colab["python"]) == before, "the set-up cell reinstalled torch"
 
 
 def test_setup_cell_installs_the_package_and_keeps_torch(colab):

@@ -11,6 +11,10 @@ from course.data import padded_batch, random_lengths
 from course.doctor import where_running
 from course.lessons import catalog, lesson
 
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def test_sizes_pick_cpu_values_and_keep_cpu_values_missing_on_cuda():
     s = course.sizes(cpu=dict(T=5, B=2), cuda=dict(T=100), device="cpu")
@@ -88,3 +92,63 @@ def test_catalog_lists_lessons_with_budgets():
     assert all({"id", "title", "points", "cpu_budget_s", "memory_budget_mb"} <= set(x) for x in catalog())
     with pytest.raises(KeyError, match="the course has"):
         lesson("99_nope")
+
+
+# -- what a learner on another torch or on Colab sees (issue: torch range, Colab findings) -------------
+
+@pytest.mark.parametrize("version, says", [
+    ("2.15.0+cu126", "newer than this release was tested with"),
+    ("2.3.1", "older than this release was tested with"),
+    ("2.13.0+cpu", None),
+])
+def test_doctor_names_a_torch_outside_the_tested_range_without_refusing_it(monkeypatch, version, says):
+    D = sys.modules["course.doctor"]
+
+    rep = D.collect("cpu")
+    rep.torch = version
+    caveats = " ".join(D._caveats(rep))
+    if says is None:
+        assert "tested with" not in caveats
+    else:
+        assert says in caveats and f"torch {version}" in caveats
+
+
+def test_doctor_explains_a_cuda_build_without_a_gpu(monkeypatch):
+    D = sys.modules["course.doctor"]
+
+    monkeypatch.setattr(torch.version, "cuda", "12.6")
+    rep = D.collect("cpu")
+    assert any("built for CUDA 12.6, but no GPU is visible" in c for c in rep.caveats), rep.caveats
+
+
+def _stderr_of(code: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_the_cuda_home_notice_is_dropped_and_nothing_else():
+    code = ("import course, logging\n"
+            "log = logging.getLogger('torch.utils.cpp_extension')\n"
+            "log.warning(\"No CUDA runtime is found, using CUDA_HOME='%s'\", '/usr/local/cuda')\n"
+            "log.warning('another notice')\n")
+    proc = _stderr_of(code)
+    assert proc.returncode == 0 and "No CUDA runtime" not in proc.stderr and "another notice" in proc.stderr
+
+
+FORWARD_MODE = ("import torch\nimport torch.autograd.forward_ad as fwAD\n"
+                "with fwAD.dual_level():\n    fwAD.make_dual(torch.randn(2), torch.ones(2))\n"
+                "torch.func.jvp(torch.sin, (torch.randn(2),), (torch.ones(2),))\n")
+AS_ERRORS = ("-W", "error::DeprecationWarning", "-W", "error::FutureWarning")
+
+
+def test_torchs_first_forward_mode_call_warns_that_torchscript_is_deprecated():
+    """The claim behind course.quiet.load_forward_ad_quietly, on the installed torch: forward
+    mode's first call loads decompositions written in TorchScript, which warns (2.13: hidden as a
+    DeprecationWarning; 2.14 and 2.15: a FutureWarning a learner sees)."""
+    proc = _stderr_of(FORWARD_MODE, *AS_ERRORS)
+    assert proc.returncode != 0 and "torch.jit.script" in proc.stderr and "is deprecated" in proc.stderr
+
+
+@pytest.mark.parametrize("module", ["course.forward_ad", "course.jacobians", "course.checks.forward_ad"])
+def test_lessons_4_and_5_show_no_torchscript_warning_on_their_first_forward_mode_call(module):
+    proc = _stderr_of(f"import {module}\n" + FORWARD_MODE, *AS_ERRORS)
+    assert proc.returncode == 0, proc.stderr[-2000:]

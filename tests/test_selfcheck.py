@@ -103,6 +103,47 @@ def test_setup_cell_does_nothing_where_the_course_is_installed(monkeypatch):
     exec(compile(launch.setup_source(), "<setup cell>", "exec"), {"__name__": "__main__"})
 
 
+def _run_setup_cell(monkeypatch, torch_version: str, course_spec) -> list[list[str]]:
+    """The set-up cell run where ``find_spec("course")`` gives ``course_spec`` and torch is
+    ``torch_version``: the commands it ran (none of them really run)."""
+    import importlib.metadata
+    import importlib.util
+
+    ran: list[list[str]] = []
+    real_find_spec, real_version = importlib.util.find_spec, importlib.metadata.version
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: course_spec if name == "course" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: torch_version if name == "torch" else real_version(name))
+    monkeypatch.setattr(subprocess, "run", lambda cmd, *a, **k: ran.append(list(cmd)) or
+                        subprocess.CompletedProcess(cmd, 0))
+    exec(compile(launch.setup_source(), "<setup cell>", "exec"), {"__name__": "__main__"})
+    return ran
+
+
+@pytest.mark.parametrize("torch_version", ["2.13.0", "2.15.0+cu126", "3.0.0"])
+def test_setup_cell_installs_beside_any_newer_torch_and_past_a_course_folder(monkeypatch, torch_version):
+    """A torch newer than the tested range is kept, not refused (the day Colab moves on, lessons
+    still start; course.doctor() says it is untested), and a folder named `course` in the working
+    directory (a clone of this repository: a namespace package, no origin) is not the package."""
+    import importlib.machinery
+
+    folder = importlib.machinery.ModuleSpec("course", None, is_package=True)  # what a plain folder gives
+    for spec in (None, folder):
+        ran = _run_setup_cell(monkeypatch, torch_version, spec)
+        assert len(ran) == 2, ran
+        package, needs = ran
+        assert "--no-deps" in package and launch.requirement() in package
+        assert f"torch=={torch_version}" in open(package[package.index("-c") + 1]).read()
+        assert not any(r.startswith("torch") for r in needs[needs.index("-c") + 2:]), needs
+        assert any(r.startswith("opacus") for r in needs) and any(r.startswith("numpy") for r in needs)
+
+
+def test_setup_cell_refuses_a_torch_older_than_the_range_with_what_to_do(monkeypatch):
+    with pytest.raises(RuntimeError, match=r"needs torch 2.4 or newer; you have 2.3.1.*pytorch.org"):
+        _run_setup_cell(monkeypatch, "2.3.1", None)
+
+
 def test_setup_cell_keeps_torch_by_constraint():
     src = launch.setup_source()
     assert "torch==" in src and '"-c", keep' in src, "the installed torch must be pinned while pip runs"

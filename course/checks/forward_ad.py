@@ -8,11 +8,21 @@ of the learner's technique: ``torch.func.jvp`` for the dual numbers; a float64 J
 reverse mode (``torch.autograd.functional.jacobian``) times the tangent, and central finite
 differences, for the JVPs; a power series and the closed form for sinc; a closed-form Jacobian
 for the wide function. Structure checks use one-mode functions (``course.forward_ad``): a
-function whose backward raises proves forward mode, and the other way round."""
+function whose backward raises proves forward mode, and the other way round.
+
+Under the grader these checks run in the judge (``SERVED``): inputs and references are the
+judge's, models and wide functions cross as recipes, and what a plain call cannot do (build
+Duals of the learner's class, run the learner's ``autograd.Function`` forward and backward, watch
+how a function used the model) runs as the course's probes in the learner's process
+(:func:`course.remote.probe`), which send back values the judge compares. What a probe reports
+about structure (the model ran once, with tangents on its parameters; ``f`` was called once; a
+one-mode function refused) is that process's word; every value is checked here. The speed check
+is the judge's clock (:func:`course.timing.compare_served`) against ``torch.func.jacrev``."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
 from typing import Callable, Mapping
@@ -25,15 +35,21 @@ from torch.func import functional_call
 from course.checks.common import call, ok
 from course.data import generator, randn
 from course.devices import pick_device
-from course.forward_ad import ModeNotAllowed, WideFunction, mlp, transform_in_use
+from course.forward_ad import ModeNotAllowed, WideFunction, mlp, transform_in_use, wide_function
 from course.devices import threads as pinned_threads
 from course.grading import best_of, expect_speedup, speed_bar
 from course.numerics import assert_close, describe
-from course.timing import SpeedReport, compare
+from course.remote import factory, is_remote, probe, prober
+from course.timing import SpeedReport, compare_served
 from course.guard import reference
 
+#: Checks the grader runs in its judge process, calling the learner's code across the boundary.
+SERVED = ("check_dual", "check_param_jvp", "check_param_jvp_func", "check_sinc", "check_jacobians",
+          "check_jacobian_speed")
+
 __all__ = ["check_dual", "check_jacobian_speed", "check_jacobians", "check_param_jvp", "check_param_jvp_func",
-           "check_sinc", "sinc_derivative_reference", "sinc_reference"]
+           "check_sinc", "dual_case", "jacobian_case", "jacobian_speed_inputs", "param_jvp_case", "sinc_derivative_reference",
+           "sinc_gradcheck", "sinc_gradient", "sinc_reference", "sinc_tangents", "sinc_value"]
 
 F64 = torch.float64
 
@@ -84,30 +100,46 @@ def _dual_inputs(seed: int, shape: tuple[int, ...], dev: torch.device):
     return tuple(t.to(dev) for t in (x, y, tx, ty, c))
 
 
+@prober
+def dual_case(Dual: type, index: int, x, y, tx, ty, c) -> tuple[torch.Tensor, torch.Tensor]:
+    """The learner's side of :func:`check_dual`: ``DUAL_CASES[index]`` computed on
+    ``Dual(x, tx)`` and ``Dual(y, ty)``; its primal and tangent, after checking that the result is
+    a Dual and that neither input changed."""
+    if not isinstance(Dual, type):
+        raise AssertionError(f"check_dual takes the class itself (Dual), got {describe(Dual)}.")
+    label, expr, _ = DUAL_CASES[index]
+    dx, dy = Dual(x.clone(), tx.clone()), Dual(y.clone(), ty.clone())
+    got = call(expr, dx, dy, c, name=f"Dual (computing `{label}`)")
+    if not isinstance(got, Dual):
+        raise AssertionError(f"`{label}` with Duals x and y gave {describe(got)}, not a Dual.\n"
+                             "  Hint: every operation returns a new Dual(primal, tangent); "
+                             "a method that returns nothing gives None.")
+    for d, name, p, t in ((dx, "x", x, tx), (dy, "y", y, ty)):
+        if not (isinstance(d.primal, torch.Tensor) and torch.equal(d.primal, p)
+                and isinstance(d.tangent, torch.Tensor) and torch.equal(d.tangent, t)):
+            raise AssertionError(f"`{label}` changed its input {name} (its primal or tangent is no longer "
+                                 "what it was). Operations must return a new Dual and leave their inputs "
+                                 "alone: no in-place updates such as `self.primal += ...`.")
+    primal, tangent = got.primal, got.tangent
+    if not (isinstance(primal, torch.Tensor) and isinstance(tangent, torch.Tensor)):
+        raise AssertionError(f"`{label}` gave a Dual whose primal is {describe(primal)} and tangent "
+                             f"{describe(tangent)}; both should be tensors.")
+    return primal.detach(), tangent.detach()
+
+
 def check_dual(Dual: type, *, seed: int = 0, shape: tuple[int, ...] = (64,), device=None) -> None:
     """``Dual(primal, tangent)`` carries a tangent through ``+ - * /`` (with Duals, tensors and
     plain numbers on either side), unary ``-``, ``.sin()``, ``.exp()`` and ``.tanh()``; primal and
     tangent equal ``torch.func.jvp`` of the same expression, in float64, on random inputs."""
-    if not isinstance(Dual, type):
+    if not is_remote(Dual) and not isinstance(Dual, type):
         raise AssertionError(f"check_dual takes the class itself (Dual), got {describe(Dual)}.")
     dev = pick_device(device)
     x, y, tx, ty, c = _dual_inputs(seed, shape, dev)
-    for label, expr, hint in DUAL_CASES:
-        dx, dy = Dual(x.clone(), tx.clone()), Dual(y.clone(), ty.clone())
-        got = call(expr, dx, dy, c, name=f"Dual (computing `{label}`)")
-        if not isinstance(got, Dual):
-            raise AssertionError(f"`{label}` with Duals x and y gave {describe(got)}, not a Dual.\n"
-                                 "  Hint: every operation returns a new Dual(primal, tangent); "
-                                 "a method that returns nothing gives None.")
-        for d, name, p, t in ((dx, "x", x, tx), (dy, "y", y, ty)):
-            if not (isinstance(d.primal, torch.Tensor) and torch.equal(d.primal, p)
-                    and isinstance(d.tangent, torch.Tensor) and torch.equal(d.tangent, t)):
-                raise AssertionError(f"`{label}` changed its input {name} (its primal or tangent is no longer "
-                                     "what it was). Operations must return a new Dual and leave their inputs "
-                                     "alone: no in-place updates such as `self.primal += ...`.")
+    for index, (label, expr, hint) in enumerate(DUAL_CASES):
+        got_primal, got_tangent = probe(Dual, dual_case, index, x, y, tx, ty, c)
         ref_primal, ref_tangent = torch.func.jvp(lambda a, b: expr(a, b, c), (x, y), (tx, ty))
-        assert_close(got.primal, ref_primal, name=f"the primal of `{label}`", hint=hint)
-        assert_close(got.tangent, ref_tangent, name=f"the tangent of `{label}`", hint=hint)
+        assert_close(got_primal, ref_primal, name=f"the primal of `{label}`", hint=hint)
+        assert_close(got_tangent, ref_tangent, name=f"the tangent of `{label}`", hint=hint)
     ok(f"Dual agrees with torch.func.jvp on {len(DUAL_CASES)} expressions (float64, shape {tuple(shape)}, "
        f"seed {seed})")
 
@@ -142,19 +174,12 @@ def _attr(model, dotted: str):
     return obj
 
 
-def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: int, norm: bool, subset: bool,
-               device) -> None:
-    dev = pick_device(device)
-    model = mlp(sizes, seed=seed, norm=norm, dtype=F64, device=dev)
-    x = randn(batch, sizes[0], seed=seed + 1, dtype=F64, device=dev)
-    names = [n for n, _ in model.named_parameters()]
-    if subset:
-        rng = random.Random(seed)
-        names = sorted(rng.sample(names, max(1, len(names) // 2)), key=names.index)
-    tangents = {n: randn(*model.get_parameter(n).shape, seed=seed + 10 + i, dtype=F64, device=dev)
-                for i, n in enumerate(names)}
-    ref_out, ref_jv, ref_fd = _reference_param_jvp(copy.deepcopy(model), x, tangents)
-
+@prober
+def param_jvp_case(fn: Callable, label: str, api: str, model, x, tangents) -> tuple[torch.Tensor, torch.Tensor]:
+    """The learner's side of :func:`check_param_jvp`: calls ``fn(model, x, tangents)`` while a
+    hook watches the model's forward passes (which ``torch.func`` transform was active, which
+    parameters carried a tangent), checks that the model is left as it was and ran once in the
+    way the exercise asks, and returns ``(output, output tangent)``."""
     before = dict(model.named_parameters())
     values = {n: p.detach().clone() for n, p in before.items()}
     seen: list[tuple[str | None, list[str]]] = []
@@ -170,7 +195,6 @@ def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: i
         handle.remove()
     if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
         raise AssertionError(f"{label} should return (output, output_tangent), two tensors; got {describe(got)}.")
-    out, out_tangent = got
     after = dict(model.named_parameters())
     if list(after) != list(before) or any(after[n] is not before[n] for n in before):
         raise AssertionError(f"{label} left the model changed: its parameters are not the ones it had "
@@ -196,11 +220,27 @@ def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: i
             raise AssertionError(f"while the model ran, these parameters carried no tangent: {missing}.\n  Hint: "
                                  "inside `with fwAD.dual_level():`, make_dual(param, tangent) for every parameter "
                                  "named in `tangents`, and run the model on those (functional_call).")
-    else:
-        if transform != "Jvp":
-            raise AssertionError(f"{label} ran the model {'outside torch.func' if transform is None else 'inside ' + transform}; "
-                                 "this exercise uses torch.func.jvp(f, (params,), (tangents,)) with "
-                                 "f = lambda p: functional_call(model, p, (x,)).")
+    elif transform != "Jvp":
+        raise AssertionError(f"{label} ran the model {'outside torch.func' if transform is None else 'inside ' + transform}; "
+                             "this exercise uses torch.func.jvp(f, (params,), (tangents,)) with "
+                             "f = lambda p: functional_call(model, p, (x,)).")
+    out, out_tangent = got
+    return out.detach(), out_tangent.detach()
+
+
+def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: int, norm: bool, subset: bool,
+               device) -> None:
+    dev = pick_device(device)
+    model = mlp(sizes, seed=seed, norm=norm, dtype=F64, device=dev)
+    x = randn(batch, sizes[0], seed=seed + 1, dtype=F64, device=dev)
+    names = [n for n, _ in model.named_parameters()]
+    if subset:
+        rng = random.Random(seed)
+        names = sorted(rng.sample(names, max(1, len(names) // 2)), key=names.index)
+    tangents = {n: randn(*model.get_parameter(n).shape, seed=seed + 10 + i, dtype=F64, device=dev)
+                for i, n in enumerate(names)}
+    ref_out, ref_jv, ref_fd = _reference_param_jvp(copy.deepcopy(model), x, tangents)
+    out, out_tangent = probe(fn, param_jvp_case, label, api, model, x, tangents)
     hint = ("the tangents are per parameter name; parameters not named in `tangents` are constants (tangent 0)."
             if subset else None)
     assert_close(out, ref_out, name=f"{label}: the output", hint="the first item is model(x) itself.")
@@ -208,7 +248,8 @@ def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: i
                  hint=hint or "make_dual each parameter with its own tangent (same name), then unpack the output.")
     assert_close(out_tangent, ref_fd, rtol=1e-5, atol=1e-7,
                  name=f"{label}: the output tangent (vs central finite differences)", hint=hint)
-    which = f"{len(tangents)} of {len(before)} parameters" if subset else f"all {len(before)} parameters"
+    n_params = len(list(model.parameters()))
+    which = f"{len(tangents)} of {n_params} parameters" if subset else f"all {n_params} parameters"
     ok(f"{label}: output and tangent equal J @ v (float64 reference Jacobian) and central differences; one "
        f"forward pass with {which} carrying tangents (sizes {tuple(sizes)}, seed {seed})")
 
@@ -276,52 +317,97 @@ def _sinc_points(seed: int, n: int, dev) -> torch.Tensor:
     return torch.cat([torch.tensor(FIXED_SINC_POINTS, dtype=F64), signs * mags]).to(dev)
 
 
-def check_sinc(Sinc: type, *, seed: int = 0, n: int = 64, device=None) -> None:
-    """``Sinc`` is a ``torch.autograd.Function`` for sin(x)/x (1 at 0) with ``forward``,
-    ``setup_context``, ``backward`` and ``jvp``: it passes ``gradcheck`` with
-    ``check_forward_ad=True`` in float64, and its value, gradient and JVP equal a float64 reference
-    to 1e-9 (relative) everywhere, from 0 and 1e-300 up to 1e3."""
+def _expect_function(Sinc) -> None:
     if not (isinstance(Sinc, type) and issubclass(Sinc, torch.autograd.Function)):
         raise AssertionError(f"Sinc should be a subclass of torch.autograd.Function, got {describe(Sinc)}.")
-    dev = pick_device(device)
-    x = _sinc_points(seed, n, dev)
-    tol = dict(rtol=1e-9, atol=1e-15)
-    y = call(Sinc.apply, x, name="Sinc.apply")
-    assert_close(y, sinc_reference(x), name="Sinc.apply(x) (the value)", hint=_SINC_HINT, **tol)
 
-    xc = randn(12, seed=seed + 3, dtype=F64, device=dev, scale=3.0)
-    xc = torch.cat([xc, xc[:4] * 1e-3]).requires_grad_()
+
+@prober
+def sinc_value(Sinc: type, x: torch.Tensor) -> torch.Tensor:
+    """The learner's side of :func:`check_sinc`: ``Sinc.apply(x)``."""
+    _expect_function(Sinc)
+    y = call(Sinc.apply, x, name="Sinc.apply")
+    if not isinstance(y, torch.Tensor):
+        raise AssertionError(f"Sinc.apply(x) should return a tensor, got {describe(y)}.")
+    return y.detach()
+
+
+@prober
+def sinc_gradcheck(Sinc: type, x: torch.Tensor) -> str | None:
+    """The first line of what ``gradcheck`` (backward and forward AD) says is wrong, or None."""
+    _expect_function(Sinc)
     try:
-        call(torch.autograd.gradcheck, Sinc.apply, (xc,), check_forward_ad=True, check_backward_ad=True,
-             name="gradcheck(Sinc.apply, ...)")
+        call(torch.autograd.gradcheck, Sinc.apply, (x.clone().requires_grad_(),), check_forward_ad=True,
+             check_backward_ad=True, name="gradcheck(Sinc.apply, ...)")
     except AssertionError as exc:
         if not isinstance(exc.__cause__, GradcheckError):
             raise
-        first = str(exc.__cause__).strip().splitlines()[0].rstrip(",")
-        raise AssertionError(f"torch.autograd.gradcheck(Sinc.apply, (x,), check_forward_ad=True) failed: {first}\n"
-                             "  Hint: backward returns grad_output * sinc'(x), jvp returns x_tangent * sinc'(x); "
-                             "both read x from ctx (save_for_backward, save_for_forward).") from None
+        return str(exc.__cause__).strip().splitlines()[0].rstrip(",")[:500]
+    return None
+
+
+@prober
+def sinc_gradient(Sinc: type, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``(w * Sinc.apply(x)).sum()`` by the learner's backward, after checking that
+    the output's ``grad_fn`` is Sinc's own."""
+    _expect_function(Sinc)
     xg = x.clone().requires_grad_()
     y = call(Sinc.apply, xg, name="Sinc.apply")
-    if not isinstance(y.grad_fn, torch.autograd.function.BackwardCFunction):
-        raise AssertionError(f"Sinc.apply(x) has grad_fn {type(y.grad_fn).__name__}, not Sinc's own backward. "
-                             "Is Sinc a torch.autograd.Function whose forward returns a new tensor?")
-    w = randn(x.numel(), seed=seed + 1, dtype=F64, device=dev)
+    if not isinstance(getattr(y, "grad_fn", None), torch.autograd.function.BackwardCFunction):
+        raise AssertionError(f"Sinc.apply(x) has grad_fn {type(getattr(y, 'grad_fn', None)).__name__}, not Sinc's "
+                             "own backward. Is Sinc a torch.autograd.Function whose forward returns a new tensor?")
     grad, = call(torch.autograd.grad, y, xg, w, name="Sinc.backward")
-    assert_close(grad, w * sinc_derivative_reference(x), name="the gradient of Sinc (backward)", hint=_SINC_HINT,
-                 **tol)
+    return grad.detach()
 
-    t = randn(x.numel(), seed=seed + 2, dtype=F64, device=dev)
+
+@prober
+def sinc_tangents(Sinc: type, x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tangent of ``Sinc.apply`` at ``x`` along ``t`` by the learner's ``jvp``, through dual
+    numbers (``forward_ad``) and through ``torch.func.jvp``."""
+    _expect_function(Sinc)
 
     def dual_jvp(a, b):
         with fwAD.dual_level():
             return fwAD.unpack_dual(Sinc.apply(fwAD.make_dual(a, b))).tangent
 
-    tangent = call(dual_jvp, x, t, name="Sinc.jvp (inside forward_ad.dual_level)")
-    assert_close(tangent, t * sinc_derivative_reference(x), name="the tangent of Sinc (jvp, forward_ad)",
+    by_dual = call(dual_jvp, x, t, name="Sinc.jvp (inside forward_ad.dual_level)")
+    _, by_func = call(torch.func.jvp, Sinc.apply, (x,), (t,), name="torch.func.jvp(Sinc.apply, ...)")
+    for got, how in ((by_dual, "forward_ad"), (by_func, "torch.func.jvp")):
+        if not isinstance(got, torch.Tensor):
+            raise AssertionError(f"Sinc's tangent by {how} is {describe(got)}, not a tensor: does Sinc define "
+                                 "jvp (and save x with ctx.save_for_forward in setup_context)?")
+    return by_dual.detach(), by_func.detach()
+
+
+def check_sinc(Sinc: type, *, seed: int = 0, n: int = 64, device=None) -> None:
+    """``Sinc`` is a ``torch.autograd.Function`` for sin(x)/x (1 at 0) with ``forward``,
+    ``setup_context``, ``backward`` and ``jvp``: it passes ``gradcheck`` with
+    ``check_forward_ad=True`` in float64, and its value, gradient and JVP equal a float64 reference
+    to 1e-9 (relative) everywhere, from 0 and 1e-300 up to 1e3."""
+    if not is_remote(Sinc):
+        _expect_function(Sinc)
+    dev = pick_device(device)
+    x = _sinc_points(seed, n, dev)
+    tol = dict(rtol=1e-9, atol=1e-15)
+    assert_close(probe(Sinc, sinc_value, x), sinc_reference(x), name="Sinc.apply(x) (the value)", hint=_SINC_HINT,
+                 **tol)
+
+    xc = randn(12, seed=seed + 3, dtype=F64, device=dev, scale=3.0)
+    failed = probe(Sinc, sinc_gradcheck, torch.cat([xc, xc[:4] * 1e-3]))
+    if failed is not None:
+        raise AssertionError(f"torch.autograd.gradcheck(Sinc.apply, (x,), check_forward_ad=True) failed: "
+                             f"{str(failed)[:500]}\n"
+                             "  Hint: backward returns grad_output * sinc'(x), jvp returns x_tangent * sinc'(x); "
+                             "both read x from ctx (save_for_backward, save_for_forward).")
+    w = randn(x.numel(), seed=seed + 1, dtype=F64, device=dev)
+    assert_close(probe(Sinc, sinc_gradient, x, w), w * sinc_derivative_reference(x),
+                 name="the gradient of Sinc (backward)", hint=_SINC_HINT, **tol)
+
+    t = randn(x.numel(), seed=seed + 2, dtype=F64, device=dev)
+    by_dual, by_func = probe(Sinc, sinc_tangents, x, t)
+    assert_close(by_dual, t * sinc_derivative_reference(x), name="the tangent of Sinc (jvp, forward_ad)",
                  hint=_SINC_HINT, **tol)
-    _, tangent = call(torch.func.jvp, Sinc.apply, (x,), (t,), name="torch.func.jvp(Sinc.apply, ...)")
-    assert_close(tangent, t * sinc_derivative_reference(x), name="the tangent of Sinc (torch.func.jvp)",
+    assert_close(by_func, t * sinc_derivative_reference(x), name="the tangent of Sinc (torch.func.jvp)",
                  hint=_SINC_HINT, **tol)
 
     ok(f"Sinc passes gradcheck (backward and forward AD, float64); value, gradient and JVP equal the reference "
@@ -336,18 +422,46 @@ def _central_differences(f: Callable, x: torch.Tensor, h: float = 1e-6) -> torch
         return torch.stack([(f(x + h * e) - f(x - h * e)) / (2 * h) for e in eye], dim=1)
 
 
+@prober
+def jacobian_case(fn: Callable, label: str, f: WideFunction, x: torch.Tensor) -> dict:
+    """The learner's side of :func:`check_jacobians`: ``fn(f, x)`` on the wide function built
+    there; the Jacobian and how often ``f`` was called, or ``refused`` when ``f`` allows one mode
+    only and ``fn`` used the other."""
+    try:
+        got = call(fn, f, x, name=label)
+    except AssertionError as exc:
+        if isinstance(exc.__cause__, ModeNotAllowed):
+            return {"refused": True}
+        raise
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{label}(f, x) should return the Jacobian as a tensor, got {describe(got)}.")
+    return {"jacobian": got.detach(), "calls": f.calls}
+
+
+def _jacobian_of(fn: Callable, label: str, f: WideFunction, x: torch.Tensor) -> tuple[torch.Tensor | None, int]:
+    """(the Jacobian, calls of f), or (None, 0) when a one-mode ``f`` refused the mode ``fn`` used."""
+    got = probe(fn, jacobian_case, label, f, x)
+    if not isinstance(got, dict):
+        raise AssertionError(f"{label}: the learner's side sent {describe(got)} instead of a result.")
+    if got.get("refused") is True:
+        return None, 0
+    jac, calls = got.get("jacobian"), got.get("calls")
+    if not isinstance(jac, torch.Tensor):
+        raise AssertionError(f"{label}(f, x) should return the Jacobian as a tensor, got {describe(jac)}.")
+    return jac, calls if type(calls) is int else -1
+
+
 def _one_jacobian(fn: Callable, label: str, mode: str, *, seed: int, k: int, m: int, hidden: int, dev) -> None:
     other = "reverse" if mode == "forward" else "forward"
     x = randn(k, seed=seed + 1, dtype=F64, device=dev)
-    f = WideFunction(k, m, hidden, seed=seed, dtype=F64, device=dev)
-    got = call(fn, f, x, name=label)
-    if not isinstance(got, torch.Tensor):
-        raise AssertionError(f"{label}(f, x) should return the Jacobian as a tensor, got {describe(got)}.")
+    got, calls = _jacobian_of(fn, label, wide_function(k, m, hidden, seed=seed, dtype=F64, device=dev), x)
+    if got is None:
+        raise AssertionError(f"{label}(f, x) raised ModeNotAllowed on a function that allows both modes.")
     if tuple(got.shape) == (k, m) and k != m:
         raise AssertionError(f"{label}(f, x) returned shape {(k, m)}: the transpose. The Jacobian of R^{k} -> R^{m} "
                              f"is ({m}, {k}): J[i, j] = d f_i / d x_j (one row per output).")
-    if f.calls != 1:
-        raise AssertionError(f"{label} called f {f.calls} times; a vmapped Jacobian calls it once.\n  Hint: "
+    if calls != 1:
+        raise AssertionError(f"{label} called f {calls} times; a vmapped Jacobian calls it once.\n  Hint: "
                              f"{'vmap over the k basis vectors of the input' if mode == 'forward' else 'one vjp, then vmap its pullback over the m basis vectors of the output'}"
                              " instead of a Python loop.")
     ref = WideFunction(k, m, hidden, seed=seed, dtype=F64, device=dev)
@@ -356,17 +470,13 @@ def _one_jacobian(fn: Callable, label: str, mode: str, *, seed: int, k: int, m: 
                  name=f"{label}(f, x) (vs torch.autograd.functional.jacobian in float64)")
     assert_close(got, _central_differences(ref, x), rtol=1e-5, atol=1e-7,
                  name=f"{label}(f, x) (vs central finite differences)")
-    only = WideFunction(k, m, hidden, seed=seed, mode=mode, dtype=F64, device=dev)
-    try:
-        got = call(fn, only, x, name=label)
-    except AssertionError as exc:
-        if not isinstance(exc.__cause__, ModeNotAllowed):
-            raise
+    got, _ = _jacobian_of(fn, label, wide_function(k, m, hidden, seed=seed, mode=mode, dtype=F64, device=dev), x)
+    if got is None:
         raise AssertionError(
             f"{label} used {other} mode: on a function that allows only {mode} mode it raised.\n  Hint: " +
             ("torch.func.jvp(f, (x,), (v,)) pushes a tangent v forward; vmap it over the rows of torch.eye(k)."
              if mode == "forward" else
-             "out, pullback = torch.func.vjp(f, x); vmap(pullback) over the rows of torch.eye(m).")) from None
+             "out, pullback = torch.func.vjp(f, x); vmap(pullback) over the rows of torch.eye(m)."))
     assert_close(got, ref.jacobian(x), name=f"{label}(f, x) on a {mode}-mode-only function")
 
 
@@ -383,38 +493,53 @@ def check_jacobians(jacobian_fwd: Callable, jacobian_rev: Callable, *, seed: int
        f"central differences, calling f once (R^{k} -> R^{m}, seed {seed})")
 
 
+@functools.lru_cache(maxsize=4)
+def _timed_function(k: int, m: int, hidden: int, seed: int, device: str) -> WideFunction:
+    return wide_function(k, m, hidden, seed=seed, dtype=torch.float32, device=device)
+
+
+@factory
+def jacobian_speed_inputs(seed: int, *, device: str, k: int, m: int, hidden: int,
+                          f_seed: int) -> tuple[WideFunction, torch.Tensor]:
+    """``(f, x)`` for one timed call of the speed check: the wide function drawn from ``f_seed``
+    (built once per process and size), the point ``x`` fresh from ``seed``. The judge and the
+    learner's process make the same ones from the seeds."""
+    return _timed_function(k, m, hidden, f_seed, device), randn(k, seed=seed, device=device)
+
+
+@reference
+def _reverse_jacobian(f: WideFunction, x: torch.Tensor) -> torch.Tensor:
+    """The course's reverse mode (the baseline): ``torch.func.jacrev``, m VJPs vmapped."""
+    return torch.func.jacrev(f)(x)
+
+
 def check_jacobian_speed(jacobian_fwd: Callable, jacobian_rev: Callable, *, bars: Mapping[str, float], k: int,
                          m: int, hidden: int, seed: int = 0, threads: int | None = None, rounds: int = 7,
                          min_run_time: float = 0.1, attempts: int = 3, device=None) -> SpeedReport:
     """For ``f: R^k -> R^m`` with few inputs and many outputs, the full Jacobian by forward mode
-    (``jacobian_fwd``) beats reverse mode (``jacobian_rev``) by the device's bar, in float32,
-    timed side by side on fresh inputs, every output checked against the closed form. On a
-    shared machine a measurement below the bar is repeated (up to ``attempts``), best one judged."""
+    (``jacobian_fwd``) beats reverse mode by the device's bar, in float32. The baseline is the
+    course's reverse mode (``torch.func.jacrev``), never the learner's own ``jacobian_rev``, which a
+    submission could slow down or share a cache with. Measured by
+    :func:`course.timing.compare_served`: every call on a fresh point from an unpredictable seed,
+    every timed output checked against the baseline's on the same point, the two sides never at
+    once (under the grader, in two processes: the learner's is stopped while the baseline runs).
+    On a shared machine a measurement below the bar is repeated (up to ``attempts``), best one judged."""
     dev = pick_device(device)
-    f = WideFunction(k, m, hidden, seed=seed, dtype=torch.float32, device=dev)
-    counter = iter(range(10**9))
-
-    def inputs():
-        return (randn(k, seed=seed + 100 + next(counter), device=dev),)
-
-    def check(name, out, args):
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (m, k):
-            raise AssertionError(f"{name} returned {describe(out)} while timing; expected the ({m}, {k}) Jacobian.")
-        expected = f.jacobian(args[0])
-        assert_close(out.double(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()),
-                     name=f"{name} output while timing")
-
-    # The baseline is the course's reverse mode (torch.func.jacrev: m VJPs, vmapped), never the
-    # learner's own jacobian_rev, which a submission could slow down or share a cache with.
-    reverse = torch.func.jacrev(f)
-    candidates = {"reverse (m VJPs)": lambda x: reverse(x), "forward (k JVPs)": lambda x: jacobian_fwd(f, x)}
-    call(jacobian_fwd, f, inputs()[0], name="jacobian_fwd")
-    call(jacobian_rev, f, inputs()[0], name="jacobian_rev")
+    x = randn(k, seed=seed + 100, device=dev)
+    for fn, label in ((jacobian_fwd, "jacobian_fwd"), (jacobian_rev, "jacobian_rev")):
+        got, _ = _jacobian_of(fn, label, wide_function(k, m, hidden, seed=seed, dtype=torch.float32, device=dev), x)
+        if got is None or tuple(got.shape) != (m, k):
+            raise AssertionError(f"{label}(f, x) returned {describe(got)}; expected the ({m}, {k}) Jacobian.")
+        expected = WideFunction(k, m, hidden, seed=seed, dtype=torch.float32, device=dev).jacobian(x)
+        assert_close(got.double(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()),
+                     name=f"{label}(f, x) on the function it is timed on",
+                     hint="the timed function must be right before it is fast.")
     bar = speed_bar(bars, dev)
-    with pinned_threads(threads):
-        best = best_of(lambda: compare(candidates, inputs=inputs, check=check, rounds=rounds,
-                                       min_run_time=min_run_time, device=dev,
-                                       until=("forward (k JVPs)", "reverse (m VJPs)", bar)),
+    sizes = dict(k=k, m=m, hidden=hidden, f_seed=seed)
+    with pinned_threads(threads if dev.type == "cpu" else None):
+        best = best_of(lambda: compare_served(("reverse (m VJPs)", _reverse_jacobian), ("forward (k JVPs)", jacobian_fwd),
+                                              factory=jacobian_speed_inputs, sizes=sizes, device=dev, rounds=rounds,
+                                              min_run_time=min_run_time, until=bar, grad=True, rtol=1e-3),
                        "forward (k JVPs)", bar, attempts)
     best.show()
     expect_speedup(best, "forward (k JVPs)", over="reverse (m VJPs)", bars=bars,
