@@ -17,7 +17,7 @@ LAB_CONFIG := JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter-config$${JUPYTER_CONFIG_PAT
 # JupyterLab refuses to run as root unless told to (containers often run as root).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup lab test release lock doctor progress clean
+.PHONY: setup lab test release lock doctor progress clean gpu-check torch-matrix
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,23 @@ test: setup
 release: setup
 	$(BIN)/python -m autograder release
 
+# The GPU acceptance (autograder/acceptance.py): every lesson graded at its CUDA sizes (the
+# instructor's solution, the untouched version, a planted mistake), every benchmark at its GPU
+# size, one summary in benchmarks/results/acceptance-cuda.md. Uses the torch this machine has
+# (GPU machines come with their own) and installs only what is missing: no .venv, no download of
+# torch. DEVICE=cpu runs the same acceptance with the CPU bars.
+DEVICE ?= cuda
+gpu-check:
+	$(PYTHON) -m autograder acceptance --prepare
+	$(PYTHON) -m autograder acceptance --device $(DEVICE) --record
+
+# The torch range as a tested matrix (benchmarks/torch_matrix.py): a throwaway environment per
+# torch version (the lowest and newest the package accepts, and the pinned one) under
+# .torch-matrix/, every lesson run there as a learner would; writes docs/compatibility.md.
+# Downloads each torch (the CUDA builds with their libraries: a few GB).
+torch-matrix: setup
+	$(BIN)/python benchmarks/torch_matrix.py
+
 doctor: setup
 	$(BIN)/python -m course doctor
 
@@ -53,4 +70,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) .autograder
+	rm -rf $(VENV) .autograder .torch-matrix

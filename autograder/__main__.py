@@ -1,4 +1,5 @@
-"""``python -m autograder``: release the student versions, grade submissions."""
+"""``python -m autograder``: release the student versions, grade submissions, bundle, and run the
+acceptance of a platform (``acceptance``, see :mod:`autograder.acceptance`)."""
 
 from __future__ import annotations
 
@@ -83,10 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Copy what learners need into OUT: lessons/, the course package, the "
                     "environment files and README; nothing from solutions/, autograder/ or tests/.")
     bun.add_argument("out", metavar="OUT", type=Path, help="folder to create (must not exist)")
+    sub.add_parser("acceptance", add_help=False,
+                   help="grade every lesson at a device's sizes (perfect, untouched, planted), run the "
+                        "benchmarks, write one summary: `python -m autograder acceptance --help`")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["acceptance"]:
+        from .acceptance import main as acceptance
+
+        return acceptance(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "bundle":

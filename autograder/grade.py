@@ -279,10 +279,16 @@ def _join(a: str, b: str) -> str:
 
 def record_in_gradebook(ws: Workspace, student: str, lesson: Lesson, program: Program, verdicts) -> None:
     """The scores as nbgrader's own records, so formgrader and nbgrader export see them."""
+    import warnings
+
     from nbgrader.api import Gradebook, MissingEntry
+    from sqlalchemy.exc import SAWarning
 
     stem = Path(lesson.notebook).stem
-    with Gradebook(ws.db_url) as gb:
+    with warnings.catch_warnings(), Gradebook(ws.db_url) as gb:
+        # nbgrader's own ORM use warns that a new submission is "not in session" while it is being
+        # added (autoflush inside nbgrader.api); the rows are written all the same. Not for instructors.
+        warnings.filterwarnings("ignore", message=".*not in session.*", category=SAWarning)
         gb.update_or_create_student(student)
         try:
             gb.find_submission(lesson.id, student)

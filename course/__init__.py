@@ -39,4 +39,4 @@ __all__ = [
     "synchronize",
     "threads",
 ]
-__version__ = "0.1.0"
+__version__ = "0.1.1"

@@ -17,7 +17,7 @@ import torch
 
 __all__ = ["Report", "doctor", "machine_name", "where_running"]
 
-TESTED_TORCH = ("2.4", "2.14")  # the range of pyproject.toml, inclusive of minor releases
+TESTED_TORCH = ("2.4", "2.15")  # the range of pyproject.toml (docs/compatibility.md), inclusive of minor releases
 
 
 @dataclass

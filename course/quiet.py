@@ -1,6 +1,6 @@
 """Deprecation warnings, explained once and then kept out of the learner's way.
 
-PyTorch 2.13 and 2.14 warn on every ``torch.jit.script`` call::
+PyTorch 2.13 to 2.15 warn on every ``torch.jit.script`` call (a FutureWarning from 2.14)::
 
     DeprecationWarning: `torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`.
 

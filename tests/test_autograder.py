@@ -193,6 +193,8 @@ def test_grade_exits_zero_with_one_row_per_submission(graded):
                       "peak_rss_mb,flags,detail")
     for row in graded["rows"].values():
         assert row["lesson_id"] == LESSON and float(row["max_score"]) == 3
+    # one line per submission: no warning from nbgrader's gradebook (it warned three times per row)
+    assert "Warning" not in graded["proc"].stderr + graded["proc"].stdout, graded["proc"].stderr[-2000:]
 
 
 def test_solution_gets_full_marks(graded):

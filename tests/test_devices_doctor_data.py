@@ -97,7 +97,7 @@ def test_catalog_lists_lessons_with_budgets():
 # -- what a learner on another torch or on Colab sees (issue: torch range, Colab findings) -------------
 
 @pytest.mark.parametrize("version, says", [
-    ("2.15.0+cu126", "newer than this release was tested with"),
+    ("2.16.0+cu126", "newer than this release was tested with"),
     ("2.3.1", "older than this release was tested with"),
     ("2.13.0+cpu", None),
 ])

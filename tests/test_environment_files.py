@@ -103,3 +103,30 @@ def test_lab_extension_listing_shows_them_disabled():
     disabled = text.split("Disabled extensions:")[1] if "Disabled extensions:" in text else ""
     assert "@jupyter/nbgrader:formgrader" in disabled, text[-2000:]
     assert "validate-assignment" not in disabled
+
+
+def test_the_readmes_running_times_are_the_recorded_measurements():
+    """Each lesson's "runs in" in the README is what tests/test_lessons.py measured last time it
+    was recorded (python -m autograder.runtimes), never a figure from memory."""
+    from autograder import runtimes
+    from course.lessons import catalog
+
+    recorded = {item["id"]: item.get("measured_s") for item in catalog()}
+    assert all(recorded.values()), f"lessons without a recorded running time: {recorded}"
+    assert runtimes.readme_column() == {k: runtimes.text(v) for k, v in recorded.items()}
+    assert runtimes.text(29) == "about 30 s" and runtimes.text(136) == "about 2 min"
+
+
+def test_running_times_are_taken_from_the_pinned_torchs_passing_runs(tmp_path):
+    from autograder import runtimes
+
+    matrix = {"2.13.0": {"a": {"ok": True, "seconds": 136.2}, "b": {"ok": False, "seconds": 3.0}},
+              "2.4.0": {"a": {"ok": True, "seconds": 20.0}}}
+    assert runtimes.from_matrix(matrix, "2.13.0") == {"a": 136.2}
+    lessons, readme = tmp_path / "lessons.json", tmp_path / "README.md"
+    lessons.write_text('[{"id": "a"}]')
+    readme.write_text("| # | lesson | you build | points | runs in | open in |\n"
+                      "| 1 | [A](lessons/a/a.ipynb) | x | 1 | under a minute | y |\n")
+    runtimes.update({"a": 136.2}, lessons_json=lessons, readme=readme)
+    assert runtimes.readme_column(readme.read_text()) == {"a": "about 2 min"}
+    assert '"measured_s": 136' in lessons.read_text()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from autograder import acceptance, runtimes
 from course.lessons import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,23 +23,8 @@ LESSON_IDS = [item["id"] for item in catalog()]
 # One `grade` run serves the whole module: six instructor transcripts and 31 submissions.
 pytestmark = pytest.mark.timeout(2400)
 
-# One planted mistake per lesson: (anchor in the solution, replacement, the graded cells it must break).
-PLANTED = {
-    "01_custom_rnns": ("h = torch.where(alive, h_new, h)", "h = alive * h_new + (~alive) * h",
-                       {"test_masked_lstm_layer"}),
-    "02_fx_transforms": ("if len(conv_node.users) > 1:", "if len(conv_node.users) > 2:",
-                         {"test_conv_bn_pairs", "test_fuse"}),
-    "03_channels_last": ("return watcher.losses[0] if watcher.losses else None",
-                         "return watcher.losses[-1] if watcher.losses else None", {"test_format_finder"}),
-    "04_forward_ad": ("    return vmap(column, out_dims=1)(basis)", "    return vmap(column)(basis)",
-                      {"test_jacobians", "test_jacobian_speed"}),
-    "05_jacobians_hessians": ("return jacfwd if n_out > x.numel() else jacrev",
-                              "return jacrev if n_out > x.numel() else jacfwd",
-                              {"test_pick_jacobian", "test_picker_speed"}),
-    "06_vmap_ensembles": ("return F.cross_entropy(logits, y_i.unsqueeze(0))",
-                          "return F.cross_entropy(logits, y_i.unsqueeze(0)) / x.shape[0]",
-                          {"test_psg_vmap", "test_psg_speed"}),
-}
+# One planted mistake per lesson (shared with the acceptance command): (anchor, replacement, cells it breaks).
+PLANTED = acceptance.PLANTED
 
 
 def notebook(lesson_id: str, folder: str) -> Path:
@@ -284,3 +270,50 @@ def test_answers_that_call_the_course_references_earn_nothing_and_are_named(grad
     assert cells[("borrowed", lesson_id)] == {**expected, lost: 0.0}, row
     if lesson_id != "01_custom_rnns":  # (lesson 1's learners have no reference to call: nothing to flag)
         assert "uses-reference" in row["flags"].split(","), row
+
+
+@pytest.mark.parametrize("lesson_id", LESSON_IDS)
+def test_no_later_cell_reads_a_name_only_a_served_test_cell_binds(lesson_id):
+    """A served test cell runs in the judge: what it binds never exists in the learner's process,
+    so a later cell that reads it (a plot of the check's report) would fail there."""
+    import ast
+
+    from autograder import program as prog
+
+    program = prog.instructor_program(lesson_id, notebook(lesson_id, "solutions"))
+    judge_only: set[str] = set()
+    for cell in program.cells:
+        if cell.kind == prog.TEST and cell.served:
+            judge_only |= set(prog.bound_names(cell.source))
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        assert not (read & judge_only), f"{cell.id} reads {sorted(read & judge_only)}, bound only in the judge"
+        judge_only -= set(prog.bound_names(cell.source))
+
+
+@pytest.mark.notebooks
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("lesson_id", LESSON_IDS)
+def test_a_learners_run_passes_shows_no_warning_and_takes_what_the_readme_says(lesson_id, tmp_path):
+    """Each lesson as a learner who finished it runs it (every cell in one namespace, the closing
+    self-check included, torch.compile's cache empty), on the pinned torch: every exercise passes,
+    no warning reaches the learner, and the time is the README's (autograder/runtimes.py) within
+    the noise of a shared machine. The same runner as ``make torch-matrix``."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import torch_matrix
+
+    result = torch_matrix.run_lesson(Path(sys.executable), lesson_id, tmp_path)
+    assert result["ok"], result
+    assert result["warnings"] == [], result["warnings"]
+    artifact = ROOT / "test-artifacts" / "lesson-runtimes.json"
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    measured = json.loads(artifact.read_text()) if artifact.exists() else {}
+    artifact.write_text(json.dumps({**measured, lesson_id: result["seconds"]}, indent=1))
+    recorded = next(x for x in catalog() if x["id"] == lesson_id).get("measured_s")
+    assert recorded and result["seconds"] <= 2 * recorded + 30, (
+        f"{lesson_id} took {result['seconds']:.0f} s; the README says {runtimes.text(recorded or 0)!r} "
+        f"({recorded} s recorded): measure again (make torch-matrix) and record it (python -m autograder.runtimes).")

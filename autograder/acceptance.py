@@ -1,0 +1,288 @@
+"""The acceptance of a platform in one command: every lesson graded at the device's sizes, its
+benchmark run, and one summary of what was measured.
+
+    make gpu-check                                                  # on a machine with a GPU
+    python -m autograder acceptance --device cuda --record          # the same, by hand
+    python -m autograder acceptance --device cpu --lesson 04_forward_ad --quick   # what CI runs
+
+For each lesson, three submissions are graded by ``grade --device D`` (the sandbox, the judge,
+the device's speed bars):
+
+- the instructor's solution, which must earn every point (so every instructor notebook has run
+  top to bottom at the device's sizes with every check passing);
+- the untouched student version, which must earn nothing on any graded cell;
+- one planted mistake (``PLANTED``), which must lose exactly the cells it breaks.
+
+Then the lesson's benchmark runs at the device's size (``BENCHMARKS``). The summary
+(``OUT/acceptance-<device>.md`` and ``.json``) names the device, torch and CUDA, and gives per
+lesson the instructor run's seconds and peak memory, the three scores, and each speed bar beside
+the ratio (its lower bound) the instructor's solution measured on this machine: the figures the
+CUDA bars are set from. ``--record`` writes the benchmarks' results and the summary into
+``benchmarks/results/`` to be committed. Exit status 0 only when every expectation held.
+
+Nothing here needs the network: it grades with the torch that is installed (``--prepare`` installs
+only what is missing besides torch, for a GPU machine that comes with its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# One planted mistake per lesson: (anchor in the solution, replacement, the graded cells it must break).
+PLANTED = {
+    "01_custom_rnns": ("h = torch.where(alive, h_new, h)", "h = alive * h_new + (~alive) * h",
+                       {"test_masked_lstm_layer"}),
+    "02_fx_transforms": ("if len(conv_node.users) > 1:", "if len(conv_node.users) > 2:",
+                         {"test_conv_bn_pairs", "test_fuse"}),
+    "03_channels_last": ("return watcher.losses[0] if watcher.losses else None",
+                         "return watcher.losses[-1] if watcher.losses else None", {"test_format_finder"}),
+    "04_forward_ad": ("    return vmap(column, out_dims=1)(basis)", "    return vmap(column)(basis)",
+                      {"test_jacobians", "test_jacobian_speed"}),
+    "05_jacobians_hessians": ("return jacfwd if n_out > x.numel() else jacrev",
+                              "return jacrev if n_out > x.numel() else jacfwd",
+                              {"test_pick_jacobian", "test_picker_speed"}),
+    "06_vmap_ensembles": ("return F.cross_entropy(logits, y_i.unsqueeze(0))",
+                          "return F.cross_entropy(logits, y_i.unsqueeze(0)) / x.shape[0]",
+                          {"test_psg_vmap", "test_psg_speed"}),
+}
+
+#: The benchmark of each lesson (benchmarks/<script>), run at the device's size.
+BENCHMARKS = {
+    "01_custom_rnns": "lstm.py",
+    "02_fx_transforms": "fx_fusion.py",
+    "03_channels_last": "channels_last.py",
+    "04_forward_ad": "forward_ad.py",
+    "05_jacobians_hessians": "jacobians.py",
+    "06_vmap_ensembles": "vmap.py",
+}
+
+SUBMISSIONS = ("perfect", "untouched", "planted")
+
+
+def planted_notebook(lesson_id: str, solutions: Path = ROOT / "solutions") -> str:
+    """The instructor's notebook (as text) with the lesson's planted mistake."""
+    src = solutions / lesson_id / f"{lesson_id}.ipynb"
+    text = src.read_text()
+    old, new, _ = PLANTED[lesson_id]
+    anchor = json.dumps(old)[1:-1]
+    if anchor not in text:
+        raise RuntimeError(f"{lesson_id}: the planted mistake's anchor is no longer in the solution: {old!r}")
+    return text.replace(anchor, json.dumps(new)[1:-1])
+
+
+def write_submissions(subs: Path, lesson_id: str) -> None:
+    from autograder.solution_code import solved_notebook
+
+    name = f"{lesson_id}.ipynb"
+    texts = {"perfect": json.dumps(solved_notebook(lesson_id), indent=1),
+             "untouched": (ROOT / "lessons" / lesson_id / name).read_text(),
+             "planted": planted_notebook(lesson_id)}
+    for student, text in texts.items():
+        (subs / student / lesson_id).mkdir(parents=True, exist_ok=True)
+        (subs / student / lesson_id / name).write_text(text)
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def speed_figures(work: Path, lesson_id: str) -> list[dict]:
+    """Each speed check of the instructor's run on this machine: its name, the bar, and the lower
+    bound of the ratio the instructor's solution measured (from the grader's trusted transcript)."""
+    import torch
+
+    out = []
+    for cache in sorted((work / "trusted").glob(f"{lesson_id}-*.pt")):
+        data = torch.load(cache, weights_only=True)
+        for grade_id, records in data["records"].items():
+            for r in records:
+                if isinstance(r.get("tol"), dict) and r["tol"].get("kind") == "at_least":
+                    out.append({"cell": grade_id, "name": r["name"], "bar": r["expected"], "measured": r["actual"]})
+    return out
+
+
+def check_lesson(lesson_id: str, grades: Path, cells: Path) -> tuple[dict, list[str]]:
+    """The three rows of a lesson, and what did not hold."""
+    rows = {r["student_id"]: r for r in _rows(grades) if r["lesson_id"] == lesson_id}
+    scores: dict[str, dict[str, float]] = {}
+    for r in _rows(cells):
+        if r["lesson_id"] == lesson_id:
+            scores.setdefault(r["student_id"], {})[r["grade_id"]] = float(r["score"])
+    problems = []
+    for student in SUBMISSIONS:
+        if student not in rows:
+            problems.append(f"{lesson_id}/{student}: no row")
+    if problems:
+        return rows, problems
+    perfect, untouched, planted = (rows[s] for s in SUBMISSIONS)
+    if perfect["status"] != "graded" or float(perfect["score"]) != float(perfect["max_score"]):
+        problems.append(f"{lesson_id}: the instructor's solution scored {perfect['score']} of {perfect['max_score']} "
+                        f"({perfect['status']}; {perfect['detail']})")
+    if float(untouched["score"]) != 0:
+        problems.append(f"{lesson_id}: the untouched student version scored {untouched['score']}")
+    broken = PLANTED[lesson_id][2]
+    want = {g: (0.0 if g in broken else s) for g, s in scores.get("perfect", {}).items()}
+    if scores.get("planted") != want:
+        wrong = sorted(g for g in want if scores.get("planted", {}).get(g) != want[g])
+        problems.append(f"{lesson_id}: the planted mistake should cost exactly {sorted(broken)}; cells off: {wrong}")
+    return rows, problems
+
+
+def _environment(device: str) -> dict:
+    import torch
+
+    from course.doctor import machine_name
+
+    return {"device": device, "machine": machine_name(), "torch": torch.__version__,
+            "cuda": torch.version.cuda if device == "cuda" else None, "python": sys.version.split()[0],
+            "date": dt.date.today().isoformat()}
+
+
+def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, record: bool = False,
+        jobs: int = 1) -> int:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        print("acceptance --device cuda: this machine has no CUDA GPU that torch can use "
+              f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). Run it where "
+              "`nvidia-smi` lists a GPU, or use --device cpu.", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    work, subs = out / "work", out / "submissions"
+    bench_out = ROOT / "benchmarks" / "results" if record else out / "benchmarks"
+    bench_out.mkdir(parents=True, exist_ok=True)
+    summary = {"environment": _environment(device), "lessons": {}, "problems": []}
+    for lesson_id in lessons:
+        print(f"== {lesson_id}: grading the instructor's solution, the untouched and a planted version "
+              f"(--device {device})", flush=True)
+        write_submissions(subs, lesson_id)
+        start = time.monotonic()
+        graded = out / "grading" / lesson_id
+        proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(graded),
+                               "--work", str(work), "--device", device, "--lesson", lesson_id, "--jobs", str(jobs)],
+                              cwd=ROOT, text=True, capture_output=True)
+        entry: dict = {"grading_s": round(time.monotonic() - start, 1)}
+        if proc.returncode != 0:
+            summary["problems"].append(f"{lesson_id}: grading could not run: {(proc.stderr or proc.stdout)[-800:]}")
+        else:
+            rows, problems = check_lesson(lesson_id, graded / "grades.csv", graded / "cells.csv")
+            summary["problems"] += problems
+            entry["rows"] = {s: {k: rows[s][k] for k in ("score", "max_score", "status", "seconds", "peak_rss_mb")}
+                             for s in SUBMISSIONS if s in rows}
+            entry["speed"] = speed_figures(work, lesson_id)
+        print(f"== {lesson_id}: benchmark {BENCHMARKS[lesson_id]}", flush=True)
+        args = [sys.executable, str(ROOT / "benchmarks" / BENCHMARKS[lesson_id]), "--device", device,
+                "--out", str(bench_out)]
+        if quick:
+            args += ["--rounds", "3", "--min-run-time", "0.05"]
+        start = time.monotonic()
+        bench = subprocess.run(args, cwd=ROOT, text=True, capture_output=True)
+        entry["benchmark"] = {"script": BENCHMARKS[lesson_id], "exit": bench.returncode,
+                              "seconds": round(time.monotonic() - start, 1)}
+        if bench.returncode != 0:
+            summary["problems"].append(f"{lesson_id}: benchmarks/{BENCHMARKS[lesson_id]} failed: "
+                                       f"{(bench.stderr or bench.stdout)[-800:]}")
+        summary["lessons"][lesson_id] = entry
+    text = markdown(summary)
+    for folder in [out] + ([ROOT / "benchmarks" / "results"] if record else []):
+        (folder / f"acceptance-{device}.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (folder / f"acceptance-{device}.md").write_text(text)
+    print(text)
+    return 0 if not summary["problems"] else 1
+
+
+def markdown(summary: dict) -> str:
+    env = summary["environment"]
+    lines = [f"# Acceptance on {env['device']}: {env['machine']}", "",
+             f"torch {env['torch']}" + (f", CUDA {env['cuda']}" if env.get("cuda") else "") +
+             f", Python {env['python']}, {env['date']}. Written by `python -m autograder acceptance`.", "",
+             "| lesson | instructor run | peak memory | perfect | untouched | planted | benchmark |",
+             "|---|---|---|---|---|---|---|"]
+    for lesson_id, e in summary["lessons"].items():
+        rows = e.get("rows", {})
+        score = lambda s: f"{rows[s]['score']}/{rows[s]['max_score']}" if s in rows else "-"  # noqa: E731
+        perfect = rows.get("perfect", {})
+        bench = e["benchmark"]
+        lines.append(f"| {lesson_id} | {perfect.get('seconds', '-')} s | {perfect.get('peak_rss_mb', '-')} MB | "
+                     f"{score('perfect')} | {score('untouched')} | {score('planted')} | "
+                     f"{'ok' if bench['exit'] == 0 else 'failed'} ({bench['seconds']} s) |")
+    lines += ["", "## Speed bars against what the instructor's solution measured here", "",
+              "| lesson | check | bar | measured (lower bound) | margin |", "|---|---|---|---|---|"]
+    for lesson_id, e in summary["lessons"].items():
+        for s in e.get("speed", []):
+            measured = s["measured"]
+            margin = f"{measured / s['bar']:.2f}x" if isinstance(measured, float) and s["bar"] else "-"
+            shown = f"{measured:.2f}x" if isinstance(measured, float) else "-"
+            lines.append(f"| {lesson_id} | {s['name']} | {s['bar']:.2f}x | {shown} | {margin} |")
+    lines += ["", "## What did not hold", ""]
+    lines += [f"- {p}" for p in summary["problems"]] or ["Nothing: every expectation held."]
+    return "\n".join(lines) + "\n"
+
+
+def prepare() -> int:
+    """Install what the course needs besides torch, keeping the torch this machine has (GPU
+    machines come with their own): the package itself without dependencies, then each missing one."""
+    import importlib.metadata as md
+    import re
+    import tomllib
+
+    try:
+        torch_version = md.version("torch")
+    except md.PackageNotFoundError:
+        print("acceptance --prepare: no torch here; install the one for this machine first (pytorch.org).",
+              file=sys.stderr)
+        return 2
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = data["project"]["dependencies"] + data["project"]["optional-dependencies"]["grading"]
+    missing = []
+    for req in wanted:
+        name = re.match(r"[A-Za-z0-9_.-]+", req).group()
+        if name == "torch":
+            continue
+        try:
+            md.version(name)
+        except md.PackageNotFoundError:
+            missing.append(req)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as keep:
+        keep.write(f"torch=={torch_version}\n")
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "-c", keep.name]
+    steps = [pip + ["--no-deps", "--no-build-isolation", "-e", str(ROOT)]] + ([pip + missing] if missing else [])
+    for step in steps:
+        if subprocess.run(step).returncode:
+            return 2
+    print(f"ready: torch {torch_version} kept; installed {len(missing)} missing package(s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from course.lessons import catalog
+
+    ids = [item["id"] for item in catalog()]
+    parser = argparse.ArgumentParser(prog="python -m autograder acceptance", description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--lesson", action="append", choices=ids, help="only these lessons (repeatable)")
+    parser.add_argument("--out", type=Path, default=None, help="folder for everything (default: a new one in /tmp)")
+    parser.add_argument("--quick", action="store_true", help="benchmarks with few, short rounds (for tests)")
+    parser.add_argument("--record", action="store_true", help="write results into benchmarks/results/")
+    parser.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
+    parser.add_argument("--prepare", action="store_true", help="install what is missing besides torch, then exit")
+    args = parser.parse_args(argv)
+    if args.prepare:
+        return prepare()
+    out = args.out or Path(tempfile.mkdtemp(prefix=f"acceptance-{args.device}-"))
+    return run(args.device, args.lesson or ids, out, quick=args.quick, record=args.record, jobs=args.jobs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The torch range as a tested matrix: every lesson run as a learner would, on each torch version.
+
+    make torch-matrix                                    # the lowest, the pinned and the newest accepted
+    python benchmarks/torch_matrix.py --versions 2.4.0 2.14.1 --lesson 04_forward_ad
+
+For each version, a throwaway virtual environment (under ``.torch-matrix/``, never committed) gets
+that torch from the package index, then the course's package and what it needs besides torch
+(the way the lessons' Colab set-up cell installs it: the torch there is kept). Each lesson runs
+there top to bottom as a learner who finished it would have it (the student version with the
+instructor's answers), every cell in one namespace, with the warnings a learner would see in
+Jupyter (``DeprecationWarning`` from the notebook's own code, every ``FutureWarning`` and
+``UserWarning``), and must end with every visible check passing. The result is
+``docs/compatibility.md``: version x lesson (passes, seconds, the warnings shown), the machine
+and the date (the figures in ``docs/compatibility.json``; ``--render`` writes the page again). ``pyproject.toml`` declares the range this shows.
+
+Downloads: one torch wheel per version (and, from PyPI, its CUDA libraries: a few GB for
+versions whose Linux wheel is the CUDA build); everything else comes from the local pins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# Runs a notebook's code cells in one namespace as a kernel would (each cell from a file of its
+# own: TorchScript reads functions' source from disk), showing warnings as Jupyter does, and
+# prints one JSON line per cell: its index, seconds, error (or null), the warnings it showed.
+RUNNER = textwrap.dedent('''
+    import json, os, sys, time, traceback, warnings
+    nb = json.load(open(sys.argv[1]))
+    cells_dir = sys.argv[2]
+    os.makedirs(cells_dir, exist_ok=True)
+    shown = []
+    def record(message, category, filename, lineno, file=None, line=None):
+        shown.append(f"{category.__name__}: {str(message).splitlines()[0][:200]}")
+    warnings.showwarning = record
+    warnings.resetwarnings()
+    warnings.simplefilter("default")                      # FutureWarning, UserWarning...: once per place
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")  # IPython's rule
+    warnings.filterwarnings("ignore", category=PendingDeprecationWarning)
+    warnings.filterwarnings("ignore", category=ImportWarning)
+    ns = {"__name__": "__main__"}
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    for n, cell in enumerate(code):
+        src = "".join(cell["source"])
+        path = os.path.join(cells_dir, f"cell_{n:03d}.py")
+        with open(path, "w") as f:
+            f.write(src)
+        shown.clear()
+        start, error = time.time(), None
+        try:
+            exec(compile(src, path, "exec"), ns)
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        print("CELL " + json.dumps({"cell": n, "seconds": round(time.time() - start, 2), "error": error,
+                                    "warnings": sorted(set(shown))}), flush=True)
+        if error:
+            sys.exit(1)
+''')
+
+
+def accepted_range() -> tuple[str, str]:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    req = next(d for d in deps if re.match(r"torch\b", d))
+    bounds = dict(re.findall(r"(>=|<)([\w.]+)", req))
+    return bounds[">="], bounds["<"]
+
+
+def pinned() -> str:
+    for line in (ROOT / "requirements" / "lock.txt").read_text().splitlines():
+        if line.startswith("torch=="):
+            return line.split("==")[1].strip()
+    raise RuntimeError("requirements/lock.txt pins no torch")
+
+
+def default_versions() -> list[str]:
+    """The lowest release the package accepts, the one the pins name, and the newest below the cap
+    that the package index offers."""
+    low, cap = accepted_range()
+    newest = _newest_below(cap) or pinned()
+    return list(dict.fromkeys([_full(low), pinned(), newest]))
+
+
+def _full(version: str) -> str:
+    return version if version.count(".") >= 2 else version + ".0"
+
+
+def _newest_below(cap: str) -> str | None:
+    proc = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "torch"], capture_output=True, text=True)
+    found = re.search(r"Available versions: (.*)", proc.stdout)
+    if not found:
+        return None
+    limit = tuple(int(p) for p in cap.split(".")[:2])
+    ok = [v.strip() for v in found.group(1).split(",")
+          if re.fullmatch(r"\d+\.\d+\.\d+", v.strip()) and tuple(int(p) for p in v.strip().split(".")[:2]) < limit]
+    return max(ok, key=lambda v: tuple(map(int, v.split(".")))) if ok else None
+
+
+def _pip(python: Path, args: list[str], log: Path) -> None:
+    with log.open("a") as f:
+        f.write(f"$ pip {' '.join(args)}\n")
+        f.flush()
+        proc = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args], stdout=f,
+                              stderr=subprocess.STDOUT, env={**os.environ, "PIP_CONSTRAINT": ""})
+    if proc.returncode:
+        raise RuntimeError(f"pip {' '.join(args)[:200]} failed; its log: {log}")
+
+
+def environment(version: str, base: Path) -> Path:
+    """A virtual environment with torch ``version`` and the course (kept between runs)."""
+    venv = base / f"torch-{version}"
+    python = venv / "bin" / "python"
+    stamp = venv / ".ready"
+    if stamp.exists():
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    log = base / f"torch-{version}.log"
+    _pip(python, ["install", "--quiet", f"torch=={version}", "setuptools>=70.1"], log)  # setuptools: to install the course
+    keep = venv / "keep-torch.txt"
+    keep.write_text(f"torch=={version}\n")
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    needs = [d for d in deps if not re.match(r"torch\b", d)]
+    # the notebook's own tools come from the pins (matplotlib, tqdm...); the package as Colab gets it
+    _pip(python, ["install", "--quiet", "-c", str(keep), "--no-deps", "--no-build-isolation", "-e", str(ROOT)], log)
+    _pip(python, ["install", "--quiet", "-c", str(keep), *needs], log)
+    stamp.write_text(version + "\n")
+    return python
+
+
+def run_lesson(python: Path, lesson_id: str, work: Path) -> dict:
+    from autograder.solution_code import solved_notebook
+
+    work.mkdir(parents=True, exist_ok=True)
+    nb = work / f"{lesson_id}.ipynb"
+    nb.write_text(json.dumps(solved_notebook(lesson_id), indent=1, ensure_ascii=False))
+    (work / "runner.py").write_text(RUNNER)
+    cache = work / f"inductor-{lesson_id}"  # a learner's first run compiles from scratch: no warm cache
+    shutil.rmtree(cache, ignore_errors=True)
+    start = time.monotonic()
+    proc = subprocess.run([str(python), str(work / "runner.py"), str(nb), str(work / f"cells-{lesson_id}")],
+                          cwd=work, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "MPLBACKEND": "Agg", "COURSE_PROGRESS_FILE": str(work / "progress.json"),
+                               "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    seconds = time.monotonic() - start
+    cells = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("CELL ")]
+    errors = [c for c in cells if c["error"]]
+    passed = re.search(r"(\d+) of (\d+) exercises pass", proc.stdout)
+    ok = proc.returncode == 0 and not errors and passed is not None and passed.group(1) == passed.group(2)
+    return {"ok": ok, "seconds": round(seconds, 1),
+            "exercises": passed.group(0) if passed else None,
+            "error": (f"cell {errors[0]['cell']}: {errors[0]['error']}" if errors else
+                      None if ok else (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]),
+            "warnings": sorted({w for c in cells for w in c["warnings"]})}
+
+
+def markdown(results: dict, lessons: list[str], machine: str, date: str) -> str:
+    low, cap = accepted_range()
+    versions = list(results)
+    lines = ["# Compatibility: the torch range, tested", "",
+             f"Written by `make torch-matrix` (`benchmarks/torch_matrix.py`) on {machine}, "
+             f"{date}. `pyproject.toml` accepts torch>={low},<{cap}; the pins "
+             f"(`requirements/lock.txt`) name {pinned()}. Each lesson ran top to bottom as a learner who "
+             "finished it (the student version with the instructor's answers), with the warnings Jupyter "
+             "would show; \"passes\" means every cell ran and the closing self-check found every exercise "
+             "passing.", "",
+             "| lesson | " + " | ".join(f"torch {v}" for v in versions) + " |",
+             "|---|" + "---|" * len(versions)]
+    for lesson in lessons:
+        row = []
+        for v in versions:
+            r = results[v].get(lesson)
+            if r is None:
+                row.append("-")
+            else:
+                warn = f", {len(r['warnings'])} warning(s)" if r["warnings"] else ""
+                row.append(f"{'passes' if r['ok'] else 'FAILS'} ({r['seconds']:.0f} s{warn})")
+        lines.append(f"| {lesson} | " + " | ".join(row) + " |")
+    lines += ["", "## What a learner sees", ""]
+    for v in versions:
+        lines.append(f"**torch {v}**")
+        lines.append("")
+        any_line = False
+        for lesson in lessons:
+            r = results[v].get(lesson)
+            if not r:
+                continue
+            if r.get("error"):
+                lines.append(f"- {lesson}: fails at {r['error']}")
+                any_line = True
+            for w in r["warnings"]:
+                lines.append(f"- {lesson}: {w}")
+                any_line = True
+        if not any_line:
+            lines.append("- no warning, no error")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    from course.doctor import machine_name
+    from course.lessons import catalog
+
+    ids = [item["id"] for item in catalog()]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--versions", nargs="+", default=None, help="default: lowest, pinned and newest accepted")
+    ap.add_argument("--lesson", action="append", choices=ids, help="only these lessons (repeatable)")
+    ap.add_argument("--base", type=Path, default=ROOT / ".torch-matrix", help="where the environments live")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "compatibility.md")
+    ap.add_argument("--render", action="store_true", help="only write the page again from its .json")
+    ap.add_argument("--fresh", action="store_true", help="forget the figures of versions not run this time")
+    args = ap.parse_args()
+    if args.render:
+        saved = json.loads(args.out.with_suffix(".json").read_text())
+        lessons = [i for i in ids if any(i in r for r in saved["runs"].values())]
+        args.out.write_text(markdown(saved["runs"], lessons, saved["machine"], saved["date"]))
+        return 0
+    versions = args.versions or default_versions()
+    lessons = args.lesson or ids
+    args.base.mkdir(parents=True, exist_ok=True)
+    # Versions not run this time keep their earlier figures (one version can be run again alone).
+    saved = args.out.with_suffix(".json")
+    results: dict[str, dict] = json.loads(saved.read_text())["runs"] if saved.exists() and not args.fresh else {}
+    today = dt.date.today().isoformat()
+
+    def write() -> str:
+        order = sorted(results, key=lambda v: tuple(int(p) for p in re.findall(r"\d+", v)[:3]))
+        ordered = {v: results[v] for v in order}
+        shown = [i for i in ids if any(i in r for r in ordered.values())]
+        text = markdown(ordered, shown, machine_name(), today)
+        args.out.write_text(text)
+        saved.write_text(json.dumps({"machine": machine_name(), "date": today, "runs": ordered}, indent=1) + "\n")
+        return text
+
+    for version in versions:
+        print(f"torch {version}: preparing its environment", flush=True)
+        python = environment(version, args.base)
+        results[version] = {}
+        for lesson in lessons:
+            r = run_lesson(python, lesson, args.base / "runs" / version)
+            results[version][lesson] = r
+            write()
+            print(f"  {lesson}: {'passes' if r['ok'] else 'FAILS'} in {r['seconds']:.0f} s"
+                  f"{'; ' + r['error'] if r['error'] else ''}; {len(r['warnings'])} warning(s)", flush=True)
+    print(write())
+    return 0 if all(r["ok"] for v in versions for r in results[v].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The acceptance command (``make gpu-check``; ``python -m autograder acceptance``): on a CPU it
+runs the same acceptance with the CPU bars, so CI proves the command a GPU machine will run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograder import acceptance
+from course.lessons import catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("lesson_id", [item["id"] for item in catalog()])
+def test_every_lesson_has_a_planted_mistake_and_a_benchmark(lesson_id):
+    assert acceptance.planted_notebook(lesson_id) != (ROOT / "solutions" / lesson_id / f"{lesson_id}.ipynb").read_text()
+    assert (ROOT / "benchmarks" / acceptance.BENCHMARKS[lesson_id]).is_file()
+
+
+def _csv(path: Path, rows: list[dict]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_a_lesson_is_accepted_only_when_all_three_rows_are_as_expected(tmp_path):
+    lesson = "04_forward_ad"
+    broken = acceptance.PLANTED[lesson][2]
+    cells = ["test_dual", "test_jacobians", "test_jacobian_speed"]
+
+    def rows(untouched=0.0, planted_off=()):
+        g = [{"student_id": s, "lesson_id": lesson, "score": sc, "max_score": 6.0, "status": "graded",
+              "seconds": 1, "peak_rss_mb": 1, "detail": ""}
+             for s, sc in (("perfect", 6.0), ("untouched", untouched), ("planted", 2.0))]
+        c = []
+        for s in acceptance.SUBMISSIONS:
+            for cell in cells:
+                full = 2.0 if s == "perfect" or (s == "planted" and cell not in broken) ^ (cell in planted_off) else 0.0
+                c.append({"student_id": s, "lesson_id": lesson, "grade_id": cell, "score": full})
+        return _csv(tmp_path / "g.csv", g), _csv(tmp_path / "c.csv", c)
+
+    assert acceptance.check_lesson(lesson, *rows())[1] == []
+    assert "untouched student version scored 2.0" in acceptance.check_lesson(lesson, *rows(untouched=2.0))[1][0]
+    problems = acceptance.check_lesson(lesson, *rows(planted_off={"test_dual"}))[1]
+    assert problems and "test_dual" in problems[0]
+
+
+def test_cuda_acceptance_without_a_gpu_says_what_to_do():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = subprocess.run([sys.executable, "-m", "autograder", "acceptance", "--device", "cuda"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr and "--device cpu" in proc.stderr
+
+
+@pytest.mark.notebooks
+@pytest.mark.timeout(1200)
+def test_the_cpu_acceptance_of_one_lesson_grades_three_versions_and_runs_its_benchmark(tmp_path):
+    out = tmp_path / "acc"
+    proc = subprocess.run([sys.executable, "-m", "autograder", "acceptance", "--device", "cpu", "--lesson",
+                           "04_forward_ad", "--quick", "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "acceptance-cpu.json").read_text())
+    rows = summary["lessons"]["04_forward_ad"]["rows"]
+    assert rows["perfect"]["score"] == rows["perfect"]["max_score"] and float(rows["untouched"]["score"]) == 0
+    assert summary["lessons"]["04_forward_ad"]["benchmark"]["exit"] == 0
+    speed = summary["lessons"]["04_forward_ad"]["speed"]
+    assert speed and all(s["measured"] >= s["bar"] for s in speed), speed
+    text = (out / "acceptance-cpu.md").read_text()
+    assert "Nothing: every expectation held." in text and "| 04_forward_ad |" in text

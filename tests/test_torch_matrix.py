@@ -1,0 +1,74 @@
+"""The torch matrix (make torch-matrix): its runner sees the warnings a learner would see in
+Jupyter and stops at the first failing cell, its versions come from pyproject.toml and the pins,
+and its page says what ran where. (The matrix itself downloads torch builds: run by hand, its
+result committed as docs/compatibility.md.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch_matrix as TM  # noqa: E402
+
+
+def _notebook(path: Path, *cells: str) -> Path:
+    path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": c} for c in cells]}))
+    return path
+
+
+def test_the_runner_shows_what_jupyter_shows_and_stops_at_an_error(tmp_path):
+    (tmp_path / "runner.py").write_text(TM.RUNNER)
+    (tmp_path / "lib_mod.py").write_text("import warnings\n"
+                                         "def old():\n    warnings.warn('library deprecation', DeprecationWarning)\n"
+                                         "def future():\n    warnings.warn('changes soon', FutureWarning)\n")
+    nb = _notebook(tmp_path / "nb.ipynb",
+                   "import sys; sys.path.insert(0, '.')\nimport lib_mod\nlib_mod.old()\nlib_mod.future()",
+                   "import warnings\nwarnings.warn('from the notebook', DeprecationWarning)",
+                   "raise ValueError('planted')", "print('never')")
+    proc = subprocess.run([sys.executable, "runner.py", str(nb), str(tmp_path / "cells")], cwd=tmp_path,
+                          capture_output=True, text=True)
+    cells = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("CELL ")]
+    assert proc.returncode == 1 and len(cells) == 3
+    assert cells[0]["warnings"] == ["FutureWarning: changes soon"]  # a library's DeprecationWarning is hidden
+    assert cells[1]["warnings"] == ["DeprecationWarning: from the notebook"]
+    assert cells[2]["error"] == "ValueError: planted"
+
+
+def test_the_versions_are_the_range_and_the_pins(monkeypatch):
+    low, cap = TM.accepted_range()
+    assert (low, cap) == ("2.4", "2.16")
+    monkeypatch.setattr(TM, "_newest_below", lambda cap: "2.15.0")
+    assert TM.default_versions() == ["2.4.0", TM.pinned(), "2.15.0"]
+
+
+def test_the_page_names_every_version_lesson_and_warning():
+    results = {"2.4.0": {"04_forward_ad": {"ok": True, "seconds": 40.0, "error": None, "warnings": []}},
+               "2.14.1": {"04_forward_ad": {"ok": False, "seconds": 12.0, "error": "cell 3: ValueError: x",
+                                            "warnings": ["FutureWarning: y"]}}}
+    text = TM.markdown(results, ["04_forward_ad"], "a test machine", "2026-11-25")
+    assert "| 04_forward_ad | passes (40 s) | FAILS (12 s, 1 warning(s)) |" in text
+    assert "fails at cell 3: ValueError: x" in text and "04_forward_ad: FutureWarning: y" in text
+
+
+def test_the_committed_matrix_covers_the_declared_range():
+    """pyproject.toml declares what docs/compatibility.json shows: every lesson passing on the lowest
+    release it accepts, on the pinned one, and on a release of the newest minor version below its
+    cap. Changing the range without running the matrix again fails here."""
+    from course.lessons import catalog
+
+    runs = json.loads((ROOT / "docs" / "compatibility.json").read_text())["runs"]
+    low, cap = TM.accepted_range()
+    major, minor = (int(p) for p in cap.split(".")[:2])
+    newest = [v for v in runs if tuple(int(p) for p in v.split(".")[:2]) == (major, minor - 1)]
+    assert TM._full(low) in runs and TM.pinned() in runs and newest, sorted(runs)
+    for version in (TM._full(low), TM.pinned(), *newest):
+        results = runs[version]
+        assert set(results) == {item["id"] for item in catalog()}, version
+        assert all(r["ok"] and not r["warnings"] for r in results.values()), (version, results)
