@@ -117,14 +117,7 @@ def build(value: Any, device: str = "cpu") -> Any:
     """``value`` with every :class:`course.wire.Recipe` in it built here by its registered builder,
     and every tensor moved to ``device``: what the learner's process makes of a request's arguments."""
     if isinstance(value, wire.Recipe):
-        module = value.name.rpartition(".")[0]
-        if value.name not in RECIPES and module.startswith("course.") and module.replace(".", "").isidentifier():
-            import importlib
-
-            importlib.import_module(module)  # the course module that registers it (a check's own helpers)
-        if value.name not in RECIPES:
-            raise ValueError(f"no recipe named {value.name!r}")
-        obj = RECIPES[value.name](**{k: build(v, device) for k, v in value.args.items()})
+        obj = _registered(RECIPES, value.name, "recipe")(**{k: build(v, device) for k, v in value.args.items()})
         return getattr(obj, value.attr) if value.attr else obj
     if isinstance(value, torch.Tensor):
         return _arrive(value, device)
@@ -137,6 +130,21 @@ def build(value: Any, device: str = "cpu") -> Any:
     if type(value) is dict:
         return {k: build(v, device) for k, v in value.items()}
     return value
+
+
+def _registered(table: dict[str, Callable[..., Any]], name: Any, kind: str) -> Callable[..., Any]:
+    """The function registered in ``table`` (RECIPES, PROBES) under ``name``, importing the course
+    module that registers it when this process has not yet (a check's own helpers); nothing outside
+    ``course`` is ever imported for a name the other side sent."""
+    if name not in table and isinstance(name, str):
+        module = name.rpartition(".")[0]
+        if module.startswith("course.") and module.replace(".", "").isidentifier():
+            import importlib
+
+            importlib.import_module(module)
+    if not isinstance(name, str) or name not in table:
+        raise ValueError(f"no {kind} named {name!r}")
+    return table[name]
 
 
 _CHECK_WEIGHTS: dict[tuple, torch.Tensor] = {}
@@ -530,16 +538,7 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
             reply["after"] = [args, kwargs]
         return reply
     if op == "probe":
-        fn = PROBES.get(message.get("probe"))
-        if fn is None:
-            module = str(message.get("probe")).rpartition(".")[0]
-            if module.startswith("course.") and module.replace(".", "").isidentifier():
-                import importlib
-
-                importlib.import_module(module)  # the course module that registers it
-            fn = PROBES.get(message.get("probe"))
-        if fn is None:
-            raise ValueError(f"no probe named {message.get('probe')!r}")
+        fn = _registered(PROBES, message.get("probe"), "probe")
         device = message.get("device", "cpu")
         args, kwargs = build(message.get("args", []), device), build(message.get("kwargs", {}), device)
         # every line of a probe may run the learner's code (a property, an operator): the course's
