@@ -95,9 +95,12 @@ def judge(program: Program, outcome: Outcome, reference: Transcript) -> list[Cel
 def _why_not(cell, rep, expected, tampered_from, outcome, program) -> str:
     if rep is None or not rep.finished:
         return f"not graded: the run stopped before this cell ({outcome.status}: {outcome.detail})"
-    # A served cell's check ran in the judge: patching the learner's process cannot reach its evidence.
-    if tampered_from is not None and tampered_from <= cell.index and not cell.served:
-        return "not graded: guarded modules were patched before or during this cell (flag 'tampered')"
+    # A served cell's check ran in the judge: patching the learner's process cannot reach its evidence,
+    # except what a probe reported from there (structure facts), which patching can forge.
+    if tampered_from is not None and tampered_from <= cell.index and (not cell.served or rep.probed):
+        return ("not graded: guarded modules were patched before or during this cell (flag 'tampered')"
+                + (", and its check relied on what the course's probe reported from your notebook's process"
+                   if cell.served else ""))
     if rep.error:
         return rep.error
     got = rep.records

@@ -25,6 +25,7 @@ from torch import nn
 
 from course.devices import pick_device
 from course.models import small_resnet
+from course.remote import recipe
 
 __all__ = ["PLANTED_VARIANTS", "channels_last_strides_of", "cpu_has_native_bf16", "memory_format_of", "op_name",
            "planted_model", "plot_layout", "plot_layouts", "tensors_in"]
@@ -215,6 +216,7 @@ def _make(kind: str, channels: int, seed: int) -> nn.Module:
     raise ValueError(kind)
 
 
+@recipe
 def planted_model(variant: str = "coords", *, seed: int = 0, width: int = 16, blocks: tuple[int, ...] = (1, 1, 1),
                   device=None) -> nn.Module:
     """A seeded ``small_resnet`` (in eval mode) with two format-losing modules planted between

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from course.devices import pick_device
+from course.remote import recipe
 
 __all__ = ["BasicBlock", "ConvBN", "SmallResNet", "small_resnet"]
 
@@ -79,6 +80,7 @@ class SmallResNet(nn.Module):
         return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+@recipe
 def small_resnet(*, seed: int, width: int = 16, blocks: tuple[int, ...] = (1, 1, 1), tap: bool = False,
                  device=None, dtype: torch.dtype = torch.float32, eval_mode: bool = True,
                  randomize_bn: bool = True) -> SmallResNet:
@@ -101,6 +103,7 @@ def small_resnet(*, seed: int, width: int = 16, blocks: tuple[int, ...] = (1, 1,
     return model.eval() if eval_mode else model
 
 
+@recipe
 def small_resnet_channels(*, seed: int, in_channels: int, width: int = 16, device=None,
                           dtype: torch.dtype = torch.float32, **kwargs) -> SmallResNet:
     """``small_resnet`` for images with ``in_channels`` channels (1: grayscale). Lesson 3 uses

@@ -72,6 +72,7 @@ def probe(answer: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     if PROBES.get(name) is not fn:
         raise ValueError(f"{name} is not a registered probe (course.remote.prober)")
     device = next((str(t.device) for t in _tensors((args, kwargs))), "cpu")
+    answer._link.probes += 1  # the judge reports it: this cell's verdict rests partly on that process's word
     try:
         reply = answer._link.request({"op": "probe", "name": answer.__name__, "probe": name, "args": list(args),
                                       "kwargs": dict(kwargs), "grad_mode": torch.is_grad_enabled(),
@@ -101,8 +102,13 @@ def recipe(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def built(*args: Any, **kwargs: Any) -> Any:
         obj = fn(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs).arguments
-        values = {k: (str(v) if isinstance(v, torch.device) else v) for k, v in bound.items()}
+        values = {}
+        for k, v in signature.bind(*args, **kwargs).arguments.items():
+            kind = signature.parameters[k].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:  # not expressible by name: no recipe
+                return obj
+            for key, value in (v.items() if kind is inspect.Parameter.VAR_KEYWORD else [(k, v)]):
+                values[key] = str(value) if isinstance(value, torch.device) else value
         try:
             obj.__recipe__ = (name, values, id(obj))  # a copy of obj is not what the recipe built
         except AttributeError:  # an object without a __dict__ crosses as its description
@@ -185,11 +191,16 @@ class Link:
 
     def __init__(self, send_fd: int, recv_fd: int):
         self.send_fd, self.recv_fd, self.seq = send_fd, recv_fd, 0
+        self.probes = 0  # probes asked for on this link (see probe)
+        self.broken = ""  # why the other side is no longer heard (a frame over the size limit)
         self.recipes = True  # the learner's side (serve) sends objects as what they are, never as recipes
         self._buffer = bytearray()  # bytes read and not yet taken: a read cut short keeps its place
 
     def send(self, value: Any) -> None:
         data = wire.encode(value, recipes=self.recipes)
+        if len(data) > wire.MAX_BYTES:  # the other side would refuse it: say so instead of sending it
+            raise wire.WireError(f"a value of {len(data) / 2**20:.0f} MB, over the {wire.MAX_BYTES // 2**20} MB "
+                                 "that can cross between the grader's processes")
         view = memoryview(_FRAME.pack(len(data)) + data)
         while view:
             view = view[os.write(self.send_fd, view):]
@@ -197,10 +208,15 @@ class Link:
     def receive(self) -> Any:
         """The next value. A receive interrupted part-way (a time limit) loses nothing: the bytes
         it read stay buffered, so the next receive resumes the same frame."""
+        if self.broken:
+            raise RemoteError(self.broken)
         self._fill(_FRAME.size)
         (size,) = _FRAME.unpack_from(self._buffer)
         if size > wire.MAX_BYTES:
-            raise wire.WireError(f"a message of {size} bytes, over the limit")
+            # The stream cannot be followed past a frame it will not read: nothing more is heard.
+            self.broken = (f"the learner's process sent a message of {size / 2**20:.0f} MB, over the "
+                           f"{wire.MAX_BYTES // 2**20} MB limit; nothing it sends is heard any more")
+            raise RemoteError(self.broken)
         self._fill(_FRAME.size + size)
         data = bytes(self._buffer[_FRAME.size:_FRAME.size + size])
         del self._buffer[:_FRAME.size + size]
@@ -216,6 +232,8 @@ class Link:
     def request(self, message: dict) -> Any:
         """Send ``message``; the value of the reply, or the learner's exception raised here.
         Replies to earlier requests (one interrupted by a time limit) are skipped."""
+        if self.broken:
+            raise RemoteError(self.broken)
         self.seq += 1
         self.send({**message, "seq": self.seq})
         while True:

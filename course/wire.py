@@ -3,7 +3,8 @@
 What a trusted check sends to the learner's process (inputs) and what comes back (outputs,
 gradients) is encoded here: a JSON header that describes the structure (``None``, booleans,
 numbers, strings, lists, tuples, dicts with string keys, dtypes, tensors) followed by the raw
-bytes of every tensor. Two more kinds carry objects without their code: a *recipe* (an object the
+bytes of every tensor. A dense tensor keeps its exact strides (lesson 3's channels-last layouts,
+ambiguous shapes included, are what its checks judge); any other crosses contiguous. Two more kinds carry objects without their code: a *recipe* (an object the
 course builds from plain values, such as a seeded layer: its registered builder's name, the
 values, and at most one public attribute, ``Recipe``; see :func:`course.remote.recipe`), and a
 *named* object from a short allowlist (``torch.func.jacfwd``...), which decodes to that very object.
@@ -131,8 +132,9 @@ def _recipe_of(v: Any) -> tuple | None:
 
 
 def encode(value: Any, *, recipes: bool = True) -> bytes:
-    """``value`` as bytes: tensors are copied to the CPU, detached, made contiguous; their
-    ``requires_grad`` flag travels with them. With ``recipes=False`` (what the learner's side
+    """``value`` as bytes: tensors are copied to the CPU and detached; a dense one keeps its
+    strides exactly (a channels-last tensor arrives channels-last, a transpose transposed), any
+    other is made contiguous; their ``requires_grad`` flag travels with them. With ``recipes=False`` (what the learner's side
     sends back), objects a recipe built cross as what they are now (a module as its state),
     never as how they were built."""
     buffers: list[bytes] = []
@@ -161,10 +163,17 @@ def _to_json(v: Any, buffers: list[bytes], depth: int, recipes: bool = True) -> 
         name = str(t.dtype).replace("torch.", "")
         if name not in _DTYPES or t.dim() > MAX_TENSOR_DIMS:
             return {"o": f"torch.Tensor ({t.dtype})"}
-        t = t.to("cpu").contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        t = t.to("cpu")
+        plain = t.is_contiguous() and list(t.stride()) == _row_major(list(t.shape))
+        strides = None if plain else _dense_strides(list(t.shape), list(t.stride()))
+        if strides is None:
+            t = t.contiguous()
+            flat = t.reshape(-1)
+        else:  # dense in another order (channels-last, a transpose): its elements as they lie in memory
+            flat = t.as_strided((t.numel(),), (1,), t.storage_offset())
+        data = flat.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         buffers.append(data)
-        return {"t": [name, list(t.shape), len(data), bool(v.requires_grad)]}
+        return {"t": [name, list(t.shape), len(data), bool(v.requires_grad)] + ([strides] if strides else [])}
     if isinstance(v, torch.dtype):
         return {"d": str(v).replace("torch.", "")}
     if type(v) is list:
@@ -190,6 +199,32 @@ def _to_json(v: Any, buffers: list[bytes], depth: int, recipes: bool = True) -> 
         return {"M": [kind[:200], _to_json({k: t for k, t in state.items() if type(k) is str}, buffers, depth + 1,
                                            recipes)]}
     return {"o": f"{type(v).__module__}.{type(v).__qualname__}"[:200]}
+
+
+def _row_major(shape: list) -> list:
+    """The strides of a contiguous tensor of ``shape``, exactly as PyTorch gives them."""
+    out, acc = [], 1
+    for size in reversed(shape):
+        out.append(acc)
+        acc *= max(size, 1)
+    return out[::-1]
+
+
+def _dense_strides(shape: list, strides: list) -> list | None:
+    """``strides`` when a tensor of ``shape`` with them is dense (its elements fill a block of
+    memory, each once, in some order of the dimensions), else None. Dimensions of size 1 may have
+    any stride (they are never stepped along); the others, sorted by stride, must each step over
+    exactly the dimensions inside them."""
+    if not shape or math.prod(shape) == 0 or len(strides) != len(shape):
+        return None
+    if not all(type(s) is int and 0 <= s < 2**40 for s in strides):
+        return None
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(strides, shape) if sz != 1):
+        if stride != expected:
+            return None
+        expected *= size
+    return list(strides)
 
 
 def decode(data: bytes) -> Any:
@@ -284,7 +319,9 @@ class _Reader:
     def tensor(self, body: Any) -> torch.Tensor:
         if not (isinstance(body, list) and len(body) in (4, 5) and body[0] in _DTYPES and isinstance(body[1], list)
                 and len(body[1]) <= MAX_TENSOR_DIMS and all(type(s) is int and 0 <= s < 2**40 for s in body[1])
-                and type(body[2]) is int and type(body[3]) is bool and body[4:] in ([], ["meta"])):
+                and type(body[2]) is int and type(body[3]) is bool
+                and (body[4:] in ([], ["meta"]) or (isinstance(body[4], list)
+                                                    and _dense_strides(body[1], body[4]) is not None))):
             raise WireError("a malformed tensor")
         if body[4:] == ["meta"]:  # shape and dtype only: no bytes
             if body[2] != 0:
@@ -300,6 +337,10 @@ class _Reader:
             t = torch.empty(shape, dtype=dtype)
         else:
             t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
+        if len(body) == 5 and isinstance(body[4], list):  # dense, in the order its strides give
+            laid = torch.empty_strided(shape, body[4], dtype=dtype)
+            laid.as_strided((numel,), (1,), 0).copy_(t.reshape(-1))
+            t = laid
         if grad and (dtype.is_floating_point or dtype.is_complex):
             t.requires_grad_(True)
         return t

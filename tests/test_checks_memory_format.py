@@ -162,10 +162,22 @@ class Twice(nn.Module):
         return self.model(x)
 
 
+def test_a_wrapped_or_replaced_model_is_not_a_conversion(cl_solution):
+    def wrapped(model, x):
+        model, x = cl_solution.to_channels_last(model, x)
+        return Twice(model), x
+
+    with pytest.raises(AssertionError, match="returned a Twice, not the SmallResNet it was given"):
+        C.check_to_channels_last(wrapped)
+    with pytest.raises(AssertionError, match="returned a Twice"):
+        C.check_channels_last_speed(wrapped, cl_solution.autocast_inference, bars={"cpu": 1.1, "cuda": 1.15}, **SPEED)
+
+
 def test_speed_check_fails_a_channels_last_model_that_is_slower(cl_solution):
     def slow(model, x):
         model, x = cl_solution.to_channels_last(model, x)
-        return Twice(model), x
+        model.register_forward_hook(lambda m, args, out: [m.stages(m.stem(args[0]))] and None)  # the work twice
+        return model, x
 
     with pytest.raises(AssertionError, match="bar on this device is 1.10x"):
         C.check_channels_last_speed(slow, cl_solution.autocast_inference, bars={"cpu": 1.1, "cuda": 1.15},

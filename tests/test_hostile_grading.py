@@ -410,3 +410,39 @@ def test_a_warning_shown_through_the_harness_is_not_probing_and_its_other_files_
     assert not any("protocol.py" in d or "child.py" in d for d in probing), probing
     if sandbox == "none":  # in bubblewrap the checkout is not there to open at all
         assert any("grade.py" in d for d in probing), out.flags
+
+
+FORGED_PROBE = '''
+import torch
+def autocast_inference(model, x):
+    # patched while the judge's probe runs here: the probe's report ("autocast was on") is forged
+    torch.is_autocast_enabled = lambda *a: True
+    torch.get_autocast_dtype = lambda *a: torch.bfloat16
+    with torch.no_grad():
+        return model(x).to(torch.bfloat16)
+'''
+
+
+def test_a_probe_report_forged_while_serving_sets_the_served_cell_aside(tmp_path):
+    """A served check that asked the learner's process for a structure fact (a probe) rests partly on
+    that process's word: patching found there right after the cell marks that cell, and the judge
+    says the cell used a probe, so the verdict sets it aside (tests/test_verdict.py)."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    setup = "import torch\nfrom course.checks.memory_format import check_autocast_inference\n"
+    cells = [
+        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
+        {"index": 1, "id": "b", "kind": "solution", "source": FORGED_PROBE, "grade_id": "sol",
+         "answers": ["autocast_inference"]},
+        {"index": 2, "id": "c", "kind": "test", "source": "check_autocast_inference(autocast_inference, width=8, size=32)\n",
+         "grade_id": "t", "served": True},
+        {"index": 3, "id": "d", "kind": "instructor", "source": "print('after')", "grade_id": ""},
+    ]
+    out = run_program(cells, judge_setup=[setup], sandbox=sandbox, cell_timeout=60, timeout=120, memory_mb=2000,
+                      log=tmp_path / "log")
+    assert out.status == "ok", out
+    served = out.cells[2]
+    assert not served.error and served.probed, served  # the forgery fooled the probe...
+    assert served.tampered, served  # ...and was found, against this very cell
+    assert any(name == "tampered" and "is_autocast_enabled" in detail for name, detail in out.flags), out.flags

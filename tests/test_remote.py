@@ -88,6 +88,23 @@ def test_wire_describes_what_it_does_not_carry():
     assert out[1] != torch.zeros(1).sum().item()
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_wire_keeps_the_exact_strides_of_dense_tensors(seed):
+    """A dense tensor in any order of its dimensions (channels-last, a transpose, a permutation,
+    size-1 dimensions with any stride) arrives with the same strides; any other is made contiguous."""
+    rng = random.Random(seed)
+    shape = [rng.choice([1, 1, 2, 3, 5]) for _ in range(rng.randint(1, 5))]
+    order = rng.sample(range(len(shape)), len(shape))
+    t = torch.randn([shape[d] for d in order], dtype=torch.float64).permute([order.index(d) for d in range(len(shape))])
+    if t.dim() == 4 and rng.random() < 0.5:
+        t = t.contiguous().to(memory_format=torch.channels_last)
+    back = wire.decode(wire.encode(t))
+    assert back.stride() == t.stride() and torch.equal(back, t)
+    strided = t.unsqueeze(0).expand(2, *t.shape) if rng.random() < 0.5 else torch.randn(2 * t.numel())[::2]
+    back = wire.decode(wire.encode(strided))
+    assert back.is_contiguous() and torch.equal(back, strided)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_wire_refuses_damaged_bytes_with_its_own_error(seed):
     """Whatever bytes the learner's side sends: a value or WireError, never another exception."""
@@ -114,6 +131,11 @@ def test_wire_refuses_damaged_bytes_with_its_own_error(seed):
     b'[' * 5000 + b']' * 5000,                                # nesting
     b'{"s":' + b'1' * 400 + b'}',                             # an integer of 400 digits
     b'NaN', b'{"x":1}', b'{"f":"1e999"}', b'"\\ud800"',
+    b'{"t":["float32",[2,2],16,false,[0,1]]}',                # strides that overlap (a broadcast)
+    b'{"t":["float32",[2,2],16,false,[1,1]]}',                # two elements in one place
+    b'{"t":["float32",[2,2],16,false,[4,1]]}',                # gaps: more memory than its bytes
+    b'{"t":["float32",[2,2],16,false,[2]]}',                  # strides of another rank
+    b'{"t":["float32",[2,2],16,false,[-1,2]]}',               # a negative stride
 ])
 def test_wire_refuses_values_built_to_hurt(header):
     data = len(header).to_bytes(4, "big") + header
@@ -402,3 +424,31 @@ def test_without_the_grader_references_the_speed_baseline_is_the_learners_own(mo
         C.check_layer_speed(torch.compile(lstm_layer, backend="eager"), lstm_layer, bars={"cpu": 1.0, "cuda": 1.0},
                             **{k: v for k, v in SIZES.items()}, attempts=1)
     assert seen and seen[0] == ("eager", lstm_layer)
+
+
+def test_a_result_too_large_to_cross_is_the_learners_error_and_the_channel_goes_on(monkeypatch):
+    from served_helpers import served
+
+    monkeypatch.setattr(wire, "MAX_BYTES", 2**20)
+    for learner in served({"big": lambda: torch.zeros(2**19), "small": lambda: torch.ones(3)}):
+        with pytest.raises(RuntimeError, match="could not be sent: a value of 2 MB, over the 1 MB"):
+            learner("big")()
+        assert torch.equal(learner("small")(), torch.ones(3))  # still in step
+
+
+def test_a_frame_over_the_limit_breaks_the_channel_for_good_not_the_judge():
+    from course.remote import RemoteError
+    import struct
+
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    judge = Link(a_w, b_r)
+    os.write(b_w, struct.pack(">Q", 2**60))  # a forged header: 1 EiB to follow
+    try:
+        with pytest.raises(RemoteError, match="over the 256 MB limit; nothing it sends is heard any more"):
+            judge.request({"op": "call", "name": "f", "args": [], "kwargs": {}})
+        with pytest.raises(RemoteError, match="nothing it sends is heard"):  # at once, without reading
+            judge.request({"op": "call", "name": "f", "args": [], "kwargs": {}})
+    finally:
+        for fd in (a_r, a_w, b_r, b_w):
+            os.close(fd)

@@ -60,3 +60,20 @@ def test_an_implausibly_fast_candidate_is_flagged_not_credited(transcript):
 def test_no_record_where_the_instructor_made_one_is_a_failure(transcript):
     verdict = judge(_program(), _outcome([]), transcript)[0]
     assert verdict.points == 0 and "made 0 comparison(s)" in verdict.message
+
+
+@pytest.mark.parametrize("served, probed, earns", [(False, False, 0.0), (True, False, 2.0), (True, True, 0.0)])
+def test_patching_costs_a_served_cell_only_where_a_probe_reported_from_the_learners_process(served, probed, earns):
+    """Patching the learner's process cannot reach a served check's evidence, except what the
+    course's probe reported from there (structure facts): such a cell is set aside like one
+    checked in that process."""
+    program = Program("l", "l.ipynb", [Cell(0, "s", "solution", "x = 1", "sol"),
+                                       Cell(1, "t", TEST, "check(x)", "speed_test", 2.0, served=served)])
+    transcript = Transcript.from_outcome(program, _outcome([_speed(1.6)]))
+    outcome = Outcome("ok", {0: CellReport(0, finished=True, tampered=True),
+                             1: CellReport(1, records=[_speed(1.6)], finished=True, probed=probed)}, [], 1.0, 10.0)
+    verdict = judge(program, outcome, transcript)[0]
+    assert verdict.points == earns
+    if not earns:
+        assert "flag 'tampered'" in verdict.message
+        assert ("probe reported" in verdict.message) is served

@@ -80,11 +80,19 @@ OWN_FILES = frozenset(os.path.realpath(p) for p in (__file__, protocol.__file__)
 Channel, read_exact, set_limits, plain = protocol.Channel, protocol.read_exact, protocol.set_limits, protocol.plain
 
 
+#: Classes of guarded libraries whose methods the course's probes and watchers rely on: their own
+#: attributes are sealed too (a probe's report could be forged by patching them).
+SEALED_CLASSES = {"torch.overrides": ("TorchFunctionMode",), "torch.nn.modules.module": ("Module",),
+                  "torch.autograd.function": ("Function",), "torch.amp.autocast_mode": ("autocast",)}
+
+
 class Seal:
-    """Which callables and modules the guarded modules held before learner code ran."""
+    """Which callables and modules the guarded modules held before learner code ran, and the
+    attributes of the course's own classes (and of ``SEALED_CLASSES``)."""
 
     def __init__(self):
         self.snapshot: dict[str, tuple[object, dict]] = {}
+        self.classes: dict[str, list[tuple[type, dict]]] = {}
         self.take()
 
     @staticmethod
@@ -105,6 +113,11 @@ class Seal:
             except TypeError:
                 continue
             self.snapshot[name] = (mod, entries)
+            if name.split(".")[0] == "course":
+                classes = [v for v in entries.values() if isinstance(v, type) and v.__module__ == name]
+            else:
+                classes = [entries[c] for c in SEALED_CLASSES.get(name, ()) if isinstance(entries.get(c), type)]
+            self.classes[name] = [(cls, dict(vars(cls))) for cls in classes]
 
     def broken(self) -> list[str]:
         changed = []
@@ -122,6 +135,16 @@ class Seal:
                     changed.append(f"{name}.{key} replaced")
                     if len(changed) > 5:
                         return changed
+            for cls, attrs in self.classes.get(name, ()):
+                now_attrs = vars(cls)
+                for key in set(attrs) | set(now_attrs):
+                    if key == "__dict__" or key == "__weakref__":
+                        continue
+                    if now_attrs.get(key, _MISSING) is not attrs.get(key, _MISSING) and (
+                            ours or not _from_guarded(now_attrs.get(key, _MISSING))):
+                        changed.append(f"{name}.{cls.__qualname__}.{key} replaced")
+                        if len(changed) > 5:
+                            return changed
         return changed
 
 
@@ -295,6 +318,17 @@ def main() -> int:
             while link is not None and isinstance(alarm.run(serve, link, namespace), protocol.CellTimeout):
                 continue
             sys.stdout, sys.stderr = real_out, real_err
+            # What a probe reported in this cell is this process's word: patching found now (done
+            # while serving) is flagged against this cell, so that the parent can set it aside.
+            state["busy"] = True
+            try:
+                broken = seal.broken() if not tampered else []
+            finally:
+                state["busy"] = False
+            if broken:
+                tampered = True
+                flag("tampered", "; ".join(broken))
+            seal.take()
             continue
         learner = cell["kind"] in ("solution", "added")
         path = os.path.join(cells_dir, f"{'learner_' if learner else 'cell_'}{cell['index']:03d}.py")

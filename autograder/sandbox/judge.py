@@ -124,6 +124,7 @@ def main() -> int:
         for name in learner_names(source, trusted):
             namespace[name] = Remote(link, name)
         state["cell"], state["records"] = index, 0
+        probes_before = link.probes
         channel.send("cell_start", cell=index)
         buf = io.StringIO()
         sys.stdout = sys.stderr = buf
@@ -145,9 +146,16 @@ def main() -> int:
             link.send({"op": "end"})
         except OSError:
             pass
+        if link.broken and link.send_fd >= 0:
+            # The learner's process broke the channel (a frame over the limit): close it, so that a
+            # write it is blocked in fails and it goes on with its notebook; every later served cell
+            # fails at once with the reason.
+            for fd in (link.send_fd, link.recv_fd):
+                os.close(fd)
+            link.send_fd = link.recv_fd = -1
         channel.send("cell_end", cell=index, error=error[-protocol.MAX_ERROR_CHARS:],
                      output=buf.getvalue()[-protocol.MAX_OUTPUT_CHARS:], seconds=round(time.monotonic() - start, 3),
-                     records=state["records"], tampered=False)
+                     records=state["records"], tampered=False, probed=link.probes > probes_before)
     channel.send("done")
     return 0
 

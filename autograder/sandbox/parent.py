@@ -60,6 +60,7 @@ class CellReport:
     records: list = field(default_factory=list)
     tampered: bool = False
     finished: bool = False
+    probed: bool = False  # a served cell whose check asked the learner's process to run a probe
 
 
 @dataclass
@@ -373,6 +374,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     holding_since: float | None = None
 
     reports: dict[int, CellReport] = {}
+    tampered_in: set[int] = set()
     flags: list[tuple[str, str]] = []
     status, detail = "", ""
     peak = 0.0
@@ -442,10 +444,13 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         current.error = safe_text(str(msg["error"]))[-protocol.MAX_ERROR_CHARS:]
                         current.output = safe_text(str(msg["output"]))[-protocol.MAX_OUTPUT_CHARS:]
                         current.seconds, current.tampered = float(msg["seconds"]), bool(msg["tampered"])
+                        current.probed = msg.get("probed") is True
                         current.finished = True
                         send_next()
                     elif kind == protocol.FLAG:
                         flags.append((safe_text(str(msg["name"]))[:40], safe_text(str(msg["detail"]))[:300]))
+                        if msg["name"] == "tampered" and source is child and type(msg.get("cell")) is int:
+                            tampered_in.add(msg["cell"])  # found in the learner's process after that cell
                     elif kind == protocol.SPEED_BEGIN and holding_since is None:
                         TURNS.begin(clock)
                         holding, holding_since = source, time.monotonic()
@@ -488,6 +493,9 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             closed.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             pass
+    for index in tampered_in:  # patching found in the learner's process right after a served cell
+        if index in reports:
+            reports[index].tampered = True
     exits = {id(p): p.proc.poll() for p in procs}  # before close() kills what is left
     for p in procs:
         p.close()
