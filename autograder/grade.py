@@ -44,7 +44,7 @@ from .verdict import Transcript, judge
 from .workspace import Workspace, notebooks_in, select_lessons
 
 #: Bumped whenever grading itself changes, so that cached results are not reused.
-GRADER_VERSION = "8"  # 8: lesson 3 checked in the judge (strides cross); 7: lesson 4 checked in the judge (probes); 6: lesson 6 in the judge, fresh clock inputs
+GRADER_VERSION = "9"  # 9: lesson 2 checked in the judge (graphs cross as data); 8: lesson 3 checked in the judge (strides cross); 7: lesson 4 checked in the judge (probes); 6: lesson 6 in the judge, fresh clock inputs
 
 
 class Settings:

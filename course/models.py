@@ -83,10 +83,11 @@ class SmallResNet(nn.Module):
 @recipe
 def small_resnet(*, seed: int, width: int = 16, blocks: tuple[int, ...] = (1, 1, 1), tap: bool = False,
                  device=None, dtype: torch.dtype = torch.float32, eval_mode: bool = True,
-                 randomize_bn: bool = True) -> SmallResNet:
+                 randomize_bn: bool = True, train_bn: str | None = None) -> SmallResNet:
     """A seeded ``SmallResNet``. BatchNorm statistics and affine parameters are randomised
     (``randomize_bn``) so that a fold that forgets one of them cannot pass by luck (fresh BN
-    layers hold mean 0, variance 1, weight 1, bias 0)."""
+    layers hold mean 0, variance 1, weight 1, bias 0). ``train_bn`` names one sub-module left in
+    training mode (lesson 2: a BatchNorm that must not be folded)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = SmallResNet(width=width, blocks=blocks, tap=tap)
@@ -100,7 +101,10 @@ def small_resnet(*, seed: int, width: int = 16, blocks: tuple[int, ...] = (1, 1,
                         m.weight.copy_(torch.rand(n) + 0.5)
                         m.bias.copy_(torch.randn(n) * 0.2)
     model = model.to(pick_device(device), dtype)
-    return model.eval() if eval_mode else model
+    model = model.eval() if eval_mode else model
+    if train_bn is not None:
+        model.get_submodule(train_bn).train()
+    return model
 
 
 @recipe

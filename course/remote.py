@@ -150,6 +150,11 @@ def _registered(table: dict[str, Callable[..., Any]], name: Any, kind: str) -> C
             importlib.import_module(module)
     if not isinstance(name, str) or name not in table:
         raise ValueError(f"no {kind} named {name!r}")
+    import sys
+
+    module, _, attr = name.rpartition(".")
+    if getattr(sys.modules.get(module), attr, None) is not table[name]:  # the registry entry was swapped
+        raise ValueError(f"the {kind} {name} is not the course's own in this process")
     return table[name]
 
 

@@ -183,19 +183,46 @@ def test_fuse_check_catches_a_fused_training_batchnorm(fx_mutate):
 
 
 def test_speed_check_fails_a_fused_model_that_is_slower(fx_solution):
+    """Slower in the graph itself (every convolution run twice, the copy unused): the graph timed is
+    the one fuse returned, rebuilt from its description, so it carries the extra work."""
     def slow_fuse(model):
         gm = fx_solution.fuse(model)
-        inner = gm.forward
-
-        def twice(x):
-            inner(x)
-            return inner(x)
-
-        gm.forward = twice
+        for node in list(gm.graph.nodes):
+            if node.op == "call_module" and isinstance(gm.get_submodule(node.target), torch.nn.Conv2d):
+                with gm.graph.inserting_after(node):
+                    gm.graph.call_module(node.target, node.args, node.kwargs)
+        gm.recompile()
         return gm
 
     with pytest.raises(AssertionError, match="bar on this device is 1.10x"):
         C.check_fusion_speed(slow_fuse, bars={"cpu": 1.1, "cuda": 1.05}, rounds=3, min_run_time=0.02, **SPEED)
+
+
+def test_what_the_checks_judge_is_the_graph_fuse_returned_not_its_python_object(fx_solution):
+    """A forward replaced on the returned object, or a module of the learner's own kind in the graph,
+    does not reach the judge: the graph is rebuilt from its nodes and the torch.nn layers they call."""
+    def dressed(model):
+        gm = fx_solution.fuse(model)
+        gm.forward = lambda x: model(x)  # not part of the graph
+        return gm
+
+    class Twice(torch.nn.Module):
+        def __init__(self, conv):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x):
+            self.conv(x)
+            return self.conv(x)
+
+    def wrapped(model):
+        gm = fx_solution.fuse(model)
+        setattr(gm.stem, "0", Twice(gm.get_submodule("stem.0")))
+        return gm
+
+    C.check_fuse(dressed)
+    with pytest.raises(AssertionError, match="calls a Twice module; the grader rebuilds only the layer types"):
+        C.check_fuse(wrapped)
 
 
 def test_speed_check_verifies_every_output_it_times(fx_mutate):

@@ -273,6 +273,18 @@ def test_answers_that_call_the_course_references_earn_nothing_and_are_named(grad
 
 
 @pytest.mark.parametrize("lesson_id", LESSON_IDS)
+def test_every_graded_cell_runs_in_the_judge(lesson_id):
+    """No graded check runs in the learner's process: every check a graded cell calls is declared
+    SERVED by its lesson's check module (a new check that is not would be checked where learner
+    code can reach it)."""
+    from autograder import program as prog
+
+    program = prog.instructor_program(lesson_id, notebook(lesson_id, "solutions"))
+    assert program.graded, lesson_id
+    assert all(c.served for c in program.graded), [c.grade_id for c in program.graded if not c.served]
+
+
+@pytest.mark.parametrize("lesson_id", LESSON_IDS)
 def test_no_later_cell_reads_a_name_only_a_served_test_cell_binds(lesson_id):
     """A served test cell runs in the judge: what it binds never exists in the learner's process,
     so a later cell that reads it (a plot of the check's report) would fail there."""

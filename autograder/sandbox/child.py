@@ -93,6 +93,7 @@ class Seal:
     def __init__(self):
         self.snapshot: dict[str, tuple[object, dict]] = {}
         self.classes: dict[str, list[tuple[type, dict]]] = {}
+        self.codes: dict[str, dict[str, tuple]] = {}
         self.take()
 
     @staticmethod
@@ -113,11 +114,13 @@ class Seal:
             except TypeError:
                 continue
             self.snapshot[name] = (mod, entries)
+            if name.split(".")[0] == "course":  # the course's functions keep their code, too
+                self.codes[name] = {k: _fingerprint(v) for k, v in entries.items() if isinstance(v, types.FunctionType)}
             if name.split(".")[0] == "course":
                 classes = [v for v in entries.values() if isinstance(v, type) and v.__module__ == name]
             else:
                 classes = [entries[c] for c in SEALED_CLASSES.get(name, ()) if isinstance(entries.get(c), type)]
-            self.classes[name] = [(cls, dict(vars(cls))) for cls in classes]
+            self.classes[name] = [(cls, {k: v for k, v in vars(cls).items() if _behaviour(v)}) for cls in classes]
 
     def broken(self) -> list[str]:
         changed = []
@@ -135,8 +138,11 @@ class Seal:
                     changed.append(f"{name}.{key} replaced")
                     if len(changed) > 5:
                         return changed
+            for key, print_ in self.codes.get(name, {}).items():
+                if any(a is not b for a, b in zip(_fingerprint(d.get(key)), print_)):
+                    changed.append(f"{name}.{key}'s code replaced")
             for cls, attrs in self.classes.get(name, ()):
-                now_attrs = vars(cls)
+                now_attrs = {k: v for k, v in vars(cls).items() if _behaviour(v)}
                 for key in set(attrs) | set(now_attrs):
                     if key == "__dict__" or key == "__weakref__":
                         continue
@@ -146,6 +152,18 @@ class Seal:
                         if len(changed) > 5:
                             return changed
         return changed
+
+
+def _fingerprint(fn) -> tuple:
+    """What a function runs: its code and default values (``__code__`` can be swapped in place)."""
+    return (getattr(fn, "__code__", None), getattr(fn, "__defaults__", None), getattr(fn, "__kwdefaults__", None))
+
+
+def _behaviour(value) -> bool:
+    """A class attribute that is behaviour (a method, a property, a descriptor), not data: what a
+    patch changes. Data a library keeps on its own classes (dynamo marks ``nn.Module`` with a flag)
+    is left alone."""
+    return callable(value) or hasattr(type(value), "__get__")
 
 
 _MISSING = object()

@@ -1,7 +1,19 @@
 """Checks for lesson 02_fx_transforms. Models come from ``course.models.small_resnet`` (seeded,
 BatchNorm statistics randomised) and inputs from the check's ``seed``, so the learner never
 chooses them. Numerics are compared in float64 where the algebra is checked, and in float32
-with a tolerance relative to the output's scale where the speed matters."""
+with a tolerance relative to the output's scale where the speed matters.
+
+Under the grader every check here runs in the judge (``SERVED``). Models cross as recipes
+(``small_resnet``, with ``train_bn`` for a BatchNorm left in training mode), so the learner's
+process traces the same graph, with the same node names, as the judge. What the learner's code
+does to a graph runs there as the course's probes (:func:`course.remote.probe`), which send back
+data: ``op_type``'s answer per node name, ``conv_bn_pairs``'s pairs as module paths, the profiler's
+output and rows, what Inductor generated and the compiled outputs. A fused graph comes back as a
+description (:mod:`course.graph_wire`: nodes, tensor operations and ``torch.nn`` layers from short
+lists, the learner's weights) and is rebuilt in the judge, which looks for BatchNorms left, runs it
+against its own model and times it against the original, all in its own process. Facts only the
+learner's process can see (the graph was left unchanged, the profiler's times, what Inductor
+generated) are that process's word."""
 
 from __future__ import annotations
 
@@ -12,6 +24,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import fx, nn
 
+from course import graph_wire
 from course.checks.common import call, ok, record
 from course.data import generator, randn
 from course.devices import pick_device
@@ -20,11 +33,17 @@ from course.fx import capture_inductor_code
 from course.grading import expect_compiled, expect_speedup, speed_bar
 from course.models import small_resnet
 from course.numerics import assert_close, describe
+from course.remote import mirrored, probe, prober
 from course.timing import SpeedReport, compare
 from course.guard import reference
 
+#: Checks the grader runs in its judge process, calling the learner's code across the boundary.
+SERVED = ("check_op_type", "check_conv_bn_pairs", "check_fold_conv_bn", "check_fuse", "check_profiler",
+          "check_compile_frozen", "check_fusion_speed")
+
 __all__ = ["check_compile_frozen", "check_conv_bn_pairs", "check_fold_conv_bn", "check_fuse",
-           "check_fusion_speed", "check_op_type", "check_profiler"]
+           "check_fusion_speed", "check_op_type", "check_profiler", "compile_frozen_case", "conv_bn_pairs_case",
+           "fuse_case", "op_type_cases", "profiler_case"]
 
 F64 = torch.float64
 FOLD_HINT = ("scale = gamma / sqrt(var + eps) has one value per output channel: multiply the weight "
@@ -77,9 +96,8 @@ def _fold_reference(w, b, mean, var, gamma, beta, eps):
 
 def _traced(seed: int, width: int, blocks, tap: bool = True, train_bn: str | None = None,
             dtype=torch.float32, device=None) -> tuple[nn.Module, fx.GraphModule]:
-    model = small_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=tap, dtype=dtype, device=device)
-    if train_bn is not None:
-        model.get_submodule(train_bn).train()
+    model = small_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=tap, dtype=dtype, device=device,
+                         train_bn=train_bn)
     return model, fx.symbolic_trace(model)
 
 
@@ -97,15 +115,27 @@ def _expect_graph_module(obj: Any, label: str) -> fx.GraphModule:
 
 # ---------------------------------------------------------------- exercise checks
 
+@prober
+def op_type_cases(op_type: Callable, model: nn.Module) -> list[tuple[str, Any]]:
+    """The learner's side of :func:`check_op_type`: ``op_type(gm, node)`` for every node of the
+    traced model, by node name."""
+    gm = fx.symbolic_trace(model)
+    return [(node.name, call(op_type, gm, node, name="op_type")) for node in gm.graph.nodes]
+
+
 def check_op_type(op_type: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1)) -> None:
     """``op_type(gm, node)`` names what a node computes: the module's class for ``call_module``,
     the function's ``__name__`` for ``call_function``, the method's name for ``call_method``, and
     the op itself (``'placeholder'``, ``'output'``, ``'get_attr'``) for the rest."""
-    _, gm = _traced(seed, width, blocks, tap=True)
+    model, gm = _traced(seed, width, blocks, tap=True)
+    answers = probe(op_type, op_type_cases, model)
+    if not (isinstance(answers, list) and all(isinstance(a, tuple) and len(a) == 2 for a in answers)):
+        raise AssertionError("op_type: the answers came back malformed.")
+    by_name = dict(answers)
     seen, gots, wants = set(), [], []
     for node in gm.graph.nodes:
         want = _op_type(gm, node)
-        got = call(op_type, gm, node, name="op_type")
+        got = by_name.get(node.name)
         gots.append(got)
         wants.append(want)
         if got != want:
@@ -119,13 +149,11 @@ def check_op_type(op_type: Callable, *, seed: int = 0, width: int = 8, blocks=(1
     ok(f"op_type names all {len(gm.graph.nodes)} nodes right (ops {sorted(seen)}; seed {seed})")
 
 
-def check_conv_bn_pairs(conv_bn_pairs: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1),
-                        train_bn: str | None = None) -> None:
-    """``conv_bn_pairs(gm)`` lists exactly the legal (conv node, BatchNorm node) pairs of a traced
-    model, in graph order: a Conv2d module node feeding an eval-mode BatchNorm module node as its
-    only input, with no other user of the conv's output. ``train_bn`` puts one BatchNorm in
-    training mode."""
-    _, gm = _traced(seed, width, blocks, tap=True, train_bn=train_bn)
+@prober
+def conv_bn_pairs_case(conv_bn_pairs: Callable, model: nn.Module) -> tuple[list[tuple[str, str]], bool]:
+    """The learner's side of :func:`check_conv_bn_pairs`: the pairs it finds in the traced model,
+    as (conv target, BatchNorm target), and whether the graph changed while it looked."""
+    gm = fx.symbolic_trace(model)
     before = str(gm.graph)
     got = call(conv_bn_pairs, gm, name="conv_bn_pairs")
     if not isinstance(got, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in got):
@@ -134,7 +162,22 @@ def check_conv_bn_pairs(conv_bn_pairs: Callable, *, seed: int = 0, width: int = 
         if not all(isinstance(n, fx.Node) and n.graph is gm.graph for n in pair):
             raise AssertionError(f"conv_bn_pairs returned {pair!r}: each pair must hold two fx.Node of the "
                                  "graph it was given (not module names or modules).")
-    got_set = {(str(c.target), str(b.target)) for c, b in got}
+    return [(str(c.target), str(b.target)) for c, b in got], str(gm.graph) != before
+
+
+def check_conv_bn_pairs(conv_bn_pairs: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1),
+                        train_bn: str | None = None) -> None:
+    """``conv_bn_pairs(gm)`` lists exactly the legal (conv node, BatchNorm node) pairs of a traced
+    model, in graph order: a Conv2d module node feeding an eval-mode BatchNorm module node as its
+    only input, with no other user of the conv's output. ``train_bn`` puts one BatchNorm in
+    training mode."""
+    model, gm = _traced(seed, width, blocks, tap=True, train_bn=train_bn)
+    reply = probe(conv_bn_pairs, conv_bn_pairs_case, model)
+    if not (isinstance(reply, tuple) and len(reply) == 2 and isinstance(reply[0], list) and type(reply[1]) is bool
+            and all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(t, str) for t in p) for p in reply[0])):
+        raise AssertionError("conv_bn_pairs: the answer came back malformed.")
+    got, changed = reply
+    got_set = set(got)
     want = _legal_pairs(gm)
     extra = sorted(got_set - want)
     if extra:
@@ -152,7 +195,7 @@ def check_conv_bn_pairs(conv_bn_pairs: Callable, *, seed: int = 0, width: int = 
                              "not the module tree.")
     if len(got) != len(got_set):
         raise AssertionError("conv_bn_pairs lists a pair more than once.")
-    if str(gm.graph) != before:
+    if changed:
         raise AssertionError("conv_bn_pairs changed the graph: it should only look.")
     record(sorted([list(p) for p in got_set]), sorted([list(p) for p in want]), "conv_bn_pairs (conv, bn) targets")
     left = len(_bn_nodes(gm)) - len(want)
@@ -175,7 +218,8 @@ def check_fold_conv_bn(fold_conv_bn: Callable, *, seed: int = 0, c_in: int = 3, 
     gamma, beta = r(c_out, lo=0.5, hi=1.5), r(c_out, lo=-0.5, hi=0.5)
     args = (w, b, mean, var, gamma, beta, eps)
     copies = [None if t is None else t.clone() for t in args[:6]]
-    got = call(fold_conv_bn, *args, name="fold_conv_bn")
+    with mirrored(fold_conv_bn):  # across the boundary, what it did to its inputs comes back
+        got = call(fold_conv_bn, *args, name="fold_conv_bn")
     for t, c, n in zip(args[:6], copies, ("w", "b", "mean", "var", "gamma", "beta")):
         if t is not None and not torch.equal(t, c):
             raise AssertionError(f"fold_conv_bn changed its input {n} in place; return new tensors instead "
@@ -216,6 +260,34 @@ def _check_fused_graph(fused: fx.GraphModule, gm_ref: fx.GraphModule, label: str
     return len(legal), len(must_stay)
 
 
+@prober
+def fuse_case(fuse: Callable, model: nn.Module) -> dict:
+    """The learner's side of :func:`check_fuse` and :func:`check_fusion_speed`: ``fuse(model)``,
+    checked to be a new GraphModule that left the model alone, sent back as a description
+    (:func:`course.graph_wire.describe`)."""
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    fused = _expect_graph_module(call(fuse, model, name="fuse"), "fuse(model)")
+    changed = [k for k, v in model.state_dict().items() if k not in state or not torch.equal(v, state[k])]
+    if changed or len(state) != len(model.state_dict()):
+        raise AssertionError(f"fuse changed the original model ({', '.join(changed[:4]) or 'its modules'}). "
+                             "Work on a copy: copy.deepcopy(model) before tracing.")
+    if fused is model:
+        raise AssertionError("fuse returned the model it was given; return a new GraphModule.")
+    try:
+        return graph_wire.describe(fused)
+    except graph_wire.GraphError as exc:
+        raise AssertionError(f"fuse(model) returned a graph the grader cannot rebuild: {exc}.") from None
+
+
+def _fused(fuse: Callable, model: nn.Module, device) -> fx.GraphModule:
+    """What ``fuse(model)`` made, rebuilt here from its description: the graph the checks judge."""
+    desc = probe(fuse, fuse_case, model)
+    try:
+        return graph_wire.rebuild(desc, device)
+    except graph_wire.GraphError as exc:
+        raise AssertionError(f"fuse(model) returned a graph the grader cannot rebuild: {exc}.") from None
+
+
 def check_fuse(fuse: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1), batch: int = 2,
                image: int = 16, device=None) -> None:
     """``fuse(model) -> GraphModule``: BatchNorm folded into every legal conv, nothing else
@@ -226,14 +298,7 @@ def check_fuse(fuse: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1), 
     with torch.no_grad():
         for dtype, rel in ((F64, 1e-10), (torch.float32, 1e-5)):
             model, gm_ref = _traced(seed, width, blocks, tap=True, dtype=dtype, device=dev)
-            state = {k: v.clone() for k, v in model.state_dict().items()}
-            fused = _expect_graph_module(call(fuse, model, name="fuse"), "fuse(model)")
-            changed = [k for k, v in model.state_dict().items() if k not in state or not torch.equal(v, state[k])]
-            if changed or len(state) != len(model.state_dict()):
-                raise AssertionError(f"fuse changed the original model ({', '.join(changed[:4]) or 'its modules'}). "
-                                     "Work on a copy: copy.deepcopy(model) before tracing.")
-            if fused is model:
-                raise AssertionError("fuse returned the model it was given; return a new GraphModule.")
+            fused = _fused(fuse, model, dev)
             legal, kept = _check_fused_graph(fused, gm_ref, "fuse(model)")
             for s in (seed + 11, seed + 12):
                 x = randn(batch, 3, image, image, seed=s, device=dev, dtype=dtype)
@@ -243,7 +308,7 @@ def check_fuse(fuse: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1), 
         # a BatchNorm in training mode must stay
         train_bn = "stages.0.second.bn"
         model, gm_ref = _traced(seed, width, blocks, tap=True, train_bn=train_bn, device=dev)
-        fused = _expect_graph_module(call(fuse, model, name="fuse"), "fuse(model)")
+        fused = _fused(fuse, model, dev)
         _check_fused_graph(fused, gm_ref, f"fuse(model) with {train_bn} in training mode")
     ok(f"fuse folds all {legal} legal BatchNorms, keeps the {kept} that must stay (and one in training mode), "
        f"and equals the model in float64 and float32 (width {width}, blocks {tuple(blocks)}, seed {seed})")
@@ -313,29 +378,52 @@ def _check_rows(rows: Any, gm: fx.GraphModule, label: str) -> list[tuple[str, st
     return list(rows)
 
 
+def _profiled_graph(seed: int) -> tuple[_Probe, fx.GraphModule, torch.Tensor]:
+    with torch.random.fork_rng(devices=[]):  # the same weights in every process (grading compares runs)
+        torch.manual_seed(seed)
+        root = _Probe()
+    return root, fx.GraphModule(root, _LeafTracer().trace(root)), randn(3, 6, seed=seed)
+
+
+@prober
+def profiler_case(ProfilingInterpreter: type, seed: int, runs: int, width: int, blocks) -> tuple:
+    """The learner's side of :func:`check_profiler`: the learner's interpreter on the graph with a
+    planted slow node (``runs`` runs) and on a traced ``small_resnet`` (2 runs); each run's output
+    and rows."""
+    if not isinstance(ProfilingInterpreter, type) or not issubclass(ProfilingInterpreter, fx.Interpreter):
+        raise AssertionError(f"ProfilingInterpreter should be a subclass of torch.fx.Interpreter, got "
+                             f"{describe(ProfilingInterpreter)}.")
+    _, gm, x = _profiled_graph(seed)
+    _, gm2 = _traced(seed, width, blocks, tap=True)
+    x2 = randn(2, 3, 16, 16, seed=seed + 1)
+    out = []
+    with torch.no_grad():
+        for graph, inp, n in ((gm, x, runs), (gm2, x2, 2)):
+            interp = call(ProfilingInterpreter, graph, name="ProfilingInterpreter")
+            out.append(call(interp.profile, inp, runs=n, name="ProfilingInterpreter.profile"))
+            rows = call(interp.rows, name="ProfilingInterpreter.rows")
+            out.append([tuple(r) for r in rows] if isinstance(rows, (list, tuple))
+                       and all(isinstance(r, (list, tuple)) for r in rows) else rows)
+    return tuple(out)
+
+
 def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, width: int = 8,
                    blocks=(1, 1)) -> None:
     """``ProfilingInterpreter(gm).profile(*args, runs=n)`` runs the graph ``n`` times and returns
     its output; ``.rows()`` gives one (op type, node, mean seconds, share) row per node, slowest
     first, shares summing to 1. A planted node that sleeps 2 ms and 10 ms on alternate calls must
     show its mean (6 ms over an even number of runs) and the largest share."""
-    if not isinstance(ProfilingInterpreter, type) or not issubclass(ProfilingInterpreter, fx.Interpreter):
-        raise AssertionError(f"ProfilingInterpreter should be a subclass of torch.fx.Interpreter, got "
-                             f"{describe(ProfilingInterpreter)}.")
     if runs % 2:
         raise ValueError("check_profiler needs an even number of runs (the slow node alternates 2 and 10 ms).")
-    with torch.random.fork_rng(devices=[]):  # the same weights in every process (grading compares runs)
-        torch.manual_seed(seed)
-        root = _Probe()
-    gm = fx.GraphModule(root, _LeafTracer().trace(root))
-    x = randn(3, 6, seed=seed)
+    got = probe(ProfilingInterpreter, profiler_case, seed, runs, width, tuple(blocks))
+    if not (isinstance(got, tuple) and len(got) == 4):
+        raise AssertionError("ProfilingInterpreter: the answers came back malformed.")
+    out, rows, out2, rows2 = got
+    root, gm, x = _profiled_graph(seed)
     with torch.no_grad():
-        interp = call(ProfilingInterpreter, gm, name="ProfilingInterpreter")
-        out = call(interp.profile, x, runs=runs, name="ProfilingInterpreter.profile")
-        root.slow.calls = 0
         assert_close(out, gm(x), name="ProfilingInterpreter(gm).profile(x) (the graph's output)",
                      hint="profile should return what the last run returned: self.run(*args).")
-        rows = _check_rows(call(interp.rows, name="ProfilingInterpreter.rows"), gm, "ProfilingInterpreter")
+    rows = _check_rows(rows, gm, "ProfilingInterpreter")
     op, name, mean, share = rows[0]
     if name != "slow":
         raise AssertionError(f"The slowest node should be 'slow' (it sleeps 6 ms on average), but rows() puts "
@@ -349,11 +437,22 @@ def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, 
     model, gm2 = _traced(seed, width, blocks, tap=True)
     x2 = randn(2, 3, 16, 16, seed=seed + 1)
     with torch.no_grad():
-        interp2 = ProfilingInterpreter(gm2)
-        assert_close(interp2.profile(x2, runs=2), model(x2), name="ProfilingInterpreter on small_resnet")
-        rows2 = _check_rows(interp2.rows(), gm2, "ProfilingInterpreter (small_resnet)")
+        assert_close(out2, model(x2), name="ProfilingInterpreter on small_resnet")
+    rows2 = _check_rows(rows2, gm2, "ProfilingInterpreter (small_resnet)")
     ok(f"ProfilingInterpreter times all {len(rows)} + {len(rows2)} nodes, finds the slow one "
        f"({mean * 1e3:.2f} ms, {share:.0%}), shares sum to {sum(r[3] for r in rows2):.0%} (seed {seed})")
+
+
+@prober
+def compile_frozen_case(compile_frozen: Callable, model: nn.Module, example: torch.Tensor, xs: list) -> tuple:
+    """The learner's side of :func:`check_compile_frozen`: ``compile_frozen(model, example)`` while
+    the code Inductor generates is captured; what that code holds, and the compiled model's
+    outputs on ``xs``."""
+    compiled, code = capture_inductor_code(lambda: call(compile_frozen, model, example, name="compile_frozen"))
+    expect_compiled(compiled, "compile_frozen(model, example)")
+    with torch.no_grad():
+        outs = [compiled(x) for x in xs] if code.code and not code.mentions_batch_norm else []
+    return bool(code.code), int(code.mentions_batch_norm), len(code.library), len(code.generated), outs
 
 
 def check_compile_frozen(compile_frozen: Callable, *, seed: int = 0, batch: int = 1, image: int = 32,
@@ -365,27 +464,32 @@ def check_compile_frozen(compile_frozen: Callable, *, seed: int = 0, batch: int 
     dev = pick_device(device)
     model = small_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=False, device=dev)
     example = randn(batch, 3, image, image, seed=seed + 1, device=dev)
-    compiled, code = capture_inductor_code(lambda: call(compile_frozen, model, example, name="compile_frozen"))
-    expect_compiled(compiled, "compile_frozen(model, example)")
-    if not code.code:
+    xs = [randn(batch, 3, image, image, seed=s, device=dev) for s in (seed + 2, seed + 3)]
+    got = probe(compile_frozen, compile_frozen_case, model, example, xs)
+    if not (isinstance(got, tuple) and len(got) == 5 and type(got[0]) is bool and type(got[1]) is int
+            and isinstance(got[4], list)):
+        raise AssertionError("compile_frozen: the answer came back malformed.")
+    compiled_something, batch_norms, library, generated, outs = got
+    if not compiled_something:
         raise AssertionError("Nothing was compiled while compile_frozen ran. Make the first call, "
                              "compiled(example), inside compile_frozen, with freezing on, under torch.no_grad().")
-    if code.mentions_batch_norm:
+    if batch_norms:
         raise AssertionError(
             f"The code Inductor generated still computes BatchNorm ('batch_norm' appears "
-            f"{code.mentions_batch_norm} times): freezing was not on when it compiled.\n"
+            f"{batch_norms} times): freezing was not on when it compiled.\n"
             "  Hint: freezing applies only to inference (torch.no_grad()) and is read when the first call "
             "compiles: `with torch.no_grad(), torch._inductor.config.patch(freezing=True): compiled(example)`. "
             "In torch 2.13, torch.compile(model, options={'freezing': True}) does not switch it on.")
+    if len(outs) != len(xs):
+        raise AssertionError("compile_frozen: the compiled model's outputs came back malformed.")
     ref_model = small_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=False, device=dev, dtype=F64)
     with torch.no_grad():
-        for s in (seed + 2, seed + 3):
-            x = randn(batch, 3, image, image, seed=s, device=dev)
+        for x, out in zip(xs, outs):
             ref = ref_model(x.double())
-            assert_close(compiled(x), ref, atol=_scaled_tol(ref, 1e-5), rtol=1e-5, check_dtype=False,
+            assert_close(out, ref, atol=_scaled_tol(ref, 1e-5), rtol=1e-5, check_dtype=False,
                          name="compile_frozen(model, example)(x) vs the model in float64")
-    ok(f"compile_frozen: Inductor folded the BatchNorms ({len(code.library)} library calls, "
-       f"{len(code.generated)} generated kernels) and the result equals the model (seed {seed})")
+    ok(f"compile_frozen: Inductor folded the BatchNorms ({library} library calls, "
+       f"{generated} generated kernels) and the result equals the model (seed {seed})")
 
 
 def check_fusion_speed(fuse: Callable, *, bars: Mapping[str, float], batch: int, image: int, width: int,
@@ -394,11 +498,13 @@ def check_fusion_speed(fuse: Callable, *, bars: Mapping[str, float], batch: int,
                        ) -> SpeedReport:
     """The FX-fused model is at least ``bars[device]`` times as fast as the original, measured side
     by side (interleaved rounds after warm-up, fresh inputs every round, every output compared
-    with the original). ``num_threads`` pins the CPU thread count while timing."""
+    with the original). ``num_threads`` pins the CPU thread count while timing. The fused model
+    timed is the graph ``fuse`` returned, rebuilt here from its description (under the grader, in
+    the judge: nothing of the learner's process runs while the clock does)."""
     dev = pick_device(device)
     model = small_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=False, device=dev)
     with torch.no_grad():
-        fused = _expect_graph_module(call(fuse, model, name="fuse"), "fuse(model)")
+        fused = _fused(fuse, model, dev)
         left = _bn_nodes(fused)
         if left:
             raise AssertionError(f"fuse(model) left {len(left)} BatchNorm node(s) in a model where every pair "

@@ -1,0 +1,199 @@
+"""Lesson 2's checks across the judge/learner boundary: models cross as recipes (the learner's
+process traces the same graph, node names and all), what the learner's code does to a graph runs
+as the course's probes, a fused graph comes back as a description (course.graph_wire) and is
+rebuilt, run and timed in the judge. Every planted mistake of the in-process tests fails across
+the boundary with the same cause."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import fx
+
+from autograder import program as prog
+from autograder.solution_code import load_solution, solution_source
+from course import graph_wire, remote, wire
+from course.checks import fx as C
+from course.models import small_resnet
+from served_helpers import served
+from test_checks_fx import MISTAKES, SPEED, run_check
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSON = "02_fx_transforms"
+NAMES = ("op_type", "conv_bn_pairs", "fold_conv_bn", "fuse", "ProfilingInterpreter", "compile_frozen")
+
+
+@pytest.fixture(scope="module")
+def source():
+    return solution_source(LESSON)
+
+
+@pytest.fixture(scope="module")
+def solution(source, tmp_path_factory):
+    return load_solution(source, tmp_path_factory.mktemp("served2") / "fx_served.py", "fx_served")
+
+
+def namespace(module) -> dict:
+    return {n: getattr(module, n) for n in NAMES}
+
+
+@pytest.fixture
+def learner(solution):
+    yield from served(namespace(solution))
+
+
+class Remotes:
+    """A stand-in for a lesson module whose answers are the learner's names across the boundary."""
+
+    def __init__(self, learner):
+        for name in NAMES:
+            setattr(self, name, learner(name))
+
+
+def test_a_model_with_a_training_batchnorm_crosses_as_its_recipe():
+    model = small_resnet(seed=3, width=4, blocks=(1, 1), tap=True, train_bn="stem.1")
+    built = remote.build(wire.decode(wire.encode(model)))
+    assert built.stem[1].training and not built.stem[0].training
+    assert [n.name for n in fx.symbolic_trace(built).graph.nodes] == [n.name for n in fx.symbolic_trace(model).graph.nodes]
+
+
+def test_right_answers_pass_every_served_check(learner, capsys):
+    s = Remotes(learner)
+    C.check_op_type(s.op_type)
+    C.check_conv_bn_pairs(s.conv_bn_pairs)
+    C.check_conv_bn_pairs(s.conv_bn_pairs, seed=3, blocks=(1, 1, 1), train_bn="stem.1")
+    C.check_fold_conv_bn(s.fold_conv_bn)
+    C.check_fold_conv_bn(s.fold_conv_bn, bias=False, groups=5, c_in=5, eps=1e-3)
+    C.check_fuse(s.fuse)
+    C.check_profiler(s.ProfilingInterpreter)
+    C.check_fusion_speed(s.fuse, bars={"cpu": 0.5, "cuda": 0.5}, rounds=3, min_run_time=0.02, **SPEED)
+    assert capsys.readouterr().out.count("ok:") == 8
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_each_planted_mistake_fails_across_the_boundary_with_its_cause(mistake, source, tmp_path):
+    kind, old, new, says = MISTAKES[mistake]
+    name = f"fx_served_mutant_{abs(hash(mistake))}"
+    module = load_solution(source.replace(old, new), tmp_path / f"{name}.py", name)
+    for learner in served(namespace(module)):
+        with pytest.raises(AssertionError, match=re.compile(says, re.S)):
+            run_check(kind, Remotes(learner))
+
+
+def test_an_unwritten_or_missing_answer_fails_with_a_friendly_message(source, tmp_path):
+    stubbed = re.sub(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION", r"\1raise NotImplementedError()", source,
+                     flags=re.S)
+    module = load_solution(stubbed, tmp_path / "fx_served_stub.py", "fx_served_stub")
+    for learner in served(namespace(module)):
+        s = Remotes(learner)
+        for check in (C.check_op_type, C.check_conv_bn_pairs, C.check_fold_conv_bn, C.check_fuse,
+                      C.check_profiler, C.check_compile_frozen):
+            with pytest.raises(AssertionError, match="not written yet"):
+                check(getattr(s, {C.check_op_type: "op_type", C.check_conv_bn_pairs: "conv_bn_pairs",
+                                  C.check_fold_conv_bn: "fold_conv_bn", C.check_fuse: "fuse",
+                                  C.check_profiler: "ProfilingInterpreter",
+                                  C.check_compile_frozen: "compile_frozen"}[check]))
+        with pytest.raises(AssertionError, match="not written yet"):
+            C.check_fusion_speed(s.fuse, bars={"cpu": 1.1, "cuda": 1.05}, **SPEED)
+    for learner in served({}):
+        with pytest.raises(AssertionError, match="fuse is not defined in your notebook"):
+            C.check_fuse(learner("fuse"))
+        with pytest.raises(AssertionError, match="ProfilingInterpreter is not defined in your notebook"):
+            C.check_profiler(learner("ProfilingInterpreter"))
+
+
+def test_the_fused_graph_is_rebuilt_and_timed_in_the_judge(solution):
+    calls = []
+
+    def counted(model):
+        calls.append(1)
+        return solution.fuse(model)
+
+    def slow(model):  # every convolution twice, in the graph itself
+        gm = solution.fuse(model)
+        for node in list(gm.graph.nodes):
+            if node.op == "call_module" and isinstance(gm.get_submodule(node.target), torch.nn.Conv2d):
+                with gm.graph.inserting_after(node):
+                    gm.graph.call_module(node.target, node.args, node.kwargs)
+        gm.recompile()
+        return gm
+
+    def foreign(model):  # a function off the list: the grader cannot rebuild it, so it is refused
+        gm = solution.fuse(model)
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        with gm.graph.inserting_before(out):
+            odd = gm.graph.call_function(torch.special.expit, (out.args[0],))
+        out.args = (odd,)
+        gm.recompile()
+        return gm
+
+    for learner in served({**namespace(solution), "counted": counted, "slow": slow, "foreign": foreign}):
+        report = C.check_fusion_speed(learner("counted"), bars={"cpu": 0.5, "cuda": 0.5}, rounds=3,
+                                      min_run_time=0.02, **SPEED)
+        assert report.names[:2] == ["original", "FX fused"] and calls == [1]  # one fuse, then the judge's clock
+        with pytest.raises(AssertionError, match="the bar on this device is 1.10x"):
+            C.check_fusion_speed(learner("slow"), bars={"cpu": 1.1, "cuda": 1.05}, rounds=3, min_run_time=0.02,
+                                 **SPEED)
+        with pytest.raises(AssertionError, match="calls 'special_expit', which is not one of the tensor operations"):
+            C.check_fuse(learner("foreign"))
+
+
+def test_compile_frozen_across_the_boundary(learner, source, tmp_path):
+    torch._dynamo.reset()
+    C.check_compile_frozen(learner("compile_frozen"), image=16, width=4, blocks=(1,))
+    wrong = load_solution(source.replace("with torch.no_grad(), torch._inductor.config.patch(freezing=True):",
+                                         "with torch._inductor.config.patch(freezing=True):"),
+                          tmp_path / "fx_served_grad.py", "fx_served_grad")
+    for other in served(namespace(wrong)):
+        with pytest.raises(AssertionError, match="still computes BatchNorm"):
+            C.check_compile_frozen(other("compile_frozen"), seed=2, image=16, width=4, blocks=(1,))
+    torch._dynamo.reset()
+
+
+K = {"dict": {}}  # no keyword arguments, as describe writes it
+
+
+@pytest.mark.parametrize("desc, says", [
+    ({"nodes": [["x", "placeholder", "x", (), K], ["y", "call_function", "os.system", ({"node": "x"},), K],
+                ["output", "output", "output", ({"node": "y"},), K]], "modules": {}, "tensors": {}},
+     "cannot be rebuilt"),
+    ({"nodes": [["x", "placeholder", "x", (), K], ["output", "output", "output", ({"node": "z"},), K]],
+      "modules": {}, "tensors": {}}, "not an earlier node"),
+    ({"nodes": [], "modules": {"__class__": ["ReLU", {}, False, {}]}, "tensors": {}}, "plain attribute names"),
+    ({"nodes": [], "modules": {"a": ["Conv2d", {"in_channels": 1, "out_channels": 1, "kernel_size": 1,
+                                                "bias": False}, False, {"weight": torch.zeros(2, 2)}]},
+      "tensors": {}}, "could not be built"),
+    ({"nodes": [], "modules": {"a": ["Twice", {}, False, {}]}, "tensors": {}}, "cannot build"),
+    ("print('hi')", "not a graph description"),
+])
+def test_a_graph_description_builds_only_what_the_lists_allow(desc, says):
+    with pytest.raises(graph_wire.GraphError, match=says):
+        graph_wire.rebuild(desc)
+
+
+def test_lesson_2_routes_every_graded_cell_to_the_judge():
+    program = prog.instructor_program(LESSON, ROOT / f"solutions/{LESSON}/{LESSON}.ipynb")
+    assert program.graded and all(c.served for c in program.graded), [c.grade_id for c in program.graded
+                                                                      if not c.served]
+    setup = "\n".join(program.judge_setup)
+    assert "from course.checks.fx import" in setup and "S = course.sizes(" in setup
+
+
+def test_code_the_lesson_gives_is_not_flagged_but_the_same_thing_added_is():
+    """``replace_submodule`` (given in the student version) calls setattr: that is the lesson's doing,
+    not the learner's, so a faithful submission carries no flag; a setattr the learner adds does."""
+    import json
+
+    source = ROOT / f"solutions/{LESSON}/{LESSON}.ipynb"
+    release = ROOT / f"lessons/{LESSON}/{LESSON}.ipynb"
+    submitted = json.loads(release.read_text())
+    assert not prog.learner_program(LESSON, source, release, submitted).flags
+    for cell in submitted["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "fuse":
+            src = "".join(cell["source"])
+            cell["source"] = src + "\nsetattr(torch, 'relu', torch.sigmoid)\n"
+    flags = prog.learner_program(LESSON, source, release, submitted).flags
+    assert list(flags) == ["patching"] and "calls setattr" in flags["patching"][0], flags
