@@ -27,7 +27,7 @@ from course.devices import pick_device
 from course.models import small_resnet
 from course.remote import recipe
 
-__all__ = ["PLANTED_VARIANTS", "channels_last_strides_of", "cpu_has_native_bf16", "memory_format_of", "op_name",
+__all__ = ["PLANTED_VARIANTS", "autocast_witness", "channels_last_strides_of", "cpu_has_native_bf16", "memory_format_of", "op_name",
            "planted_model", "plot_layout", "plot_layouts", "tensors_in"]
 
 CL = torch.channels_last
@@ -190,6 +190,19 @@ class CircularConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.conv(x))
+
+
+@recipe
+def autocast_witness(*, device=None) -> nn.Module:
+    """A 1x1 convolution that computes ``x - 1`` (weight 1, bias -1). On ``x = 1 + 2**-12`` it
+    returns about 2.4e-4 in float32 and exactly 0 when it runs under autocast (bfloat16 or float16
+    round its input to 1 first), whatever is done to its output afterwards: how a check sees from
+    outside that a model ran under autocast."""
+    conv = nn.Conv2d(1, 1, 1)
+    with torch.no_grad():
+        conv.weight.fill_(1.0)
+        conv.bias.fill_(-1.0)
+    return nn.Sequential(conv).eval().to(pick_device(device))
 
 
 #: variant -> (first planted module, second planted module, later in the network)

@@ -294,3 +294,19 @@ def test_grayscale_model_differs_only_in_its_stem():
     assert gray.stem[0].weight.shape == (8, 1, 3, 3) and not gray.training
     assert torch.equal(gray.head.weight, rgb.head.weight)
     assert gray(torch.randn(2, 1, 16, 16)).shape == (2, 10)
+
+
+def test_a_forged_autocast_report_is_caught_from_outside(cl_solution, monkeypatch):
+    """The probe's "autocast was on" is the learner's process's word; the witness convolution is
+    not: under autocast x - 1 on 1 + 2**-12 is 0, in float32 it is not, whatever happens after."""
+    def cast_after(model, x):
+        with torch.inference_mode():
+            return model(x).to(torch.bfloat16)
+
+    def forged(fn, model, x):  # what a patched learner's process could report
+        return fn(model.to(memory_format=CL), x), False, [(True, torch.bfloat16)], []
+
+    monkeypatch.setattr(C, "autocast_case", forged)
+    with pytest.raises(AssertionError, match="convolutions did not run in bfloat16"):
+        C.check_autocast_inference(cast_after, width=8, size=32)
+    C.check_autocast_inference(cl_solution.autocast_inference, width=8, size=32)  # the real thing passes

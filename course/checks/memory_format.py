@@ -31,8 +31,8 @@ from course.checks.common import call, ok, record
 from course.data import randn
 from course.devices import pick_device
 from course.grading import best_of, expect_speedup, speed_bar
-from course.memory_format import (PLANTED_VARIANTS, channels_last_strides_of, memory_format_of, op_name,
-                                  planted_model, tensors_in)
+from course.memory_format import (PLANTED_VARIANTS, autocast_witness, channels_last_strides_of, memory_format_of,
+                                  op_name, planted_model, tensors_in)
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
 from course.remote import probe, prober
@@ -440,6 +440,18 @@ def check_autocast_inference(autocast_inference: Callable, *, seed: int = 0, wid
         raise AssertionError(f"the output differs from float32 by {err:.2%} (relative, whole tensor); "
                              f"{dtype} should stay within {bar:.0%}.")
     assert_close(float(err), 0.0, atol=float(bar), rtol=0.0, name="autocast_inference's relative error")
+    # From outside, whatever the learner's process reports: a convolution that computes x - 1 on
+    # x = 1 + 2**-12 gives 0 under autocast (its input rounds to 1) and 2**-12 in float32.
+    probe_x = torch.full((1, 1, 4, 4), 1.0 + 2.0 ** -12, device=dev)
+    witness = call(autocast_inference, autocast_witness(device=dev), probe_x, name="autocast_inference")
+    if not isinstance(witness, torch.Tensor) or witness.shape != probe_x.shape:
+        raise AssertionError(f"autocast_inference should return the model's output, got {describe(witness)}.")
+    if float(witness.detach().double().abs().max()) > 2.0 ** -13:
+        raise AssertionError(
+            f"the model's convolutions did not run in {names}: a convolution computing x - 1 on x = 1 + 2**-12 "
+            f"returned {float(witness.detach().double().abs().max()):.2e} (float32 keeps the difference; under "
+            "autocast the input rounds to 1 and the result is 0).\n  Hint: run the model itself inside "
+            "torch.autocast(...); casting its output (or its input) afterwards is not autocast.")
     ok(f"autocast_inference runs in {str(dtype).replace('torch.', '')}, weights stay float32, output within "
        f"{err:.2%} of float32 (width={width}, seed {seed})")
 
