@@ -426,7 +426,8 @@ def autocast_inference(model, x):
 def test_a_probe_report_forged_while_serving_sets_the_served_cell_aside(tmp_path):
     """A served check that asked the learner's process for a structure fact (a probe) rests partly on
     that process's word: patching found there right after the cell marks that cell, and the judge
-    says the cell used a probe, so the verdict sets it aside (tests/test_verdict.py)."""
+    says the cell used a probe, so the verdict sets it aside (tests/test_verdict.py). Autocast is
+    also confirmed from outside (a convolution whose result is 0 only under autocast)."""
     from autograder.sandbox import bwrap_works, run_program
 
     sandbox = "bwrap" if bwrap_works() else "none"
@@ -443,6 +444,7 @@ def test_a_probe_report_forged_while_serving_sets_the_served_cell_aside(tmp_path
                       log=tmp_path / "log")
     assert out.status == "ok", out
     served = out.cells[2]
-    assert not served.error and served.probed, served  # the forgery fooled the probe...
-    assert served.tampered, served  # ...and was found, against this very cell
+    assert served.probed, served  # the check asked the learner's process (a probe)...
+    assert served.tampered, served  # ...the patching was found, against this very cell...
+    assert "did not run in bfloat16" in served.error, served  # ...and the witness saw through it anyway
     assert any(name == "tampered" and "is_autocast_enabled" in detail for name, detail in out.flags), out.flags
