@@ -182,17 +182,21 @@ def test_fuse_check_catches_a_fused_training_batchnorm(fx_mutate):
         C.check_fuse(m.fuse)
 
 
+def convs_twice(gm):
+    """``gm`` with every convolution run twice (the copy unused): slower in the graph itself."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), torch.nn.Conv2d):
+            with gm.graph.inserting_after(node):
+                gm.graph.call_module(node.target, node.args, node.kwargs)
+    gm.recompile()
+    return gm
+
+
 def test_speed_check_fails_a_fused_model_that_is_slower(fx_solution):
     """Slower in the graph itself (every convolution run twice, the copy unused): the graph timed is
     the one fuse returned, rebuilt from its description, so it carries the extra work."""
     def slow_fuse(model):
-        gm = fx_solution.fuse(model)
-        for node in list(gm.graph.nodes):
-            if node.op == "call_module" and isinstance(gm.get_submodule(node.target), torch.nn.Conv2d):
-                with gm.graph.inserting_after(node):
-                    gm.graph.call_module(node.target, node.args, node.kwargs)
-        gm.recompile()
-        return gm
+        return convs_twice(fx_solution.fuse(model))
 
     with pytest.raises(AssertionError, match="bar on this device is 1.10x"):
         C.check_fusion_speed(slow_fuse, bars={"cpu": 1.1, "cuda": 1.05}, rounds=3, min_run_time=0.02, **SPEED)

@@ -17,7 +17,7 @@ from autograder.solution_code import load_solution, solution_source
 from course import remote, wire
 from course.checks import forward_ad as C
 from course.forward_ad import mlp, wide_function
-from served_helpers import served
+from served_helpers import served, untouched
 from test_checks_forward_ad import MISTAKES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,8 +83,7 @@ def test_each_planted_mistake_fails_across_the_boundary_with_its_cause(mistake, 
 
 
 def test_an_unwritten_or_missing_answer_fails_with_a_friendly_message(source, tmp_path):
-    stubbed = re.sub(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION", r"\1raise NotImplementedError()", source,
-                     flags=re.S)
+    stubbed = untouched(source)
     module = load_solution(stubbed, tmp_path / "fad_served_stub.py", "fad_served_stub")
     for learner in served(namespace(module)):
         for kind in ("dual", "param_jvp", "param_jvp_func", "sinc", "jacobians"):

@@ -18,8 +18,8 @@ from autograder.solution_code import load_solution, solution_source
 from course import graph_wire, remote, wire
 from course.checks import fx as C
 from course.models import small_resnet
-from served_helpers import served
-from test_checks_fx import MISTAKES, SPEED, run_check
+from served_helpers import served, untouched
+from test_checks_fx import MISTAKES, SPEED, convs_twice, run_check
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = "02_fx_transforms"
@@ -84,8 +84,7 @@ def test_each_planted_mistake_fails_across_the_boundary_with_its_cause(mistake, 
 
 
 def test_an_unwritten_or_missing_answer_fails_with_a_friendly_message(source, tmp_path):
-    stubbed = re.sub(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION", r"\1raise NotImplementedError()", source,
-                     flags=re.S)
+    stubbed = untouched(source)
     module = load_solution(stubbed, tmp_path / "fx_served_stub.py", "fx_served_stub")
     for learner in served(namespace(module)):
         s = Remotes(learner)
@@ -113,13 +112,7 @@ def test_the_fused_graph_is_rebuilt_and_timed_in_the_judge(solution):
         return solution.fuse(model)
 
     def slow(model):  # every convolution twice, in the graph itself
-        gm = solution.fuse(model)
-        for node in list(gm.graph.nodes):
-            if node.op == "call_module" and isinstance(gm.get_submodule(node.target), torch.nn.Conv2d):
-                with gm.graph.inserting_after(node):
-                    gm.graph.call_module(node.target, node.args, node.kwargs)
-        gm.recompile()
-        return gm
+        return convs_twice(solution.fuse(model))
 
     def foreign(model):  # a function off the list: the grader cannot rebuild it, so it is refused
         gm = solution.fuse(model)
