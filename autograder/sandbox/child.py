@@ -102,6 +102,15 @@ class Seal:
         return root in GUARDED_PREFIXES and ".config" not in name and not name.endswith("config")
 
     def take(self) -> None:
+        # Reading a module's attributes can trip torch's deprecation shims (torch.distributed's
+        # reduce_op warns on isinstance); the learner should not see the grader's bookkeeping.
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._take()
+
+    def _take(self) -> None:
         import types
 
         for name, mod in list(sys.modules.items()):

@@ -169,12 +169,18 @@ def choose_sandbox(kind: str) -> str:
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
+    # LD_LIBRARY_PATH: where a GPU machine's driver library (libcuda) may be found; the folders
+    # it names are visible inside only if they are under the read-only system folders bound below.
     keep = ("LANG", "LC_ALL", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
-            "COURSE_DEVICE", "COURSE_THREADS")
+            "COURSE_DEVICE", "COURSE_THREADS", "LD_LIBRARY_PATH")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.update({"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
                 "HOME": "/tmp", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1",
                 "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor", "TRITON_CACHE_DIR": "/tmp/triton",
+                # Inductor compiles in the process itself, not in a pool of one worker per core:
+                # each worker imports torch, and on a 16-core runner the pool alone would pass
+                # the memory cap that the process tree is held to.
+                "TORCHINDUCTOR_COMPILE_THREADS": "1",
                 "PYTHONDONTWRITEBYTECODE": "1"})
     env.update(extra)
     return env
@@ -192,10 +198,11 @@ def _bwrap_argv(script: str, args: list[str]) -> list[str]:
     dirs = [x for a in parents for x in ("--perms", "0755", "--dir", a)]
     for path in envs:
         binds += ["--ro-bind", path, path]
+    devices: list[str] = []
     if Path("/dev/nvidiactl").exists():  # a GPU runner: let the child reach the devices
-        binds += ["--dev-bind-try", "/dev/nvidiactl", "/dev/nvidiactl", "--dev-bind-try",
-                  "/dev/nvidia-uvm", "/dev/nvidia-uvm"]
-        binds += [x for i in range(8) for x in ("--dev-bind-try", f"/dev/nvidia{i}", f"/dev/nvidia{i}")]
+        # After --dev /dev (below), which mounts a fresh /dev over anything bound there before.
+        names = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{i}" for i in range(16))]
+        devices = [x for name in names for x in ("--dev-bind-try", f"/dev/{name}", f"/dev/{name}")]
     command = [sys.executable, "-I", f"/grading/{script}", *args]
     if os.geteuid() == 0:
         # No user namespace (inside it, uid 65534 would be host root): bwrap makes the mounts as
@@ -207,7 +214,7 @@ def _bwrap_argv(script: str, args: list[str]) -> list[str]:
         spaces = ["--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534"]
     return ["bwrap", *spaces, "--die-with-parent", "--new-session",
             # /tmp first: the environment itself may live under /tmp and is bound over it.
-            "--perms", "1777", "--tmpfs", "/tmp", *dirs, *binds, "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--tmpfs", "/tmp", *dirs, *binds, "--proc", "/proc", "--dev", "/dev", *devices,
             "--perms", "0755", "--tmpfs", "/grading",
             "--ro-bind", str(CHILD), "/grading/child.py", "--ro-bind", str(JUDGE), "/grading/judge.py",
             "--ro-bind", str(PROTOCOL), "/grading/protocol.py",
