@@ -21,17 +21,20 @@ from course.quiet import quiet_cuda_home
 
 quiet_cuda_home()  # before anything imports torch.utils.cpp_extension (a CUDA build without a GPU logs a notice)
 
-from course.devices import Sizes, device_kind, pick_device, sizes, synchronize, threads
+from course.devices import Sizes, device_kind, exact_float32, pick_device, sizes, synchronize, threads
 from course.doctor import doctor
 from course.numerics import assert_close
 from course.quiet import quiet_torchscript
 from course.selfcheck import self_check
+
+exact_float32()  # float32 on a GPU is float32 (no TF32): see course.devices.exact_float32
 
 __all__ = [
     "Sizes",
     "assert_close",
     "device_kind",
     "doctor",
+    "exact_float32",
     "pick_device",
     "quiet_torchscript",
     "self_check",

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-__all__ = ["Sizes", "device_kind", "pick_device", "sizes", "synchronize", "threads"]
+__all__ = ["Sizes", "device_kind", "exact_float32", "pick_device", "sizes", "synchronize", "threads"]
 
 #: Set ``COURSE_DEVICE=cpu`` to run a lesson on the CPU even where CUDA is present.
 DEVICE_ENV = "COURSE_DEVICE"
@@ -47,6 +47,19 @@ def pick_device(prefer: str | torch.device | None = None) -> torch.device:
             f"The course runs on 'cpu' or 'cuda', not {str(dev)!r}. Try: course.pick_device('cpu')."
         )
     return dev
+
+
+def exact_float32() -> None:
+    """Make float32 on a GPU mean float32: no TensorFloat-32 in cuDNN (convolutions, RNNs) or
+    cuBLAS (matrix products). ``import course`` calls it.
+
+    On Ampere and newer GPUs cuDNN may by default compute float32 convolutions and RNNs with
+    TF32, which keeps 10 bits of mantissa: results then differ from the CPU's, and from each
+    other, by about 1e-3 relative, far above the tolerances the course's checks compare float32
+    at. Speed in this course comes from the techniques it teaches, not from lowering precision
+    behind the learner's back; reduced precision is asked for openly (autocast, lesson 3)."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def device_kind(device: str | torch.device | None = None) -> str:

@@ -22,10 +22,12 @@ import builtins
 import contextlib
 import io
 import os
+import itertools
 import struct
 from typing import Any, Callable
 
 import torch
+from torch import nn
 
 from course import wire
 
@@ -71,7 +73,7 @@ def probe(answer: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     name = f"{fn.__module__}.{fn.__qualname__}"
     if PROBES.get(name) is not fn:
         raise ValueError(f"{name} is not a registered probe (course.remote.prober)")
-    device = next((str(t.device) for t in _tensors((args, kwargs))), "cpu")
+    device = _call_device((args, kwargs))
     answer._link.probes += 1  # the judge reports it: this cell's verdict rests partly on that process's word
     try:
         reply = answer._link.request({"op": "probe", "name": answer.__name__, "probe": name, "args": list(args),
@@ -285,7 +287,7 @@ class Remote:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves = [t for t in _tensors((args, kwargs)) if t.requires_grad]
-        device = next((str(t.device) for t in _tensors((args, kwargs))), "cpu")
+        device = _call_device((args, kwargs))
         grad = bool(leaves) and torch.is_grad_enabled()
         mirror = self.__dict__.get("mirror", False)
         reply = self._link.request({"op": "call", "name": self.__name__, "args": list(args),
@@ -396,6 +398,32 @@ class Described:
 
 
 # -- helpers on nested values ---------------------------------------------------------------
+
+def _call_device(value: Any) -> str:
+    """Where a call's arguments live, so that its result lands there too: the first tensor's
+    device, else the first module's (a list of models crosses as recipes and holds no tensor
+    itself), else the CPU."""
+    found = _tensors(value)
+    if found:
+        return str(found[0].device)
+    modules: list[nn.Module] = []
+    _map_any(value, lambda v: modules.append(v) if isinstance(v, nn.Module) else None)
+    for m in modules:
+        for t in itertools.chain(m.parameters(), m.buffers()):
+            if t.device.type != "meta":
+                return str(t.device)
+    return "cpu"
+
+
+def _map_any(value: Any, fn: Callable[[Any], Any]) -> None:
+    fn(value)
+    if type(value) in (list, tuple) or isinstance(value, tuple):
+        for v in value:
+            _map_any(v, fn)
+    elif type(value) is dict:
+        for v in value.values():
+            _map_any(v, fn)
+
 
 def _tensors(value: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []

@@ -232,7 +232,7 @@ def check_fold_conv_bn(fold_conv_bn: Callable, *, seed: int = 0, c_in: int = 3, 
     want = _fold_reference(*args)
     label = f"fold_conv_bn(...) [conv {'with' if bias else 'without'} bias, eps={eps:g}]"
     assert_close(tuple(got), want, name=label + " -> (w', b')", hint=FOLD_HINT)
-    x = randn(2, c_in, 7, 6, seed=seed + 1, dtype=F64)
+    x = randn(2, c_in, 7, 6, seed=seed + 1, dtype=F64, device="cpu")  # where the weights above are
     pad = kernel // 2
     ref = nn.functional.batch_norm(nn.functional.conv2d(x, w, b, padding=pad, groups=groups), mean, var,
                                    gamma, beta, training=False, eps=eps)
@@ -382,7 +382,7 @@ def _profiled_graph(seed: int) -> tuple[_Probe, fx.GraphModule, torch.Tensor]:
     with torch.random.fork_rng(devices=[]):  # the same weights in every process (grading compares runs)
         torch.manual_seed(seed)
         root = _Probe()
-    return root, fx.GraphModule(root, _LeafTracer().trace(root)), randn(3, 6, seed=seed)
+    return root, fx.GraphModule(root, _LeafTracer().trace(root)), randn(3, 6, seed=seed, device="cpu")
 
 
 @prober

@@ -194,7 +194,7 @@ def _rows_growth(fn: Callable, name: str, seed: int, loop: Callable | None = Non
     """On layers with 8 and 40 outputs (op counts) or 8 and 1024 (time: enough rows that the work, not
     the crossing of the boundary, dominates), 16 inputs, on the CPU."""
     return _growth(fn, name, lambda m, fresh=0: (tanh_layer(m, 16, seed=seed, device="cpu"),
-                                                 randn(16, seed=seed + 1 + fresh)),
+                                                 randn(16, seed=seed + 1 + fresh, device="cpu")),
                    (8, 40), (8, 1024), loop)
 
 
@@ -322,13 +322,15 @@ def _picker_cases(seed: int):
     """(f, x, n_out, n_in): tall, wide, square and nearly square, single row or column, and
     inputs/outputs that are not vectors (count elements, not the first dimension)."""
     shapes = [(2048, 32), (32, 2048), (5, 5), (1, 7), (7, 1), (33, 32), (32, 33), (64, 64)]
-    cases = []
+    cases, cpu = [], "cpu"  # the picker reads shapes: where the tensors live does not matter
     for i, (m, n) in enumerate(shapes):
-        cases.append((tanh_layer(m, n, seed=seed + i, device="cpu"), randn(n, seed=seed + 50 + i), m, n))
+        cases.append((tanh_layer(m, n, seed=seed + i, device=cpu), randn(n, seed=seed + 50 + i, device=cpu), m, n))
     # x of shape (3, 4): 12 inputs; outputs (2, 7) = 14 (more than the inputs, though 2 < 3)
-    cases.append((flat_layer(tanh_layer(14, 12, seed=seed), (2, 7)), randn(3, 4, seed=seed + 90), 14, 12))
+    cases.append((flat_layer(tanh_layer(14, 12, seed=seed, device=cpu), (2, 7)), randn(3, 4, seed=seed + 90, device=cpu),
+                  14, 12))
     # x of shape (6, 2): 12 inputs; outputs (10, 1) = 10 (fewer, though 10 > 6)
-    cases.append((flat_layer(tanh_layer(10, 12, seed=seed + 1), (10, 1)), randn(6, 2, seed=seed + 91), 10, 12))
+    cases.append((flat_layer(tanh_layer(10, 12, seed=seed + 1, device=cpu), (10, 1)),
+                  randn(6, 2, seed=seed + 91, device=cpu), 10, 12))
     return cases
 
 
@@ -436,7 +438,7 @@ def _batched_numerics(fn: Callable, name: str, make, seed: int, batch: int, devi
 def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int, per_sample: Callable) -> _Growth:
     """``per_sample(f, x)`` is the course's lean answer for one sample; its loop over the samples is
     the yardstick under the grader."""
-    g = _growth(fn, name, lambda b, fresh=0: (f, randn(b, n_in, seed=seed + b + fresh)), (2, 8), (4, 128),
+    g = _growth(fn, name, lambda b, fresh=0: (f, randn(b, n_in, seed=seed + b + fresh, device="cpu")), (2, 8), (4, 128),
                 loop=lambda f, xs: torch.stack([per_sample(f, x) for x in xs]))
     if g.grows:
         raise AssertionError(f"{name} {g.text('samples')}: a Python loop over the samples. Wrap the per-sample "
@@ -523,8 +525,8 @@ def _hvp_growth(fn: Callable, name: str, seed: int) -> None:
     times the HVP beside the course's Hessian-times-v on the same energy (learner's process stopped
     meanwhile): an HVP that builds the Hessian cannot take less than half that time."""
     def make(n, fresh=0):
-        return (energy(n, seed=seed, device="cpu", dtype=F64), randn(n, seed=seed + 30 + fresh, dtype=F64),
-                randn(n, seed=seed + 31 + 2 * fresh, dtype=F64))
+        return (energy(n, seed=seed, device="cpu", dtype=F64), randn(n, seed=seed + 30 + fresh, dtype=F64, device="cpu"),
+                randn(n, seed=seed + 31 + 2 * fresh, dtype=F64, device="cpu"))
 
     g = _growth(fn, name, make, HVP_SIZES, HVP_SIZES, loop=lambda f, x, v: torch.func.hessian(f)(x) @ v)
     if g.grows:

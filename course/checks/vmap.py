@@ -240,7 +240,8 @@ def _ensemble_clock(fn: Callable, label: str, same: bool, seed: int) -> str:
     params, buffers, base = _stacked(members)
 
     def make(fresh):
-        return params, buffers, base, toy_features(*((4, 4) if same else (CLOCK_MEMBERS, 4, 4)), seed=fresh)
+        return params, buffers, base, toy_features(*((4, 4) if same else (CLOCK_MEMBERS, 4, 4)), seed=fresh,
+                                                    device="cpu")
 
     def loop(params, buffers, base, x):
         return loop_predictions(members, x, same_minibatch=same)
@@ -430,7 +431,7 @@ def _per_sample_clock(fn: Callable, label: str) -> str:
     model = small_cnn(seed=0, channels=(3, 4), size=8, classes=5, device="cpu")
 
     def make(fresh):
-        return (model, *toy_images(CLOCK_SAMPLES, seed=fresh, size=8, classes=5))
+        return (model, *toy_images(CLOCK_SAMPLES, seed=fresh, size=8, classes=5, device="cpu"))
 
     return _expect_no_loop_by_clock(fn, label, make, reference_per_sample_grads, count=CLOCK_SAMPLES,
                                     unit="sample", key=("per-sample",))

@@ -1,0 +1,160 @@
+"""What the first GPU acceptance run (an H100, 2026-11-25) found, kept true on a machine without one.
+
+- Parts of checks that work on the CPU by design (float64 folding, the judge's clocks on tiny
+  models, the profiler's planted graph) drew some tensors on the default device: on a GPU the
+  model sat on the CPU and its input on CUDA. Here the default device is poisoned (``meta``) and
+  those parts must still run, on the CPU.
+- float32 on a GPU is float32: ``import course`` turns TF32 off.
+- The sandbox binds the GPU's device files after ``--dev /dev``, which would hide them.
+- A call whose arguments are only modules (a list of models) returns its result on their device.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import course
+from autograder.solution_code import load_solution, solution_source
+
+META = torch.device("meta")
+
+
+@pytest.fixture
+def default_elsewhere(monkeypatch):
+    """Every course module's ``pick_device()`` with no preference answers ``meta``: a stand-in for
+    a GPU that makes any tensor drawn on the default device unusable beside a CPU one."""
+    from course import devices
+
+    original = devices.pick_device
+
+    def poisoned(prefer=None):
+        return META if prefer is None else original(prefer)
+
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] == "course" and getattr(module, "pick_device", None) is original:
+            monkeypatch.setattr(module, "pick_device", poisoned)
+    return poisoned
+
+
+def _devices(value) -> set[str]:
+    found: set[str] = set()
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            found.add(v.device.type)
+        elif isinstance(v, nn.Module):
+            found.update(t.device.type for t in [*v.parameters(), *v.buffers()])
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+    walk(value)
+    return found
+
+
+def test_the_poisoned_default_reaches_the_course(default_elsewhere):
+    from course.data import randn
+
+    assert randn(2, seed=0).device == META          # the fixture bites where the checks draw
+    assert randn(2, seed=0, device="cpu").device.type == "cpu"
+
+
+def test_fold_check_works_on_the_cpu_whatever_the_default_device(default_elsewhere, tmp_path):
+    from course.checks import fx as C
+
+    fx = load_solution(solution_source("02_fx_transforms"), tmp_path / "fx_sol.py", "fx_sol_gpu")
+    C.check_fold_conv_bn(fx.fold_conv_bn)
+    C.check_fold_conv_bn(fx.fold_conv_bn, bias=False, groups=5, c_in=5, eps=1e-3)
+
+
+def test_the_profiler_probe_graph_and_its_input_share_a_device(default_elsewhere):
+    from course.checks.fx import _profiled_graph
+
+    root, gm, x = _profiled_graph(0)
+    assert _devices([root, gm, x]) == {"cpu"}
+
+
+def test_the_picker_cases_live_on_the_cpu(default_elsewhere):
+    from course.checks.jacobians import _picker_cases
+
+    for f, x, _, _ in _picker_cases(0):
+        assert _devices([f, x]) == {"cpu"}, f
+
+
+def test_the_judges_clock_cases_live_on_the_cpu(default_elsewhere, monkeypatch):
+    """The makers the judge's clocks use (lessons 5 and 6) build on the CPU: caught by calling each
+    clock with a recorder in place of the clock itself."""
+    from course.checks import jacobians as CJ
+    from course.checks import vmap as CV
+
+    made = []
+
+    def record(fn, name, make, *args, **kwargs):
+        for size in (2, 4):
+            made.append(make(size, 0) if make.__code__.co_argcount > 1 else make(size))
+        raise _Stop
+
+    class _Stop(Exception):
+        pass
+
+    monkeypatch.setattr(CJ, "_growth", record)
+    for call in (lambda: CJ._no_batch_loop(None, "f", CJ.tanh_layer(3, 4, seed=0, device="cpu"), 4, 0, None),
+                 lambda: CJ._rows_growth(None, "f", 0),
+                 lambda: CJ._hvp_growth(None, "f", 0)):
+        with pytest.raises(_Stop):
+            call()
+    def clock(fn, label, make, *args, **kwargs):  # the stateless base of an ensemble is on meta by design
+        made.append([v for v in make(1) if not (isinstance(v, nn.Module) and _devices(v) == {"meta"})])
+        return ""
+
+    monkeypatch.setattr(CV, "_expect_no_loop_by_clock", clock)
+    CV._per_sample_clock(None, "f")
+    CV._ensemble_clock(None, "f", False, 0)
+    CV._ensemble_clock(None, "f", True, 0)
+    assert len(made) == 9
+    for case in made:
+        assert _devices(case) == {"cpu"}, case
+
+
+def test_import_course_turns_tf32_off():
+    code = ("import torch\n"
+            "torch.backends.cudnn.allow_tf32 = True\n"
+            "torch.backends.cuda.matmul.allow_tf32 = True\n"
+            "import course\n"
+            "print(torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)\n")
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+    assert "exact_float32" in course.__all__
+
+
+def test_the_sandbox_binds_gpu_devices_after_making_dev(monkeypatch):
+    from autograder.sandbox import parent
+
+    real_exists = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda self: str(self) == "/dev/nvidiactl" or real_exists(self))
+    argv = parent._bwrap_argv("child.py", [])
+    dev = argv.index("--dev")
+    binds = [i for i, a in enumerate(argv) if a == "/dev/nvidiactl"]
+    assert binds and min(binds) > dev, "a device bound before --dev /dev is hidden by it"
+    assert "/dev/nvidia0" in argv and "/dev/nvidia-uvm" in argv
+    env = parent._env({})
+    assert env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+
+
+def test_a_call_of_modules_alone_returns_on_their_device():
+    from course.remote import _call_device
+
+    class OnGpu(nn.Module):  # a module reporting a CUDA parameter, without needing a GPU
+        def parameters(self, recurse=True):
+            return iter([type("T", (), {"device": torch.device("cuda:0")})()])
+
+    meta = nn.Linear(2, 2, device="meta")
+    assert _call_device(([[meta, OnGpu()]], {})) == "cuda:0"
+    assert _call_device(([meta], {})) == "cpu"
+    assert _call_device(((torch.zeros(1), [OnGpu()]), {})) == "cpu"   # a tensor argument decides first
+    assert _call_device(((), {"models": (OnGpu(),)})) == "cuda:0"
