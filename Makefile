@@ -42,10 +42,11 @@ release: setup
 # instructor's solution, the untouched version, a planted mistake), every benchmark at its GPU
 # size, one summary in benchmarks/results/acceptance-cuda.md. Uses the torch this machine has
 # (GPU machines come with their own) and installs only what is missing: no .venv, no download of
-# torch. DEVICE=cpu runs the same acceptance with the CPU bars.
+# torch. DEVICE=cpu runs the same acceptance with the CPU bars. WHEELS=DIR: a machine with no network
+# installs from that folder (python -m autograder acceptance --download-wheels DIR, made elsewhere).
 DEVICE ?= cuda
 gpu-check:
-	$(PYTHON) -m autograder acceptance --prepare
+	$(PYTHON) -m autograder acceptance --prepare $(if $(WHEELS),--wheels $(WHEELS))
 	$(PYTHON) -m autograder acceptance --device $(DEVICE) --record
 
 # The torch range as a tested matrix (benchmarks/torch_matrix.py): a throwaway environment per

@@ -30,6 +30,7 @@ import argparse
 import csv
 import datetime as dt
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -150,7 +151,7 @@ def _environment(device: str) -> dict:
 
 
 def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, record: bool = False,
-        jobs: int = 1) -> int:
+        jobs: int = 1, sandbox: str = "auto", benchmarks: bool = True) -> int:
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -162,7 +163,10 @@ def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, reco
     work, subs = out / "work", out / "submissions"
     bench_out = ROOT / "benchmarks" / "results" if record else out / "benchmarks"
     bench_out.mkdir(parents=True, exist_ok=True)
-    summary = {"environment": _environment(device), "lessons": {}, "problems": []}
+    from autograder.sandbox import choose_sandbox
+
+    summary = {"environment": {**_environment(device), "sandbox": choose_sandbox(sandbox)},
+               "lessons": {}, "problems": []}
     for lesson_id in lessons:
         print(f"== {lesson_id}: grading the instructor's solution, the untouched and a planted version "
               f"(--device {device})", flush=True)
@@ -170,17 +174,23 @@ def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, reco
         start = time.monotonic()
         graded = out / "grading" / lesson_id
         proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(graded),
-                               "--work", str(work), "--device", device, "--lesson", lesson_id, "--jobs", str(jobs)],
+                               "--work", str(work), "--device", device, "--lesson", lesson_id, "--jobs", str(jobs),
+                               "--sandbox", sandbox],
                               cwd=ROOT, text=True, capture_output=True)
         entry: dict = {"grading_s": round(time.monotonic() - start, 1)}
         if proc.returncode != 0:
-            summary["problems"].append(f"{lesson_id}: grading could not run: {(proc.stderr or proc.stdout)[-800:]}")
+            summary["problems"].append(f"{lesson_id}: grading could not run: {(proc.stderr or proc.stdout)[-3000:]}")
         else:
             rows, problems = check_lesson(lesson_id, graded / "grades.csv", graded / "cells.csv")
             summary["problems"] += problems
             entry["rows"] = {s: {k: rows[s][k] for k in ("score", "max_score", "status", "seconds", "peak_rss_mb")}
                              for s in SUBMISSIONS if s in rows}
             entry["speed"] = speed_figures(work, lesson_id)
+        if not benchmarks:
+            entry["benchmark"] = {"script": BENCHMARKS[lesson_id], "exit": None, "seconds": 0}
+            summary["lessons"][lesson_id] = entry
+            _write(summary, out, record)
+            continue
         print(f"== {lesson_id}: benchmark {BENCHMARKS[lesson_id]}", flush=True)
         args = [sys.executable, str(ROOT / "benchmarks" / BENCHMARKS[lesson_id]), "--device", device,
                 "--out", str(bench_out)]
@@ -194,19 +204,30 @@ def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, reco
             summary["problems"].append(f"{lesson_id}: benchmarks/{BENCHMARKS[lesson_id]} failed: "
                                        f"{(bench.stderr or bench.stdout)[-800:]}")
         summary["lessons"][lesson_id] = entry
-    text = markdown(summary)
+        _write(summary, out, record)  # after every lesson: a run stopped midway keeps what it measured
+    print(markdown(summary))
+    return 0 if not summary["problems"] else 1
+
+
+def _write(summary: dict, out: Path, record: bool) -> None:
+    device = summary["environment"]["device"]
     for folder in [out] + ([ROOT / "benchmarks" / "results"] if record else []):
         (folder / f"acceptance-{device}.json").write_text(json.dumps(summary, indent=1) + "\n")
-        (folder / f"acceptance-{device}.md").write_text(text)
-    print(text)
-    return 0 if not summary["problems"] else 1
+        (folder / f"acceptance-{device}.md").write_text(markdown(summary))
+
+
+def _bench_cell(bench: dict) -> str:
+    if bench["exit"] is None:
+        return "not run (--no-benchmarks)"
+    return f"{'ok' if bench['exit'] == 0 else 'failed'} ({bench['seconds']} s)"
 
 
 def markdown(summary: dict) -> str:
     env = summary["environment"]
     lines = [f"# Acceptance on {env['device']}: {env['machine']}", "",
              f"torch {env['torch']}" + (f", CUDA {env['cuda']}" if env.get("cuda") else "") +
-             f", Python {env['python']}, {env['date']}. Written by `python -m autograder acceptance`.", "",
+             f", Python {env['python']}, {env['date']}, sandbox {env.get('sandbox', '?')}. "
+             "Written by `python -m autograder acceptance`.", "",
              "| lesson | instructor run | peak memory | perfect | untouched | planted | benchmark |",
              "|---|---|---|---|---|---|---|"]
     for lesson_id, e in summary["lessons"].items():
@@ -216,7 +237,7 @@ def markdown(summary: dict) -> str:
         bench = e["benchmark"]
         lines.append(f"| {lesson_id} | {perfect.get('seconds', '-')} s | {perfect.get('peak_rss_mb', '-')} MB | "
                      f"{score('perfect')} | {score('untouched')} | {score('planted')} | "
-                     f"{'ok' if bench['exit'] == 0 else 'failed'} ({bench['seconds']} s) |")
+                     f"{_bench_cell(bench)} |")
     lines += ["", "## Speed bars against what the instructor's solution measured here", "",
               "| lesson | check | bar | measured (lower bound) | margin |", "|---|---|---|---|---|"]
     for lesson_id, e in summary["lessons"].items():
@@ -230,11 +251,75 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def prepare() -> int:
-    """Install what the course needs besides torch, keeping the torch this machine has (GPU
-    machines come with their own): the package itself without dependencies, then each missing one."""
+#: Not carried to a GPU machine as wheels: torch and what comes with it (the machine has its own),
+#: the JupyterLab front end and its translations (grading never opens it), the browser test's driver.
+NOT_CARRIED = re.compile(r"^(torch|triton|nvidia-.*|jupyterlab|babel|playwright)$")
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64", "manylinux_2_24_x86_64",
+             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def carried_pins(lock: Path = ROOT / "requirements" / "lock.txt") -> list[str]:
+    """The lock's exact pins that a GPU machine without network may lack: the wheels to carry."""
+    pins = [line.strip() for line in lock.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return [p for p in pins if not NOT_CARRIED.match(_norm(p.split("==")[0]))]
+
+
+def _names(listing: str) -> set[str]:
+    """Distribution names from ``pip freeze`` or ``pip list`` output, or names separated by commas."""
+    names = set()
+    for line in listing.replace(",", "\n").splitlines():
+        token = re.split(r"[=<>~!@ (]", line.strip(), maxsplit=1)[0]
+        if token and not token.startswith(("#", "-")) and token.lower() != "package":
+            names.add(_norm(token))
+    return names
+
+
+def download_wheels(folder: Path, python: str, have: Path | None = None) -> int:
+    """On a machine with network: the carried pins as wheels for CPython ``python`` on x86-64
+    Linux, into ``folder``, for ``--prepare --wheels`` on a GPU machine that has none. ``have``: the
+    GPU machine's ``pip freeze`` (or ``pip list``); what it lists is left out (it keeps its own)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    skip = _names(have.read_text()) if have else set()
+    pins = [p for p in carried_pins() if _norm(p.split("==")[0]) not in skip]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
+        req.write("\n".join(pins) + "\n")
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+           "--python-version", python, "--implementation", "cp", "-d", str(folder), "-r", req.name]
+    cmd += [x for p in PLATFORMS for x in ("--platform", p)]
+    code = subprocess.run(cmd).returncode
+    if code == 0:
+        size = sum(f.stat().st_size for f in folder.glob("*.whl")) / 2**20
+        print(f"{len(list(folder.glob('*.whl')))} wheels ({size:.0f} MB) in {folder}: carry them to the GPU machine, "
+              f"then: python -m autograder acceptance --prepare --wheels {folder}")
+    return code
+
+
+def wheels_to_install(folder: Path) -> list[Path]:
+    """The wheels in ``folder`` whose distribution is not installed here (one per name)."""
     import importlib.metadata as md
-    import re
+
+    out, seen = [], set()
+    for wheel in sorted(folder.glob("*.whl")):
+        name = _norm(wheel.name.split("-")[0])
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            md.version(name)
+        except md.PackageNotFoundError:
+            out.append(wheel)
+    return out
+
+
+def prepare(wheels: Path | None = None) -> int:
+    """Install what the course needs besides torch, keeping the torch this machine has (GPU
+    machines come with their own): the package itself without dependencies, then each missing one,
+    from the package index or, with ``wheels``, from that folder alone (a machine with no network)."""
+    import importlib.metadata as md
     import tomllib
 
     try:
@@ -257,7 +342,18 @@ def prepare() -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as keep:
         keep.write(f"torch=={torch_version}\n")
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "-c", keep.name]
-    steps = [pip + ["--no-deps", "--no-build-isolation", "-e", str(ROOT)]] + ([pip + missing] if missing else [])
+    if wheels is not None:
+        if not wheels.is_dir():
+            print(f"acceptance --prepare --wheels: no folder {wheels}; make it where there is network with "
+                  "python -m autograder acceptance --download-wheels FOLDER --python-version X.Y", file=sys.stderr)
+            return 2
+        found = wheels_to_install(wheels)
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
+        steps = ([pip + [str(w) for w in found]] if found else []) + \
+            [pip + ["--no-build-isolation", "-e", str(ROOT)]]
+        missing = [w.name for w in found]
+    else:
+        steps = [pip + ["--no-deps", "--no-build-isolation", "-e", str(ROOT)]] + ([pip + missing] if missing else [])
     for step in steps:
         if subprocess.run(step).returncode:
             return 2
@@ -276,12 +372,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="benchmarks with few, short rounds (for tests)")
     parser.add_argument("--record", action="store_true", help="write results into benchmarks/results/")
     parser.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
+    parser.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
+                        help="passed to grade (default auto: bubblewrap where it works)")
+    parser.add_argument("--no-benchmarks", action="store_true", help="grade only; run no benchmark")
     parser.add_argument("--prepare", action="store_true", help="install what is missing besides torch, then exit")
+    parser.add_argument("--wheels", type=Path, default=None,
+                        help="with --prepare: install from this folder of wheels only (a machine with no network)")
+    parser.add_argument("--download-wheels", type=Path, default=None, metavar="FOLDER",
+                        help="download the wheels a GPU machine without network needs into FOLDER, then exit")
+    parser.add_argument("--python-version", default="3.12", help="with --download-wheels: the GPU machine's Python")
+    parser.add_argument("--have", type=Path, default=None,
+                        help="with --download-wheels: the GPU machine's `pip freeze`; what it has is not downloaded")
     args = parser.parse_args(argv)
+    if args.download_wheels:
+        return download_wheels(args.download_wheels, args.python_version, args.have)
     if args.prepare:
-        return prepare()
+        return prepare(args.wheels)
     out = args.out or Path(tempfile.mkdtemp(prefix=f"acceptance-{args.device}-"))
-    return run(args.device, args.lesson or ids, out, quick=args.quick, record=args.record, jobs=args.jobs)
+    return run(args.device, args.lesson or ids, out, quick=args.quick, record=args.record, jobs=args.jobs,
+               sandbox=args.sandbox, benchmarks=not args.no_benchmarks)
 
 
 if __name__ == "__main__":

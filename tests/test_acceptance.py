@@ -77,3 +77,39 @@ def test_the_cpu_acceptance_of_one_lesson_grades_three_versions_and_runs_its_ben
     assert speed and all(s["measured"] >= s["bar"] for s in speed), speed
     text = (out / "acceptance-cpu.md").read_text()
     assert "Nothing: every expectation held." in text and "| 04_forward_ad |" in text
+
+
+def test_the_wheels_carried_to_an_offline_gpu_machine_leave_out_torch_and_the_lab_front_end():
+    pins = acceptance.carried_pins()
+    names = {acceptance._norm(p.split("==")[0]) for p in pins}
+    assert all("==" in p for p in pins)
+    assert {"nbgrader", "nbclient", "ipykernel", "opacus", "psycopg2-binary"} <= names
+    assert not names & {"torch", "triton", "jupyterlab", "playwright", "babel"}
+    assert not any(n.startswith("nvidia-") for n in names)
+
+
+def test_a_machines_package_listing_is_read_in_any_of_pips_formats():
+    freeze = "numpy==2.5.2\nTorch @ file:///x\n# comment\n-e git+https://x\n"
+    listing = "Package    Version\n---------- -------\nSciPy      1.17\n"
+    assert acceptance._names(freeze) == {"numpy", "torch"}
+    assert acceptance._names(listing) == {"scipy"}
+    assert acceptance._names("jupyter_client, Typing.Extensions") == {"jupyter-client", "typing-extensions"}
+
+
+def test_prepare_installs_from_the_wheel_folder_only_what_is_missing(tmp_path):
+    for name in ("nbformat-5.11.1-py3-none-any.whl", "surely_absent_course_dep-1.0-py3-none-any.whl"):
+        (tmp_path / name).write_bytes(b"")
+    assert [w.name for w in acceptance.wheels_to_install(tmp_path)] == ["surely_absent_course_dep-1.0-py3-none-any.whl"]
+    code = acceptance.prepare(tmp_path / "no-such-folder")
+    assert code == 2
+
+
+def test_a_summary_is_written_after_every_lesson_and_says_when_benchmarks_were_left_out(tmp_path):
+    summary = {"environment": {"device": "cpu", "machine": "m", "torch": "t", "python": "p", "date": "d",
+                               "sandbox": "bwrap"},
+               "lessons": {"04_forward_ad": {"benchmark": {"script": "forward_ad.py", "exit": None, "seconds": 0}}},
+               "problems": ["04_forward_ad: something"]}
+    acceptance._write(summary, tmp_path, record=False)
+    text = (tmp_path / "acceptance-cpu.md").read_text()
+    assert "not run (--no-benchmarks)" in text and "sandbox bwrap" in text and "something" in text
+    assert json.loads((tmp_path / "acceptance-cpu.json").read_text()) == summary
