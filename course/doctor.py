@@ -101,7 +101,7 @@ def _version_tuple(v: str) -> tuple[int, int]:
 def _caveats(rep: Report) -> list[str]:
     out = []
     tv = _version_tuple(rep.torch)
-    if tv >= (2, 13):
+    if tv >= (2, 12):  # a DeprecationWarning in 2.12 and 2.13, a FutureWarning from 2.14
         out.append("torch.jit.script is deprecated in this torch: it still works; the course "
                    "explains the warning once and moves on to torch.compile.")
     if tv > _version_tuple(TESTED_TORCH[1]):

@@ -16,7 +16,7 @@ import warnings
 __all__ = ["load_forward_ad_quietly", "quiet_cuda_home", "quiet_torchscript", "TORCHSCRIPT_NOTE"]
 
 TORCHSCRIPT_NOTE = (
-    "Note: TorchScript (torch.jit.script / trace) is deprecated in PyTorch 2.13+: it still works, "
+    "Note: TorchScript (torch.jit.script / trace) is deprecated in recent PyTorch releases: it still works, "
     "but gets no new features. This lesson uses it to show how a graph compiler sees your code, "
     "then moves to torch.compile, its successor. The deprecation warning is silenced from here on."
 )

@@ -310,3 +310,17 @@ def test_a_forged_autocast_report_is_caught_from_outside(cl_solution, monkeypatc
     with pytest.raises(AssertionError, match="convolutions did not run in bfloat16"):
         C.check_autocast_inference(cast_after, width=8, size=32)
     C.check_autocast_inference(cl_solution.autocast_inference, width=8, size=32)  # the real thing passes
+
+
+def test_the_visible_test_catches_the_lessons_trap(mutate3):
+    """The review: `contiguous` passed the visible test and only a hidden one caught it. The
+    learner's own test cell (as the self-check runs it) now tries the grayscale model."""
+    import json
+    from pathlib import Path
+
+    visible = next(e["source"] for e in json.loads((Path(C.__file__).parents[1] / "exercises.json").read_text())[LESSON]
+                   if e["grade_id"] == "test_to_channels_last")
+    m = mutate3("return model.to(memory_format=CL), x.to(memory_format=CL)",
+                "return model.to(memory_format=CL), x.contiguous(memory_format=CL)")
+    with pytest.raises(AssertionError, match="only because the shape"):
+        exec(visible, {"check_to_channels_last": C.check_to_channels_last, "to_channels_last": m.to_channels_last})

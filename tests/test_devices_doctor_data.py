@@ -42,7 +42,7 @@ def test_doctor_returns_what_it_prints(capsys):
     rep = course.doctor()
     out = capsys.readouterr().out
     assert rep.torch == torch.__version__ and rep.torch in out and rep.device in out
-    assert any("deprecated" in c for c in rep.caveats) == (tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 13))
+    assert any("deprecated" in c for c in rep.caveats) == (tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 12))
     assert set(rep.as_dict()) >= {"python", "torch", "device", "cuda", "where", "caveats"}
 
 
