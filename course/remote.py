@@ -469,6 +469,10 @@ def _mirror(mine: Any, after: Any, depth: int = 0) -> None:
         return
     if isinstance(mine, torch.Tensor) and isinstance(after, torch.Tensor):
         _mirror_tensor(mine, after)
+        # an argument whose requires_grad the learner's code switched (a module's state is not
+        # mirrored this way: state_dict's tensors never require grad)
+        if mine.is_leaf and after.requires_grad != mine.requires_grad and after.dtype.is_floating_point:
+            mine.requires_grad_(after.requires_grad)
     elif isinstance(mine, torch.Generator) and isinstance(after, wire.GeneratorState):
         if str(mine.device) == after.device:
             try:

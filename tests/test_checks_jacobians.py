@@ -163,6 +163,9 @@ MISTAKES = {
     "rows: jacrev instead of the loop": (
         "rows", "    rows = [torch.autograd.grad(y[i], x, retain_graph=True)[0] for i in range(y.shape[0])]\n"
                 "    return torch.stack(rows)\n", "    return jacrev(f)(x)\n", "write the loop"),
+    "rows: the caller's x made to require grad": (
+        "rows", "    x = x.detach().requires_grad_(True)\n    y = f(x)\n    rows =",
+        "    x.requires_grad_(True)\n    y = f(x)\n    rows =", "switched on requires_grad of the caller's x"),
     "rows: sign flipped": (
         "rows", "    return torch.stack(rows)\n", "    return -torch.stack(rows)\n", "does not match"),
     "vmap: the pullback's tuple kept": (

@@ -111,6 +111,8 @@ LEARNER = {
     "pick_first_dim": lambda f, x: jacfwd if f(x).shape[0] > x.shape[0] else jacrev,
     "pick_by_name": lambda f, x: "jacfwd" if f(x).numel() > x.numel() else "jacrev",
     "zeros": lambda f, x: torch.zeros(f(x).numel(), x.numel()),
+    # right numbers, but the caller's x now requires grad (the lesson forbids it)
+    "rows_on_callers_x": lambda f, x: rows(f, x.requires_grad_(True)),
 }
 
 
@@ -133,6 +135,7 @@ def test_right_answers_pass_every_served_check(learner, capsys):
 
 @pytest.mark.parametrize("check, name, message", [
     (check_row_jacobian, "rows_by_vmap", "the same work whatever the number of rows"),
+    (check_row_jacobian, "rows_on_callers_x", "switched on requires_grad of the caller's x"),
     (check_vmap_jacobian, "vmap_by_rows", "the work of a loop over the rows"),
     (check_vmap_jacobian, "flat_loop", "the work of a loop over the rows"),
     (check_vmap_jacobian, "memo_loop", "the work of a loop over the rows"),

@@ -42,7 +42,7 @@ from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, forma
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, best_times, compare, compare_served, format_time
 from course.guard import reference
-from course.remote import factory, is_remote, recipe
+from course.remote import factory, is_remote, mirrored, recipe
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
 SERVED = ("check_row_jacobian", "check_vmap_jacobian", "check_vmap_speed", "check_pick_jacobian",
@@ -202,13 +202,18 @@ def _jacobian_numerics(fn: Callable, name: str, seed: int, n_out: int, n_in: int
     cases = _jacobian_cases(seed, n_out, n_in, device)
     for label, f, x, ref in cases:
         x_in = x.clone()
-        got = call(fn, f, x_in, name=name)
+        with mirrored(fn):  # across the boundary, what it did to x comes back
+            got = call(fn, f, x_in, name=name)
         _expect_tensor(got, f"{name} on {label}", x, tuple(ref.shape),
                        "row i of the Jacobian is the gradient of output i: (number of outputs, number of inputs).")
         _compare(got, ref, f"{name} on {label}", x.dtype, hint)
         if not torch.equal(x_in.detach(), x):
             raise AssertionError(f"{name} changed its input x in place; differentiate a copy "
                                  "(x.detach().requires_grad_() makes a new leaf without touching x).")
+        if x_in.requires_grad:
+            raise AssertionError(f"{name} switched on requires_grad of the caller's x (x.requires_grad_() changes "
+                                 "the tensor it is given: the caller's next backward would then reach it). "
+                                 "Make a new leaf instead: x = x.detach().requires_grad_(True).")
     return len(cases)
 
 
