@@ -120,16 +120,31 @@ def _pip(python: Path, args: list[str], log: Path) -> None:
         raise RuntimeError(f"pip {' '.join(args)[:200]} failed; its log: {log}")
 
 
-def environment(version: str, base: Path) -> Path:
-    """A virtual environment with torch ``version`` and the course (kept between runs)."""
-    venv = base / f"torch-{version}"
+def python_version(python: str) -> str:
+    """``X.Y`` of the interpreter ``python``."""
+    out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def column(version: str, python: str = sys.executable) -> str:
+    """A run's key: the torch version, with the Python named when it is not the one running this."""
+    py = python_version(python)
+    return version if py == "%d.%d" % sys.version_info[:2] else f"{version} (Python {py})"
+
+
+def environment(version: str, base: Path, python: str = sys.executable) -> Path:
+    """A virtual environment with torch ``version`` and the course (kept between runs), made by the
+    interpreter ``python`` (Colab's Python may be newer than this machine's default)."""
+    key = column(version, python)
+    venv = base / ("torch-" + key.replace(" (Python ", "-py").rstrip(")"))
     python = venv / "bin" / "python"
     stamp = venv / ".ready"
     if stamp.exists():
         return python
     shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    log = base / f"torch-{version}.log"
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    log = base / f"{venv.name}.log"
     _pip(python, ["install", "--quiet", f"torch=={version}", "setuptools>=70.1"], log)  # setuptools: to install the course
     keep = venv / "keep-torch.txt"
     keep.write_text(f"torch=={version}\n")
@@ -173,7 +188,8 @@ def markdown(results: dict, lessons: list[str], machine: str, date: str) -> str:
     versions = list(results)
     lines = ["# Compatibility: the torch range, tested", "",
              f"Written by `make torch-matrix` (`benchmarks/torch_matrix.py`) on {machine}, "
-             f"{date}. `pyproject.toml` accepts torch>={low},<{cap}; the pins "
+             f"{date}, Python {'%d.%d' % sys.version_info[:2]} unless a column names another. "
+             f"`pyproject.toml` accepts torch>={low},<{cap}; the pins "
              f"(`requirements/lock.txt`) name {pinned()}. Each lesson ran top to bottom as a learner who "
              "finished it (the student version with the instructor's answers), with the warnings Jupyter "
              "would show; \"passes\" means every cell ran and the closing self-check found every exercise "
@@ -223,6 +239,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "compatibility.md")
     ap.add_argument("--render", action="store_true", help="only write the page again from its .json")
     ap.add_argument("--fresh", action="store_true", help="forget the figures of versions not run this time")
+    ap.add_argument("--python", default=sys.executable,
+                    help="the interpreter the environments are made with (default: this one)")
     args = ap.parse_args()
     if args.render:
         saved = json.loads(args.out.with_suffix(".json").read_text())
@@ -238,7 +256,7 @@ def main() -> int:
     today = dt.date.today().isoformat()
 
     def write() -> str:
-        order = sorted(results, key=lambda v: tuple(int(p) for p in re.findall(r"\d+", v)[:3]))
+        order = sorted(results, key=lambda v: tuple(int(p) for p in re.findall(r"\d+", v)))
         ordered = {v: results[v] for v in order}
         shown = [i for i in ids if any(i in r for r in ordered.values())]
         text = markdown(ordered, shown, machine_name(), today)
@@ -247,17 +265,18 @@ def main() -> int:
         return text
 
     for version in versions:
-        print(f"torch {version}: preparing its environment", flush=True)
-        python = environment(version, args.base)
-        results[version] = {}
+        key = column(version, args.python)
+        print(f"torch {key}: preparing its environment", flush=True)
+        python = environment(version, args.base, args.python)
+        results[key] = {}
         for lesson in lessons:
-            r = run_lesson(python, lesson, args.base / "runs" / version)
-            results[version][lesson] = r
+            r = run_lesson(python, lesson, args.base / "runs" / key.replace(" (Python ", "-py").rstrip(")"))
+            results[key][lesson] = r
             write()
             print(f"  {lesson}: {'passes' if r['ok'] else 'FAILS'} in {r['seconds']:.0f} s"
                   f"{'; ' + r['error'] if r['error'] else ''}; {len(r['warnings'])} warning(s)", flush=True)
     print(write())
-    return 0 if all(r["ok"] for v in versions for r in results[v].values()) else 1
+    return 0 if all(r["ok"] for v in versions for r in results[column(v, args.python)].values()) else 1
 
 
 if __name__ == "__main__":

@@ -72,3 +72,12 @@ def test_the_committed_matrix_covers_the_declared_range():
         results = runs[version]
         assert set(results) == {item["id"] for item in catalog()}, version
         assert all(r["ok"] and not r["warnings"] for r in results.values()), (version, results)
+
+
+def test_a_run_on_another_python_is_a_column_of_its_own(monkeypatch):
+    assert TM.column("2.15.0") == "2.15.0"                       # this interpreter: the version alone
+    monkeypatch.setattr(TM, "python_version", lambda python: "3.12")
+    assert TM.column("2.15.0", "/some/python3.12") == "2.15.0 (Python 3.12)"
+    results = {"2.15.0 (Python 3.12)": {"04_forward_ad": {"ok": True, "seconds": 30.0, "error": None, "warnings": []}}}
+    text = TM.markdown(results, ["04_forward_ad"], "a test machine", "2026-11-25")
+    assert "| lesson | torch 2.15.0 (Python 3.12) |" in text and "unless a column names another" in text
