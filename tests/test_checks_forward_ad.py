@@ -112,7 +112,16 @@ MISTAKES = {
     "param_jvp: a second forward pass for the primal": (
         "param_jvp", "    return primal, tangent\n", "    return model(x), tangent\n", "ran the model 2 times"),
     "param_jvp: tangent not unpacked": (
-        "param_jvp", "    return primal, tangent\n", "    return primal, None\n", "two tensors"),
+        "param_jvp", "    return primal, tangent\n", "    return primal, None\n", r"returned \(output, None\)"),
+    "param_jvp: p.data = make_dual (the tangent never reaches the model)": (
+        "param_jvp", "        dual = {name: fwAD.make_dual(params[name], t) for name, t in tangents.items()}\n"
+                     "        out = functional_call(model, dual, (x,))\n",
+        "        for name, t in tangents.items():\n"
+        "            params[name].data = fwAD.make_dual(params[name].detach(), t)\n"
+        "        out = model(x)\n", "these parameters carried no tangent"),
+    "param_jvp: unpacked after the dual level closed": (
+        "param_jvp", "        primal, tangent = fwAD.unpack_dual(out)\n    return primal, tangent\n",
+        "    primal, tangent = fwAD.unpack_dual(out)\n    return primal, tangent\n", "inside the `with fwAD.dual_level"),
     "param_jvp: torch.func instead of forward_ad": (
         "param_jvp", "    params = dict(model.named_parameters())\n    with fwAD.dual_level():",
         "    return param_jvp_func(model, x, tangents)\n    params = dict(model.named_parameters())\n"

@@ -324,3 +324,13 @@ def test_the_visible_test_catches_the_lessons_trap(mutate3):
                 "return model.to(memory_format=CL), x.contiguous(memory_format=CL)")
     with pytest.raises(AssertionError, match="only because the shape"):
         exec(visible, {"check_to_channels_last": C.check_to_channels_last, "to_channels_last": m.to_channels_last})
+
+
+def test_a_watcher_blind_to_listed_tensors_is_told_so(mutate3):
+    """The review: a watcher reading only direct tensor arguments never sees torch.cat's list, and was
+    told 'that op loses the format too, but later', though it reported the first op it saw."""
+    m = mutate3("formats_in = [memory_format_of(t) for t in tensors_in((args, kwargs))]",
+                "formats_in = [memory_format_of(t) for t in args if isinstance(t, Tensor)]")
+    with pytest.raises(AssertionError, match="takes its tensors in a list") as info:
+        C.check_format_finder(m.find_format_loss, variant="coords")
+    assert "but later: report the first one" not in str(info.value)

@@ -138,3 +138,20 @@ def test_a_crash_in_learner_code_becomes_a_message_naming_the_function():
 
     with pytest.raises(AssertionError, match=r"(?s)lstm_cell raised RuntimeError: .*called with: a tensor of shape \(4, 6\)"):
         C.check_lstm_cell(lstm_cell)
+
+
+def test_a_traced_layer_is_named_as_traced(rnn_solution):
+    """The review: torch.jit.trace for "script the layer" passed the structure check, then failed
+    on shapes with a gate-order hint. The cause, tracing records one run, is now named."""
+    import warnings
+
+    from course.rnn import lstm_weights, make_lstm
+    s = rnn_solution
+    lstm = make_lstm(8, 8, 1, seed=0)
+    example = (torch.randn(4, 3, 8), torch.zeros(3, 8), torch.zeros(3, 8), *lstm_weights(lstm))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(s.lstm_layer, example)
+    with pytest.raises(AssertionError, match="it looks traced, not scripted"):
+        C.check_scripted_layer(traced)
+    C.check_scripted_layer(s.scripted_layer)

@@ -34,7 +34,9 @@ def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> An
             return fn(*args, **kwargs)
     except ReferenceRefused as exc:
         raise AssertionError(f"{label}: {exc}") from None
-    except NotImplementedError:
+    except NotImplementedError as exc:
+        if str(exc):  # PyTorch's own (a missing jvp, an op with no kernel), not the stub's bare raise
+            raise _learner_error(label, exc, args) from exc
         raise AssertionError(f"{label} is not written yet: replace `raise NotImplementedError()` "
                              "with your code, then run its cell again.") from None
     except AssertionError:
@@ -92,10 +94,14 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], lo
 
 
 def _learner_error(label: str, exc: Exception, args: tuple) -> AssertionError:
+    from course.checks.hints import torch_hint
+
     shapes = ", ".join(describe(a) for a in args if hasattr(a, "shape"))[:400]
+    hint = torch_hint(exc)
     return AssertionError(f"{label} raised {type(exc).__name__}: {exc}\n"
                           f"  It was called with: {shapes or 'no tensor arguments'}.\n"
-                          "  The traceback above shows the line in your code.")
+                          + (f"  Hint: {hint}\n" if hint else "")
+                          + "  The traceback above shows the line in your code.")
 
 
 def weighted_sum(outputs: Any, seed: int = 1234) -> torch.Tensor:

@@ -193,6 +193,9 @@ def param_jvp_case(fn: Callable, label: str, api: str, model, x, tangents) -> tu
         got = call(fn, model, x, {n: t.clone() for n, t in tangents.items()}, name=label)
     finally:
         handle.remove()
+    if isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[1] is None:
+        raise AssertionError(f"{label} returned (output, None): no tangent reached the output. "
+                             + _why_no_tangent(seen, tangents))
     if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
         raise AssertionError(f"{label} should return (output, output_tangent), two tensors; got {describe(got)}.")
     after = dict(model.named_parameters())
@@ -226,6 +229,20 @@ def param_jvp_case(fn: Callable, label: str, api: str, model, x, tangents) -> tu
                              "f = lambda p: functional_call(model, p, (x,)).")
     out, out_tangent = got
     return out.detach(), out_tangent.detach()
+
+
+def _why_no_tangent(seen: list, tangents: dict) -> str:
+    """The likely cause of a missing output tangent, from what the hook saw while the model ran."""
+    if not seen:
+        return "The model never ran with the duals: run it (functional_call) inside `with fwAD.dual_level():`."
+    missing = [n for n in tangents if n not in seen[0][1]]
+    if missing:
+        return (f"While the model ran, these parameters carried no tangent: {missing[:4]}"
+                f"{' and more' if len(missing) > 4 else ''}. Assigning `p.data = make_dual(...)` or making duals the "
+                "model never sees strips the tangent.\n  Hint: functional_call(model, {name: fwAD.make_dual(p, t)}, "
+                "(x,)) runs the model on the duals themselves.")
+    return ("The parameters were dual while the model ran, so the tangent was lost afterwards: unpack_dual(out) "
+            "must be called inside the `with fwAD.dual_level():` block (outside it, every tangent is gone).")
 
 
 def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: int, norm: bool, subset: bool,

@@ -319,6 +319,11 @@ def format_losses(model: nn.Module, x: torch.Tensor) -> list[str]:
     return watcher.losses
 
 
+#: Ops whose tensors arrive in a list or tuple: a watcher that reads only direct arguments misses them.
+LIST_OPS = {"cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "cartesian_prod",
+            "block_diag", "broadcast_tensors", "meshgrid"}
+
+
 def _same_op(got: str, expected: str) -> bool:
     return got == expected or expected.endswith("." + got)
 
@@ -347,6 +352,13 @@ def check_format_finder(find_format_loss: Callable, *, variant: str = "coords", 
                              "look at every tensor in args and kwargs (torch.cat takes a list).")
     if not _same_op(got, losses[0]):
         later = any(_same_op(got, name) for name in losses[1:])
+        listed = losses[0].rsplit(".", 1)[-1] in LIST_OPS
+        if later and listed:  # the evidence: the op it missed takes its tensors in a list
+            raise AssertionError(
+                f"find_format_loss named {got!r}, an op that loses the format later. The first one takes its "
+                "tensors in a list (as torch.cat does), and your watcher did not see them: it looks only at "
+                "tensors passed directly.\n  Hint: look inside lists and tuples in args and kwargs too "
+                "(course.memory_format.tensors_in(args, kwargs) gives every tensor).")
         raise AssertionError(
             f"find_format_loss named {got!r}, but the first op that loses channels-last in this model is "
             f"another one.\n  Hint: " + ("that op loses the format too, but later: report the first one." if later

@@ -12,7 +12,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from course.checks.common import call, expect_grads, ok
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
-from course.grading import best_of, expect_compiled, expect_scripted, expect_speedup, speed_bar
+from course.grading import best_of, expect_compiled, expect_scripted, expect_speedup, graph_ops, speed_bar
 from course.numerics import assert_close
 from course.remote import local_script
 from course.rnn import layer_norm_params, lstm_weights, make_lstm, timing_inputs
@@ -88,6 +88,13 @@ def check_scripted_layer(scripted_layer, **sizes) -> None:
     the TorchScript itself is tested: its archive is loaded and run in the judge."""
     scripted = local_script(scripted_layer)
     expect_scripted(scripted, "scripted_layer")
+    graph = getattr(scripted, "graph", None)
+    if graph is not None and "prim::Loop" not in graph_ops(graph):
+        raise AssertionError(
+            "scripted_layer's graph has no loop: it looks traced, not scripted. torch.jit.trace records the ops "
+            "of one run, so the time loop is unrolled for the example's length (and Python control flow is "
+            "frozen); torch.jit.script compiles the source, loop included, and runs for any T.\n"
+            "  Hint: scripted_layer = torch.jit.script(lstm_layer)")
     check_lstm_layer(scripted, label="scripted_layer", **sizes)
 
 
