@@ -114,3 +114,20 @@ def test_lesson_4_how_many_digits_the_closed_form_derivative_loses():
     exact = mpmath.diff(lambda t: mpmath.sin(t) / t, mpmath.mpf(x))
     assert float(abs((series - exact) / exact)) < 2 ** -52
     assert "about 4 of float64's 16 at `|x| = 1e-2`" in prose("04_forward_ad")
+
+
+def test_lesson_2_what_torch_export_makes_of_a_conv_and_batchnorm():
+    from torch import nn
+    from torch.fx import subgraph_rewriter
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(model, (torch.randn(1, 3, 8, 8),))
+    ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    batch_norm = "aten.batch_norm.default" if TORCH >= (2, 5) else "aten._native_batch_norm_legit_no_training.default"
+    assert {"aten.conv2d.default", batch_norm} <= ops, ops
+    kinds = {s.kind.name for s in ep.graph_signature.input_specs}
+    assert {"PARAMETER", "BUFFER", "USER_INPUT"} <= kinds   # parameters and buffers are graph inputs
+    assert callable(subgraph_rewriter.replace_pattern)
+    assert "`aten.batch_norm`" in prose("02_fx_transforms")
