@@ -131,3 +131,17 @@ def test_lesson_2_what_torch_export_makes_of_a_conv_and_batchnorm():
     assert {"PARAMETER", "BUFFER", "USER_INPUT"} <= kinds   # parameters and buffers are graph inputs
     assert callable(subgraph_rewriter.replace_pattern)
     assert "`aten.batch_norm`" in prose("02_fx_transforms")
+
+
+def test_lesson_1_a_traced_layer_silently_keeps_the_examples_length(rnn_solution):
+    from course.rnn import lstm_weights, make_lstm
+
+    weights = lstm_weights(make_lstm(8, 8, 1, seed=0))
+    h0 = c0 = torch.zeros(3, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(rnn_solution.lstm_layer, (torch.randn(4, 3, 8), h0, c0, *weights))
+    out, _ = traced(torch.randn(6, 3, 8), h0, c0, *weights)
+    assert out.shape[0] == 4                      # no error, and 2 of the 6 steps missing
+    assert "called on one of 6, returns 4 steps without a\nword" in "".join(
+        "".join(c["source"]) for c in json.loads((SOLUTIONS / "01_custom_rnns" / "01_custom_rnns.ipynb").read_text())["cells"])
