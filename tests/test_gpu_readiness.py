@@ -143,7 +143,7 @@ def test_the_sandbox_binds_gpu_devices_after_making_dev(monkeypatch):
     assert binds and min(binds) > dev, "a device bound before --dev /dev is hidden by it"
     assert "/dev/nvidia0" in argv and "/dev/nvidia-uvm" in argv
     env = parent._env({})
-    assert env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    assert env["TORCHINDUCTOR_COMPILE_THREADS"] in ("1", "2")
 
 
 def test_a_call_of_modules_alone_returns_on_their_device():

@@ -177,10 +177,10 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     env.update({"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
                 "HOME": "/tmp", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1",
                 "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor", "TRITON_CACHE_DIR": "/tmp/triton",
-                # Inductor compiles in the process itself, not in a pool of one worker per core:
-                # each worker imports torch, and on a 16-core runner the pool alone would pass
-                # the memory cap that the process tree is held to.
-                "TORCHINDUCTOR_COMPILE_THREADS": "1",
+                # Inductor's pool of compile workers, at most two: by default it starts one per
+                # core, each importing torch, and on a 16-core runner the pool alone would pass
+                # the memory cap that the process tree is held to (two: what a 2-core CI gets anyway).
+                "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, min(2, len(os.sched_getaffinity(0))))),
                 "PYTHONDONTWRITEBYTECODE": "1"})
     env.update(extra)
     return env
