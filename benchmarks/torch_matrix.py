@@ -115,7 +115,7 @@ def _pip(python: Path, args: list[str], log: Path) -> None:
         f.write(f"$ pip {' '.join(args)}\n")
         f.flush()
         proc = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args], stdout=f,
-                              stderr=subprocess.STDOUT, env={**os.environ, "PIP_CONSTRAINT": ""})
+                              stderr=subprocess.STDOUT, env={**os.environ, "PIP_CONSTRAINT": os.devnull})  # no machine-wide cap
     if proc.returncode:
         raise RuntimeError(f"pip {' '.join(args)[:200]} failed; its log: {log}")
 
@@ -133,17 +133,17 @@ def column(version: str, python: str = sys.executable) -> str:
     return version if py == "%d.%d" % sys.version_info[:2] else f"{version} (Python {py})"
 
 
-def environment(version: str, base: Path, python: str = sys.executable) -> Path:
-    """A virtual environment with torch ``version`` and the course (kept between runs), made by the
-    interpreter ``python`` (Colab's Python may be newer than this machine's default)."""
-    key = column(version, python)
+def environment(version: str, base: Path, interpreter: str = sys.executable) -> Path:
+    """A virtual environment with torch ``version`` and the course (kept between runs), made by
+    ``interpreter`` (Colab's Python may be newer than this machine's default)."""
+    key = column(version, interpreter)
     venv = base / ("torch-" + key.replace(" (Python ", "-py").rstrip(")"))
     python = venv / "bin" / "python"
     stamp = venv / ".ready"
     if stamp.exists():
         return python
     shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    subprocess.run([interpreter, "-m", "venv", str(venv)], check=True)
     log = base / f"{venv.name}.log"
     _pip(python, ["install", "--quiet", f"torch=={version}", "setuptools>=70.1"], log)  # setuptools: to install the course
     keep = venv / "keep-torch.txt"

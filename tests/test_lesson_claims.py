@@ -145,3 +145,23 @@ def test_lesson_1_a_traced_layer_silently_keeps_the_examples_length(rnn_solution
     assert out.shape[0] == 4                      # no error, and 2 of the 6 steps missing
     assert "called on one of 6, returns 4 steps without a\nword" in "".join(
         "".join(c["source"]) for c in json.loads((SOLUTIONS / "01_custom_rnns" / "01_custom_rnns.ipynb").read_text())["cells"])
+
+
+@pytest.mark.parametrize("lesson_id, variable", [
+    ("04_forward_ad", "speed_bars"), ("05_jacobians_hessians", "vmap_bars"), ("05_jacobians_hessians", "mode_bars"),
+    ("06_vmap_ensembles", "ensemble_bars"), ("06_vmap_ensembles", "psg_bars"), ("03_channels_last", "speed_bars"),
+    ("01_custom_rnns", "speed_bars"), ("02_fx_transforms", "speed_bars"),
+])
+def test_the_prose_states_the_bars_the_code_applies(lesson_id, variable):
+    """A bar changed in a test cell and not in the text (or the reverse) fails here: every bar of
+    the cell appears in bold in the lesson's prose."""
+    import re
+
+    nb = json.loads((SOLUTIONS / lesson_id / f"{lesson_id}.ipynb").read_text())
+    code = next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"
+                and re.search(rf"^{variable} = \{{", "".join(c["source"]), re.M))
+    bars = eval(re.search(rf"^{variable} = (\{{[^}}]*\}})", code, re.M).group(1))  # noqa: S307 - the course's own
+    text = prose(lesson_id)
+    for device, bar in bars.items():
+        shown = f"**{bar:g}x**"
+        assert shown in text, (lesson_id, variable, device, shown)
