@@ -165,3 +165,20 @@ def test_the_prose_states_the_bars_the_code_applies(lesson_id, variable):
     for device, bar in bars.items():
         shown = f"**{bar:g}x**"
         assert shown in text, (lesson_id, variable, device, shown)
+
+
+def test_lesson_6_what_vmap_does_with_a_random_op():
+    from torch.func import vmap
+
+    def dropped(row):
+        return F.dropout(row, p=0.5, training=True)
+
+    ones = torch.ones(6, 64)
+    with pytest.raises(RuntimeError, match="randomness"):
+        vmap(dropped)(ones)                                    # the default: 'error'
+    torch.manual_seed(0)
+    different = vmap(dropped, randomness="different")(ones) == 0
+    same = vmap(dropped, randomness="same")(ones) == 0
+    assert not all(torch.equal(different[0], row) for row in different[1:])
+    assert all(torch.equal(same[0], row) for row in same[1:])
+    assert "(`randomness='error'`)" in prose("06_vmap_ensembles")
