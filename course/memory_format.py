@@ -27,8 +27,8 @@ from course.devices import pick_device
 from course.models import small_resnet
 from course.remote import recipe
 
-__all__ = ["PLANTED_VARIANTS", "autocast_witness", "channels_last_strides_of", "cpu_has_native_bf16", "memory_format_of", "op_name",
-           "planted_model", "plot_layout", "plot_layouts", "tensors_in"]
+__all__ = ["PLANTED_VARIANTS", "autocast_witness", "channels_last_strides_of", "cpu_has_native_bf16", "list_probe", "memory_format_of",
+           "op_name", "planted_model", "plot_layout", "plot_layouts", "tensors_in"]
 
 CL = torch.channels_last
 
@@ -204,6 +204,17 @@ def autocast_witness(*, device=None) -> nn.Module:
         conv.bias.fill_(-1.0)
     return nn.Sequential(conv).eval().to(pick_device(device))
 
+
+
+@recipe
+def list_probe(*, seed: int = 0, width: int = 8, device=None) -> nn.Module:
+    """A convolution, then :class:`CoordChannels`: the one op that loses channels-last is a
+    ``torch.cat``, whose tensors arrive in a list. How a check tells a watcher blind to lists (it
+    reports nothing here) from one that reports some other loss than the first (it names the cat)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), CoordChannels(width))
+    return model.eval().to(pick_device(device))
 
 #: variant -> (first planted module, second planted module, later in the network)
 _VARIANTS: dict[str, tuple[str, str]] = {

@@ -104,7 +104,7 @@ MISTAKES = {
         "return watcher.losses[-1] if watcher.losses else None", "report the first one"),
     "watcher: misses tensors inside lists": (
         "finder", "formats_in = [memory_format_of(t) for t in tensors_in((args, kwargs))]",
-        "formats_in = [memory_format_of(t) for t in args if isinstance(t, Tensor)]", "another one"),
+        "formats_in = [memory_format_of(t) for t in args if isinstance(t, Tensor)]", "did not see them"),
     "watcher: model not converted": (
         "finder", "    model, x = to_channels_last(model, x)\n    with torch.no_grad(), FormatWatcher",
         "    with torch.no_grad(), FormatWatcher", "returned None"),

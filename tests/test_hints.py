@@ -111,6 +111,28 @@ def test_pytorchs_not_implemented_is_not_mistaken_for_an_unwritten_stub():
         call(stub, x)
 
 
+def test_a_stub_run_by_an_fx_interpreter_is_still_a_stub():
+    """FX's Interpreter rewrites the message of an error raised while it runs a node ("While
+    executing %x ..."): a bare raise in a learner's run_node is the stub all the same, and an error
+    with a message of its own keeps it."""
+    import torch.fx
+
+    class Stub(torch.fx.Interpreter):
+        def run_node(self, n):
+            raise NotImplementedError()
+
+    class Own(torch.fx.Interpreter):
+        def run_node(self, n):
+            raise NotImplementedError("no kernel for this op")
+
+    gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    with pytest.raises(AssertionError, match="not written yet"):
+        call(lambda t: Stub(gm).run(t), x, name="profile")
+    with pytest.raises(AssertionError) as info:
+        call(lambda t: Own(gm).run(t), x, name="profile")
+    assert "not written yet" not in str(info.value) and "no kernel for this op" in str(info.value)
+
+
 def test_the_hint_reaches_an_error_that_crossed_from_the_learners_process():
     exc = _exception("RuntimeError", "mat1 and mat2 shapes cannot be multiplied (3x3 and 5x4)")
     assert "x @ W.T" in torch_hint(exc)

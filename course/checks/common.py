@@ -23,6 +23,14 @@ def record(actual: Any, expected: Any, name: str) -> None:
     assert_close(actual, expected, name=name)
 
 
+def _is_stub(exc: NotImplementedError) -> bool:
+    """The stub's bare ``raise NotImplementedError()``: no message, or only the one an FX
+    ``Interpreter`` puts in front of an error raised while it ran a node ("While executing %x ...",
+    where a message of the error's own would come first)."""
+    text = str(exc)
+    return not text or text.startswith("While executing ")
+
+
 def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
     """Call the learner's ``fn``, turning the usual first-day mistakes into clear messages."""
     label = name or getattr(fn, "__name__", None) or "your function"
@@ -35,7 +43,7 @@ def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> An
     except ReferenceRefused as exc:
         raise AssertionError(f"{label}: {exc}") from None
     except NotImplementedError as exc:
-        if str(exc):  # PyTorch's own (a missing jvp, an op with no kernel), not the stub's bare raise
+        if not _is_stub(exc):  # PyTorch's own (a missing jvp, an op with no kernel), not the stub's bare raise
             raise _learner_error(label, exc, args) from exc
         raise AssertionError(f"{label} is not written yet: replace `raise NotImplementedError()` "
                              "with your code, then run its cell again.") from None
