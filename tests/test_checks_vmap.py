@@ -55,6 +55,8 @@ def test_solutions_pass_every_check(sol):
     C.check_stack_ensemble(sol.stack_ensemble, seed=7, n=1)
     C.check_ensemble_predict(sol.predict_each, sol.predict_all)
     C.check_ensemble_predict(sol.predict_each, sol.predict_all, seed=3, n=3, batch=3, classes=3)
+    C.check_ensemble_sgd_step(sol.ensemble_sgd_step)
+    C.check_ensemble_sgd_step(sol.ensemble_sgd_step, seed=2, n=1, batch=3, lr=0.01)
     C.check_per_sample_grads_loop(sol.per_sample_grads_loop)
     C.check_per_sample_grads(sol.per_sample_grads)
     C.check_per_sample_grads(sol.per_sample_grads, seed=4, batch=3, size=12, channels=(2, 2), classes=3)
@@ -100,6 +102,9 @@ ONE_MODEL = ("        return functional_call(base, (p, b), (x,))\n\n"
 OPACUS_CALL = 'gsm = GradSampleModule(model, loss_reduction="mean")'
 CLIP = "        clipped_sum = (factor.view(-1, *([1] * (g.dim() - 1))) * g).sum(dim=0)\n"
 UPDATE = "new[name] = p - lr * (clipped_sum + noise_multiplier * max_norm * noise) / batch"
+ENS_GRADS = "    grads = vmap(grad(member_loss), in_dims=(0, 0, 0, 0))(params, buffers, xs, ys)\n"
+ENS_STEP = "    return {name: p - lr * grads[name] for name, p in params.items()}"
+MEMBER_LOSS = "        return F.cross_entropy(functional_call(base, (p, b), (x,)), y)\n\n    grads"
 
 # (check, anchor in the solution, planted mistake, what the message must say)
 MISTAKES = {
@@ -202,6 +207,29 @@ MISTAKES = {
     "dp: noise in float32": (
         "dp", "noise = torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype)",
         "noise = torch.randn(p.shape, generator=generator, device=p.device).to(p.dtype)", "parameter's dtype"),
+    "ens: the members' losses averaged": (
+        "ens", ENS_GRADS,
+        "    grads = grad(lambda p: vmap(member_loss)(p, buffers, xs, ys).mean())(params)\n", "1/N of its step"),
+    "ens: every member on the first minibatch": (
+        "ens", ENS_GRADS,
+        "    grads = vmap(grad(member_loss), in_dims=(0, 0, None, None))(params, buffers, xs[0], ys[0])\n",
+        "first minibatch"),
+    "ens: gradient ascent": ("ens", ENS_STEP, ENS_STEP.replace("p - lr", "p + lr"), "up the gradient"),
+    "ens: the gradients returned": ("ens", ENS_STEP, "    return grads", "returned the gradients"),
+    "ens: the loss summed over the minibatch": (
+        "ens", MEMBER_LOSS, MEMBER_LOSS.replace("(x,)), y)", "(x,)), y, reduction='sum')"), "summed over the minibatch"),
+    "ens: the mean gradient for everyone": (
+        "ens", ENS_STEP, "    return {name: p - lr * grads[name].mean(0) for name, p in params.items()}", "same step"),
+    "ens: updated in place": (
+        "ens", ENS_STEP, "    return {name: p.sub_(lr * grads[name]) for name, p in params.items()}", "in place"),
+    "ens: a loop over the members": (
+        "ens", ENS_GRADS,
+        "    rows = [grad(member_loss)({k: v[i] for k, v in params.items()}, {k: v[i] for k, v in buffers.items()},\n"
+        "                              xs[i], ys[i]) for i in range(xs.shape[0])]\n"
+        "    grads = {k: torch.stack([r[k] for r in rows]) for k in params}\n", "a Python loop"),
+    "ens: buffers left out": (
+        "ens", "functional_call(base, (p, b), (x,)), y)", "functional_call(base, p, (x,)), y)",
+        "Pass the stacked state"),
 }
 
 
@@ -218,6 +246,8 @@ def run_check(kind, m):
         C.check_opacus_grads(m.opacus_per_sample_grads)
     elif kind == "dp":
         C.check_dp_sgd_step(m.dp_sgd_step)
+    elif kind == "ens":
+        C.check_ensemble_sgd_step(m.ensemble_sgd_step)
 
 
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
@@ -413,3 +443,44 @@ def test_speedup_plot():
     ax = V.plot_speedup_by_batch([2, 8], {"vmap": [Ratio(0.5, 0.4, 0.6), Ratio(2.0, 1.8, 2.1)]})
     assert ax.get_xlabel() == "batch size" and len(ax.lines) >= 2
     plt.close(ax.figure)
+
+
+def test_the_summed_loss_is_an_equal_answer_to_the_ensemble_step(sol):
+    """The lesson's claim: members share no parameter, so grad of the summed losses is each member's
+    own gradient (an equal answer the check must accept)."""
+    def summed(params, buffers, base, xs, ys, lr):
+        def member_loss(p, b, x, y):
+            return torch.nn.functional.cross_entropy(torch.func.functional_call(base, (p, b), (x,)), y)
+        g = grad(lambda p: vmap(member_loss)(p, buffers, xs, ys).sum())(params)
+        return {k: p - lr * g[k] for k, p in params.items()}
+    C.check_ensemble_sgd_step(summed, seed=3)
+
+
+def test_teacher_task_is_seeded_fixed_and_roughly_balanced():
+    x, y = V.teacher_task(4000, features=64, seed=4)
+    x2, y2 = V.teacher_task(4000, features=64, seed=4)
+    assert torch.equal(x, x2) and torch.equal(y, y2) and x.shape == (4000, 64) and y.shape == (4000,)
+    counts = torch.bincount(y, minlength=10)
+    assert counts.min() > 0.8 * 400 and counts.max() < 1.2 * 400, counts
+    # the rule is the task's, not the draw's: the same features get the same labels under any seed
+    xa, ya = V.teacher_task(5, 7, features=16, seed=9, classes=4)
+    assert xa.shape == (5, 7, 16) and ya.shape == (5, 7) and int(ya.max()) < 4
+    assert torch.equal(V.teacher_task(5, 7, features=16, seed=9, classes=4)[1], ya)
+
+
+def test_the_lesson_ensemble_learns_and_its_vote_beats_the_average_member(sol):
+    """The lesson's training cell, small: after some steps every member has learned something, and
+    the vote is better than the average member (the claim the lesson's prose makes)."""
+    models = V.mlp_ensemble(16, seed=0, features=64, hidden=32)
+    params, buffers, base = sol.stack_ensemble(models)
+    state = {k: v.detach() for k, v in params.items()}
+    held_x, held_y = V.teacher_task(1024, features=64, seed=7)
+    for step in range(60):
+        xs, ys = V.teacher_task(16, 32, features=64, seed=100 + step)
+        state = sol.ensemble_sgd_step(state, buffers, base, xs, ys, 0.5)
+    with torch.no_grad():
+        logits = sol.predict_all(state, buffers, base, held_x)
+    members = (logits.argmax(-1) == held_y).float().mean(1)
+    vote = (logits.softmax(-1).mean(0).argmax(-1) == held_y).float().mean()
+    assert members.min() > 0.15, members  # chance is 0.1
+    assert vote > members.mean() + 0.03, (vote, members)

@@ -17,7 +17,8 @@ from torch.func import functional_call, grad, stack_module_state, vmap
 
 from autograder import program as prog
 from course import remote, wire
-from course.checks.vmap import (SERVED, check_dp_sgd_step, check_ensemble_predict, check_ensemble_speed,
+from course.checks.vmap import (SERVED, check_dp_sgd_step, check_ensemble_predict, check_ensemble_sgd_step,
+                                check_ensemble_speed,
                                 check_opacus_grads, check_per_sample_grads, check_per_sample_grads_loop,
                                 check_per_sample_speed, check_stack_ensemble)
 from served_helpers import memoised, served
@@ -131,10 +132,28 @@ def dp_sgd(params, grads, *, lr, max_norm, noise_multiplier, generator, in_place
     return new
 
 
+def ens_step(params, buffers, base, xs, ys, lr):
+    def member_loss(p, b, x, y):
+        return F.cross_entropy(functional_call(base, (p, b), (x,)), y)
+    g = vmap(grad(member_loss))(params, buffers, xs, ys)
+    return {k: p - lr * g[k] for k, p in params.items()}
+
+
+def ens_step_loop(params, buffers, base, xs, ys, lr):
+    out = []
+    for i in range(xs.shape[0]):
+        p = {k: v[i].requires_grad_() for k, v in params.items()}
+        b = {k: v[i] for k, v in buffers.items()}
+        g = torch.autograd.grad(F.cross_entropy(functional_call(base, (p, b), (xs[i],)), ys[i]), list(p.values()))
+        out.append({k: (p[k] - lr * gi).detach() for k, gi in zip(p, g)})
+    return {k: torch.stack([o[k] for o in out]) for k in params}
+
+
 LEARNER = {
     "stack_ensemble": stack_ensemble, "predict_each": predict_each, "predict_all": predict_all,
     "per_sample_grads_loop": psg_loop, "per_sample_grads": psg_vmap, "opacus_per_sample_grads": psg_opacus,
-    "dp_sgd_step": dp_sgd,
+    "dp_sgd_step": dp_sgd, "ensemble_sgd_step": ens_step, "ens_step_loop": ens_step_loop,
+    "ens_step_in_place": lambda params, *a: {k: params[k].copy_(v) for k, v in ens_step(params, *a).items()},
     # wrong structure: loops, dressed or not
     "loop_each": loop_each, "loop_all": loop_all, "token_vmap_each": token_vmap_each,
     "psg_as_loop": psg_loop, "psg_sleepy_loop": psg_sleepy_loop,
@@ -162,9 +181,10 @@ def test_right_answers_pass_every_served_check(learner, capsys):
     check_per_sample_grads(learner("per_sample_grads"))
     check_opacus_grads(learner("opacus_per_sample_grads"))
     check_dp_sgd_step(learner("dp_sgd_step"))
+    check_ensemble_sgd_step(learner("ensemble_sgd_step"))
     out = capsys.readouterr().out
-    assert out.count("ok:") == 6, out
-    assert out.count("the grader's clock") == 4 and "ops for" not in out, out
+    assert out.count("ok:") == 7, out
+    assert out.count("the grader's clock") == 5 and "ops for" not in out, out
 
 
 @pytest.mark.parametrize("each, every, message", [
@@ -187,6 +207,8 @@ def test_an_ensemble_loop_fails_by_the_judges_clock(learner, each, every, messag
     (check_stack_ensemble, "stack_real_base", "base holds real tensors"),
     (check_dp_sgd_step, "dp_sgd_in_place", "changed its input params"),
     (check_dp_sgd_step, "dp_sgd_global_rng", "did not draw from `generator`"),
+    (check_ensemble_sgd_step, "ens_step_loop", "the work of a Python loop over the members"),
+    (check_ensemble_sgd_step, "ens_step_in_place", "changed its input params"),
 ])
 def test_wrong_answers_across_the_boundary_fail_with_their_cause(learner, check, name, message):
     with pytest.raises(AssertionError, match=message):
@@ -225,6 +247,7 @@ def test_lesson_6_routes_every_graded_cell_to_the_judge():
     program = prog.instructor_program("06_vmap_ensembles",
                                       ROOT / "solutions/06_vmap_ensembles/06_vmap_ensembles.ipynb")
     assert program.graded and all(c.served for c in program.graded), [c.grade_id for c in program.graded if not c.served]
-    assert set(SERVED) >= {"check_ensemble_speed", "check_per_sample_speed", "check_dp_sgd_step"}
+    assert set(SERVED) >= {"check_ensemble_speed", "check_per_sample_speed", "check_dp_sgd_step",
+                           "check_ensemble_sgd_step"}
     setup = "\n".join(program.judge_setup)
     assert "from course.checks.vmap import" in setup and "S = course.sizes(" in setup

@@ -38,12 +38,14 @@ from course.vmap import ForwardWatch, meta_copy, mlp_ensemble, small_cnn, toy_fe
 from course.guard import reference
 from course.wire import ModuleState
 
-__all__ = ["check_dp_sgd_step", "check_ensemble_predict", "check_ensemble_speed", "check_opacus_grads",
+__all__ = ["check_dp_sgd_step", "check_ensemble_predict", "check_ensemble_sgd_step", "check_ensemble_speed",
+           "check_opacus_grads",
            "check_per_sample_grads", "check_per_sample_grads_loop", "check_per_sample_speed",
-           "check_stack_ensemble", "dp_sgd_reference", "loop_predictions", "per_sample_norms",
+           "check_stack_ensemble", "dp_sgd_reference", "loop_predictions", "loop_sgd_step", "per_sample_norms",
            "reference_per_sample_grads"]
 
-SERVED = ("check_stack_ensemble", "check_ensemble_predict", "check_ensemble_speed", "check_per_sample_grads_loop",
+SERVED = ("check_stack_ensemble", "check_ensemble_predict", "check_ensemble_speed", "check_ensemble_sgd_step",
+          "check_per_sample_grads_loop",
           "check_per_sample_grads", "check_opacus_grads", "check_per_sample_speed", "check_dp_sgd_step")
 
 #: Sizes at which the judge's clock asks "a loop or not": enough models or samples that a loop's
@@ -162,7 +164,7 @@ def _expect_vmapped(watch: ForwardWatch, what: str, loop_count: int, unit: str) 
         raise AssertionError(f"{what}: {watch.summary()}.{loop}\n  Hint: write the computation for one "
                              "model (or one sample) and let torch.func.vmap run it over the whole batch in one "
                              "call.")
-    if len(watch.calls) >= loop_count:
+    if len(watch.calls) >= loop_count > 1:  # with one member, one vmapped call is right
         raise AssertionError(f"{what}: {watch.summary()}: once per {unit}, so vmap is inside a loop. Let one "
                              "vmap call cover the whole batch.")
 
@@ -303,6 +305,129 @@ def check_ensemble_speed(predict_each: Callable, *, bars: Mapping[str, float], n
                    hint="one vmap call over the stacked state (no loop, no copies of the weights per call). If "
                         "the machine is busy, run the cell again.")
     return report
+
+
+# -- training an ensemble ------------------------------------------------------------------------
+
+@reference
+def loop_sgd_step(models, xs: torch.Tensor, ys: torch.Tensor, lr: float) -> dict[str, torch.Tensor]:
+    """The baseline: model ``i`` takes one SGD step on its own minibatch's mean cross-entropy,
+    ``cross_entropy(models[i](xs[i]), ys[i])``; the new parameters stacked, ``{name: (n, *shape)}``."""
+    rows = []
+    for model, x, y in zip(models, xs, ys):
+        names, params = zip(*model.named_parameters())
+        grads = torch.autograd.grad(F.cross_entropy(model(x), y), params)
+        rows.append({k: (p - lr * g).detach() for k, p, g in zip(names, params, grads)})
+    return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def _labels(shape: tuple, classes: int, seed: int, dev: torch.device) -> torch.Tensor:
+    return torch.randint(classes, shape, generator=torch.Generator().manual_seed(seed)).to(dev)
+
+
+def _step_variants(models, params, xs, ys, lr: float, expected) -> dict:
+    """Results of common mistakes in one ensemble step, to name the one a wrong answer matches."""
+    n, batch = ys.shape
+    step = {k: params[k] - expected[k] for k in params}  # lr * each member's own gradient
+    first = loop_sgd_step(models, xs[:1].expand(n, *xs.shape[1:]), ys[:1].expand(n, batch), lr)
+    out = {"the step went up the gradient (p + lr * g): a descent step is p - lr * g":
+           {k: params[k] + step[k] for k in params},
+           "it returned the gradients, not the updated parameters":
+           {k: step[k] / lr for k in params},
+           "the learning rate was left out (p - g)":
+           {k: params[k] - step[k] / lr for k in params},
+           "every member was trained on the first minibatch, xs[0] (member i's minibatch is xs[i]: "
+           "in_dims 0 for xs and ys too)": first,
+           "the loss was summed over the minibatch (reduction='sum'); the lesson's loss is its mean":
+           {k: params[k] - step[k] * batch for k in params}}
+    if n > 1:
+        out["the members' losses were averaged: every member moved 1/N of its step. Members share no "
+            "parameters, so the gradient of the members' *summed* losses is each member's own gradient; "
+            "a mean divides it by N"] = {k: params[k] - step[k] / n for k in params}
+        out["every member took the same step, the members' average gradient: each member follows its own "
+            "gradient"] = {k: params[k] - step[k].mean(0, keepdim=True) for k in params}
+    return out
+
+
+def check_ensemble_sgd_step(ensemble_sgd_step: Callable, *, seed: int = 0, n: int = 4, batch: int = 6,
+                            features: int = 12, hidden: int = 16, classes: int = 5, lr: float = 0.5,
+                            device=None) -> None:
+    """``ensemble_sgd_step(params, buffers, base, xs, ys, lr)``: every member ``i`` of a stacked
+    ensemble takes one SGD step on its own minibatch ``(xs[i], ys[i])`` (mean cross-entropy), all
+    at once; returns the new stacked parameters, as new tensors, its inputs left alone. Equal to
+    the loop over the members (:func:`loop_sgd_step`) in float64 and float32; one vmapped call of
+    the base model (across the boundary: the judge's clock on 1,024 members)."""
+    dev = pick_device(device)
+    label = "ensemble_sgd_step"
+    across = is_remote(ensemble_sgd_step)
+    for dtype in (torch.float64, torch.float32):
+        tol = TIGHT if dtype == torch.float64 else _float32_tolerance(dev)
+        models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev,
+                              dtype=dtype)
+        params, buffers, base = _stacked(models)
+        params = {k: v.detach() for k, v in params.items()}
+        xs = toy_features(n, batch, features, seed=seed + 1, device=dev, dtype=dtype)
+        ys = _labels((n, batch), classes, seed + 2, dev)
+        expected = loop_sgd_step(models, xs, ys, lr)
+        inputs = ({k: v.clone() for k, v in params.items()}, {k: v.clone() for k, v in buffers.items()},
+                  xs.clone(), ys.clone())
+        with ForwardWatch(base) as watch, mirrored(ensemble_sgd_step):
+            try:
+                got = call(ensemble_sgd_step, inputs[0], inputs[1], base, inputs[2], inputs[3], lr, name=label)
+            except AssertionError as exc:
+                if "meta" not in str(exc):
+                    raise
+                raise AssertionError(f"{exc}\n  Hint: a tensor on the meta device took part in the computation: "
+                                     "base's own (meta) state. Pass the stacked state, parameters and buffers, as "
+                                     "functional_call(base, (p, b), (x,)).") from exc.__cause__
+        if not isinstance(got, Mapping) or set(got) != set(params):
+            raise AssertionError(f"{label} should return a dict with the same keys as params ({sorted(params)}), "
+                                 f"got {describe(got)}.")
+        for what, before, after in (("params", params, inputs[0]), ("buffers", buffers, inputs[1]),
+                                    ("xs", {"": xs}, {"": inputs[2]}), ("ys", {"": ys}, {"": inputs[3]})):
+            changed = [k for k in before if not torch.equal(before[k], after[k])]
+            if changed:
+                where = f"{what}[{changed[0]!r}]" if changed[0] else what
+                raise AssertionError(f"{label} changed its input {where} in place. Return new tensors and leave "
+                                     "the inputs alone (the caller may still need them).")
+        if any(got[k] is inputs[0][k] for k in got):
+            raise AssertionError(f"{label} returned an input tensor itself; return the updated parameters.")
+        name = f"{label} ({str(dtype).replace('torch.', '')})"
+        tensors = all(isinstance(got[k], torch.Tensor) for k in got)
+        if dtype == torch.float64 and tensors and not _close(got, expected):
+            for mistake, result in _step_variants(models, params, xs, ys, lr, expected).items():
+                if all(got[k].shape == result[k].shape for k in result) and _close(got, result):
+                    raise AssertionError(f"{name} differs from the loop over the members; it looks as if {mistake}.")
+        assert_close(dict(got), expected, name=name, **tol,
+                     hint="member i steps on its own loss, F.cross_entropy(functional_call(base, (p, b), (x,)), y) "
+                          "with (p, b, x, y) the i-th slices: vmap(grad(member_loss)) over (params, buffers, xs, ys), "
+                          "then p - lr * g for every parameter.")
+        if not across:
+            _expect_vmapped(watch, label, n, "member")
+    if across:
+        evidence = _sgd_clock(ensemble_sgd_step, label, seed, lr)
+        ok(f"{label} equals the loop over {n} members in float64 and float32 and leaves its inputs alone; "
+           f"{evidence} (batch={batch}, seed {seed})")
+        return
+    ok(f"{label} equals the loop over {n} members in float64 and float32, with one vmapped call of the base "
+       f"model, and leaves its inputs alone (batch={batch}, seed {seed})")
+
+
+def _sgd_clock(fn: Callable, label: str, seed: int, lr: float) -> str:
+    """The judge's clock on ``CLOCK_MEMBERS`` small models (on the CPU), against the course's loop."""
+    members = mlp_ensemble(CLOCK_MEMBERS, seed=seed, features=4, hidden=4, classes=3, device="cpu")
+    params, buffers, base = _stacked(members)
+    params = {k: v.detach() for k, v in params.items()}
+
+    def make(fresh):
+        xs = toy_features(CLOCK_MEMBERS, 4, 4, seed=fresh, device="cpu")
+        return params, buffers, base, xs, _labels((CLOCK_MEMBERS, 4), 3, fresh, torch.device("cpu")), lr
+
+    def loop(params, buffers, base, xs, ys, lr):
+        return loop_sgd_step(members, xs, ys, lr)
+
+    return f"{label} " + _expect_no_loop_by_clock(fn, label, make, loop, count=CLOCK_MEMBERS, unit="member",
+                                                  key=("ensemble_sgd", seed, lr))
 
 
 # -- per-sample gradients ------------------------------------------------------------------------
