@@ -76,6 +76,15 @@ class TanhLayer:
         y = self(x)
         return (1 - y * y)[:, None] * self.weight
 
+    @reference
+    def parameter_jacobians(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Jacobians with respect to the weight and the bias, by hand: output ``i`` reads only
+        row ``i`` of ``W`` and ``b[i]``, so ``dy_i/dW_jk = (1 - y_i**2) [i == j] x_k`` (shape
+        ``(n_out, n_out, n_in)``) and ``dy_i/db_j = (1 - y_i**2) [i == j]`` (``(n_out, n_out)``)."""
+        d = 1 - self(x) ** 2
+        eye = torch.eye(self.n_out, dtype=d.dtype, device=d.device)
+        return d[:, None, None] * eye[:, :, None] * x[None, None, :], d[:, None] * eye
+
     def to(self, *args, **kwargs) -> "TanhLayer":
         return TanhLayer(self.weight.to(*args, **kwargs), self.bias.to(*args, **kwargs))
 

@@ -116,6 +116,8 @@ def test_solutions_pass_every_check(jac_solution):
     C.check_row_jacobian(s.jacobian_rows, seed=4, n_out=6, n_in=11)
     C.check_vmap_jacobian(s.jacobian_vmap, seed=4, n_out=1, n_in=3)
     C.check_pick_jacobian(s.pick_jacobian, seed=2)
+    C.check_parameter_jacobians(s.parameter_jacobians, seed=3, n_out=4, n_in=2)
+    C.check_parameter_jacobians(s.parameter_jacobians, seed=5, n_out=1, n_in=1)
     C.check_batched_jacobian(s.batched_jacobian, seed=1, batch=1, n_out=3, n_in=2)
     C.check_batched_hessian(s.batched_hessian, seed=1, batch=4, n=2)
     C.check_hvp(s.hvp_fwd_rev, s.hvp_rev_rev, seed=2, n=5, big_n=50_000)
@@ -137,7 +139,8 @@ def test_speed_checks_pass_the_solutions(jac_solution):
     lambda: C.check_batched_jacobian(stub),
     lambda: C.check_batched_hessian(stub),
     lambda: C.check_hvp(stub, stub),
-], ids=["rows", "vmap", "vmap_speed", "pick", "pick_speed", "batched_jacobian", "batched_hessian", "hvp"])
+    lambda: C.check_parameter_jacobians(stub),
+], ids=["rows", "vmap", "vmap_speed", "pick", "pick_speed", "batched_jacobian", "batched_hessian", "hvp", "argnums"])
 def test_untouched_stub_fails_with_a_friendly_message(check):
     with pytest.raises(AssertionError, match="not written yet"):
         check()
@@ -214,6 +217,21 @@ MISTAKES = {
         "vspeed", "    y, pullback = vjp(f, x)\n    basis = torch.eye(y.numel(), dtype=y.dtype, device=y.device)\n"
                   "    return vmap(pullback)(basis)[0]\n",
         "    jacobian_rows(f, x)\n    return jacobian_rows(f, x)\n", "the bar on this device"),
+    "argnums: the weight's Jacobian only": (
+        "argnums", "jacrev(predict, argnums=(0, 1))(weight, bias, x)", "jacrev(predict)(weight, bias, x)", "with respect to the weight alone"),
+    "argnums: the Jacobian with respect to x": (
+        "argnums", "jacrev(predict, argnums=(0, 1))(weight, bias, x)", "jacrev(predict, argnums=2)(weight, bias, x)", "with respect to x"),
+    "argnums: bias and weight swapped": (
+        "argnums", "jacrev(predict, argnums=(0, 1))(weight, bias, x)", "jacrev(predict, argnums=(1, 0))(weight, bias, x)", "returned \\(bias, weight\\)"),
+    "argnums: x's Jacobian too": (
+        "argnums", "jacrev(predict, argnums=(0, 1))(weight, bias, x)", "jacrev(predict, argnums=(0, 1, 2))(weight, bias, x)", "three Jacobians"),
+    "argnums: a gradient instead of a Jacobian": (
+        "argnums", "return jacrev(predict, argnums=(0, 1))(weight, bias, x)",
+        "return tuple(torch.autograd.grad(predict(weight.requires_grad_(), bias.requires_grad_(), x).sum(),\n"
+        "                                     (weight, bias)))", "gradients of the outputs' sum"),
+    "argnums: the bias's Jacobian as its diagonal": (
+        "argnums", "return jacrev(predict, argnums=(0, 1))(weight, bias, x)",
+        "j_w, j_b = jacrev(predict, argnums=(0, 1))(weight, bias, x)\n    return j_w, j_b.diagonal()", "returned shape"),
     "speed: modes swapped": (
         "pspeed", "return jacfwd if n_out > x.numel() else jacrev", "return jacrev if n_out > x.numel() else jacfwd",
         "the right mode is jacfwd"),
@@ -233,6 +251,8 @@ def run_check(kind, m):
         C.check_batched_hessian(m.batched_hessian)
     elif kind == "hvp":
         C.check_hvp(m.hvp_fwd_rev, m.hvp_rev_rev)
+    elif kind == "argnums":
+        C.check_parameter_jacobians(m.parameter_jacobians)
     elif kind == "vspeed":
         C.check_vmap_speed(m.jacobian_vmap, bars={"cpu": 1.5, "cuda": 3.0}, D=16, attempts=1, **QUICK)
     elif kind == "pspeed":
@@ -246,3 +266,13 @@ def test_each_check_catches_a_planted_mistake(mistake, mutate5):
     m = mutate5(old, new)
     with pytest.raises(AssertionError, match=says):
         run_check(kind, m)
+
+
+def test_parameter_jacobians_formula_matches_autograd():
+    layer = J.tanh_layer(4, 3, seed=2, dtype=F64)
+    x = torch.randn(3, dtype=F64)
+    j_w, j_b = layer.parameter_jacobians(x)
+    ref_w, ref_b = jacrev(lambda w, b: torch.tanh(torch.nn.functional.linear(x, w, b)), argnums=(0, 1))(
+        layer.weight, layer.bias)
+    assert torch.allclose(j_w, ref_w) and torch.allclose(j_b, ref_b)
+    assert j_w.shape == (4, 4, 3) and j_b.shape == (4, 4)

@@ -182,3 +182,37 @@ def test_lesson_6_what_vmap_does_with_a_random_op():
     assert not all(torch.equal(different[0], row) for row in different[1:])
     assert all(torch.equal(same[0], row) for row in same[1:])
     assert "(`randomness='error'`)" in prose("06_vmap_ensembles")
+
+
+def test_lesson_5_the_summation_trick_gives_the_batch_of_jacobians():
+    """Summing independent samples' outputs, then one Jacobian with respect to the batch, gives
+    (m, B, n): each sample's own Jacobian, as vmap(jacrev(f)) does."""
+    from torch.func import jacrev, vmap
+
+    from course.jacobians import tanh_layer
+
+    layer = tanh_layer(5, 7, seed=0, dtype=torch.float64)
+    xs = torch.randn(4, 7, dtype=torch.float64)
+    by_sum = jacrev(lambda xs: layer(xs).sum(0))(xs)
+    assert by_sum.shape == (5, 4, 7)
+    assert torch.allclose(by_sum.movedim(1, 0), vmap(jacrev(layer))(xs))
+    assert "`.movedim(1, 0)`" in prose("05_jacobians_hessians")
+
+
+def test_lesson_5_chunk_size_bounds_the_identity_jacrev_maps_over():
+    """Without chunk_size the largest tensor jacrev makes is the (m, m) identity; with chunk_size=c
+    it is c rows of it, and the op count grows as the chunks shrink (chunk_size=1: a loop)."""
+    from torch.func import jacrev
+
+    from course.jacobians import TensorWatch, tanh_layer
+
+    m, n = 512, 16
+    layer, x = tanh_layer(m, n, seed=0), torch.randn(n)
+    seen = {}
+    for size in (None, 128, 1):
+        with TensorWatch() as tw:
+            jacrev(layer, chunk_size=size)(x)
+        seen[size] = (tw.largest_bytes, tw.ops)
+    assert seen[None][0] >= m * m * 4 and seen[128][0] <= 128 * m * 4
+    assert seen[None][1] < seen[128][1] < seen[1][1]
+    assert "`jacrev(f, chunk_size=c)`" in prose("05_jacobians_hessians")

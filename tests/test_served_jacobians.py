@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 from autograder import program as prog
 from course import remote, wire
 from course.checks.jacobians import (SERVED, check_batched_hessian, check_batched_jacobian, check_hvp,
-                                     check_pick_jacobian, check_picker_speed, check_row_jacobian,
+                                     check_parameter_jacobians, check_pick_jacobian, check_picker_speed, check_row_jacobian,
                                      check_vmap_jacobian, check_vmap_speed, flat_layer)
 from course.jacobians import energy, tanh_layer
 from served_helpers import memoised, served
@@ -113,6 +114,12 @@ LEARNER = {
     "zeros": lambda f, x: torch.zeros(f(x).numel(), x.numel()),
     # right numbers, but the caller's x now requires grad (the lesson forbids it)
     "rows_on_callers_x": lambda f, x: rows(f, x.requires_grad_(True)),
+    # Jacobians with respect to the weight and the bias: right, swapped, and changing the weight
+    "parameter_jacobians": lambda w, b, x: jacrev(lambda w, b: torch.tanh(F.linear(x, w, b)), argnums=(0, 1))(w, b),
+    "parameter_jacobians_swapped": lambda w, b, x: jacrev(lambda w, b: torch.tanh(F.linear(x, w, b)),
+                                                          argnums=(1, 0))(w, b),
+    "parameter_jacobians_zeroes_w": lambda w, b, x: (jacrev(lambda w, b: torch.tanh(F.linear(x, w, b)),
+                                                            argnums=(0, 1))(w, b), w.zero_())[0],
 }
 
 
@@ -128,12 +135,15 @@ def test_right_answers_pass_every_served_check(learner, capsys):
     check_batched_jacobian(learner("batched_jacobian"))
     check_batched_hessian(learner("batched_hessian"))
     check_hvp(learner("hvp_fwd_rev"), learner("hvp_rev_rev"))
+    check_parameter_jacobians(learner("parameter_jacobians"))
     out = capsys.readouterr().out
-    assert out.count("ok:") == 6, out
+    assert out.count("ok:") == 7, out
     assert "the grader's clock" in out and "ops for" not in out  # structure from the judge's clock
 
 
 @pytest.mark.parametrize("check, name, message", [
+    (check_parameter_jacobians, "parameter_jacobians_swapped", "returned \\(bias, weight\\)"),
+    (check_parameter_jacobians, "parameter_jacobians_zeroes_w", "changed its input weight"),
     (check_row_jacobian, "rows_by_vmap", "the same work whatever the number of rows"),
     (check_row_jacobian, "rows_on_callers_x", "switched on requires_grad of the caller's x"),
     (check_vmap_jacobian, "vmap_by_rows", "the work of a loop over the rows"),

@@ -46,9 +46,11 @@ from course.remote import factory, is_remote, mirrored, recipe
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
 SERVED = ("check_row_jacobian", "check_vmap_jacobian", "check_vmap_speed", "check_pick_jacobian",
+          "check_parameter_jacobians",
           "check_picker_speed", "check_batched_jacobian", "check_batched_hessian", "check_hvp")
 
-__all__ = ["check_batched_hessian", "check_batched_jacobian", "check_hvp", "check_pick_jacobian",
+__all__ = ["check_batched_hessian", "check_batched_jacobian", "check_hvp", "check_parameter_jacobians",
+           "check_pick_jacobian",
            "check_picker_speed", "check_row_jacobian", "check_vmap_jacobian", "check_vmap_speed"]
 
 F64 = torch.float64
@@ -383,6 +385,76 @@ def check_pick_jacobian(pick_jacobian: Callable, *, seed: int = 0) -> None:
                 "  Hint: compare numbers of elements (.numel()), not the first dimension.")
     record(picks, rights, "pick_jacobian's choices")
     ok(f"pick_jacobian chooses right on {len(cases)} shapes (tall, wide, square, and not vectors)")
+
+
+def _parameter_mistake(got, layer: TanhLayer, x: torch.Tensor, j_w: torch.Tensor, j_b: torch.Tensor) -> str | None:
+    """What a wrong answer of ``parameter_jacobians`` is, where its result gives it away."""
+    def same(a, b) -> bool:
+        return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.to(b), b, rtol=1e-5, atol=1e-7)
+
+    j_x = layer.to(F64).jacobian(x.to(F64))
+    grad_w = j_w.sum(0)
+    if isinstance(got, torch.Tensor):
+        if same(got, j_w):
+            return ("it returned one tensor, the Jacobian with respect to the weight alone: jacrev differentiates "
+                    "with respect to argument 0 unless told otherwise. argnums=(0, 1) returns a tuple, one Jacobian "
+                    "per argument")
+        if same(got, j_x):
+            return ("it returned the Jacobian with respect to x: argnums counts the function's arguments by "
+                    "position, here (weight, bias, x), so the weight is 0 and the bias 1")
+        if same(got, grad_w):
+            return ("it returned the gradient of the outputs' sum with respect to the weight (what backward() "
+                    "gives): a Jacobian keeps one slice per output, (n_out, *weight.shape)")
+        return None
+    if isinstance(got, (tuple, list)):
+        if len(got) == 2 and same(got[0], j_b) and same(got[1], j_w):
+            return "it returned (bias, weight); the order of argnums is the order of the results: (0, 1)"
+        if len(got) == 3:
+            return ("it returned three Jacobians: x's too (argnums=(0, 1, 2)); the exercise asks for the "
+                    "parameters' only, argnums=(0, 1)")
+        if len(got) == 2 and same(got[0], grad_w):
+            return ("it returned gradients of the outputs' sum (what backward() gives), not Jacobians: a Jacobian "
+                    "keeps one slice per output, (n_out, *weight.shape) and (n_out, *bias.shape)")
+        if len(got) == 2 and same(got[0], j_x):
+            return "its first Jacobian is the one with respect to x: argnums counts positions, weight 0, bias 1"
+    return None
+
+
+def check_parameter_jacobians(parameter_jacobians: Callable, *, seed: int = 0, n_out: int = 5, n_in: int = 7,
+                              device=None) -> None:
+    """``parameter_jacobians(weight, bias, x) -> (J_w, J_b)``: the Jacobians of
+    ``tanh(F.linear(x, weight, bias))`` with respect to the weight, ``(n_out, n_out, n_in)``, and
+    the bias, ``(n_out, n_out)``, equal to the formula (:meth:`TanhLayer.parameter_jacobians`) in
+    float64 and float32; the inputs left alone."""
+    dev = pick_device(device)
+    hint = ("def predict(weight, bias, x): return torch.tanh(F.linear(x, weight, bias)); then "
+            "jacrev(predict, argnums=(0, 1))(weight, bias, x) returns (J_w, J_b).")
+    for dtype in (F64, torch.float32):
+        layer = tanh_layer(n_out, n_in, seed=seed, device=dev, dtype=dtype)
+        x = randn(n_in, seed=seed + 10, device=dev, dtype=dtype)
+        j_w, j_b = layer.to(F64).parameter_jacobians(x.to(F64))
+        args = (layer.weight.clone(), layer.bias.clone(), x.clone())
+        with mirrored(parameter_jacobians):
+            got = call(parameter_jacobians, *args, name="parameter_jacobians")
+        for what, before, after in zip(("weight", "bias", "x"), (layer.weight, layer.bias, x), args):
+            if not torch.equal(before, after):
+                raise AssertionError(f"parameter_jacobians changed its input {what} in place; leave the inputs "
+                                     "alone.")
+        mistake = _parameter_mistake(got, layer, x, j_w, j_b)
+        if mistake:
+            raise AssertionError(f"parameter_jacobians is wrong: {mistake}.\n  Hint: {hint}")
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            raise AssertionError(f"parameter_jacobians should return a pair (J_w, J_b), got {describe(got)}.\n"
+                                 f"  Hint: {hint}")
+        label = str(dtype).replace("torch.", "")
+        for name, g, ref, arg in (("J_w", got[0], j_w, layer.weight), ("J_b", got[1], j_b, layer.bias)):
+            shape = (n_out, *arg.shape)
+            _expect_tensor(g, f"parameter_jacobians' {name}", x, shape,
+                           f"a Jacobian has the outputs' shape, then the argument's: ({n_out}, "
+                           f"{', '.join(map(str, arg.shape))}). {hint}")
+            _compare(g, ref, f"parameter_jacobians' {name} (a {n_out}x{n_in} layer, {label})", dtype, hint)
+    ok(f"parameter_jacobians equals the formula for the weight and the bias, in float64 and float32 "
+       f"({n_out}x{n_in}, seed {seed})")
 
 
 def check_picker_speed(pick_jacobian: Callable, *, bars: Mapping[str, float], tall: tuple[int, int],
