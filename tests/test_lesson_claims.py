@@ -216,3 +216,52 @@ def test_lesson_5_chunk_size_bounds_the_identity_jacrev_maps_over():
     assert seen[None][0] >= m * m * 4 and seen[128][0] <= 128 * m * 4
     assert seen[None][1] < seen[128][1] < seen[1][1]
     assert "`jacrev(f, chunk_size=c)`" in prose("05_jacobians_hessians")
+
+
+def test_lesson_1_a_compiled_rnn_makes_a_graph_per_length_and_one_for_all_batch_sizes():
+    """Lesson 1, section 10: Dynamo unrolls the loop over time, so every new length compiles again;
+    the batch size turns dynamic after its first change; dynamic=True does not help the length,
+    mark_dynamic on it is refused, and after the recompile limit (8) nothing more is compiled."""
+    import torch._dynamo
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def layer(x, h):
+        outs = []
+        for t in range(x.size(0)):
+            h = torch.tanh(x[t] + h)
+            outs.append(h)
+        return torch.stack(outs)
+
+    def made(fn, T, B, **kw):
+        before = len(graphs)
+        fn(torch.randn(T, B, 3), torch.zeros(B, 3), **kw)
+        return len(graphs) - before
+
+    torch._dynamo.reset()
+    try:
+        f = torch.compile(layer, backend=counting)
+        assert [made(f, T, B) for T, B in [(4, 2), (4, 2), (5, 2), (6, 2), (4, 3), (4, 7), (4, 5), (5, 7)]] \
+            == [1, 0, 1, 1, 1, 0, 0, 1]
+        assert made(f, 4, 1) == 1  # a batch of one is always a shape of its own
+        torch._dynamo.reset()
+        g = torch.compile(layer, backend=counting, dynamic=True)
+        assert [made(g, T, B) for T, B in [(4, 2), (5, 2), (4, 9)]] == [1, 1, 0]
+        torch._dynamo.reset()
+        x = torch.randn(4, 2, 3)
+        torch._dynamo.mark_dynamic(x, 0)
+        with pytest.raises(Exception, match="ConstraintViolation|specialized"):
+            torch.compile(layer, backend=counting)(x, torch.zeros(2, 3))
+        torch._dynamo.reset()
+        limit = getattr(torch._dynamo.config, "recompile_limit", None) or torch._dynamo.config.cache_size_limit
+        assert limit == 8
+        h = torch.compile(layer, backend=counting)
+        assert sum(made(h, T, 2) for T in range(1, 12)) == limit
+    finally:
+        torch._dynamo.reset()
+    text = prose("01_custom_rnns")
+    assert "after 8 graphs for one" in text and "`ConstraintViolationError`" in text and "a batch of 1" in text
