@@ -56,6 +56,18 @@ def test_catalog_points_and_committed_notebooks_agree(lesson_id):
 
 
 @pytest.mark.parametrize("lesson_id", LESSON_IDS)
+def test_the_introduction_states_the_lessons_real_count_of_graded_cells_and_points(lesson_id):
+    """"**Grading**: 9 exercises, 14 points" in a lesson's first cell is what its graded cells add up to."""
+    import re
+
+    nb = json.loads(notebook(lesson_id, "solutions").read_text())
+    found = re.search(r"\*\*Grading\*\*: (\d+) (?:exercises|graded cells), (\d+) points", nb["cells"][0]["source"])
+    assert found, "the introduction should say how many graded cells and points the lesson has"
+    cells = graded_cells(notebook(lesson_id, "solutions"))
+    assert (int(found[1]), float(found[2])) == (len(cells), sum(cells.values())), found[0]
+
+
+@pytest.mark.parametrize("lesson_id", LESSON_IDS)
 def test_student_version_hides_solutions_and_hidden_tests(lesson_id):
     text = notebook(lesson_id, "lessons").read_text()
     for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS"):
