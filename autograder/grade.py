@@ -263,8 +263,9 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
     write_autograded(ws.autograded(student, lesson.id) / lesson.notebook, lesson.source, program, outcome)
     cell_rows = [CellRow(student, lesson.id, Path(lesson.notebook).stem, v.grade_id, v.points, v.max_points)
                  for v in verdicts]
+    # the submission's own time, net of the pauses while another submission was timed (--jobs)
     result = row(status, "; ".join(n for n in notes if n), score=score, cell_errors=errors,
-                 peak=outcome.peak_rss_mb, flags=flags)
+                 peak=outcome.peak_rss_mb, flags=flags, seconds=outcome.seconds)
     if program.flags:
         (ws.root / "flags").mkdir(exist_ok=True)
         (ws.root / "flags" / f"{student}-{lesson.id}.json").write_text(json.dumps(program.flags, indent=1))
