@@ -265,3 +265,15 @@ def test_lesson_1_a_compiled_rnn_makes_a_graph_per_length_and_one_for_all_batch_
         torch._dynamo.reset()
     text = prose("01_custom_rnns")
     assert "after 8 graphs for one" in text and "`ConstraintViolationError`" in text and "a batch of 1" in text
+
+
+def test_lesson_5_which_transforms_take_argnums():
+    import inspect
+
+    import torch.func as tf
+
+    for name in ("jacrev", "jacfwd", "grad", "hessian"):
+        assert "argnums" in inspect.signature(getattr(tf, name)).parameters, name
+    for name in ("vjp", "jvp"):
+        assert "argnums" not in inspect.signature(getattr(tf, name)).parameters, name
+    assert "`vjp` and `jvp` differentiate with respect to every primal" in prose("05_jacobians_hessians")
