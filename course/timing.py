@@ -203,6 +203,16 @@ MAX_BLOCK = 64
 MAX_BLOCK_BYTES = 256 * 2**20
 
 
+def _expect_a_moving_clock() -> None:
+    """A call measured at exactly zero: make sure ``time.perf_counter`` still moves (a notebook that
+    replaced it would otherwise make every block of calls enormous, and the timing never end)."""
+    t0 = time.perf_counter()
+    time.sleep(0.002)
+    if time.perf_counter() - t0 < 0.001:
+        raise RuntimeError("time.perf_counter does not advance (was it replaced in this notebook?): nothing can "
+                           "be timed. Restart the kernel and run the notebook from the top.")
+
+
 def compare(candidates: Mapping[str, Callable[..., Any]], *, inputs: Callable[[], tuple] | None = None,
             baseline: str | None = None, rounds: int = 7, warmup: int = 2, min_run_time: float = 0.2,
             device: str | torch.device | None = None, progress: bool | None = None,
@@ -256,6 +266,8 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
             out = candidates[name](*fresh)
             synchronize(dev)
             took = time.perf_counter() - t0
+        if took <= 0:
+            _expect_a_moving_clock()
         if check is not None and warmup:
             check(name, out, fresh)
         block = max(block, math.ceil(min_run_time / max(took, 1e-7)))

@@ -196,3 +196,15 @@ def test_best_of_retries_below_the_bar_and_keeps_the_best(capsys):
     assert best_of(lambda: next(slow), "fast", bar=1.5, attempts=3).speedup("fast").median == 0.5
     with pytest.raises(ValueError, match="attempts"):
         best_of(lambda: None, "fast", bar=1.0, attempts=0)
+
+
+def test_compare_refuses_a_clock_that_does_not_move(monkeypatch):
+    """A notebook that replaced time.perf_counter would make compare's blocks enormous and its timing
+    endless; it gets a clear error at once instead."""
+    import time as time_module
+
+    from course.timing import compare
+
+    monkeypatch.setattr(time_module, "perf_counter", lambda: 0.0)
+    with pytest.raises(RuntimeError, match="does not advance"):
+        compare({"a": lambda: None}, rounds=3, min_run_time=0.05, progress=False)
