@@ -80,6 +80,26 @@ def _stacked(models):
     return params, buffers, meta_copy(models[0])
 
 
+def _call_stacked(fn: Callable, *args, name: str):
+    """``call`` for a function of stacked state and a meta ``base``: an error that mentions the meta
+    device gets the hint that names its usual cause."""
+    try:
+        return call(fn, *args, name=name)
+    except AssertionError as exc:
+        if "meta" not in str(exc):
+            raise
+        raise AssertionError(f"{exc}\n  Hint: a tensor on the meta device took part in the computation: base's "
+                             "own (meta) state. Pass the stacked state, parameters and buffers, as "
+                             "functional_call(base, (p, b), (x,)).") from exc.__cause__
+
+
+def _clock_ensemble(seed: int):
+    """``(members, params, buffers, base)``: ``CLOCK_MEMBERS`` tiny models on the CPU, for the judge's
+    clock (a loop's cost is per model, a few module calls each, and the state to send is small)."""
+    members = mlp_ensemble(CLOCK_MEMBERS, seed=seed, features=4, hidden=4, classes=3, device="cpu")
+    return (members, *_stacked(members))
+
+
 def _module_facts(base) -> tuple[str, dict[str, str]] | None:
     """``(type name, {state name: device type})`` of a module, or of one the learner's process
     described (``ModuleState``); ``None`` for anything else."""
@@ -191,15 +211,7 @@ def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, see
             with torch.no_grad():
                 expected = loop_predictions(models, x, same_minibatch=same)
                 with ForwardWatch(base) as watch:
-                    try:
-                        got = call(fn, params, buffers, base, x.clone(), name=label)
-                    except AssertionError as exc:
-                        if "meta" not in str(exc):
-                            raise
-                        raise AssertionError(f"{exc}\n  Hint: a tensor on the meta device took part in the "
-                                             "computation: base's own (meta) state. Pass the stacked state, "
-                                             "parameters and buffers, as functional_call(base, (p, b), (x,)).") \
-                            from exc.__cause__
+                    got = _call_stacked(fn, params, buffers, base, x.clone(), name=label)
             if not isinstance(got, torch.Tensor):
                 raise AssertionError(f"{label} should return a tensor of shape {tuple(expected.shape)}, got "
                                      f"{describe(got)}.")
@@ -237,9 +249,7 @@ def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, see
 
 def _ensemble_clock(fn: Callable, label: str, same: bool, seed: int) -> str:
     """The judge's clock on ``CLOCK_MEMBERS`` small models (on the CPU), against the course's loop."""
-    # tiny models: a loop's cost is per model (a few module calls each), and the state to send is small
-    members = mlp_ensemble(CLOCK_MEMBERS, seed=seed, features=4, hidden=4, classes=3, device="cpu")
-    params, buffers, base = _stacked(members)
+    members, params, buffers, base = _clock_ensemble(seed)
 
     def make(fresh):
         return params, buffers, base, toy_features(*((4, 4) if same else (CLOCK_MEMBERS, 4, 4)), seed=fresh,
@@ -372,14 +382,7 @@ def check_ensemble_sgd_step(ensemble_sgd_step: Callable, *, seed: int = 0, n: in
         inputs = ({k: v.clone() for k, v in params.items()}, {k: v.clone() for k, v in buffers.items()},
                   xs.clone(), ys.clone())
         with ForwardWatch(base) as watch, mirrored(ensemble_sgd_step):
-            try:
-                got = call(ensemble_sgd_step, inputs[0], inputs[1], base, inputs[2], inputs[3], lr, name=label)
-            except AssertionError as exc:
-                if "meta" not in str(exc):
-                    raise
-                raise AssertionError(f"{exc}\n  Hint: a tensor on the meta device took part in the computation: "
-                                     "base's own (meta) state. Pass the stacked state, parameters and buffers, as "
-                                     "functional_call(base, (p, b), (x,)).") from exc.__cause__
+            got = _call_stacked(ensemble_sgd_step, inputs[0], inputs[1], base, inputs[2], inputs[3], lr, name=label)
         if not isinstance(got, Mapping) or set(got) != set(params):
             raise AssertionError(f"{label} should return a dict with the same keys as params ({sorted(params)}), "
                                  f"got {describe(got)}.")
@@ -415,8 +418,7 @@ def check_ensemble_sgd_step(ensemble_sgd_step: Callable, *, seed: int = 0, n: in
 
 def _sgd_clock(fn: Callable, label: str, seed: int, lr: float) -> str:
     """The judge's clock on ``CLOCK_MEMBERS`` small models (on the CPU), against the course's loop."""
-    members = mlp_ensemble(CLOCK_MEMBERS, seed=seed, features=4, hidden=4, classes=3, device="cpu")
-    params, buffers, base = _stacked(members)
+    members, params, buffers, base = _clock_ensemble(seed)
     params = {k: v.detach() for k, v in params.items()}
 
     def make(fresh):
