@@ -82,7 +82,8 @@ def test_speed_checks_pass_the_solutions_on_a_generous_bar(sol):
     lambda: C.check_opacus_grads(stub),
     lambda: C.check_per_sample_speed(stub, bars={"cpu": 1.3, "cuda": 10.0}, **PSG_SPEED),
     lambda: C.check_dp_sgd_step(stub),
-], ids=["stack", "predict", "ensemble_speed", "psg_loop", "psg_vmap", "opacus", "psg_speed", "dp_sgd"])
+    lambda: C.check_ensemble_sgd_step(stub),
+], ids=["stack", "predict", "ensemble_speed", "psg_loop", "psg_vmap", "opacus", "psg_speed", "dp_sgd", "ens_sgd"])
 def test_untouched_stub_fails_with_a_friendly_message(check):
     with pytest.raises(AssertionError, match="not written yet"):
         check()
