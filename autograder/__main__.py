@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Autograde SUBMISSIONS/<student_id>/<lesson_id>/*.ipynb, one nbgrader "
                     "process per submission, and write OUT/grades.csv, OUT/cells.csv and "
                     "OUT/feedback/<student_id>/<lesson_id>/*.html. Exits 0 when every "
-                    "submission got its row, 2 when grading could not run.")
+                    "submission got its row, 2 when grading could not run. A speed bar that a busy "
+                    "machine left undecided earns nothing yet (cells.csv says 'undecided'); the next "
+                    "run of the same command measures only those again.")
     gra.add_argument("submissions", metavar="SUBMISSIONS", type=Path,
                      help="folder of student folders, each with <lesson_id>/ folders")
     gra.add_argument("--out", metavar="OUT", type=Path, required=True,
@@ -78,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "hides any GPU (default: %(default)s)")
     gra.add_argument("--force", action="store_true",
                      help="grade again what an earlier run already graded (default: resume)")
+    gra.add_argument("--speed-retries", metavar="N", type=int, default=1, choices=range(0, 6),
+                     help="how many more times a submission (or the instructor's run) is measured "
+                          "when a speed bar was left undecided by a busy machine; what is still "
+                          "undecided earns nothing yet and is measured again by the next grade run "
+                          "(default: %(default)s)")
 
     bun = sub.add_parser(
         "bundle", help="build the student-facing tree (no solutions, no hidden tests)",
@@ -110,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             grade(args.submissions.resolve(), args.out.resolve(), args.solutions.resolve(),
                   args.work.resolve(), lesson=args.lesson, db_url=args.db,
                   cell_timeout=args.cell_timeout, timeout=args.timeout, jobs=args.jobs,
-                  sandbox=args.sandbox, memory_mb=args.memory_mb, device=args.device, force=args.force)
+                  sandbox=args.sandbox, memory_mb=args.memory_mb, device=args.device, force=args.force,
+                  speed_retries=args.speed_retries)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

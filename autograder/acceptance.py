@@ -99,8 +99,9 @@ def _rows(path: Path) -> list[dict]:
 
 
 def speed_figures(work: Path, lesson_id: str) -> list[dict]:
-    """Each speed check of the instructor's run on this machine: its name, the bar, and the lower
-    bound of the ratio the instructor's solution measured (from the grader's trusted transcript)."""
+    """Each speed check of the instructor's run on this machine: its name, the bar, the lower bound
+    of the ratio the instructor's solution measured (from the grader's trusted transcript), and
+    whether that run left the bar unproven (missed, on this machine)."""
     import torch
 
     out = []
@@ -109,35 +110,49 @@ def speed_figures(work: Path, lesson_id: str) -> list[dict]:
         for grade_id, records in data["records"].items():
             for r in records:
                 if isinstance(r.get("tol"), dict) and r["tol"].get("kind") == "at_least":
-                    out.append({"cell": grade_id, "name": r["name"], "bar": r["expected"], "measured": r["actual"]})
+                    out.append({"cell": grade_id, "name": r["name"], "bar": r["expected"], "measured": r["actual"],
+                                "unproven": grade_id in (data.get("unproven") or {})})
     return out
 
 
-def check_lesson(lesson_id: str, grades: Path, cells: Path) -> tuple[dict, list[str]]:
-    """The three rows of a lesson, and what did not hold."""
+def check_lesson(lesson_id: str, grades: Path, cells: Path) -> tuple[dict, list[str], list[str]]:
+    """The three rows of a lesson, what did not hold, and what was left undecided: a speed bar that
+    this machine was too busy to decide (measure again; never counted as holding)."""
     rows = {r["student_id"]: r for r in _rows(grades) if r["lesson_id"] == lesson_id}
     scores: dict[str, dict[str, float]] = {}
+    most: dict[str, float] = {}
+    open_: set[tuple[str, str]] = set()
     for r in _rows(cells):
         if r["lesson_id"] == lesson_id:
             scores.setdefault(r["student_id"], {})[r["grade_id"]] = float(r["score"])
-    problems = []
+            if r.get("max_score"):
+                most[r["grade_id"]] = float(r["max_score"])
+            if r.get("verdict") == "undecided":
+                open_.add((r["student_id"], r["grade_id"]))
+    problems: list[str] = []
     for student in SUBMISSIONS:
         if student not in rows:
             problems.append(f"{lesson_id}/{student}: no row")
     if problems:
-        return rows, problems
+        return rows, problems, []
+    undecided = [f"{lesson_id}/{s}: {g}: its speed bar was left undecided (a busy machine?); measure again"
+                 for s, g in sorted(open_) if s != "untouched"]
     perfect, untouched, planted = (rows[s] for s in SUBMISSIONS)
-    if perfect["status"] != "graded" or float(perfect["score"]) != float(perfect["max_score"]):
+    full = {g: most.get(g, s) for g, s in scores.get("perfect", {}).items()}
+    unsettled = sum(full[g] for s, g in open_ if s == "perfect" and g in full)
+    if perfect["status"] != "graded" or float(perfect["score"]) + unsettled != float(perfect["max_score"]):
         problems.append(f"{lesson_id}: the instructor's solution scored {perfect['score']} of {perfect['max_score']} "
                         f"({perfect['status']}; {perfect['detail']})")
     if float(untouched["score"]) != 0:
         problems.append(f"{lesson_id}: the untouched student version scored {untouched['score']}")
     broken = PLANTED[lesson_id][2]
-    want = {g: (0.0 if g in broken else s) for g, s in scores.get("perfect", {}).items()}
-    if scores.get("planted") != want:
-        wrong = sorted(g for g in want if scores.get("planted", {}).get(g) != want[g])
+    got = scores.get("planted", {})
+    # A cell the mistake leaves alone must score as in full, unless the machine left it undecided.
+    wrong = sorted(g for g in full if got.get(g) != (0.0 if g in broken else full[g])
+                   and not (g not in broken and (("planted", g) in open_ or ("perfect", g) in open_)))
+    if set(got) != set(full) or wrong:
         problems.append(f"{lesson_id}: the planted mistake should cost exactly {sorted(broken)}; cells off: {wrong}")
-    return rows, problems
+    return rows, problems, undecided
 
 
 def _environment(device: str) -> dict:
@@ -181,8 +196,9 @@ def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, reco
         if proc.returncode != 0:
             summary["problems"].append(f"{lesson_id}: grading could not run: {(proc.stderr or proc.stdout)[-3000:]}")
         else:
-            rows, problems = check_lesson(lesson_id, graded / "grades.csv", graded / "cells.csv")
+            rows, problems, undecided = check_lesson(lesson_id, graded / "grades.csv", graded / "cells.csv")
             summary["problems"] += problems
+            summary.setdefault("undecided", []).extend(undecided)
             entry["rows"] = {s: {k: rows[s][k] for k in ("score", "max_score", "status", "seconds", "peak_rss_mb")}
                              for s in SUBMISSIONS if s in rows}
             entry["speed"] = speed_figures(work, lesson_id)
@@ -244,10 +260,15 @@ def markdown(summary: dict) -> str:
         for s in e.get("speed", []):
             measured = s["measured"]
             margin = f"{measured / s['bar']:.2f}x" if isinstance(measured, float) and s["bar"] else "-"
-            shown = f"{measured:.2f}x" if isinstance(measured, float) else "-"
+            shown = (f"{measured:.2f}x" if isinstance(measured, float) else "-") + (" (missed here)" if s.get("unproven") else "")
             lines.append(f"| {lesson_id} | {s['name']} | {s['bar']:.2f}x | {shown} | {margin} |")
     lines += ["", "## What did not hold", ""]
-    lines += [f"- {p}" for p in summary["problems"]] or ["Nothing: every expectation held."]
+    lines += [f"- {p}" for p in summary["problems"]] or (
+        ["Nothing failed; some speed bars were left undecided (below)."] if summary.get("undecided")
+        else ["Nothing: every expectation held."])
+    if summary.get("undecided"):
+        lines += ["", "## Left undecided (not a pass: measure again, on a quieter machine)", ""]
+        lines += [f"- {u}" for u in summary["undecided"]]
     return "\n".join(lines) + "\n"
 
 

@@ -19,7 +19,7 @@ from .program import TEST, Program
 _STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
 pre{background:#f6f8fa;padding:.6rem;overflow-x:auto;border-radius:4px;font-size:.85rem}
 .pass{color:#1a7f37}.fail{color:#cf222e}.cell{border-left:4px solid #ddd;padding-left:.8rem;margin:1.2rem 0}
-.cell.pass{border-color:#1a7f37}.cell.fail{border-color:#cf222e}table{border-collapse:collapse}
+.wait{color:#9a6700}.cell.pass{border-color:#1a7f37}.cell.fail{border-color:#cf222e}.cell.wait{border-color:#9a6700}table{border-collapse:collapse}
 td,th{padding:.2rem .8rem;border-bottom:1px solid #ddd;text-align:left}"""
 
 
@@ -57,16 +57,18 @@ def write_feedback(path: Path, student: str, lesson: str, program: Program, outc
         items = "".join(f"<li><b>{e(k)}</b>: {e('; '.join(v)[:400])}</li>" for k, v in sorted(program.flags.items()))
         parts.append(f"<p>The grader noted:</p><ul>{items}</ul>")
     parts.append("<table><tr><th>exercise</th><th>points</th></tr>" + "".join(
-        f"<tr><td>{e(v.grade_id)}</td><td class={'pass' if v.points else 'fail'}>{v.points:g} / {v.max_points:g}</td></tr>"
-        for v in verdicts) + "</table>")
+        f"<tr><td>{e(v.grade_id)}</td><td class={_css(v)}>{v.points:g} / {v.max_points:g}"
+        f"{' (undecided)' if v.undecided else ''}</td></tr>" for v in verdicts) + "</table>")
     for cell in program.cells:
         if cell.kind == TEST:
             v = by_grade[cell.grade_id]
-            ok = v.points > 0
-            parts.append(f"<div class='cell {'pass' if ok else 'fail'}'><h3>{e(cell.grade_id)}: "
-                         f"{v.points:g} / {v.max_points:g}</h3><pre>{e(cell.visible)}</pre>"
-                         + ("<p class=pass>passed, hidden tests included</p>" if ok else
-                            f"<p class=fail>not passed:</p><pre>{e(scrub(v.message, hidden))}</pre>") + "</div>")
+            said = {"pass": "<p class=pass>passed, hidden tests included</p>",
+                    "wait": "<p class=wait>not decided yet (no points yet; measured again when your "
+                            "instructor regrades):</p>",
+                    "fail": "<p class=fail>not passed:</p>"}[_css(v)]
+            parts.append(f"<div class='cell {_css(v)}'><h3>{e(cell.grade_id)}: "
+                         f"{v.points:g} / {v.max_points:g}</h3><pre>{e(cell.visible)}</pre>" + said
+                         + ("" if v.points > 0 else f"<pre>{e(scrub(v.message, hidden))}</pre>") + "</div>")
         elif cell.learner:
             rep = outcome.cells.get(cell.index)
             err = scrub(rep.error, hidden)[-2000:] if rep else ""
@@ -76,3 +78,7 @@ def write_feedback(path: Path, student: str, lesson: str, program: Program, outc
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts) + "\n", encoding="utf-8")
     return path
+
+
+def _css(verdict) -> str:
+    return "pass" if verdict.points > 0 else "wait" if verdict.undecided else "fail"

@@ -26,13 +26,16 @@ class Row:
 
 @dataclass
 class CellRow:
-    """One row of cells.csv: the autograded score of one graded cell."""
+    """One row of cells.csv: the autograded score of one graded cell, and its verdict: passed,
+    failed, or undecided (a speed bar the grading machine was too busy to decide: no points yet,
+    measured again by the next ``grade`` run)."""
     student_id: str
     lesson_id: str
     notebook: str
     grade_id: str
     score: float
     max_score: float
+    verdict: str = "passed"
 
 
 def _write(path: Path, rows: list, cls) -> None:
@@ -95,8 +98,10 @@ def write_cells(out: Path, rows: list[CellRow]) -> Path:
     return path
 
 
-def summary_table(rows: list[Row]) -> str:
-    """Students down, lessons across: ``score/max`` plus the status when not graded."""
+def summary_table(rows: list[Row], cells: list[CellRow] = ()) -> str:
+    """Students down, lessons across: ``score/max`` plus the status when not graded; then the
+    counts, the flags, and the cells left undecided."""
+    undecided = [f"{c.student_id}/{c.lesson_id}/{c.grade_id}" for c in cells if c.verdict == "undecided"]
     students = sorted({r.student_id for r in rows})
     lessons = sorted({r.lesson_id for r in rows})
     cell = {(r.student_id, r.lesson_id):
@@ -115,4 +120,9 @@ def summary_table(rows: list[Row]) -> str:
     flagged = [f"{r.student_id}/{r.lesson_id}: {r.flags}" for r in rows if r.flags]
     if flagged:
         lines.append("flagged: " + "; ".join(flagged))
+    if undecided:
+        lines.append(f"undecided: {len(undecided)} speed cell(s), no points yet ("
+                     + "; ".join(undecided[:10]) + ("; ..." if len(undecided) > 10 else "")
+                     + "): the machine was too busy to decide; run the same grade command again, on a quieter "
+                     "machine if you can: only these are measured again")
     return "\n".join(lines)

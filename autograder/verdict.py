@@ -17,6 +17,12 @@ submission code ever ran in:
    such a ratio is what a memoised or work-skipping candidate shows; it earns nothing and is
    flagged ``implausible-speed`` for a human to look at.
 
+A speed record whose bar lies between its lower and upper confidence bounds is *undecided*
+(``course.grading.SpeedUndecided``): the cell earns nothing now and is measured again (``grade``
+re-runs such submissions, and a later ``grade`` run too), never failed on a noisy machine's
+word. So is a miss on a bar that the instructor's own solution did not clear on this machine
+(:attr:`Transcript.unproven`): the machine cannot show it, which says nothing of the learner.
+
 No graded cell is decided on "no error" alone: the instructor's run must make at least one
 comparison in every graded cell, or the lesson cannot be graded (rule 3 then has nothing to
 check). Structure checks that raise count through rule 1, under the seal of rule 2.
@@ -24,7 +30,7 @@ check). Structure checks that raise count through rule 1, under the seal of rule
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from course.numerics import assert_close
 
@@ -35,29 +41,47 @@ from .sandbox import Outcome
 IMPLAUSIBLE = 3.0
 
 
+#: The verdict of a graded cell.
+PASSED, FAILED, UNDECIDED = "passed", "failed", "undecided"
+
+
 @dataclass
 class CellVerdict:
     grade_id: str
     points: float
     max_points: float
     message: str       # why it failed, for the feedback ('' when it passed)
+    status: str = FAILED
+
+    @property
+    def undecided(self) -> bool:
+        return self.status == UNDECIDED
+
+
+class _Undecided(str):
+    """A verdict message that leaves the cell undecided rather than failed."""
 
 
 @dataclass
 class Transcript:
-    """The instructor's run: per graded cell, its comparisons (name, expected value, tolerance)."""
+    """The instructor's run: per graded cell, its comparisons (name, expected value, tolerance).
+    ``unproven``: the speed cells whose bar the instructor's solution did not clear on this machine
+    (why, per grade id); a lesson is graded all the same, and those bars decide only passes."""
     records: dict[str, list[dict]]
     seconds: float
+    unproven: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_outcome(cls, program: Program, outcome: Outcome) -> "Transcript":
         problems = []
         if outcome.status != "ok":
             problems.append(f"the run ended with status {outcome.status} ({outcome.detail})")
-        records = {}
+        records, unproven = {}, {}
         for cell in program.graded:
             rep = outcome.cells.get(cell.index)
-            if rep is None or not rep.finished or rep.error:
+            if rep is not None and rep.finished and rep.error and _missed_speed(rep.records):
+                unproven[cell.grade_id] = rep.error  # the machine's doing, not the solution's (it ran to its bar)
+            elif rep is None or not rep.finished or rep.error:
                 problems.append(f"{cell.grade_id}: {rep.error if rep else 'not reached'}")
                 continue
             records[cell.grade_id] = [{"name": r["name"], "expected": r["expected"], "tol": r["tol"],
@@ -72,7 +96,13 @@ class Transcript:
         if problems:
             raise RuntimeError("the instructor's solution does not pass its own checks on this machine, so "
                                "nothing can be graded against it: " + "; ".join(problems)[:1500])
-        return cls(records, outcome.seconds)
+        return cls(records, outcome.seconds, unproven)
+
+
+def _missed_speed(records: list[dict]) -> bool:
+    """The check's last comparison was a speed bar that was not cleared (``expect_speedup`` raises
+    right after it records): the cell's error is that miss."""
+    return bool(records) and _at_least(records[-1].get("tol")) and not records[-1]["actual"] >= records[-1]["expected"]
 
 
 def judge(program: Program, outcome: Outcome, reference: Transcript) -> list[CellVerdict]:
@@ -84,15 +114,15 @@ def judge(program: Program, outcome: Outcome, reference: Transcript) -> list[Cel
             tampered_from = cell.index
         if cell.kind != TEST:
             continue
-        verdicts.append(CellVerdict(cell.grade_id, 0.0, cell.points,
-                                    _why_not(cell, rep, reference.records.get(cell.grade_id, []),
-                                             tampered_from, outcome, program)))
-        if not verdicts[-1].message:
-            verdicts[-1].points = cell.points
+        why = _why_not(cell, rep, reference.records.get(cell.grade_id, []), tampered_from, outcome, program,
+                       reference.unproven.get(cell.grade_id))
+        status = UNDECIDED if isinstance(why, _Undecided) else FAILED if why else PASSED
+        verdicts.append(CellVerdict(cell.grade_id, cell.points if status == PASSED else 0.0, cell.points,
+                                    str(why), status))
     return verdicts
 
 
-def _why_not(cell, rep, expected, tampered_from, outcome, program) -> str:
+def _why_not(cell, rep, expected, tampered_from, outcome, program, unproven=None) -> str:
     if rep is None or not rep.finished:
         return f"not graded: the run stopped before this cell ({outcome.status}: {outcome.detail})"
     # A served cell's check ran in the judge: patching the learner's process cannot reach its evidence,
@@ -101,7 +131,8 @@ def _why_not(cell, rep, expected, tampered_from, outcome, program) -> str:
         return ("not graded: guarded modules were patched before or during this cell (flag 'tampered')"
                 + (", and its check relied on what the course's probe reported from your notebook's process"
                    if cell.served else ""))
-    if rep.error:
+    # A check that failed on its speed bar ran every comparison up to it: those are judged below.
+    if rep.error and not _missed_speed(rep.records):
         return rep.error
     got = rep.records
     if len(got) != len(expected):
@@ -112,7 +143,7 @@ def _why_not(cell, rep, expected, tampered_from, outcome, program) -> str:
         if mine["name"] != ref["name"]:
             return f"the check compared {mine['name']!r} where the instructor's run compared {ref['name']!r}"
         if _at_least(tol):
-            why = _speed(cell, mine, ref, program)
+            why = _speed(cell, mine, ref, program, unproven)
             if why:
                 return why
             continue
@@ -133,15 +164,17 @@ def _why_not(cell, rep, expected, tampered_from, outcome, program) -> str:
             return f"checked again by the grader: {exc}"
         except Exception as exc:  # noqa: BLE001
             return f"{ref['name']}: the value could not be compared ({type(exc).__name__}: {exc})"[:500]
-    return ""
+    return rep.error or ""
 
 
 def _at_least(tol) -> bool:
     return isinstance(tol, dict) and tol.get("kind") == "at_least"
 
 
-def _speed(cell, mine: dict, ref: dict, program: Program) -> str:
-    """A speed record: the learner's bound must clear the instructor's bar, plausibly."""
+def _speed(cell, mine: dict, ref: dict, program: Program, unproven: str | None = None) -> str:
+    """A speed record: the learner's bound must clear the instructor's bar, plausibly. A miss is
+    undecided when the bar lies below the learner's upper bound, or when the instructor's own
+    solution missed it on this machine."""
     name = ref["name"]
     value, bar, theirs = mine.get("actual"), ref["expected"], ref.get("actual")
     if type(value) is not float or type(mine.get("expected")) is not float or value != value:
@@ -150,6 +183,15 @@ def _speed(cell, mine: dict, ref: dict, program: Program) -> str:
         program.flag("altered-references", f"{cell.grade_id}: the speed bar of {name!r} was changed")
         return f"{name}: the bar used during grading ({mine['expected']:g}x) is not the lesson's ({bar:g}x)"
     if value < bar:
+        ceiling = (mine.get("tol") or {}).get("ceiling") if isinstance(mine.get("tol"), dict) else None
+        if unproven is not None:
+            return _Undecided(f"undecided: {name} at least {value:.2f}x, below the bar {bar:.2f}x, but the "
+                              "instructor's solution did not clear this bar on the grading machine either; "
+                              "measured again when your instructor regrades on a quieter machine")
+        if type(ceiling) is float and ceiling >= bar:
+            return _Undecided(f"undecided: {name} between {value:.2f}x and {ceiling:.2f}x with 99% confidence, "
+                              f"and the bar {bar:.2f}x lies between: the grading machine was too busy to tell; "
+                              "measured again when your instructor regrades")
         return f"checked again by the grader: {name} at least {value:.2f}x, below the bar {bar:.2f}x"
     if isinstance(theirs, float) and theirs > 0 and value > IMPLAUSIBLE * max(theirs, bar):
         program.flag("implausible-speed", f"{cell.grade_id}: {name} measured at least {value:.2f}x, the "

@@ -61,14 +61,20 @@ RUNNER = textwrap.dedent('''
         with open(path, "w") as f:
             f.write(src)
         shown.clear()
-        start, error = time.time(), None
-        try:
-            exec(compile(src, path, "exec"), ns)
-        except BaseException as exc:
-            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        start, error, undecided = time.time(), None, False
+        for attempt in range(3):  # a speed check the machine left undecided: run again, as its message says
+            try:
+                exec(compile(src, path, "exec"), ns)
+                error, undecided = None, False
+                break
+            except BaseException as exc:
+                error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                undecided = type(exc).__name__ == "SpeedUndecided"
+                if not undecided:
+                    break
         print("CELL " + json.dumps({"cell": n, "seconds": round(time.time() - start, 2), "error": error,
-                                    "warnings": sorted(set(shown))}), flush=True)
-        if error:
+                                    "undecided": undecided, "warnings": sorted(set(shown))}), flush=True)
+        if error and not undecided:
             sys.exit(1)
 ''')
 
@@ -173,10 +179,14 @@ def run_lesson(python: Path, lesson_id: str, work: Path) -> dict:
                                "TORCHINDUCTOR_CACHE_DIR": str(cache)})
     seconds = time.monotonic() - start
     cells = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("CELL ")]
-    errors = [c for c in cells if c["error"]]
+    # A speed bar still undecided after three runs of its cell (a busy machine) is no pass, and
+    # no failure either: reported, and the exercise is missing from the self-check's count.
+    undecided = [c["cell"] for c in cells if c.get("undecided")]
+    errors = [c for c in cells if c["error"] and not c.get("undecided")]
     passed = re.search(r"(\d+) of (\d+) exercises pass", proc.stdout)
-    ok = proc.returncode == 0 and not errors and passed is not None and passed.group(1) == passed.group(2)
-    return {"ok": ok, "seconds": round(seconds, 1),
+    ok = (proc.returncode == 0 and not errors and passed is not None
+          and int(passed.group(1)) + len(undecided) == int(passed.group(2)))
+    return {"ok": ok, "seconds": round(seconds, 1), "undecided": undecided,
             "exercises": passed.group(0) if passed else None,
             "error": (f"cell {errors[0]['cell']}: {errors[0]['error']}" if errors else
                       None if ok else (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]),
@@ -204,7 +214,8 @@ def markdown(results: dict, lessons: list[str], machine: str, date: str) -> str:
                 row.append("-")
             else:
                 warn = f", {len(r['warnings'])} warning(s)" if r["warnings"] else ""
-                row.append(f"{'passes' if r['ok'] else 'FAILS'} ({r['seconds']:.0f} s{warn})")
+                open_ = f", speed undecided in {len(r['undecided'])} cell(s)" if r.get("undecided") else ""
+                row.append(f"{'passes' if r['ok'] else 'FAILS'} ({r['seconds']:.0f} s{warn}{open_})")
         lines.append(f"| {lesson} | " + " | ".join(row) + " |")
     lines += ["", "## What a learner sees", ""]
     for v in versions:

@@ -32,12 +32,16 @@ class observing_paused:
         global _paused
         _paused -= 1
 
-def report_at_least(name: str, value: float, bar: float) -> None:
+def report_at_least(name: str, value: float, bar: float, ceiling: float | None = None) -> None:
     """Tell the autograder (if it is listening) that ``value`` was judged against ``bar`` with
-    "at least": a speed check's measured ratio. The grading parent checks it again, and compares
-    it with the instructor's own measurement. Outside the grader this does nothing."""
+    "at least": a speed check's measured ratio (its lower confidence bound; ``ceiling``, its upper
+    bound, says whether a miss was decided). The grading parent checks it again, and compares it
+    with the instructor's own measurement. Outside the grader this does nothing."""
     if grader_hooks.observer is not None and not _paused:
-        grader_hooks.observer(float(value), float(bar), dict(name=name, kind="at_least"))
+        tol = dict(name=name, kind="at_least")
+        if ceiling is not None:
+            tol["ceiling"] = float(ceiling)
+        grader_hooks.observer(float(value), float(bar), tol)
 
 
 # (rtol, atol) per dtype, the same spirit as torch.testing: a few units in the last place.

@@ -16,7 +16,10 @@ can be remembered from an earlier call, and the outputs checked are those of the
 themselves (one per block, picked at random after the block). CUDA is synchronised before the
 clock is read. A verdict uses :attr:`Ratio.bound`, a lower confidence bound of the median ratio
 (an order statistic, 99% one-sided), not the median itself: a slower candidate does not pass on
-a few lucky rounds, and ``until=`` adds rounds while a verdict is still open.
+a few lucky rounds. It fails only below :attr:`Ratio.ceiling`, the matching upper bound: a right
+answer is not failed on a few unlucky rounds either. Between the two the verdict is open;
+``until=`` adds rounds while it is, and what stays open is *undecided* (measure again), never a
+pass.
 """
 
 from __future__ import annotations
@@ -67,13 +70,22 @@ def _bound_rank(n: int, alpha: float = 0.01) -> int:
 
 @dataclass(frozen=True)
 class Ratio:
-    """A speedup (baseline time / candidate time: above 1 is faster) with its spread over rounds,
-    and ``bound``: a 99% lower confidence bound of the median (0 when too few rounds for one)."""
+    """A speedup (baseline time / candidate time: above 1 is faster) with its spread over rounds;
+    ``bound`` and ``ceiling``: 99% lower and upper confidence bounds of the median (0 and infinity
+    when too few rounds for one)."""
 
     median: float
     low: float
     high: float
     bound: float = 0.0
+    ceiling: float = math.inf
+
+    def verdict(self, bar: float) -> str:
+        """``'pass'`` when the lower bound clears ``bar``, ``'fail'`` when even the upper bound is
+        below it, else ``'undecided'``: these rounds cannot tell (a busy machine), measure again."""
+        if self.bound >= bar:
+            return "pass"
+        return "fail" if self.ceiling < bar else "undecided"
 
     def __str__(self) -> str:
         return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f})"
@@ -112,7 +124,8 @@ class SpeedReport:
         ratios = sorted(b / c for b, c in zip(self.times[over], self.times[self._known(name)]))
         low, high = _quartiles(ratios)
         k = _bound_rank(len(ratios))
-        return Ratio(statistics.median(ratios), low, high, ratios[k] if k >= 0 else 0.0)
+        return Ratio(statistics.median(ratios), low, high, ratios[k] if k >= 0 else 0.0,
+                     ratios[len(ratios) - 1 - k] if k >= 0 else math.inf)
 
     def _known(self, name: str) -> str:
         if name not in self.times:
@@ -136,7 +149,7 @@ class SpeedReport:
             lines.append(f"{r['name']:<{w}}{format_time(r['median_s']):>11}{spread:>24}   {r['speedup']}")
         lines.append(f"({self.device}, {self.threads} threads, {len(next(iter(self.times.values())))} "
                      "interleaved rounds; speedup = median of per-round ratios, with quartiles; "
-                     "verdicts use its 99% lower bound)")
+                     "verdicts use its 99% confidence bounds)")
         return "\n".join(lines + self.notes)
 
     def __repr__(self) -> str:
@@ -170,9 +183,9 @@ class SpeedReport:
 
 
 def _undecided(ratio: Ratio, bar: float) -> bool:
-    """Whether more rounds may change the verdict on ``bar``: it lies between the lower bound and
-    the median (else the bound clears it, or the median is below it)."""
-    return ratio.bound < bar <= ratio.median
+    """Whether more rounds may change the verdict on ``bar``: it lies between the lower and the
+    upper confidence bound of the median."""
+    return ratio.verdict(bar) == "undecided"
 
 
 def _fresh(args):
@@ -225,7 +238,7 @@ def compare(candidates: Mapping[str, Callable[..., Any]], *, inputs: Callable[[]
     on the output of one timed call of every candidate in every round (picked at random after
     the block), so a candidate cannot win by skipping work. ``until=(name, over, bar)`` keeps
     adding rounds (up to ``max_rounds``, default four times ``rounds``) while the bar lies
-    between the lower bound and the median of ``name``'s speedup over ``over``.
+    between the lower and upper confidence bounds of ``name``'s speedup over ``over``.
     """
     # Under the autograder, timing waits for a turn in which no other submission runs.
     with observing_paused(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
@@ -332,7 +345,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
     the learner's process is stopped (``grader_hooks.hold``). Every timed call of the candidate
     must give the checksums of the baseline's call on the same seed (``rtol``: per element, relative).
     ``until=bar`` adds rounds (up to four times ``rounds``) while the bar lies between the lower
-    bound and the median of the speedup. Both sides run without autograd, unless ``grad`` (for
+    and upper confidence bounds of the speedup. Both sides run without autograd, unless ``grad`` (for
     functions that differentiate inside, such as a Jacobian).
     """
     import secrets

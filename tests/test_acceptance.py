@@ -37,20 +37,39 @@ def test_a_lesson_is_accepted_only_when_all_three_rows_are_as_expected(tmp_path)
     broken = acceptance.PLANTED[lesson][2]
     cells = ["test_dual", "test_jacobians", "test_jacobian_speed"]
 
-    def rows(untouched=0.0, planted_off=()):
-        g = [{"student_id": s, "lesson_id": lesson, "score": sc, "max_score": 6.0, "status": "graded",
-              "seconds": 1, "peak_rss_mb": 1, "detail": ""}
-             for s, sc in (("perfect", 6.0), ("untouched", untouched), ("planted", 2.0))]
+    def rows(untouched=0.0, planted_off=(), undecided=()):
+        """``undecided``: (student, cell) pairs the machine left undecided (no points, said so)."""
         c = []
         for s in acceptance.SUBMISSIONS:
             for cell in cells:
-                full = 2.0 if s == "perfect" or (s == "planted" and cell not in broken) ^ (cell in planted_off) else 0.0
-                c.append({"student_id": s, "lesson_id": lesson, "grade_id": cell, "score": full})
+                if s == "perfect":
+                    full = 2.0
+                elif s == "planted":
+                    full = 2.0 if (cell not in broken) != (cell in planted_off) else 0.0
+                else:
+                    full = 0.0
+                if (s, cell) in undecided:
+                    full = 0.0
+                c.append({"student_id": s, "lesson_id": lesson, "grade_id": cell, "score": full, "max_score": 2.0,
+                          "verdict": "undecided" if (s, cell) in undecided else "passed" if full else "failed"})
+        total = {s: sum(r["score"] for r in c if r["student_id"] == s) for s in acceptance.SUBMISSIONS}
+        total["untouched"] += untouched
+        g = [{"student_id": s, "lesson_id": lesson, "score": total[s], "max_score": 6.0, "status": "graded",
+              "seconds": 1, "peak_rss_mb": 1, "detail": ""} for s in acceptance.SUBMISSIONS]
         return _csv(tmp_path / "g.csv", g), _csv(tmp_path / "c.csv", c)
 
-    assert acceptance.check_lesson(lesson, *rows())[1] == []
+    assert acceptance.check_lesson(lesson, *rows())[1:] == ([], [])
     assert "untouched student version scored 2.0" in acceptance.check_lesson(lesson, *rows(untouched=2.0))[1][0]
     problems = acceptance.check_lesson(lesson, *rows(planted_off={"test_dual"}))[1]
+    assert problems and "test_dual" in problems[0]
+    # A speed bar left undecided (the instructor's or the planted version's) is not a problem, but
+    # it is reported as undecided, never as holding; a numeric cell off is a problem whatever else.
+    _, problems, undecided = acceptance.check_lesson(lesson, *rows(undecided={("perfect", "test_jacobian_speed")}))
+    assert problems == [] and len(undecided) == 1 and "test_jacobian_speed" in undecided[0]
+    _, problems, undecided = acceptance.check_lesson(lesson, *rows(undecided={("planted", "test_jacobian_speed")}))
+    assert problems == [] and undecided
+    _, problems, _ = acceptance.check_lesson(lesson, *rows(planted_off={"test_dual"},
+                                                           undecided={("planted", "test_jacobian_speed")}))
     assert problems and "test_dual" in problems[0]
 
 
@@ -71,12 +90,17 @@ def test_the_cpu_acceptance_of_one_lesson_grades_three_versions_and_runs_its_ben
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "acceptance-cpu.json").read_text())
     rows = summary["lessons"]["04_forward_ad"]["rows"]
-    assert rows["perfect"]["score"] == rows["perfect"]["max_score"] and float(rows["untouched"]["score"]) == 0
+    # A speed bar that this (shared, busy) machine could not decide is reported as such, never as
+    # a pass: the acceptance holds when nothing failed, and says what to measure again.
+    undecided = summary.get("undecided", [])
+    assert float(rows["untouched"]["score"]) == 0
+    assert rows["perfect"]["score"] == rows["perfect"]["max_score"] or undecided, summary
     assert summary["lessons"]["04_forward_ad"]["benchmark"]["exit"] == 0
     speed = summary["lessons"]["04_forward_ad"]["speed"]
-    assert speed and all(s["measured"] >= s["bar"] for s in speed), speed
+    assert speed and all(s["measured"] >= s["bar"] or s["unproven"] or undecided for s in speed), speed
     text = (out / "acceptance-cpu.md").read_text()
-    assert "Nothing: every expectation held." in text and "| 04_forward_ad |" in text
+    assert "| 04_forward_ad |" in text
+    assert "Nothing: every expectation held." in text if not undecided else "Left undecided" in text
 
 
 def test_the_wheels_carried_to_an_offline_gpu_machine_leave_out_torch_and_the_lab_front_end():

@@ -164,11 +164,14 @@ def test_self_check_passes_a_finished_lesson_and_names_a_planted_mistake(tmp_pat
     namespace = run_cells(nb, tmp_path)
     capsys.readouterr()  # the notebook's own output
     report = course.self_check(FAST, namespace=namespace)
-    assert report.complete, str(report)
     out = capsys.readouterr().out
-    assert "6 of 6 exercises pass, 13 of 13 points" in out and "FAIL" not in out
+    # (a busy machine may leave the speed bar undecided: said so, never a pass, never a FAIL)
+    undecided = {r.grade_id for r in report.results if r.status == "undecided"}
+    assert undecided <= {"test_jacobian_speed"}, str(report)
+    assert report.complete or undecided, str(report)
+    assert "FAIL" not in out and ("6 of 6 exercises pass, 13 of 13 points" in out or "run that test cell again" in out)
     assert "ok:" not in out, "the tests' own chatter stays out of the report"
-    assert progress.load()[FAST].earned == 13
+    assert progress.load()[FAST].earned == 13 - (2 if undecided else 0)
 
     for cell in nb["cells"]:
         src = "".join(cell["source"])
@@ -181,9 +184,22 @@ def test_self_check_passes_a_finished_lesson_and_names_a_planted_mistake(tmp_pat
     namespace = run_cells(nb, tmp_path / "wrong")
     capsys.readouterr()
     wrong = course.self_check(FAST, namespace=namespace)
-    failed = [r.grade_id for r in wrong.results if not r.passed]
+    failed = [r.grade_id for r in wrong.results if not r.passed and r.status != "undecided"]
     assert failed == ["test_dual"], str(wrong)
     assert "FAIL  Exercise 1" in capsys.readouterr().out
+
+
+def test_an_undecided_speed_check_is_reported_as_such_neither_pass_nor_fail(capsys):
+    from course.grading import SpeedUndecided
+    from course.selfcheck import Exercise, _run_test
+
+    ex = Exercise("test_x", 2.0, "Exercise 9: speed", "raise SpeedUndecided('Undecided: 1.3x, bar 1.4x')")
+    result = _run_test(ex, {"SpeedUndecided": SpeedUndecided})
+    assert result.status == "undecided" and not result.passed and "Undecided" in result.message
+    report = selfcheck.Report(FAST, [result], how="self_check")
+    text = str(report)
+    assert "????  Exercise 9" in text and "run that test cell again" in text and "FAIL" not in text
+    assert not report.complete
 
 
 @pytest.mark.parametrize("lesson_id", LESSON_IDS)

@@ -77,3 +77,61 @@ def test_patching_costs_a_served_cell_only_where_a_probe_reported_from_the_learn
     if not earns:
         assert "flag 'tampered'" in verdict.message
         assert ("probe reported" in verdict.message) is served
+
+
+def _missed(value, ceiling, bar=1.1):
+    """A speed record that missed its bar, as ``expect_speedup`` sends it (then raises)."""
+    rec = _speed(value, bar)
+    rec["tol"] = {**rec["tol"], "ceiling": ceiling}
+    return rec
+
+
+def _number(actual, expected=1.0):
+    return {"name": "value", "actual": actual, "expected": expected,
+            "tol": {"name": "value", "rtol": 1e-6, "atol": 1e-6}}
+
+
+UNDECIDED_ERROR = "course.grading.SpeedUndecided: Undecided: fast is 1.2x as fast as slow"
+
+
+def test_a_bar_between_the_confidence_bounds_is_undecided_never_passed_nor_failed(transcript):
+    verdict = judge(_program(), _outcome([_missed(1.05, 1.3)], error=UNDECIDED_ERROR), transcript)[0]
+    assert verdict.status == "undecided" and verdict.undecided and verdict.points == 0
+    assert "undecided" in verdict.message and "1.05x and 1.30x" in verdict.message
+    # an upper bound below the bar decides: failed
+    verdict = judge(_program(), _outcome([_missed(0.9, 1.05)], error="AssertionError: slow"), transcript)[0]
+    assert verdict.status == "failed" and verdict.points == 0 and "below the bar" in verdict.message
+    # a record with no upper bound (what an old or odd check sends) is a miss
+    verdict = judge(_program(), _outcome([_speed(1.05)], error="AssertionError: slow"), transcript)[0]
+    assert verdict.status == "failed"
+    assert judge(_program(), _outcome([_speed(1.3)]), transcript)[0].status == "passed"
+
+
+def test_undecided_needs_every_other_comparison_right_and_the_speed_miss_to_be_the_error():
+    program = Program("l", "l.ipynb", [Cell(0, "s", "solution", "x = 1", "sol"),
+                                       Cell(1, "t", TEST, "check(x)", "speed_test", 2.0)])
+    transcript = Transcript.from_outcome(program, _outcome([_number(1.0), _speed(1.6)]))
+    # a wrong value before the bar: failed, whatever the speed
+    wrong = judge(program, _outcome([_number(2.0), _missed(1.05, 1.3)], error=UNDECIDED_ERROR), transcript)[0]
+    assert wrong.status == "failed" and "checked again by the grader" in wrong.message
+    # an error after a bar that was cleared: that error, failed
+    later = judge(program, _outcome([_number(1.0), _speed(1.3)], error="RuntimeError: boom"), transcript)[0]
+    assert later.status == "failed" and later.message == "RuntimeError: boom"
+    # an error before any speed record (the check never measured): failed
+    early = judge(program, _outcome([_number(1.0)], error=UNDECIDED_ERROR), transcript)[0]
+    assert early.status == "failed"
+    # all right, and the machine too busy to tell: undecided
+    busy = judge(program, _outcome([_number(1.0), _missed(1.05, 1.3)], error=UNDECIDED_ERROR), transcript)[0]
+    assert busy.status == "undecided"
+
+
+def test_a_bar_the_instructors_solution_missed_here_leaves_the_lesson_gradable_and_misses_undecided():
+    program = _program()
+    transcript = Transcript.from_outcome(program, _outcome([_missed(0.8, 1.0)], error="AssertionError: slow"))
+    assert set(transcript.unproven) == {"speed_test"}
+    assert judge(program, _outcome([_speed(1.3)]), transcript)[0].status == "passed"  # a clear pass is a pass
+    miss = judge(program, _outcome([_missed(0.8, 1.0)], error="AssertionError: slow"), transcript)[0]
+    assert miss.status == "undecided" and "instructor's solution did not clear" in miss.message
+    # but an instructor's run that failed on anything else cannot be graded against
+    with pytest.raises(RuntimeError, match="does not pass its own checks"):
+        Transcript.from_outcome(program, _outcome([_speed(1.6)], error="RuntimeError: boom"))
