@@ -38,12 +38,13 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
-from . import UsageError
+from . import UsageError, classdb
 from .feedback import write_feedback
 from .program import Program, instructor_program, learner_program
 from .release import build_student_version
 from .intake import safe_text
 from .report import CellRow, Row, RowSink, summary_table, write_cells, write_grades
+from .shard import Shard, from_environment, lesson_costs, share
 from .sandbox import CellReport, Outcome, choose_sandbox, run_program
 from .submissions import Submission, find_submissions, stage
 from .verdict import UNDECIDED, CellVerdict, Transcript, judge
@@ -59,6 +60,15 @@ class Settings:
         self.sandbox, self.cell_timeout, self.timeout = sandbox, cell_timeout, timeout
         self.memory_mb, self.device, self.jobs, self.force = memory_mb, device, jobs, force
         self.speed_retries = speed_retries
+
+    @property
+    def device_used(self) -> str:
+        """The device kind whose speed bars apply: what --device says, or what this machine has."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
 
     def child_env(self) -> dict[str, str]:
         env = {"COURSE_DEVICE": self.device} if self.device != "auto" else {}
@@ -92,6 +102,11 @@ class Lesson:
         self.transcript = self._transcript(ws, settings)
 
     def _transcript(self, ws: Workspace, settings: Settings) -> Transcript:
+        # Shards sharing this work folder run the instructor's solution once: the others wait for it.
+        with classdb.exclusive(ws.db_url, ws.root, f"trusted-{self.id}", database=False):
+            return self._transcript_here(ws, settings)
+
+    def _transcript_here(self, ws: Workspace, settings: Settings) -> Transcript:
         import torch
 
         cache = ws.root / "trusted" / f"{self.id}-{self.key[:16]}.pt"
@@ -118,7 +133,9 @@ class Lesson:
             print(f"preparing {self.id}: the instructor's solution did not clear the speed bar of "
                   f"{', '.join(best.unproven)} on this machine (busy?)", flush=True)
         cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"records": best.records, "seconds": best.seconds, "unproven": best.unproven}, cache)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")  # shards may share the work folder
+        torch.save({"records": best.records, "seconds": best.seconds, "unproven": best.unproven}, tmp)
+        os.replace(tmp, cache)
         if best.unproven:  # kept all the same (acceptance reads it); the next grade run measures again
             print(f"warning: {self.id}: the instructor's own solution did not clear the speed bar of "
                   f"{', '.join(best.unproven)} on this machine, even after {1 + settings.speed_retries} runs; "
@@ -150,8 +167,12 @@ def _course_digest() -> bytes:
 def grade(submissions: Path, out: Path, solutions: Path, work: Path, *, lesson: str | None = None,
           db_url: str | None = None, cell_timeout: float = 600, timeout: float = 1800,
           jobs: int = 1, sandbox: str = "auto", memory_mb: float = 4096, device: str = "auto",
-          force: bool = False, speed_retries: int = 1) -> list[Row]:
-    """Grade ``SUBMISSIONS/<student>/<lesson>/`` into ``out``; returns the grades.csv rows."""
+          force: bool = False, speed_retries: int = 1, shard: Shard | None = None) -> list[Row]:
+    """Grade ``SUBMISSIONS/<student>/<lesson>/`` into ``out``; returns the grades.csv rows.
+
+    ``shard`` (default: the one an engine's variables name, else none): grade only this
+    machine's share (``autograder.shard``); its grades.csv and cells.csv go to
+    ``OUT/shards/shard-K-of-N/``, and ``collect`` gathers the class from the gradebook."""
     if device == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -165,24 +186,39 @@ def grade(submissions: Path, out: Path, solutions: Path, work: Path, *, lesson: 
               "this machine's files; rows are flagged 'unconfined'", file=sys.stderr, flush=True)
     lesson_ids = select_lessons(solutions, lesson)
     subs = find_submissions(submissions, lesson_ids, lesson)
+    shard = shard if shard is not None else from_environment()
+    if shard is not None and shard.count > 1:
+        costs = lesson_costs()
+        whole = len(subs)
+        subs = share(subs, shard, key=lambda s: (s.lesson, s.student),
+                     cost=lambda s: costs.get(s.lesson, 60.0))
+        print(f"shard {shard} (from {shard.source}): {len(subs)} of the class's {whole} submissions", flush=True)
+        if not db_url:
+            print("warning: shards that do not share this work folder need one gradebook: pass --db URL "
+                  "(PostgreSQL) to every shard, then `python -m autograder collect --db URL`", file=sys.stderr,
+                  flush=True)
     ws = Workspace(work, db_url=db_url, cell_timeout=int(cell_timeout))
     needed = sorted({s.lesson for s in subs})
     for lesson_id in needed:
         print(f"preparing {lesson_id}: nbgrader generate_assignment", flush=True)
-        build_student_version(ws, solutions, lesson_id, no_db=False)
+        with classdb.exclusive(ws.db_url, ws.root, "prepare"):  # other shards may be doing the same
+            build_student_version(ws, solutions, lesson_id, no_db=False)
     # The instructor runs are independent: with --jobs N, N of them at once.
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         lessons = dict(zip(needed, pool.map(lambda lid: Lesson(ws, lid, settings), needed)))
 
     out.mkdir(parents=True, exist_ok=True)
+    tables = out / "shards" / shard.tag if shard is not None and shard.count > 1 else out
+    tables.mkdir(parents=True, exist_ok=True)
+    shard_name = shard.tag if shard is not None and shard.count > 1 else ""
     db_lock = threading.Lock()
-    sink = RowSink(out)  # rows reach grades.csv/cells.csv as they are decided
+    sink = RowSink(tables)  # rows reach grades.csv/cells.csv as they are decided
     results: dict[int, tuple[Row, list[CellRow], list[CellVerdict]]] = {}
     bar = _progress(len(subs))
 
     def work_one(n: int, sub: Submission, earlier: list[CellVerdict] | None):
         try:
-            return n, grade_one(ws, sub, lessons[sub.lesson], out, settings, db_lock, earlier)
+            return n, grade_one(ws, sub, lessons[sub.lesson], out, settings, db_lock, earlier, shard_name)
         except Exception as exc:  # noqa: BLE001 - one submission's trouble is its own row
             detail = (f"the grader failed while handling this submission ({type(exc).__name__}: "
                       f"{safe_text(str(exc))[:300]}); the others were graded; log: {ws.log('errors')}")
@@ -190,7 +226,7 @@ def grade(submissions: Path, out: Path, solutions: Path, work: Path, *, lesson: 
             (ws.log("errors") / f"{sub.student}-{sub.lesson}.txt").write_text(
                 safe_text(traceback.format_exc()), encoding="utf-8")
             return n, (Row(sub.student, sub.lesson, 0.0, lessons[sub.lesson].max_score, "error", 0, 0.0, 0.0,
-                           "", detail), [], [])
+                           "", detail, settings.device_used), [], [])
 
     def run_batch(todo: list[int], label: str) -> None:
         done = 0
@@ -227,11 +263,14 @@ def grade(submissions: Path, out: Path, solutions: Path, work: Path, *, lesson: 
     sink.close()
     rows = [results[n][0] for n in range(len(subs))]
     cells = [c for n in range(len(subs)) for c in results[n][1]]
-    write_grades(out, rows)
-    write_cells(out, cells)
+    write_grades(tables, rows)
+    write_cells(tables, cells)
     print()
     print(summary_table(rows, cells))
-    print(f"\nwrote {out / 'grades.csv'}, {out / 'cells.csv'} and {out / 'feedback'}/", flush=True)
+    print(f"\nwrote {tables / 'grades.csv'}, {tables / 'cells.csv'} and {out / 'feedback'}/", flush=True)
+    if shard_name:
+        print(f"this was shard {shard}; when every shard is done, gather the class with: python -m autograder "
+              f"collect --out {out}" + (" --db URL" if db_url else f" --work {ws.root}"), flush=True)
     return rows
 
 
@@ -243,7 +282,7 @@ def _progress(total: int):
 
 
 def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, settings: Settings,
-              db_lock: threading.Lock, earlier: list[CellVerdict] | None = None
+              db_lock: threading.Lock, earlier: list[CellVerdict] | None = None, shard_name: str = ""
               ) -> tuple[Row, list[CellRow], list[CellVerdict]]:
     """Grade one submission: its row, its cells' rows and verdicts. ``earlier``: this submission's
     verdicts from a run that left some undecided; every cell decided there keeps its verdict."""
@@ -255,7 +294,7 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
             flags: str = "", seconds: float | None = None) -> Row:
         took = round(time.monotonic() - start, 2) if seconds is None else seconds
         return Row(student, lesson.id, score, lesson.max_score, status, cell_errors, took,
-                   round(peak, 1), flags, detail)
+                   round(peak, 1), flags, detail, settings.device_used)
 
     staged = stage(sub, lesson.notebook)
     if isinstance(staged, tuple):
@@ -264,9 +303,18 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
     raw = staged.raw
     key = _digest(raw, lesson.key.encode())
     cache = ws.root / "results" / student / f"{lesson.id}.json"
-    if not settings.force and cache.exists():
-        saved = json.loads(cache.read_text(encoding="utf-8"))
-        if saved.get("key") == key:
+    saved, page_text = None, None
+    if not settings.force:
+        if cache.exists():
+            saved = json.loads(cache.read_text(encoding="utf-8"))
+        else:  # graded by another shard, or by this one on another machine before it was started again
+            stored = classdb.lookup(ws.db_url, student, lesson.id)
+            saved, page_text = (stored[1], stored[2]) if stored else (None, None)
+        if saved is not None and saved.get("key") == key:
+            page = feedback_dir / saved.get("feedback_name", f"{Path(lesson.notebook).stem}.html")
+            if page_text is not None and not page.exists():
+                page.parent.mkdir(parents=True, exist_ok=True)
+                page.write_text(page_text, encoding="utf-8")
             decided = [CellVerdict(**v) for v in saved.get("verdicts", [])]
             if not any(v.undecided for v in decided):
                 cells = [CellRow(**c) for c in saved["cells"]]
@@ -284,9 +332,11 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
     program = learner_program(lesson.id, lesson.source, lesson.release, staged.notebook)
     if staged.extra:
         program.flag("extra-files", f"shipped beside the notebook, never used: {', '.join(staged.extra)[:200]}")
+    staged_at = time.monotonic()
     outcome = run_program(program.to_message(), judge_setup=program.judge_setup, sandbox=settings.sandbox, cell_timeout=settings.cell_timeout,
                           timeout=settings.timeout, memory_mb=settings.memory_mb,
                           log=ws.log("runs", student, f"{lesson.id}.log"), env=settings.child_env())
+    ran_at = time.monotonic()
     verdicts = _keep_decided(earlier, judge(program, outcome, lesson.transcript))
     for name, what in outcome.flags:
         program.flag(name, what)
@@ -304,22 +354,29 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
                      "no points yet, measured again by the next grade run)")
     flags = ",".join(sorted(program.flags))
     status = {"ok": "graded"}.get(outcome.status, outcome.status)
-    with db_lock:
+    with db_lock, classdb.exclusive(ws.db_url, ws.root, "gradebook"):
         record_in_gradebook(ws, student, lesson, program, verdicts)
-    write_feedback(feedback_dir / f"{Path(lesson.notebook).stem}.html", student, lesson.id, program,
-                   outcome, verdicts, status)
+    page = write_feedback(feedback_dir / f"{Path(lesson.notebook).stem}.html", student, lesson.id, program,
+                          outcome, verdicts, status)
     write_autograded(ws.autograded(student, lesson.id) / lesson.notebook, lesson.source, program, outcome)
     cell_rows = [CellRow(student, lesson.id, Path(lesson.notebook).stem, v.grade_id, v.points, v.max_points,
-                         v.status) for v in verdicts]
+                         v.status, v.reason) for v in verdicts]
     # the submission's own time, net of the pauses while another submission was timed (--jobs)
     result = row(status, "; ".join(n for n in notes if n), score=score, cell_errors=errors,
                  peak=outcome.peak_rss_mb, flags=flags, seconds=outcome.seconds)
     if program.flags:
         (ws.root / "flags").mkdir(exist_ok=True)
         (ws.root / "flags" / f"{student}-{lesson.id}.json").write_text(json.dumps(program.flags, indent=1))
+    # where the time went (benchmarks/grading_overhead.py): vetting, the run (its cells' own time
+    # within it), and deciding, recording and writing the feedback after it
+    timings = {"staging": round(staged_at - start, 3), "run": round(outcome.seconds, 3),
+               "cells": round(sum(c.seconds for c in outcome.cells.values()), 3),
+               "after": round(time.monotonic() - ran_at, 3)}
+    decided = {"key": key, "row": asdict(result), "cells": [asdict(c) for c in cell_rows],
+               "verdicts": [asdict(v) for v in verdicts], "feedback_name": page.name, "timings": timings}
+    classdb.store(ws.db_url, student, lesson.id, key, decided, page.read_text(encoding="utf-8"), shard_name)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({"key": key, "row": asdict(result), "cells": [asdict(c) for c in cell_rows],
-                                 "verdicts": [asdict(v) for v in verdicts]}))
+    cache.write_text(json.dumps(decided))
     return result, cell_rows, verdicts
 
 

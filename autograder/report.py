@@ -22,6 +22,7 @@ class Row:
     peak_rss_mb: float
     flags: str   # comma-separated names of what the submission tried (see docs/grading.md)
     detail: str
+    device: str = ""  # what it was graded on: cpu or cuda (the speed bars differ)
 
 
 @dataclass
@@ -36,6 +37,7 @@ class CellRow:
     score: float
     max_score: float
     verdict: str = "passed"
+    reason: str = ""  # why not, when not passed: one of autograder.verdict.REASONS
 
 
 def _write(path: Path, rows: list, cls) -> None:

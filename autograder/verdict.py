@@ -52,10 +52,43 @@ class CellVerdict:
     max_points: float
     message: str       # why it failed, for the feedback ('' when it passed)
     status: str = FAILED
+    reason: str = ""   # what kind of failure (see REASONS): '' when it passed
 
     @property
     def undecided(self) -> bool:
         return self.status == UNDECIDED
+
+
+#: The kinds of failure, as the instructor's report counts them: a wrong value (checked again by
+#: the parent, or by a check's assert_close), the technique not used (any other failed check), a
+#: speed bar missed, an exception in the learner's code, an exercise never written, a run that
+#: stopped before the cell (its status: timeout, oom, crashed; else "not run"), evidence that was
+#: tampered with or altered.
+REASONS = ("numerics", "structure", "speed", "error", "not written", "timeout", "oom", "crashed", "not run",
+           "tampered", "altered")
+
+
+def reason_of(message: str, status: str, outcome_status: str = "ok") -> str:
+    """The kind of failure a verdict's message names ('' for a pass)."""
+    if status == PASSED:
+        return ""
+    first = message.split("\n", 1)[0]
+    if message.startswith("not graded: the run stopped"):
+        return "not run" if outcome_status in ("ok", "") else outcome_status
+    if message.startswith("not graded: guarded modules were patched"):
+        return "tampered"
+    if "were altered" in first or "is not the lesson's" in first:
+        return "altered"
+    if status == UNDECIDED or any(s in first for s in ("below the bar", "times the instructor's",
+                                                          "measured ratio is not a number")):
+        return "speed"
+    if "is not written yet" in first:
+        return "not written"
+    if first.startswith("checked again by the grader:") or "does not match the reference" in first:
+        return "numerics"
+    if " raised " in first or not first.startswith(("AssertionError", "the check")):
+        return "error"
+    return "structure"
 
 
 class _Undecided(str):
@@ -118,7 +151,7 @@ def judge(program: Program, outcome: Outcome, reference: Transcript) -> list[Cel
                        reference.unproven.get(cell.grade_id))
         status = UNDECIDED if isinstance(why, _Undecided) else FAILED if why else PASSED
         verdicts.append(CellVerdict(cell.grade_id, cell.points if status == PASSED else 0.0, cell.points,
-                                    str(why), status))
+                                    str(why), status, reason_of(str(why), status, outcome.status)))
     return verdicts
 
 

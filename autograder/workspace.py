@@ -113,7 +113,7 @@ class Workspace:
             "# Always run the kernelspec of jupyter/kernels/python3: the grading interpreter.\n"
             "c.Execute.kernel_name = 'python3'\n"
         )
-        (self.root / "nbgrader_config.py").write_text(base + run, encoding="utf-8")
+        atomic_write(self.root / "nbgrader_config.py", base + run)
 
     def _write_kernelspec(self) -> None:
         """A ``python3`` kernelspec that runs this interpreter, found first via JUPYTER_PATH.
@@ -129,7 +129,7 @@ class Workspace:
             "language": "python",
             "metadata": {"debugger": False},
         }
-        (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1) + "\n", encoding="utf-8")
+        atomic_write(spec_dir / "kernel.json", json.dumps(spec, indent=1) + "\n")
 
     def env(self) -> dict[str, str]:
         """The environment of nbgrader calls: our kernelspec first, no user config."""
@@ -188,6 +188,13 @@ class Workspace:
         """
         cmd = [sys.executable, "-m", "autograder.nbgrader_cli", *args]
         return run_limited(cmd, cwd=self.root, env=self.env(), timeout=timeout, log=log)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: shards sharing a work folder read it meanwhile."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _driver(url: str) -> str:

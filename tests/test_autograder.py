@@ -190,7 +190,7 @@ def test_grade_exits_zero_with_one_row_per_submission(graded):
                                            *hostile_cases(None)])
     header = (graded["out"] / "grades.csv").read_text().splitlines()[0]
     assert header == ("student_id,lesson_id,score,max_score,status,cell_errors,seconds,"
-                      "peak_rss_mb,flags,detail")
+                      "peak_rss_mb,flags,detail,device")
     for row in graded["rows"].values():
         assert row["lesson_id"] == LESSON and float(row["max_score"]) == 3
     # one line per submission: no warning from nbgrader's gradebook (it warned three times per row)
@@ -389,8 +389,8 @@ def hostile_cases(course):
     case("h_frames", with_answer(sol(), "add_solution",
          "import sys\ndef add(a, b):\n    sys._getframe(1).f_globals\n    return a + b\n"), 1, {"introspection"})
     case("h_forge_pipe", with_answer(sol(), "add_solution", WRONG_ADD +
-         "import os\nfor fd in range(3, 12):\n    try:\n        os.write(fd, b'\\x00' * 8 + b'forged')\n"
-         "    except OSError:\n        pass\n"), 0, {"tampered"})
+         "import os\nfor fd in sorted(int(f) for f in os.listdir('/proc/self/fd')):\n    if fd < 3:\n        continue\n"
+         "    try:\n        os.write(fd, b'\\x00' * 8 + b'forged')\n    except OSError:\n        pass\n"), 0, {"tampered"})
     # Faults: each costs this submission only, with the points earned before it kept.
     case("h_oom", with_answer(sol(), "mul_solution", "blob = bytearray(3 * 2**30)\n" + RIGHT_MUL), 2, set())
     case("h_crash", with_answer(sol(), "mul_solution", "import os\nos._exit(3)\n"), 2, set())

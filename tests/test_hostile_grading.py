@@ -15,6 +15,8 @@ import threading
 from pathlib import Path
 
 import nbformat
+import time
+
 import pytest
 
 from test_autograder import LESSON, NOTEBOOK, autograder, read_csv, solution_version, student_version, with_answer
@@ -355,6 +357,28 @@ def test_a_right_answer_passes_in_the_judge_and_a_hang_is_interrupted(tmp_path):
     assert out.status == "ok", out
     assert "TimeoutError" in out.cells[2].error and "TimeoutError" in out.cells[4].error, out.cells
     assert out.cells[3].output.strip() == "after lstm_cell"
+
+
+def test_a_process_that_never_takes_the_next_cell_costs_its_run_a_grace_not_the_whole_limit(tmp_path):
+    """A learner's call that swallows the interruption and sleeps on leaves its process inside the
+    served call after the judge's cell has ended: it never starts the next cell. The parent
+    interrupts it again (which frees a process whose interruption landed just before the call
+    began: a race a busy machine produced in CI), then gives up after the grace, naming why,
+    instead of waiting out the submission's whole time limit."""
+    from autograder.sandbox import bwrap_works, run_program
+    from autograder.sandbox.parent import GRACE
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    stubborn = ("import time\ndef lstm_cell(*args):\n    try:\n        time.sleep(600)\n"
+                "    except BaseException:\n        time.sleep(600)\n")
+    cells, setup = _served_program(stubborn)
+    start = time.monotonic()
+    out = run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=2, timeout=600, memory_mb=2000,
+                      log=tmp_path / "log")
+    took = time.monotonic() - start
+    assert out.status == "timeout" and "did not start the next cell" in out.detail, out
+    assert "TimeoutError" in out.cells[2].error
+    assert took < 2 + GRACE + 60, took  # not the 600 s limit
 
 
 def test_references_that_reproduce_exercises_are_the_judges_alone(tmp_path):

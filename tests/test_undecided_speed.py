@@ -16,7 +16,7 @@ import sys
 import nbformat
 import pytest
 
-from tests.test_autograder import _cell, _solution, _tests, read_csv
+from test_autograder import _cell, _solution, _tests, read_csv
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 

@@ -135,3 +135,32 @@ def test_a_bar_the_instructors_solution_missed_here_leaves_the_lesson_gradable_a
     # but an instructor's run that failed on anything else cannot be graded against
     with pytest.raises(RuntimeError, match="does not pass its own checks"):
         Transcript.from_outcome(program, _outcome([_speed(1.6)], error="RuntimeError: boom"))
+
+
+@pytest.mark.parametrize("message, status, outcome, reason", [
+    ("", "passed", "ok", ""),
+    ("checked again by the grader: speed: fast over slow at least 1.05x, below the bar 1.10x", "failed", "ok", "speed"),
+    ("undecided: speed: fast over slow between 1.05x and 1.30x ...", "undecided", "ok", "speed"),
+    ("speed: x: measured at least 9.00x, more than 3 times the instructor's solution", "failed", "ok", "speed"),
+    ("speed: x: the bar used during grading (0x) is not the lesson's (1.1x)", "failed", "ok", "altered"),
+    ("value: the reference computed during grading differs from the instructor's (inputs or references were "
+     "altered); not graded", "failed", "ok", "altered"),
+    ("checked again by the grader: out does not match the reference.\n  max abs error 1", "failed", "ok", "numerics"),
+    ("AssertionError: lstm_cell -> (h, c) does not match the reference.\n  ...", "failed", "ok", "numerics"),
+    ("AssertionError: lstm_cell is not written yet: replace `raise NotImplementedError()`", "failed", "ok",
+     "not written"),
+    ("AssertionError: compiled_layer should be what torch.compile returns, but it is a plain function.",
+     "failed", "ok", "structure"),
+    ("AssertionError: lstm_cell raised RuntimeError: mat1 and mat2 shapes cannot be multiplied", "failed", "ok",
+     "error"),
+    ("NameError: name 'lstm_cell' is not defined", "failed", "ok", "error"),
+    ("the check made 0 comparison(s) here, but 2 on the instructor's solution", "failed", "ok", "structure"),
+    ("not graded: the run stopped before this cell (timeout: 1800 s)", "failed", "timeout", "timeout"),
+    ("not graded: guarded modules were patched before or during this cell (flag 'tampered')", "failed", "ok",
+     "tampered"),
+])
+def test_each_failure_is_named_by_its_kind_for_the_instructors_report(message, status, outcome, reason):
+    from autograder.verdict import REASONS, reason_of
+
+    assert reason_of(message, status, outcome) == reason
+    assert reason in REASONS + ("",)

@@ -271,6 +271,7 @@ class _Proc:
         to_r, self.to_w = os.pipe()
         self.from_r, from_w = os.pipe()
         self.token, self.reader, self.done = token, Reader(), False
+        self.ready = False  # said so after installing its alarm handler: SIGALRM is safe to send from then on
         self.scratch = None
         fds = [str(to_r), str(from_w)]
         if sandbox == "bwrap":
@@ -358,10 +359,17 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     pending = list(cells)  # sent one at a time, each after the previous cell ended
     owner: list[_Proc | None] = [None]  # who runs the cell now
 
+    # The cell sent last, and since when (net seconds) its process has not started it: a process
+    # still inside an interrupted call (an alarm that landed just before the call began) is
+    # interrupted again, until it takes the cell or the grace runs out (see the loop below).
+    waiting: dict = {"index": None, "since": None, "nudges": 0}
+
     def send_next() -> None:
         if not pending:
+            waiting.update(index="done", since=None, nudges=0)
             return
         cell = pending.pop(0)
+        waiting.update(index=cell["index"], since=None, nudges=0)
         if cell.get("served") and judge is not None:
             child.send({"index": cell["index"], "kind": "serve"})
             judge.send({"index": cell["index"], "source": cell["source"]})
@@ -398,6 +406,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     def finished() -> bool:
         return all(p.done for p in procs)
 
+    ended_anyway = False
+
     while True:
         now = net()
         if now - last_poll > 0.2:
@@ -412,6 +422,24 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if holding_since is not None and time.monotonic() - holding_since > TURN_LIMIT:
             status, detail = "timeout", f"held the machine for one measurement longer than {TURN_LIMIT:g} s"
             break
+        # A cell sent but not started (after the first, so that start-up is not counted), or the
+        # end not reached after the last cell: the process is stuck in an interrupted call.
+        started = current is not None and current.index == waiting["index"]
+        if reports and waiting["index"] is not None and not started and not finished():
+            waiting["since"] = now if waiting["since"] is None else waiting["since"]
+            stuck = now - waiting["since"]
+            if stuck > cell_timeout + GRACE:
+                if waiting["index"] == "done":
+                    ended_anyway = True  # every cell has its report: stop waiting for the goodbye
+                    break
+                status, detail = "timeout", (f"the notebook's process did not start the next cell within "
+                                             f"{cell_timeout + GRACE:g} s (stuck in an interrupted call)")
+                break
+            if stuck > cell_timeout * (waiting["nudges"] + 1):
+                waiting["nudges"] += 1
+                for p in procs:
+                    if p.ready and not p.done:  # (before its handler, SIGALRM would end the process)
+                        signal_tree(p.proc.pid, signal.SIGALRM, only=is_python)
         if current is not None and not current.finished:
             if not interrupted and now - cell_started > cell_timeout:
                 interrupted = True  # the cell raises a timeout error (in the judge and the learner's process)
@@ -474,6 +502,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         signal_tree(child.proc.pid, signal.SIGCONT)
                     elif kind == protocol.DONE:
                         source.done = True
+                    elif kind == protocol.READY:
+                        source.ready = True
                 except (ProtocolError, KeyError, TypeError, ValueError) as exc:
                     why = str(exc) if isinstance(exc, ProtocolError) else f"a malformed message ({type(exc).__name__})"
                     flags.append(("tampered", f"the grading pipe carried {why}"))
@@ -489,7 +519,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         TURNS.end(clock)
     TURNS.remove(clock)
     clock.resume()
-    done = finished()
+    done = finished() or ended_anyway
     if done and not status:
         try:
             child.proc.wait(timeout=10)
