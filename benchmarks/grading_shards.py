@@ -52,7 +52,25 @@ def write_rate(db: str, shards: int, rows: int = 200) -> float:
         p.start()
     for p in procs:
         p.join()
-    return shards * rows / (time.perf_counter() - start)
+    took = time.perf_counter() - start
+    if any(p.exitcode != 0 for p in procs):
+        raise SystemExit("a gradebook writer failed (see above)")
+    return shards * rows / took
+
+
+def _fresh_database(url: str, n: int) -> str:
+    """A new, empty database on the server of ``url`` (each shard count grades from scratch)."""
+    import psycopg2
+
+    name = f"grading_shards_{n}_{os.getpid()}"
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    conn.cursor().execute(f"DROP DATABASE IF EXISTS {name}")
+    conn.cursor().execute(f"CREATE DATABASE {name}")
+    conn.close()
+    from autograder.workspace import _driver
+
+    return _driver(url.rsplit("/", 1)[0] + "/" + name)  # the driver the grader itself uses
 
 
 def main(argv=None) -> int:
@@ -60,7 +78,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lesson", default="04_forward_ad")
     parser.add_argument("--copies", type=int, default=6, help="submissions (the instructor's solution, copied)")
     parser.add_argument("--shards", default="1,2,3")
-    parser.add_argument("--db", default=None, help="a PostgreSQL URL (default: one SQLite file)")
+    parser.add_argument("--db", default=None,
+                        help="a PostgreSQL server URL: a fresh database is made on it per shard count (default: "
+                             "one SQLite file per shard count)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     from course.doctor import machine_name
@@ -74,7 +94,7 @@ def main(argv=None) -> int:
     results = {"lesson": args.lesson, "copies": args.copies, "machine": machine_name(), "cores": os.cpu_count(),
                "date": time.strftime("%Y-%m-%d"), "runs": {}}
     for n in [int(x) for x in args.shards.split(",")]:
-        db = args.db or f"sqlite:///{tmp / f'class-{n}.db'}"
+        db = _fresh_database(args.db, n) if args.db else f"sqlite:///{tmp / f'class-{n}.db'}"
         start = time.monotonic()
         procs = [_grade(subs, tmp / f"out-{n}", tmp / f"work-{n}-{k}", db, f"{k}/{n}" if n > 1 else None)
                  for k in range(1, n + 1)]
