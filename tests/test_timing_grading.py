@@ -60,6 +60,23 @@ def test_a_candidate_that_memoises_its_inputs_never_hits_its_cache():
     assert hits == [] and a is not None
 
 
+def noisy_report(rng, true_ratio: float, rounds: int, *, stalls: str) -> "SpeedReport":
+    """Simulated rounds of a candidate ``true_ratio`` times as fast as the baseline, each side with
+    10% noise, and a quarter of the rounds with one side (``stalls``) stalled 1-5x by other work."""
+    base, cand = [], []
+    for _ in range(rounds):
+        b = 1.0 * rng.lognormvariate(0, 0.1)
+        c = b / (true_ratio * rng.lognormvariate(0, 0.1))
+        if rng.random() < 0.25:
+            if stalls == "baseline":
+                b *= rng.uniform(1, 5)
+            else:
+                c *= rng.uniform(1, 5)
+        base.append(b)
+        cand.append(c)
+    return report(base, cand)
+
+
 def test_a_slower_candidate_never_passes_however_noisy_the_rounds():
     """1000 simulated measurements of a candidate truly 0.9x as fast as the baseline, with a quarter
     of the rounds corrupted in its favour (the baseline stalled 1-5x by other work): the verdict
@@ -67,17 +84,7 @@ def test_a_slower_candidate_never_passes_however_noisy_the_rounds():
     import random
 
     rng = random.Random(1234)
-
-    def simulated(true_ratio, rounds):
-        base, cand = [], []
-        for _ in range(rounds):
-            b = 1.0 * rng.lognormvariate(0, 0.1)
-            c = b / (true_ratio * rng.lognormvariate(0, 0.1))
-            if rng.random() < 0.25:
-                b *= rng.uniform(1, 5)  # a stalled baseline round
-            base.append(b)
-            cand.append(c)
-        return report(base, cand)
+    simulated = lambda true_ratio, rounds: noisy_report(rng, true_ratio, rounds, stalls="baseline")  # noqa: E731
 
     passes_slow = sum(simulated(0.9, rng.choice([7, 9, 14, 28])).speedup("fast").bound >= 1.0 for _ in range(1000))
     passes_fast = sum(simulated(1.5, 14).speedup("fast").bound >= 1.0 for _ in range(200))
@@ -95,15 +102,7 @@ def test_a_right_answer_is_not_failed_however_noisy_the_rounds():
     rng = random.Random(4321)
 
     def simulated(true_ratio, rounds):
-        base, cand = [], []
-        for _ in range(rounds):
-            b = 1.0 * rng.lognormvariate(0, 0.1)
-            c = b / (true_ratio * rng.lognormvariate(0, 0.1))
-            if rng.random() < 0.25:
-                c *= rng.uniform(1, 5)  # a stalled candidate round
-            base.append(b)
-            cand.append(c)
-        return report(base, cand).speedup("fast").verdict(1.4)
+        return noisy_report(rng, true_ratio, rounds, stalls="candidate").speedup("fast").verdict(1.4)
 
     right = [simulated(1.5, rng.choice([7, 14, 28])) for _ in range(1000)]
     assert right.count("fail") == 0 and right.count("pass") > 0
