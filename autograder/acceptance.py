@@ -55,6 +55,9 @@ PLANTED = {
     "06_vmap_ensembles": ("return F.cross_entropy(logits, y_i.unsqueeze(0))",
                           "return F.cross_entropy(logits, y_i.unsqueeze(0)) / x.shape[0]",
                           {"test_psg_vmap", "test_psg_speed"}),
+    "07_broadcasting_indexing_higher_order": ("    return out.index_add_(0, index, values)",
+                                              "    out[index] += values\n    return out",
+                                              {"test_segment_sum", "test_segment_speed"}),
 }
 
 #: The benchmark of each lesson (benchmarks/<script>), run at the device's size.
@@ -65,6 +68,7 @@ BENCHMARKS = {
     "04_forward_ad": "forward_ad.py",
     "05_jacobians_hessians": "jacobians.py",
     "06_vmap_ensembles": "vmap.py",
+    "07_broadcasting_indexing_higher_order": "broadcasting.py",
 }
 
 SUBMISSIONS = ("perfect", "untouched", "planted")

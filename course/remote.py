@@ -335,7 +335,9 @@ class Remote:
         the checksums of its outputs (``len(seeds)`` x 2): the call the judge times."""
         reply = self._link.request({"op": "block", "name": self.__name__, "handle": handle,
                                     "factory": factory_name, "sizes": dict(sizes), "seeds": list(seeds),
-                                    "device": device, "grad_mode": bool(grad)})
+                                    "device": device, "grad_mode": bool(grad),
+                                    # the CPU threads the judge's side runs with: the learner's side the same
+                                    "threads": torch.get_num_threads()})
         if not (isinstance(reply, torch.Tensor) and reply.dtype == torch.float64
                 and tuple(reply.shape) == (len(seeds), 2)):
             raise RemoteError("the learner's process sent checksums of the wrong kind or number")
@@ -630,13 +632,15 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
         staged[len(staged)] = list(message["constants"])
         return len(staged) - 1
     if op == "block":
-        from course.devices import synchronize
+        from course.devices import synchronize, threads
 
         fn, make = namespace[name], FACTORIES[message["factory"]]
         device, constants = message["device"], [_arrive(t, message["device"]) if isinstance(t, torch.Tensor) else t
                                                 for t in staged[message["handle"]]]
         sums = []
-        with torch.set_grad_enabled(message.get("grad_mode") is True):
+        n = message.get("threads")
+        pinned = n if device == "cpu" and type(n) is int and 1 <= n <= 4096 else None
+        with torch.set_grad_enabled(message.get("grad_mode") is True), threads(pinned):
             for seed in message["seeds"]:
                 args = make(seed, device=device, **message["sizes"])
                 with answering():

@@ -64,6 +64,10 @@ WRONG = {
     "autograd.grad of a non-scalar": (lambda a: torch.autograd.grad(a * 2, a), (leaf,)),
     "autograd: the graph was freed": (lambda a: [torch.autograd.grad(y, a) for y in [(a * a).sum()] * 2], (leaf,)),
     "shapes do not broadcast": (lambda a: a + torch.randn(5), (torch.randn(3, 4),)),
+    "autograd.grad: the input needs a gradient": (lambda a: torch.autograd.grad((a * a).sum(), a), (x,)),
+    "scatter: the index's dimensions": (lambda a: torch.zeros(4, 3).scatter_reduce(0, torch.tensor([0, 1, 1]), a,
+                                                                                  reduce="amax"), (x,)),
+    "in place on a leaf that requires grad": (lambda a: a.index_add_(0, torch.tensor([0]), torch.ones(1)), (leaf,)),
 }
 
 

@@ -151,6 +151,8 @@ def test_lesson_1_a_traced_layer_silently_keeps_the_examples_length(rnn_solution
     ("04_forward_ad", "speed_bars"), ("05_jacobians_hessians", "vmap_bars"), ("05_jacobians_hessians", "mode_bars"),
     ("06_vmap_ensembles", "ensemble_bars"), ("06_vmap_ensembles", "psg_bars"), ("03_channels_last", "speed_bars"),
     ("01_custom_rnns", "speed_bars"), ("02_fx_transforms", "speed_bars"),
+    ("07_broadcasting_indexing_higher_order", "distance_bars"), ("07_broadcasting_indexing_higher_order", "segment_bars"),
+    ("07_broadcasting_indexing_higher_order", "penalty_bars"),
 ])
 def test_the_prose_states_the_bars_the_code_applies(lesson_id, variable):
     """A bar changed in a test cell and not in the text (or the reverse) fails here: every bar of
@@ -277,3 +279,84 @@ def test_lesson_5_which_transforms_take_argnums():
     for name in ("vjp", "jvp"):
         assert "argnums" not in inspect.signature(getattr(tf, name)).parameters, name
     assert "`vjp` and `jvp` differentiate with respect to every primal" in prose("05_jacobians_hessians")
+
+
+L7 = "07_broadcasting_indexing_higher_order"
+
+
+def test_lesson_7_what_broadcasting_and_indexing_do():
+    text = prose(L7)
+    # a repeated index in `x[idx] += 1` counts once; accumulate=True and bincount count all
+    idx = torch.tensor([1, 1, 1, 3])
+    naive = torch.zeros(5)
+    naive[idx] += 1
+    assert naive.tolist() == [0, 1, 0, 1, 0]
+    assert torch.zeros(5).index_put_((idx,), torch.ones(4), accumulate=True).tolist() == [0, 3, 0, 1, 0]
+    assert "**it is counted once**" in text
+    # expand is a stride-0 view that cannot be written in place; repeat copies
+    col = torch.arange(3.0).reshape(3, 1)
+    e = col.expand(3, 4)
+    assert e.stride() == (1, 0) and e.data_ptr() == col.data_ptr() and col.repeat(1, 4).stride() == (4, 1)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        e.add_(1)
+    assert "stride along the stretched dimension is **0**" in text
+    # advanced indexing copies
+    t = torch.arange(12.0).reshape(4, 3)
+    assert t[torch.tensor([0, 1])].data_ptr() != t.data_ptr()
+    # F.mse_loss warns about (N, 1) against (N,); the arithmetic broadcasts to N x N without a word
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        F.mse_loss(torch.zeros(4, 1), torch.zeros(4))
+    assert any(issubclass(w.category, UserWarning) and "broadcasting" in str(w.message) for w in caught)
+    assert (torch.zeros(4, 1) - torch.zeros(4)).shape == (4, 4)
+    assert "`F.mse_loss` warns about it (a `UserWarning`" in text
+    # scatter_reduce_ includes the output's own values unless include_self=False
+    out = torch.zeros(2).scatter_reduce(0, torch.tensor([0, 0]), torch.tensor([-1.0, -2.0]), reduce="amax")
+    assert out.tolist() == [0, 0]
+    out = torch.zeros(2).scatter_reduce(0, torch.tensor([0, 0]), torch.tensor([-1.0, -2.0]), reduce="amax",
+                                        include_self=False)
+    assert out.tolist() == [-1, 0]
+    assert "By default (`True`) the output's existing values take part" in text
+
+
+def test_lesson_7_what_second_derivatives_need():
+    from torch.autograd.function import once_differentiable
+    from torch.autograd.gradcheck import GradcheckError
+
+    text = prose(L7)
+    # log1p(exp(x)) overflows near 89 (float32) and 710 (float64)
+    for dtype, fine, over in ((torch.float32, 88.0, 89.0), (torch.float64, 709.0, 710.0)):
+        assert torch.isfinite(torch.log1p(torch.exp(torch.tensor(fine, dtype=dtype))))
+        assert torch.isinf(torch.log1p(torch.exp(torch.tensor(over, dtype=dtype))))
+    assert "`x = 89` in float32 and `710` in float64" in text
+
+    class Once(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return F.softplus(x)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0])
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return g * torch.sigmoid(x)
+
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(Once.apply, (x,))
+    g, = torch.autograd.grad(Once.apply(x).sum(), x, create_graph=True)
+    assert not g.requires_grad
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        torch.autograd.grad(g.sum(), x)
+    with pytest.raises(GradcheckError, match="Jacobian mismatch"):
+        torch.autograd.gradgradcheck(Once.apply, (x,))
+    assert "passes the first and fails the second" in text and "carries no graph" in text
+    # without create_graph the gradient is a constant: a penalty made from it has no graph
+    w = torch.randn(3, requires_grad=True)
+    xs = torch.randn(5, 3, requires_grad=True)
+    g, = torch.autograd.grad(torch.tanh(xs @ w).sum(), xs)
+    assert not ((g.norm(dim=1) - 1) ** 2).mean().requires_grad
+    assert "Without `create_graph=True`, `g` is a constant" in text

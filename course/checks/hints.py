@@ -58,6 +58,19 @@ HINTS: list[tuple[str, re.Pattern, str]] = [(name, re.compile(pattern, re.S), hi
      r"Trying to backward through the graph a second time",
      "the first backward pass freed the graph. Pass retain_graph=True to every autograd.grad (or backward) "
      "on the same graph but the last."),
+    ("autograd.grad: the input needs a gradient",
+     r"element 0 of tensors does not require grad and does not have a grad_fn|One of the differentiated Tensors "
+     r"does not require grad",
+     "autograd.grad(y, x) differentiates with respect to x only if x required a gradient before y was computed: "
+     "x = x.detach().requires_grad_() first (a fresh leaf), then compute y from it."),
+    ("scatter: the index's dimensions",
+     r"Index tensor must have the same number of dimensions as (self|src) tensor",
+     "scatter and scatter_reduce take an index with the shape of src, one target row per element: expand a "
+     "per-row index across the features, index[:, None].expand_as(src)."),
+    ("in place on a leaf that requires grad",
+     r"a leaf Variable that requires grad is being used in an in-place operation",
+     "an in-place op (index_add_, +=, [...] =) wrote into an input that requires a gradient. Write into a new "
+     "tensor made for the output (values.new_zeros(...)), or use the out-of-place form (index_add)."),
     ("shapes do not broadcast",
      r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at non-singleton dimension",
      "the shapes do not broadcast (compare them from the right: each pair of sizes must be equal or 1). "

@@ -1,0 +1,717 @@
+"""Checks for lesson 07_broadcasting_indexing_higher_order: the broadcasting rule by hand, a loss
+that refuses the ``(N, 1)`` against ``(N,)`` trap, pairwise squared distances without an
+``(N, M, D)`` intermediate, segment sums and maxima with repeated indices, a gradient penalty (by
+``autograd.grad(create_graph=True)`` and by ``torch.func``), a custom ``autograd.Function`` whose
+backward is itself differentiable, and the measured speedups over the loops and broadcasts a
+first version would write.
+
+Every check is ``SERVED``: under the grader it runs in the judge, and the learner's functions are
+called across the boundary on inputs the check chose (from ``seed``; the critic crosses as its
+recipe). Where a gradient matters the judge takes it itself, through the learner's outputs
+(:mod:`course.remote`), except the gradient of a penalty with respect to the critic's weights,
+which live in the learner's process: that one a course probe computes there, and the judge compares
+it with its own reference. A wrong answer that matches a known mistake is named (``_name_mistake``).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from course.broadcasting import (_timing_critic, critic, loop_penalty, loop_segment_sum, naive_sq_dists, points,
+                                 random_graph, with_copies)
+from course.checks.common import call, ok, record
+from course.data import generator
+from course.devices import pick_device, threads
+from course.grading import best_of, expect_speedup, speed_bar
+from course.guard import reference
+from course.numerics import assert_close, describe
+from course.remote import factory, is_remote, mirrored, probe, prober
+from course.timing import SpeedReport, compare_served
+
+__all__ = ["check_broadcast_shape", "check_distance_speed", "check_gradient_penalty", "check_mse",
+           "check_pairwise_sq_dists", "check_penalty_func", "check_penalty_speed", "check_segment_max",
+           "check_segment_speed", "check_segment_sum", "check_softplus", "penalty_reference", "segment_max_reference"]
+
+SERVED = ("check_broadcast_shape", "check_mse", "check_pairwise_sq_dists", "check_distance_speed",
+          "check_segment_sum", "check_segment_speed", "check_segment_max", "check_gradient_penalty",
+          "check_penalty_func", "check_penalty_speed", "check_softplus")
+
+F64 = torch.float64
+TIGHT = dict(rtol=1e-9, atol=1e-12)
+
+
+def _close(a: Any, b: torch.Tensor, **tol) -> bool:
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape
+            and torch.allclose(a.detach().to(b.dtype), b, **(tol or dict(rtol=1e-7, atol=1e-9))))
+
+
+def _name_mistake(label: str, got: Any, want: torch.Tensor, variants: Mapping[str, torch.Tensor], **tol) -> None:
+    """Raise naming the mistake when ``got`` is not ``want`` but equals the result of one of
+    ``variants`` (on inputs where a variant gives the right answer, nothing is named)."""
+    if _close(got, want, **tol):
+        return
+    for mistake, result in variants.items():
+        if _close(result, want, **tol):
+            continue
+        if _close(got, result, **tol):
+            raise AssertionError(f"{label} is wrong; it looks as if {mistake}.")
+
+
+def _outcome(fn: Callable, args: tuple, label: str) -> tuple[BaseException | None, Any]:
+    """``(the learner's exception, None)`` when ``fn`` raised ValueError or RuntimeError, else
+    ``(None, what it returned)``; the stub and other errors become the usual messages."""
+    try:
+        return None, call(fn, *args, name=label)
+    except AssertionError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, (ValueError, RuntimeError)) or type(cause).__name__ in ("ValueError", "RuntimeError"):
+            return cause, None
+        raise
+
+
+def _raised(fn: Callable, args: tuple, label: str) -> BaseException | None:
+    return _outcome(fn, args, label)[0]
+
+
+# -- 1. broadcasting by hand ---------------------------------------------------------------------
+
+FIXED_PAIRS = [((3, 1), (4,)), ((5, 1, 4), (3, 1)), ((), (2, 3)), ((1,), ()), ((0,), (1,)), ((2, 0), (1, 0)),
+               ((8, 1, 6, 1), (7, 1, 5)), ((3,), (4,)), ((2, 1), (8, 4, 3)), ((1, 1, 1), (2,)), ((0,), (2,)),
+               ((4, 3), (3, 4))]
+
+
+def _left_aligned(a: tuple, b: tuple) -> tuple | None:
+    """The broadcast shape if sizes were matched from the left (the usual mistake)."""
+    n = max(len(a), len(b))
+    a2, b2 = tuple(a) + (1,) * (n - len(a)), tuple(b) + (1,) * (n - len(b))
+    out = []
+    for x, y in zip(a2, b2):
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
+def _random_pairs(seed: int, n: int) -> list[tuple[tuple, tuple]]:
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        out = [rng.choice([1, 2, 3, 5, 7]) for _ in range(rng.randint(0, 5))]
+        a = [rng.choice([s, 1]) for s in out[rng.randint(0, len(out)):]] if out else []
+        b = [rng.choice([s, 1]) for s in out[rng.randint(0, len(out)):]] if out else []
+        if rng.random() < 0.3 and (a or b):  # spoil one size: must raise
+            target = a if a and (not b or rng.random() < 0.5) else b
+            i = rng.randrange(len(target))
+            target[i] = target[i] + rng.choice([2, 4]) if target[i] != 1 else 4
+        pairs.append((tuple(a), tuple(b)))
+    return pairs
+
+
+def _expected_shape(a: tuple, b: tuple) -> tuple | None:
+    try:
+        return tuple(torch.broadcast_shapes(a, b))
+    except RuntimeError:
+        return None
+
+
+def check_broadcast_shape(broadcast_shape: Callable, *, seed: int = 0, n: int = 30) -> None:
+    """``broadcast_shape(a, b)`` is the shape two tensors of shapes ``a`` and ``b`` broadcast to,
+    as ``torch.broadcast_shapes`` says, on fixed and random pairs (``seed``); for pairs that do
+    not broadcast it raises ``ValueError`` (``RuntimeError`` accepted, as torch raises)."""
+    label = "broadcast_shape"
+    pairs = FIXED_PAIRS + _random_pairs(seed, n)
+    agreed = 0
+    for a, b in pairs:
+        want = _expected_shape(a, b)
+        case = f"{label}({a}, {b})"
+        raised, got = _outcome(broadcast_shape, (a, b), case)
+        if want is None:
+            if raised is None:
+                raise AssertionError(
+                    f"{case} returned {describe(got)}, but these shapes do not broadcast: compared from the right, "
+                    "a pair of sizes that differ must have a 1 on one side. Raise ValueError for such a pair.")
+            agreed += 1
+            continue
+        left = _left_aligned(a, b)
+        why = (" Shapes are aligned on their *last* dimension (the shorter one is padded with 1s in front); "
+               f"matching them from the *left* gives {'an error' if left is None else left} here."
+               if left != want else "")
+        if raised is not None:
+            raise AssertionError(f"{case} raised {type(raised).__name__} ({str(raised)[:200]}), but these shapes "
+                                 f"broadcast to {want}.{why}")
+        if not (isinstance(got, (tuple, list)) and all(type(s) is int for s in got)):
+            raise AssertionError(f"{case} should return the shape as a tuple of ints, got {describe(got)}.")
+        if tuple(got) != want:
+            if not why and any(w == 0 and g == 1 for w, g in zip(want, tuple(got)[-len(want):])):
+                why = " A size 1 stretches to the other size, 0 included: 1 against 0 gives 0 (an empty dimension)."
+            raise AssertionError(f"{case} returned {tuple(got)}; torch broadcasts them to {want}.{why}")
+        agreed += 1
+    record(torch.tensor(float(agreed)), torch.tensor(float(len(pairs))), name=f"{label}: pairs that agree with torch")
+    ok(f"{label} agrees with torch.broadcast_shapes on {len(pairs)} pairs, and raises where they do not "
+       f"broadcast (seed {seed})")
+
+
+# -- 2. the (N, 1) against (N,) loss ---------------------------------------------------------------
+
+def check_mse(mse: Callable, *, seed: int = 0, n: int = 7, device=None) -> None:
+    """``mse(pred, target)``: the mean squared error of ``n`` predictions, where either of
+    ``pred`` and ``target`` may have shape ``(n,)`` or ``(n, 1)``; a scalar that equals
+    ``((pred.flatten() - target.flatten()) ** 2).mean()`` with its gradient; any other pair of
+    shapes (which would broadcast into something else, or not at all) raises ``ValueError``."""
+    dev = pick_device(device)
+    label = "mse"
+    g = generator(seed)
+    pred64 = torch.randn(n, generator=g, dtype=F64).to(dev)
+    target64 = torch.randn(n, generator=g, dtype=F64).to(dev)
+    want = ((pred64 - target64) ** 2).mean()
+    for p_shape, t_shape in (((n, 1), (n,)), ((n,), (n,)), ((n, 1), (n, 1)), ((n,), (n, 1))):
+        p = pred64.reshape(p_shape).clone().requires_grad_()
+        t = target64.reshape(t_shape).clone()
+        case = f"{label}(pred of shape {p_shape}, target of shape {t_shape})"
+        got = call(mse, p, t, name=case)
+        if isinstance(got, torch.Tensor) and got.dim() != 0:
+            raise AssertionError(f"{case} should return a scalar (a 0-dimensional tensor), got shape "
+                                 f"{tuple(got.shape)}.")
+        _name_mistake(case, got, want, {
+            "pred and target were broadcast against each other: (n, 1) - (n,) is an (n, n) matrix of every "
+            "prediction minus every target, and its mean is not the loss (reshape both to (n,) first)":
+                ((pred64[:, None] - target64[None, :]) ** 2).mean(),
+            "the squared errors were summed, not averaged": ((pred64 - target64) ** 2).sum()})
+        assert_close(got, want, name=case, **TIGHT, hint="flatten both to (n,) (pred.reshape(-1)), then "
+                     "((pred - target) ** 2).mean().")
+        if not (isinstance(got, torch.Tensor) and got.requires_grad):
+            raise AssertionError(f"{case} carries no gradient back to pred: compute it with tensor operations "
+                                 "(no .item(), .detach() or torch.no_grad()).")
+        dp, = torch.autograd.grad(got, p)
+        assert_close(dp, (2 * (pred64 - target64) / n).reshape(p_shape), name=f"the gradient of {case}", **TIGHT)
+    def interpretable(shape: tuple) -> bool:
+        return shape == (n,) or shape == (n, 1)
+
+    for p_shape, t_shape in (((n, 2), (n,)), ((n,), (n + 1,)), ((1, n), (n,)), ((n, 1, 1), (n,))):
+        if interpretable(p_shape) and interpretable(t_shape):  # (1, n) is (n, 1) when n == 1
+            continue
+        p = torch.zeros(p_shape, dtype=F64, device=dev)
+        t = torch.zeros(t_shape, dtype=F64, device=dev)
+        case = f"{label}(pred of shape {p_shape}, target of shape {t_shape})"
+        if _raised(mse, (p, t), case) is None:
+            raise AssertionError(f"{case} returned a value; these shapes are neither (n,) nor (n, 1) with the same n, "
+                                 "and a loss computed from them would quietly be wrong. Raise ValueError, naming "
+                                 "both shapes.")
+    ok(f"{label} gives the mean squared error and its gradient for (n,) and (n, 1) in every combination, and "
+       f"refuses shapes that would broadcast into a wrong loss (n={n}, seed {seed})")
+
+
+# -- 3. pairwise squared distances -----------------------------------------------------------------
+
+@reference
+def sq_dists_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``|a_i - b_j|^2`` in float64, from the differences (no cancellation)."""
+    a, b = a.to(F64), b.to(F64)
+    return ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)
+
+
+def _dist_tolerance(a: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    """What the identity may honestly lose: a few units of rounding of ``|a|^2 + |b|^2`` (the
+    sizes of the terms that cancel), per pair."""
+    scale = (a.to(F64) ** 2).sum(1)[:, None] + (b.to(F64) ** 2).sum(1)[None, :]
+    return 8 * eps * (scale + 1.0)
+
+
+def check_pairwise_sq_dists(pairwise_sq_dists: Callable, *, seed: int = 0, n: int = 12, m: int = 9, d: int = 5,
+                            device=None) -> None:
+    """``pairwise_sq_dists(a, b)``: the ``(N, M)`` matrix of ``|a_i - b_j|^2`` for ``a`` of shape
+    ``(N, D)`` and ``b`` of shape ``(M, D)``, never negative, with its gradients; on points near the
+    origin and far from it, with some pairs at distance exactly 0, in float64 and float32. The
+    error allowed is what the matrix-product identity honestly loses: a few roundings of
+    ``|a_i|^2 + |b_j|^2``. Any method passes here; Exercise 4 times it."""
+    dev = pick_device(device)
+    label = "pairwise_sq_dists"
+    cases = [(dtype, eps, offset, n, m, 3) for dtype, eps in ((F64, 2.0 ** -52), (torch.float32, 2.0 ** -23))
+             for offset in (0.0, 20.0)]
+    # and every point of b a copy of one of a's, far from the origin: an identity without a clamp goes
+    # below 0 somewhere here on every seed tried
+    cases.append((torch.float32, 2.0 ** -23, 20.0, 32, 32, 1))
+    for dtype, eps, offset, rows, cols, every in cases:
+        a = points(rows, d, seed=seed, offset=offset, device=dev, dtype=dtype)
+        b = with_copies(a, points(cols, d, seed=seed + 1, offset=offset, device=dev, dtype=dtype), every=every)
+        want = sq_dists_reference(a, b)
+        name = f"{label} ({str(dtype).replace('torch.', '')}, points {offset:g} from the origin)"
+        ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
+        with mirrored(pairwise_sq_dists):
+            got = call(pairwise_sq_dists, ag, bg, name=label)
+        if not torch.equal(ag.detach(), a) or not torch.equal(bg.detach(), b):
+            raise AssertionError(f"{label} changed its inputs in place; leave a and b as they are.")
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != (rows, cols):
+            raise AssertionError(f"{name} should be a tensor of shape ({rows}, {cols}), got {describe(got)}.")
+        if got.dtype != dtype:
+            raise AssertionError(f"{name} has dtype {got.dtype}; keep the inputs' dtype {dtype}.")
+        if bool((got < 0).any()):
+            worst = float(got.detach().min())
+            raise AssertionError(
+                f"{name} has {int((got < 0).sum())} negative values (the smallest {worst:.3g}); a squared "
+                "distance is never negative. For identical points |a|^2 + |b|^2 - 2 a.b cancels to a "
+                "rounding error of either sign: clamp the result at 0 (.clamp_min(0)).")
+        err = (got.detach().to(F64) - want).abs()
+        allowed = _dist_tolerance(a, b, eps)
+        if bool((err > allowed).any()):
+            i, j = divmod(int((err - allowed).argmax()), cols)
+            raise AssertionError(
+                f"{name} differs from |a_i - b_j|^2 at [{i}, {j}]: {float(got.detach()[i, j]):.9g} instead of "
+                f"{float(want[i, j]):.9g} (error {float(err[i, j]):.3g}, allowed {float(allowed[i, j]):.3g}: a few "
+                "roundings of |a_i|^2 + |b_j|^2).\n  Hint: (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - "
+                "2 * a @ b.T, then .clamp_min(0).")
+        assert_close(got.detach().to(F64), want, name=name, rtol=0, atol=float(allowed.max()))
+        if not got.requires_grad:
+            raise AssertionError(f"{name} carries no gradient to a and b: use tensor operations only.")
+        w = torch.randn(rows, cols, generator=generator(seed + 2), dtype=F64).to(dev)
+        ga, gb = torch.autograd.grad((got.to(F64) * w).sum(), (ag, bg), allow_unused=True)
+        if ga is None or gb is None:
+            raise AssertionError(f"{name}: no gradient reaches {'a' if ga is None else 'b'}.")
+        a64, b64 = a.to(F64).requires_grad_(), b.to(F64).requires_grad_()
+        ra, rb = torch.autograd.grad((sq_dists_reference(a64, b64) * w).sum(), (a64, b64))
+        grad_tol = dict(rtol=1e-9, atol=1e-9) if dtype == F64 else dict(rtol=1e-3, atol=1e-3 * (1 + offset))
+        assert_close(ga.to(F64), ra, name=f"the gradient of {name} w.r.t. a", **grad_tol)
+        assert_close(gb.to(F64), rb, name=f"the gradient of {name} w.r.t. b", **grad_tol)
+    ok(f"{label} gives every squared distance, never negative, with its gradients, in float64 and float32, near "
+       f"and far from the origin (N={n}, M={m}, D={d}, seed {seed})")
+
+
+@factory
+def distance_inputs(seed: int, *, device: str, n: int, m: int, d: int) -> tuple:
+    """Fresh ``(a, b)`` (float32) for one timed call of the distance speed check."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g).to(device), torch.randn(m, d, generator=g).to(device)
+
+
+def check_distance_speed(pairwise_sq_dists: Callable, *, bars: Mapping[str, float], n: int, m: int, d: int,
+                         num_threads: int | None = None, rounds: int = 9, min_run_time: float = 0.2,
+                         attempts: int = 3, device=None) -> SpeedReport:
+    """``pairwise_sq_dists`` is at least ``bars[device]`` times as fast as the course's broadcast
+    (an ``(N, M, D)`` difference), side by side on fresh points, every output checked."""
+    dev = pick_device(device)
+    a, b = distance_inputs(12345, device=str(dev), n=min(n, 64), m=min(m, 64), d=d)
+    with torch.no_grad():
+        got = call(pairwise_sq_dists, a, b, name="pairwise_sq_dists")
+        assert_close(got, naive_sq_dists(a, b), name="pairwise_sq_dists on points like the timed ones",
+                     rtol=1e-4, atol=1e-3, hint="the timed function must be right before it is fast.")
+    bar = speed_bar(bars, dev)
+    with threads(num_threads if dev.type == "cpu" else None):
+        report = best_of(lambda: compare_served(("broadcast", naive_sq_dists), ("yours", pairwise_sq_dists),
+                                                factory=distance_inputs, sizes=dict(n=n, m=m, d=d), device=dev,
+                                                rounds=rounds, min_run_time=min_run_time, until=bar, rtol=1e-3),
+                         "yours", bar, attempts)
+    report.show()
+    expect_speedup(report, "yours", over="broadcast", bars=bars,
+                   hint="an (N, M, D) intermediate is what makes the broadcast slow: the identity |a|^2 + |b|^2 - "
+                        "2 a @ b.T never builds one (a matrix product does the heavy part).")
+    return report
+
+
+# -- 4. segment sums and maxima ----------------------------------------------------------------------
+
+def _graph_values(seed: int, nodes: int, edges: int, d: int, dev, dtype=F64):
+    _, target = random_graph(nodes, edges, seed=seed, device=dev)
+    values = torch.randn(edges, d, generator=generator(seed + 1), dtype=F64)
+    # a few segments whose every value is negative (where a max that starts from 0 goes wrong)
+    negative = target.cpu() % 3 == 0
+    values[negative] = -values[negative].abs() - 0.1
+    return values.to(dev, dtype), target
+
+
+def _check_untouched(label: str, values, values_before, index, index_before) -> None:
+    if not torch.equal(values.detach(), values_before) or not torch.equal(index, index_before):
+        raise AssertionError(f"{label} changed its inputs in place; build a new output tensor and leave values "
+                             "and index as they are.")
+
+
+def _expect_segments(label: str, got: Any, num_segments: int, values: torch.Tensor) -> None:
+    want = (num_segments, *values.shape[1:])
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != want:
+        raise AssertionError(f"{label} should return a tensor of shape {want} (one row per segment, including "
+                             f"segments with no value), got {describe(got)}.")
+    if got.dtype != values.dtype:
+        raise AssertionError(f"{label} returned {got.dtype}; keep the values' dtype {values.dtype}.")
+
+
+def _one_write_per_segment(got: torch.Tensor, values: torch.Tensor, index: torch.Tensor, num_segments: int) -> bool:
+    """Whether every non-empty segment holds exactly one of its values (``out[idx] += v``)."""
+    match = ((got.detach()[index] - values.detach()).abs().amax(-1) < 1e-9).to(F64)
+    hits = torch.zeros(num_segments, dtype=F64, device=got.device).index_add_(0, index, match)
+    counts = torch.bincount(index, minlength=num_segments)
+    return bool((hits[counts > 0] > 0).all()) and bool((counts > 1).any())
+
+
+def check_segment_sum(segment_sum: Callable, *, seed: int = 0, nodes: int = 9, edges: int = 30, d: int = 3,
+                      device=None) -> None:
+    """``segment_sum(values, index, num_segments)``: row ``s`` of the result is the sum of every
+    ``values[e]`` with ``index[e] == s`` (every one, when an index repeats), zero for a segment with
+    none; the gradient reaches every value; the inputs are left alone."""
+    dev = pick_device(device)
+    label = "segment_sum"
+    values, index = _graph_values(seed, nodes, edges, d, dev)
+    want = torch.zeros(nodes, d, dtype=F64, device=dev).index_add_(0, index, values)
+    v, i = values.clone().requires_grad_(), index.clone()
+    with mirrored(segment_sum):
+        got = call(segment_sum, v, i, nodes, name=label)
+    _check_untouched(label, v, values, i, index)
+    _expect_segments(label, got, nodes, values)
+    if not _close(got, want) and _one_write_per_segment(got, values, index, nodes):
+        raise AssertionError(
+            f"{label} is wrong: every segment holds just one of its values. That is what `out[index] += values` "
+            "does: advanced indexing reads out[index], adds, and writes back, so a repeated index is written "
+            "several times and only one write survives. index_add_ (or index_put_ with accumulate=True) adds "
+            "every value.")
+    assert_close(got, want, name=label, **TIGHT, hint="out = values.new_zeros(num_segments, *values.shape[1:]), "
+                 "then out.index_add_(0, index, values).")
+    w = torch.randn(nodes, d, generator=generator(seed + 5), dtype=F64).to(dev)
+    if not got.requires_grad:
+        raise AssertionError(f"{label} carries no gradient to values: use tensor operations (index_add, not "
+                             "index_add_ on a tensor made under no_grad).")
+    gv, = torch.autograd.grad((got * w).sum(), v)
+    assert_close(gv, w[index], name=f"the gradient of {label} w.r.t. values", **TIGHT)
+    f32 = call(segment_sum, values.float(), index, nodes, name=f"{label} (float32)")
+    _expect_segments(f"{label} (float32)", f32, nodes, values.float())
+    assert_close(f32.to(F64), want, name=f"{label} (float32)", rtol=1e-5, atol=1e-5)
+    ok(f"{label} adds every value of every segment, repeated indices included, gives 0 for empty segments, "
+       f"and passes the gradient back ({edges} values into {nodes} segments, seed {seed})")
+
+
+@factory
+def segment_inputs(seed: int, *, device: str, nodes: int, edges: int, d: int) -> tuple:
+    """Fresh ``(values, index, num_segments)`` for one timed call of the segment speed check."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(edges, d, generator=g).to(device), torch.randint(nodes, (edges,), generator=g).to(device),
+            nodes)
+
+
+def check_segment_speed(segment_sum: Callable, *, bars: Mapping[str, float], nodes: int, edges: int, d: int,
+                        num_threads: int | None = None, rounds: int = 7, min_run_time: float = 0.2,
+                        attempts: int = 3, device=None) -> SpeedReport:
+    """``segment_sum`` is at least ``bars[device]`` times as fast as a Python loop over the edges
+    (the course's), side by side on fresh graphs, every output checked."""
+    dev = pick_device(device)
+    values, index, _ = segment_inputs(12345, device=str(dev), nodes=nodes, edges=min(edges, 500), d=d)
+    with torch.no_grad():
+        got = call(segment_sum, values, index, nodes, name="segment_sum")
+        assert_close(got, loop_segment_sum(values, index, nodes), name="segment_sum on a graph like the timed ones",
+                     rtol=1e-4, atol=1e-4, hint="the timed function must be right before it is fast.")
+    bar = speed_bar(bars, dev)
+    with threads(num_threads if dev.type == "cpu" else None):
+        report = best_of(lambda: compare_served(("loop", loop_segment_sum), ("yours", segment_sum),
+                                                factory=segment_inputs, sizes=dict(nodes=nodes, edges=edges, d=d),
+                                                device=dev, rounds=rounds, min_run_time=min_run_time, until=bar,
+                                                rtol=1e-4), "yours", bar, attempts)
+    report.show()
+    expect_speedup(report, "yours", over="loop", bars=bars,
+                   hint="one index_add_ over all the edges: no Python loop, no .item() per edge.")
+    return report
+
+
+@reference
+def segment_max_reference(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Row ``s``: the elementwise maximum of the values of segment ``s``; 0 for an empty segment."""
+    out = values.new_zeros((num_segments, *values.shape[1:]))
+    for s in range(num_segments):
+        rows = values[index == s]
+        if rows.shape[0]:
+            out[s] = rows.amax(0)
+    return out
+
+
+def check_segment_max(segment_max: Callable, *, seed: int = 0, nodes: int = 9, edges: int = 30, d: int = 3,
+                      device=None) -> None:
+    """``segment_max(values, index, num_segments)``: row ``s`` is the elementwise maximum of the
+    values of segment ``s`` (however negative), 0 for a segment with none; the gradient goes to the
+    maxima; the inputs are left alone."""
+    dev = pick_device(device)
+    label = "segment_max"
+    values, index = _graph_values(seed, nodes, edges, d, dev)
+    want = segment_max_reference(values, index, nodes)
+    v, i = values.clone().requires_grad_(), index.clone()
+    with mirrored(segment_max):
+        got = call(segment_max, v, i, nodes, name=label)
+    _check_untouched(label, v, values, i, index)
+    _expect_segments(label, got, nodes, values)
+    empty = torch.bincount(index, minlength=nodes) == 0
+    if isinstance(got, torch.Tensor) and bool(torch.isinf(got[empty]).any()):
+        raise AssertionError(f"{label} gives -inf (or inf) for segments with no value (rows "
+                             f"{empty.nonzero().flatten().tolist()}); the exercise asks for 0 there. Start from zeros "
+                             "with include_self=False: an empty segment keeps its 0.")
+    _name_mistake(label, got, want, {
+        "the maximum included the output's initial zeros: a segment whose values are all negative came out 0. "
+        "scatter_reduce_ uses the output's own values too unless include_self=False": want.clamp_min(0)})
+    assert_close(got, want, name=label, **TIGHT,
+                 hint="out = values.new_zeros(num_segments, d), then out.scatter_reduce_(0, index[:, None].expand_as("
+                      "values), values, reduce='amax', include_self=False).")
+    if not got.requires_grad:
+        raise AssertionError(f"{label} carries no gradient to values: use tensor operations.")
+    w = torch.randn(nodes, d, generator=generator(seed + 5), dtype=F64).to(dev)
+    gv, = torch.autograd.grad((got * w).sum(), v)
+    v64 = values.clone().requires_grad_()
+    rv, = torch.autograd.grad((segment_max_reference(v64, index, nodes) * w).sum(), v64)
+    assert_close(gv, rv, name=f"the gradient of {label} w.r.t. values (it goes to each segment's maximum)", **TIGHT)
+    ok(f"{label} gives each segment's maximum, all-negative segments included, 0 for empty ones, and the gradient "
+       f"reaches the maxima ({edges} values into {nodes} segments, seed {seed})")
+
+
+# -- 5. gradient penalties ---------------------------------------------------------------------------
+
+@reference
+def penalty_reference(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``mean_i (|grad_x model(x)_i|_2 - 1)^2`` by ``torch.func``: the critic's gradient for one
+    sample at a time, vmapped."""
+    params = {k: v for k, v in model.named_parameters()}
+
+    def score(p, xi):
+        return functional_call(model, p, (xi[None],))[0]
+
+    g = vmap(grad(score, argnums=1), in_dims=(None, 0))(params, x)
+    return ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
+
+
+def _penalty_variants(model: nn.Module, x: torch.Tensor) -> dict:
+    xg = x.clone().requires_grad_()
+    g, = torch.autograd.grad(model(xg).sum(), xg)
+    norms = g.flatten(1).norm(dim=1)
+    n = x.shape[0]
+    return {
+        "the gradient was taken of the critic's *mean* score, which divides every sample's gradient by N: take it "
+        "of the sum (each sample's score depends on its own input only)": ((norms / n - 1) ** 2).mean(),
+        "one norm was taken over the whole batch's gradient; the penalty needs one norm per sample "
+        "(g.flatten(1).norm(dim=1))": (g.norm() - 1) ** 2,
+        "the squared norm was used; the penalty is (|g| - 1)^2 with the norm itself": ((norms ** 2 - 1) ** 2).mean(),
+        "the terms were summed over the batch, not averaged": ((norms - 1) ** 2).sum()}
+
+
+def _weight_grads(model: nn.Module, x: torch.Tensor) -> dict:
+    """The reference penalty's gradient w.r.t. each weight it depends on (the last layer's bias
+    moves every score by the same amount and never reaches the input gradient: it has none)."""
+    named = list(model.named_parameters())
+    grads = torch.autograd.grad(penalty_reference(model, x), [p for _, p in named], allow_unused=True)
+    return {k: g for (k, _), g in zip(named, grads) if g is not None}
+
+
+@prober
+def penalty_weight_grads(gradient_penalty: Callable, model: nn.Module, x: torch.Tensor) -> dict:
+    """The learner's side: ``gradient_penalty(model, x)`` and its gradient with respect to every
+    weight of ``model`` (None where none arrives)."""
+    names = [k for k, _ in model.named_parameters()]
+    params = [p for _, p in model.named_parameters()]
+    out = call(gradient_penalty, model, x.clone(), name="gradient_penalty")
+    if not isinstance(out, torch.Tensor) or out.dim() != 0:
+        raise AssertionError(f"gradient_penalty should return a scalar tensor, got {describe(out)}.")
+    if not out.requires_grad:
+        return {"value": out.detach(), "grads": {}}
+    grads = torch.autograd.grad(out, params, allow_unused=True)
+    return {"value": out.detach(), "grads": {k: g.detach() for k, g in zip(names, grads) if g is not None}}
+
+
+_NO_WEIGHT_GRAD = ("the penalty carries no gradient to the critic's weights, so an optimizer step would not move "
+                   "them. The input gradient must stay part of the graph: "
+                   "torch.autograd.grad(scores.sum(), x, create_graph=True).")
+
+
+def check_gradient_penalty(gradient_penalty: Callable, *, seed: int = 0, n: int = 6, features: int = 4,
+                           hidden: int = 8, device=None) -> None:
+    """``gradient_penalty(critic, x)``: ``mean_i (|grad_x critic(x)_i|_2 - 1)^2`` for a batch ``x``
+    that does not require a gradient (as the interpolates of a WGAN-GP step do not), differentiable
+    with respect to the critic's weights (``create_graph=True``); its value and its gradient with
+    respect to every weight equal the reference's, in float64."""
+    dev = pick_device(device)
+    label = "gradient_penalty"
+    model = critic(seed, features, hidden, "float64", str(dev))
+    x = torch.randn(n, features, generator=generator(seed + 1), dtype=F64).to(dev)
+    got = probe(gradient_penalty, penalty_weight_grads, model, x)
+    if not isinstance(got, dict) or not isinstance(got.get("value"), torch.Tensor):
+        raise AssertionError(f"{label}: the learner's side sent {describe(got)} instead of a result.")
+    value, grads = got["value"], got.get("grads", {})
+    want = penalty_reference(model, x)
+    _name_mistake(label, value, want, _penalty_variants(model, x))
+    assert_close(value, want, name=f"{label} (the value)", **TIGHT,
+                 hint="x = x.detach().requires_grad_(); g = autograd.grad(critic(x).sum(), x, create_graph=True)[0]; "
+                      "((g.flatten(1).norm(dim=1) - 1) ** 2).mean().")
+    if not grads:
+        raise AssertionError(f"{label}: {_NO_WEIGHT_GRAD}")
+    expected = _weight_grads(model, x)
+    missing = [k for k in expected if k not in grads]
+    if missing:
+        raise AssertionError(f"{label}: no gradient reaches the critic's {missing[0]}. {_NO_WEIGHT_GRAD}")
+    assert_close({k: grads[k] for k in expected}, expected, name=f"the gradient of {label} w.r.t. the critic's weights",
+                 **TIGHT)
+    ok(f"{label} equals the reference and its gradient reaches every weight of the critic (second order), "
+       f"float64 (N={n}, features={features}, seed {seed})")
+
+
+def check_penalty_func(gradient_penalty_func: Callable, *, seed: int = 0, n: int = 6, features: int = 4,
+                       hidden: int = 8, device=None) -> None:
+    """``gradient_penalty_func(model, params, x)``: the same penalty, with the critic's weights
+    given as a dict ``params`` (``functional_call(model, params, ...)``), written with
+    ``torch.func`` (``vmap(grad(...))`` over the samples); its value, and its gradient with respect
+    to ``params`` (taken by the judge, through the learner's function), equal the reference's."""
+    dev = pick_device(device)
+    label = "gradient_penalty_func"
+    model = critic(seed, features, hidden, "float64", str(dev))
+    x = torch.randn(n, features, generator=generator(seed + 1), dtype=F64).to(dev)
+    params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+    got = call(gradient_penalty_func, model, params, x.clone(), name=label)
+    if not isinstance(got, torch.Tensor) or got.dim() != 0:
+        raise AssertionError(f"{label} should return a scalar tensor, got {describe(got)}.")
+    want = penalty_reference(model, x)
+    _name_mistake(label, got, want, _penalty_variants(model, x))
+    assert_close(got, want, name=f"{label} (the value)", **TIGHT,
+                 hint="score(p, xi) = functional_call(model, p, (xi[None],))[0]; "
+                      "g = vmap(grad(score, argnums=1), in_dims=(None, 0))(params, x); then the penalty of g.")
+    if not got.requires_grad:
+        raise AssertionError(f"{label}: its result carries no gradient to params. Compute with params (not "
+                             "model's own weights, and not detached): functional_call(model, params, ...).")
+    names = list(params)
+    grads = torch.autograd.grad(got, [params[k] for k in names], allow_unused=True)
+    expected = _weight_grads(model, x)
+    for k, g in zip(names, grads):
+        e = expected.get(k)
+        if e is None:  # a weight the penalty does not depend on: no gradient, or a zero one
+            if g is not None:
+                assert_close(g, torch.zeros_like(g), name=f"the gradient of {label} w.r.t. params[{k!r}]", **TIGHT)
+            continue
+        if g is None:
+            raise AssertionError(f"{label}: no gradient reaches params[{k!r}]. Use the params given, in "
+                                 "functional_call(model, params, ...), for every score.")
+        assert_close(g, e, name=f"the gradient of {label} w.r.t. params[{k!r}]", **TIGHT)
+    ok(f"{label} equals the reference and its gradient w.r.t. params (taken through your function) is right, "
+       f"float64 (N={n}, features={features}, seed {seed})")
+
+
+@factory
+def penalty_inputs(seed: int, *, device: str, n: int, features: int, hidden: int, model_seed: int) -> tuple:
+    """Fresh ``(critic, x)`` for one timed penalty: the critic from ``model_seed`` (the same one in
+    every call), the batch from ``seed``."""
+    x = torch.randn(n, features, generator=torch.Generator().manual_seed(seed)).to(device)
+    return _timing_critic(model_seed, features, hidden, device), x
+
+
+def check_penalty_speed(gradient_penalty: Callable, *, bars: Mapping[str, float], n: int, features: int,
+                        hidden: int, num_threads: int | None = None, seed: int = 0, rounds: int = 7,
+                        min_run_time: float = 0.2, attempts: int = 3, device=None) -> SpeedReport:
+    """``gradient_penalty`` on a batch is at least ``bars[device]`` times as fast as the course's
+    loop of one backward pass per sample, side by side on fresh batches, every penalty checked."""
+    dev = pick_device(device)
+    sizes = dict(n=n, features=features, hidden=hidden, model_seed=seed)
+    model, x = penalty_inputs(12345, device=str(dev), **sizes)
+    got = call(gradient_penalty, model, x, name="gradient_penalty")
+    assert_close(got, loop_penalty(model, x), name="gradient_penalty on a batch like the timed ones", rtol=1e-4,
+                 atol=1e-6, hint="the timed function must be right before it is fast.")
+    bar = speed_bar(bars, dev)
+    with threads(num_threads if dev.type == "cpu" else None):
+        report = best_of(lambda: compare_served(("per-sample loop", loop_penalty), ("yours", gradient_penalty),
+                                                factory=penalty_inputs, sizes=sizes, device=dev, rounds=rounds,
+                                                min_run_time=min_run_time, until=bar, rtol=1e-4, grad=True),
+                         "yours", bar, attempts)
+    report.show()
+    expect_speedup(report, "yours", over="per-sample loop", bars=bars,
+                   hint="one autograd.grad over the whole batch (the gradient of the summed scores is every "
+                        "sample's own gradient), not a backward pass per sample.")
+    return report
+
+
+# -- 6. a Function whose backward is differentiable ------------------------------------------------
+
+def _softplus64(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp_min(0) + torch.log1p(torch.exp(-x.abs()))
+
+
+FIXED_SOFTPLUS_POINTS = [0.0, -1e-8, 1e-8, 0.5, -2.0, 10.0, -30.0, 50.0, -200.0, 200.0, 800.0, -800.0]
+
+
+def _expect_function(Fn: Any, label: str) -> None:
+    if not (isinstance(Fn, type) and issubclass(Fn, torch.autograd.Function)):
+        raise AssertionError(f"{label} should be a subclass of torch.autograd.Function, got {describe(Fn)}.")
+
+
+@prober
+def softplus_case(Softplus: type, x: torch.Tensor, w: torch.Tensor, u: torch.Tensor) -> dict:
+    """The learner's side of :func:`check_softplus`: the value, the gradient of ``(w * y).sum()``
+    by the learner's backward (with ``create_graph``), and the gradient of ``(u * that).sum()``
+    (a second derivative, through the backward); whether the output's ``grad_fn`` is the
+    Function's own; and the first line of what ``gradcheck`` / ``gradgradcheck`` report."""
+    from torch.autograd.gradcheck import GradcheckError
+
+    _expect_function(Softplus, "Softplus")
+    xg = x.clone().requires_grad_()
+    y = call(Softplus.apply, xg, name="Softplus.apply")
+    if not isinstance(y, torch.Tensor):
+        raise AssertionError(f"Softplus.apply(x) should return a tensor, got {describe(y)}.")
+    own = isinstance(getattr(y, "grad_fn", None), torch.autograd.function.BackwardCFunction)
+    out = {"value": y.detach(), "own": own}
+    if not own:
+        return out
+    g1, = call(torch.autograd.grad, y, xg, w, create_graph=True, name="Softplus.backward")
+    out["grad"] = g1.detach()
+    if g1.requires_grad:
+        try:
+            g2, = call(torch.autograd.grad, g1, xg, u, allow_unused=True, name="the backward of Softplus.backward")
+            out["second"] = None if g2 is None else g2.detach()
+        except AssertionError as exc:  # @once_differentiable: "trying to differentiate twice ..."
+            if not isinstance(exc.__cause__, RuntimeError):
+                raise
+            out["second_error"] = str(exc.__cause__).strip().splitlines()[0][:400]
+    small = x[x.abs() < 5][:6].clone()
+    for check, what in ((torch.autograd.gradcheck, "gradcheck"), (torch.autograd.gradgradcheck, "gradgradcheck")):
+        try:
+            call(check, Softplus.apply, (small.clone().requires_grad_(),), name=f"{what}(Softplus.apply, ...)")
+        except AssertionError as exc:
+            if not isinstance(exc.__cause__, (GradcheckError, RuntimeError)):
+                raise
+            out[what] = str(exc.__cause__).strip().splitlines()[0][:400]
+    return out
+
+
+def check_softplus(Softplus: type, *, seed: int = 0, n: int = 24, device=None) -> None:
+    """``Softplus``, a ``torch.autograd.Function`` for ``log(1 + exp(x))``: finite and exact (1e-12
+    relative) from -800 to 800 in float64; its backward gives ``grad * sigmoid(x)``; that backward
+    is itself differentiable (second derivative ``sigmoid(x) * (1 - sigmoid(x))``), so the
+    Function passes ``gradcheck`` and ``gradgradcheck``."""
+    if not is_remote(Softplus):
+        _expect_function(Softplus, "Softplus")
+    dev = pick_device(device)
+    g = generator(seed)
+    x = torch.cat([torch.tensor(FIXED_SOFTPLUS_POINTS, dtype=F64),
+                   torch.randn(n, generator=g, dtype=F64) * 6]).to(dev)
+    w = torch.randn(x.numel(), generator=g, dtype=F64).to(dev)
+    u = torch.randn(x.numel(), generator=g, dtype=F64).to(dev)
+    got = probe(Softplus, softplus_case, x, w, u)
+    if not isinstance(got, dict) or not isinstance(got.get("value"), torch.Tensor):
+        raise AssertionError(f"Softplus: the learner's side sent {describe(got)} instead of a result.")
+    value = got["value"]
+    if value.shape == x.shape and not bool(torch.isfinite(value).all()):
+        bad = x[~torch.isfinite(value)]
+        raise AssertionError(f"Softplus.apply(x) is not finite at x = {bad[:3].tolist()}: exp(x) overflows there. "
+                             "Write it as x.clamp_min(0) + log1p(exp(-|x|)), which never overflows.")
+    assert_close(value, _softplus64(x), name="Softplus.apply(x) (the value)", rtol=1e-12, atol=1e-300,
+                 hint="log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): exact everywhere, no overflow.")
+    if not got.get("own"):
+        raise AssertionError("Softplus.apply(x) does not come from Softplus's own backward (its grad_fn is "
+                             "another). Is Softplus a torch.autograd.Function whose forward returns a new tensor?")
+    s = torch.sigmoid(x)
+    assert_close(got.get("grad"), w * s, name="the gradient of Softplus (its backward)", rtol=1e-10, atol=1e-300,
+                 hint="backward returns grad_output * sigmoid(x), with x saved in forward (save_for_backward).")
+    second = got.get("second")
+    if second is None or not bool(second.abs().gt(0).any()):
+        raise AssertionError(
+            "Softplus's backward is not differentiable: the gradient it returns carries no graph back to x, so a "
+            "second derivative (gradgradcheck, a gradient penalty through this Function) is zero or fails. "
+            + ("Differentiating it again raised: " + got["second_error"] + ". " if got.get("second_error") else
+               "gradgradcheck says: " + got["gradgradcheck"] + ". " if got.get("gradgradcheck") else "")
+            + "Compute it from the saved x with differentiable torch ops (torch.sigmoid(x)), not under "
+              "torch.no_grad(), not from .detach()ed values, and without @once_differentiable.")
+    assert_close(second, w * u * s * (1 - s), name="the second derivative through Softplus's backward",
+                 rtol=1e-9, atol=1e-300)
+    for what in ("gradcheck", "gradgradcheck"):
+        if got.get(what):
+            raise AssertionError(f"torch.autograd.{what}(Softplus.apply, ...) failed: {got[what]}")
+    ok(f"Softplus is exact from -800 to 800, its backward is right and differentiable (gradcheck and gradgradcheck "
+       f"pass; {x.numel()} points, seed {seed})")

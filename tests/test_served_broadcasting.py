@@ -1,0 +1,258 @@
+"""Lesson 7's checks across the judge/learner boundary: the instructor's solutions, served from a
+thread as the grader serves a notebook from a process, pass every check (the critic crosses as its
+recipe; the judge takes gradients through the learner's outputs, and the gradient of a penalty with
+respect to the critic's weights, and everything about the Softplus Function, come from course
+probes run on the learner's side); wrong answers still get their cause named; and the speed checks
+time the learner's side on fresh inputs, so an answer that remembers them gains nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.autograd.function import once_differentiable
+
+import served_helpers
+from autograder import program as prog
+from autograder.solution_code import load_solution, solution_source
+from course.checks.broadcasting import (SERVED, check_broadcast_shape, check_distance_speed, check_gradient_penalty,
+                                        check_mse, check_pairwise_sq_dists, check_penalty_func, check_penalty_speed,
+                                        check_segment_max, check_segment_speed, check_segment_sum, check_softplus)
+from course.grading import SpeedUndecided
+from served_helpers import memoised, served
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSON = "07_broadcasting_indexing_higher_order"
+# Generous indeed: at these small sizes a call's work is a fraction of a millisecond, while one crossing of
+# the boundary (a thread here, sharing the interpreter lock on a busy machine) can take tens of them.
+GENEROUS = {"cpu": 0.001, "cuda": 0.001}
+QUICK = dict(num_threads=1, rounds=3, min_run_time=0.05)
+SLOW = dict(num_threads=1, rounds=7, min_run_time=0.05)
+ANSWERS = ("broadcast_shape", "mse", "pairwise_sq_dists", "segment_sum", "segment_max", "gradient_penalty",
+           "gradient_penalty_func", "Softplus")
+
+
+# -- wrong answers, as a learner might write them ----------------------------------------------------
+
+def segment_sum_by_indexing(values, index, num_segments):
+    """`out[index] += values`: a repeated index is written several times, one write survives."""
+    out = values.new_zeros((num_segments, *values.shape[1:]))
+    out[index] += values
+    return out
+
+
+def penalty_without_create_graph(critic, x):
+    """The right value, but the input gradient is not part of the graph."""
+    x = x.detach().requires_grad_()
+    g, = torch.autograd.grad(critic(x).sum(), x)
+    return ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
+
+
+class OnceSoftplus(torch.autograd.Function):
+    """Right forward and backward, but the backward cannot be differentiated again."""
+
+    @staticmethod
+    def forward(x):
+        return x.clamp_min(0) + torch.log1p(torch.exp(-x.abs()))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        x, = ctx.saved_tensors
+        return grad_out * torch.sigmoid(x)
+
+
+def segment_loop(values, index, num_segments):
+    """A Python loop over the edges, as the course's baseline does it: right, and no faster."""
+    out = values.new_zeros((num_segments, *values.shape[1:]))
+    for e in range(index.shape[0]):
+        out[index[e]] += values[e]
+    return out
+
+
+#: calls of the memoised answer, and of the computation behind its memory (a miss)
+COUNTS = {"calls": 0, "misses": 0}
+
+
+def _segment_loop_remembered(values, index, num_segments):
+    COUNTS["misses"] += 1
+    return segment_loop(values, index, num_segments)
+
+
+_remembering = memoised(_segment_loop_remembered)
+
+
+def memo_segment_loop(values, index, num_segments):
+    """The loop, answering again from memory whenever the same graph comes again."""
+    COUNTS["calls"] += 1
+    return _remembering(values, index, num_segments)
+
+
+WRONG = {"segment_sum_by_indexing": segment_sum_by_indexing,
+         "penalty_without_create_graph": penalty_without_create_graph, "OnceSoftplus": OnceSoftplus,
+         "memo_segment_loop": memo_segment_loop}
+
+
+@pytest.fixture(scope="module")
+def sol(tmp_path_factory):
+    return load_solution(solution_source(LESSON), tmp_path_factory.mktemp("sol7s") / "served_broadcasting.py",
+                         "served_broadcasting_solution")
+
+
+@pytest.fixture
+def learner(sol):
+    yield from served({**{name: getattr(sol, name) for name in ANSWERS}, **WRONG})
+
+
+# -- the solutions pass, across the boundary ----------------------------------------------------------
+
+def test_right_answers_pass_every_served_check(learner, capsys):
+    check_broadcast_shape(learner("broadcast_shape"))
+    check_mse(learner("mse"))
+    check_mse(learner("mse"), seed=3, n=1)
+    check_pairwise_sq_dists(learner("pairwise_sq_dists"))
+    check_segment_sum(learner("segment_sum"))
+    check_segment_max(learner("segment_max"))
+    check_gradient_penalty(learner("gradient_penalty"))
+    check_penalty_func(learner("gradient_penalty_func"))
+    check_softplus(learner("Softplus"))
+    out = capsys.readouterr().out
+    assert out.count("ok:") == 9, out
+
+
+def test_speed_checks_pass_the_served_solutions_on_a_generous_bar(learner):
+    report = check_distance_speed(learner("pairwise_sq_dists"), bars=GENEROUS, n=32, m=32, d=8, **QUICK)
+    assert report.names == ["broadcast", "yours"]
+    report = check_segment_speed(learner("segment_sum"), bars=GENEROUS, nodes=16, edges=64, d=4, **QUICK)
+    assert report.names == ["loop", "yours"]
+    report = check_penalty_speed(learner("gradient_penalty"), bars=GENEROUS, n=8, features=4, hidden=8, **QUICK)
+    assert report.names == ["per-sample loop", "yours"]
+
+
+# -- unwritten answers across the boundary ---------------------------------------------------------------
+
+def stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+class StubSoftplus(torch.autograd.Function):
+    @staticmethod
+    def forward(x):
+        raise NotImplementedError()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        raise NotImplementedError()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        raise NotImplementedError()
+
+
+def test_unwritten_answers_fail_with_a_friendly_message_across_the_boundary():
+    functions = {"broadcast_shape": check_broadcast_shape, "mse": check_mse,
+                 "pairwise_sq_dists": check_pairwise_sq_dists, "segment_sum": check_segment_sum,
+                 "segment_max": check_segment_max,
+                 "gradient_penalty": check_gradient_penalty, "gradient_penalty_func": check_penalty_func}
+    timed = {"pairwise_sq_dists": (check_distance_speed, dict(n=32, m=32, d=8)),
+             "segment_sum": (check_segment_speed, dict(nodes=16, edges=64, d=4)),
+             "gradient_penalty": (check_penalty_speed, dict(n=8, features=4, hidden=8))}
+    for learner in served({**{name: stub for name in functions}, "Softplus": StubSoftplus}):
+        for name, check in functions.items():
+            with pytest.raises(AssertionError, match="not written yet"):
+                check(learner(name))
+        for name, (check, sizes) in timed.items():
+            with pytest.raises(AssertionError, match="not written yet"):
+                check(learner(name), bars={"cpu": 3.0, "cuda": 3.0}, **sizes, **QUICK)
+        with pytest.raises(AssertionError, match="not written yet"):
+            check_softplus(learner("Softplus"))
+    # the student's Softplus cell raises in the class body: the name is never bound in the notebook
+    for learner in served({}):
+        with pytest.raises(AssertionError, match="Softplus is not defined in your notebook"):
+            check_softplus(learner("Softplus"))
+
+
+# -- wrong answers across the boundary ----------------------------------------------------------------
+
+@pytest.mark.parametrize("check, name, message", [
+    (check_segment_sum, "segment_sum_by_indexing", "every segment holds just one of its values"),
+    (check_gradient_penalty, "penalty_without_create_graph", "create_graph=True"),
+    (check_softplus, "OnceSoftplus", "Softplus's backward is not differentiable"),
+])
+def test_wrong_answers_across_the_boundary_fail_with_their_cause(learner, check, name, message):
+    with pytest.raises(AssertionError, match=message):
+        check(learner(name))
+
+
+def test_a_memoised_answer_is_timed_on_fresh_inputs(learner):
+    """Every call the speed check makes (warm-up and timed blocks) has a graph the answer has never
+    seen, so remembering graphs buys nothing: the memoised loop is no faster than the loop, and
+    fails the bar outright."""
+    for key in [k for k in served_helpers._MEMO if k[0] == "_segment_loop_remembered"]:
+        del served_helpers._MEMO[key]  # nothing remembered from an earlier run in this session
+    COUNTS.update(calls=0, misses=0)
+    before = len(served_helpers._MEMO)
+    with pytest.raises(AssertionError, match="the bar on this device is 3.00x") as caught:
+        # on the CPU: memoised reads its inputs' bytes through numpy
+        check_segment_speed(learner("memo_segment_loop"), bars={"cpu": 3.0, "cuda": 3.0}, nodes=16, edges=64, d=4,
+                            attempts=1, device="cpu", **SLOW)
+    assert not isinstance(caught.value, SpeedUndecided), "a clear fail, not undecided"
+    assert COUNTS["calls"] > 10 and COUNTS["misses"] == COUNTS["calls"], COUNTS
+    assert len(served_helpers._MEMO) - before == COUNTS["calls"]
+
+
+# -- the lesson's program -------------------------------------------------------------------------
+
+def test_lesson_7_routes_every_graded_cell_to_the_judge():
+    program = prog.instructor_program(LESSON, ROOT / "solutions" / LESSON / f"{LESSON}.ipynb")
+    unserved = [c.grade_id for c in program.graded if not c.served]
+    assert program.graded and not unserved, unserved
+    assert len(program.graded) == len(SERVED) == 11
+    assert {"check_distance_speed", "check_segment_speed", "check_penalty_speed", "check_softplus"} <= set(SERVED)
+    setup = "\n".join(program.judge_setup)
+    assert "from course.checks.broadcasting import" in setup and "S = course.sizes(" in setup
+
+
+
+def test_the_learners_timed_calls_run_with_the_judges_cpu_threads():
+    """A speed verdict compares like with like: the course's side runs with the threads a check
+    pins (one, on a CPU), and so do the learner's timed calls in its own process. Without this, on
+    a grader with many cores the learner's side would use them all against a one-thread baseline."""
+    from course import remote
+    from course.checks.broadcasting import distance_inputs
+    from course.devices import threads
+
+    class Capture:  # the judge's end of the link: what Remote.block asks for
+        probes = 0
+
+        def request(self, message):
+            self.message = message
+            return torch.zeros(len(message["seeds"]), 2, dtype=torch.float64)
+
+    link = Capture()
+    with threads(1):
+        remote.Remote(link, "counted").block(0, "x.y", {}, [1, 2], "cpu")
+    assert link.message["threads"] == 1
+
+    seen = []
+
+    def counted(a, b):
+        seen.append(torch.get_num_threads())
+        return a @ b.T
+
+    name = f"{distance_inputs.__module__}.{distance_inputs.__qualname__}"
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        remote._answer({"op": "block", "name": "counted", "handle": 0, "factory": name,
+                        "sizes": dict(n=4, m=4, d=3), "seeds": [1, 2], "device": "cpu", "grad_mode": False,
+                        "threads": 1}, {"counted": counted}, {}, {0: []})
+        assert torch.get_num_threads() == 2  # restored after the block
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1], seen
