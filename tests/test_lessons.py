@@ -190,6 +190,9 @@ BORROWED = {
     "06_vmap_ensembles": ("dp_sgd",
                           "from course.checks.vmap import dp_sgd_reference as dp_sgd_step\n",
                           "test_dp_sgd"),
+    "07_broadcasting_indexing_higher_order": ("segment_max",
+                                              "from course.checks.broadcasting import segment_max_reference as "
+                                              "segment_max\n", "test_segment_max"),
 }
 
 
