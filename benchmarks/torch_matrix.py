@@ -279,7 +279,8 @@ def main() -> int:
         key = column(version, args.python)
         print(f"torch {key}: preparing its environment", flush=True)
         python = environment(version, args.base, args.python)
-        results[key] = {}
+        # a run of some lessons keeps the figures of the others on this version
+        results[key] = dict(results.get(key, {})) if args.lesson else {}
         for lesson in lessons:
             r = run_lesson(python, lesson, args.base / "runs" / key.replace(" (Python ", "-py").rstrip(")"))
             results[key][lesson] = r

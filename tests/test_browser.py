@@ -35,12 +35,12 @@ RUN_ALL_LIMIT_S = 600
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """`make lab` on a free port, over a folder holding the solved lessons 1 and 4."""
+    """`make lab` on a free port, over a folder holding the solved lessons 1, 4 and 7."""
     chromium = system_package("chromium", "chromium", "COURSE_REQUIRE_BROWSER")
     pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
     base = tmp_path_factory.mktemp("lab")
     root = base / "lessons"
-    for lesson_id in ("01_custom_rnns", "04_forward_ad"):
+    for lesson_id in ("01_custom_rnns", "04_forward_ad", "07_broadcasting_indexing_higher_order"):
         write_solved(root, lesson_id)
     untouched = root / "untouched" / "04_forward_ad.ipynb"  # the student version as released
     untouched.parent.mkdir()
@@ -134,33 +134,42 @@ def saved(lab, lesson_id: str) -> dict:
     return json.loads((lab["root"] / lesson_id / f"{lesson_id}.ipynb").read_text())
 
 
-def test_lesson_1_runs_all_cells_in_jupyterlab_and_ends_with_the_self_check(lab, browser):
-    page = open_notebook(browser, lab, "01_custom_rnns")
+#: Lessons run top to bottom in the browser: (id, number, graded cells, points), from the catalogue.
+RUN_IN_LAB = ("01_custom_rnns", "07_broadcasting_indexing_higher_order")
+
+
+@pytest.mark.parametrize("lesson_id", RUN_IN_LAB)
+def test_a_lesson_runs_all_cells_in_jupyterlab_and_ends_with_the_self_check(lab, browser, lesson_id):
+    from course.lessons import lesson
+
+    number = int(lesson_id[:2])
+    title = f"Self-check of lesson {number}"
+    page = open_notebook(browser, lab, lesson_id)
     ARTIFACTS.joinpath("browser").mkdir(parents=True, exist_ok=True)
     try:
         run_all_cells(page)
         # Done when the self-check (the last cell) has printed its report and nothing runs.
         page.wait_for_function(
-            """() => {
+            """(title) => {
                 const prompts = [...document.querySelectorAll('.jp-NotebookPanel .jp-InputPrompt')];
                 const busy = prompts.some(p => p.textContent.includes('*'));
                 const text = document.querySelector('.jp-NotebookPanel .jp-Notebook').innerText;
-                return !busy && text.includes('Self-check of lesson 1');
-            }""", timeout=RUN_ALL_LIMIT_S * 1000, polling=2000)
+                return !busy && text.includes(title);
+            }""", arg=title, timeout=RUN_ALL_LIMIT_S * 1000, polling=2000)
         page.keyboard.press("Control+s")
         deadline = time.monotonic() + 60  # until the saved file holds the report
-        while time.monotonic() < deadline and "Self-check of lesson 1" not in json.dumps(
-                saved(lab, "01_custom_rnns")["cells"][-1].get("outputs", [])):
+        while time.monotonic() < deadline and title not in json.dumps(
+                saved(lab, lesson_id)["cells"][-1].get("outputs", [])):
             page.wait_for_timeout(1000)
         last = page.locator(".jp-NotebookPanel .jp-Cell").last
         last.scroll_into_view_if_needed()
         page.wait_for_timeout(1000)
     finally:
-        shot = ARTIFACTS / "browser" / "lesson-01-run-all.png"
+        shot = ARTIFACTS / "browser" / f"lesson-{number:02d}-run-all.png"
         page.screenshot(path=str(shot))
         print(f"screenshot: {shot}")
 
-    nb = saved(lab, "01_custom_rnns")
+    nb = saved(lab, lesson_id)
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     not_run = [i for i, c in enumerate(code) if c.get("execution_count") is None]
     errors = [(i, o.get("ename"), o.get("evalue", "")[:200]) for i, c in enumerate(code)
@@ -168,7 +177,9 @@ def test_lesson_1_runs_all_cells_in_jupyterlab_and_ends_with_the_self_check(lab,
     assert not not_run, f"code cells never ran: {not_run}"
     assert not errors, f"cells raised errors in JupyterLab: {errors}"
     report = "".join("".join(o.get("text", "")) for o in code[-1].get("outputs", []))
-    assert "9 of 9 exercises pass, 14 of 14 points" in report, report[-2000:]
+    graded = sum(1 for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade"))
+    points = lesson(lesson_id)["points"]
+    assert f"{graded} of {graded} exercises pass, {points:g} of {points:g} points" in report, report[-2000:]
     assert "FAIL" not in report
 
 

@@ -71,6 +71,7 @@ def colab(tmp_path_factory):
     python = fresh_venv(base / "venv", log)
     pip(python, ["install", "--quiet", TORCH], log)
     solved = write_solved(base / "work", "01_custom_rnns")
+    write_solved(base / "work", "07_broadcasting_indexing_higher_order")
     (base / "runner.py").write_text(RUNNER)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
     env.update(COURSE_PIP_SOURCE=str(package_copy(base / "package")), MPLBACKEND="Agg",
@@ -134,3 +135,14 @@ def test_lesson_1_runs_to_the_end_with_every_exercise_passing(colab):
     assert "9 of 9 exercises pass, 14 of 14 points" in proc.stdout, proc.stdout[-3000:]
     progress = json.loads((colab["base"] / "progress.json").read_text())
     assert progress["lessons"]["01_custom_rnns"]["how"] == "self_check"
+
+
+def test_lesson_7_runs_to_the_end_with_every_exercise_passing(colab):
+    lesson_id = "07_broadcasting_indexing_higher_order"
+    solved = colab["solved"].parent.parent / lesson_id / f"{lesson_id}.ipynb"
+    assert solved.is_file(), solved
+    proc = run(colab, str(solved), str(colab["base"] / "cells-07"), cwd=solved.parent)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "11 of 11 exercises pass, 18 of 18 points" in proc.stdout, proc.stdout[-3000:]
+    progress = json.loads((colab["base"] / "progress.json").read_text())
+    assert progress["lessons"][lesson_id]["how"] == "self_check"
