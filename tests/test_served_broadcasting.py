@@ -136,22 +136,7 @@ def test_speed_checks_pass_the_served_solutions_on_a_generous_bar(learner):
 
 # -- unwritten answers across the boundary ---------------------------------------------------------------
 
-def stub(*args, **kwargs):
-    raise NotImplementedError()
-
-
-class StubSoftplus(torch.autograd.Function):
-    @staticmethod
-    def forward(x):
-        raise NotImplementedError()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        raise NotImplementedError()
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        raise NotImplementedError()
+from test_checks_broadcasting import StubSoftplus, stub  # noqa: E402 - the same stubs as the local tests
 
 
 def test_unwritten_answers_fail_with_a_friendly_message_across_the_boundary():
