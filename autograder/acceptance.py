@@ -192,13 +192,12 @@ def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, reco
         write_submissions(subs, lesson_id)
         start = time.monotonic()
         graded = out / "grading" / lesson_id
-        proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(graded),
-                               "--work", str(work), "--device", device, "--lesson", lesson_id, "--jobs", str(jobs),
-                               "--sandbox", sandbox],
-                              cwd=ROOT, text=True, capture_output=True)
+        code, tail = _streamed([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(graded),
+                                "--work", str(work), "--device", device, "--lesson", lesson_id, "--jobs", str(jobs),
+                                "--sandbox", sandbox], out / "grading" / f"{lesson_id}.log")
         entry: dict = {"grading_s": round(time.monotonic() - start, 1)}
-        if proc.returncode != 0:
-            summary["problems"].append(f"{lesson_id}: grading could not run: {(proc.stderr or proc.stdout)[-3000:]}")
+        if code != 0:
+            summary["problems"].append(f"{lesson_id}: grading could not run: {tail}")
         else:
             rows, problems, undecided = check_lesson(lesson_id, graded / "grades.csv", graded / "cells.csv")
             summary["problems"] += problems
@@ -227,6 +226,23 @@ def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, reco
         _write(summary, out, record)  # after every lesson: a run stopped midway keeps what it measured
     print(markdown(summary))
     return 0 if not summary["problems"] else 1
+
+
+def _streamed(argv: list[str], log: Path) -> tuple[int, str]:
+    """Run ``argv``, its output shown as it comes (indented) and kept in ``log``: a run cut short
+    (a GPU lease that ends) still shows how far grading got. Returns the exit status and the
+    output's last 3,000 characters."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    tail = ""
+    with log.open("w", encoding="utf-8") as keep:
+        proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for line in proc.stdout:
+            keep.write(line)
+            keep.flush()
+            print("   " + line, end="", flush=True)
+            tail = (tail + line)[-3000:]
+        code = proc.wait()
+    return code, tail
 
 
 def _write(summary: dict, out: Path, record: bool) -> None:

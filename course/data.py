@@ -10,13 +10,26 @@ import torch
 
 from course.devices import pick_device
 
-__all__ = ["generator", "padded_batch", "randn", "random_lengths"]
+__all__ = ["device_generator", "generator", "padded_batch", "randn", "random_lengths"]
 
 
 def generator(seed: int) -> torch.Generator:
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}.")
     return torch.Generator().manual_seed(seed)
+
+
+def device_generator(seed: int, device) -> torch.Generator:
+    """A generator *on* ``device``, for the inputs of timed calls (``course.remote.factory``).
+
+    Making the inputs is part of every timed block, on both sides (the judge cannot trust inputs
+    the learner's process made ahead). Drawn on the CPU and copied, a GPU's inputs cost more than
+    the call they feed (64 minibatches of 784 features: about 8 ms against 0.5 ms for the vmapped
+    ensemble on an H200), and every ratio is squeezed towards 1. Drawn where they are used, they
+    cost microseconds. The numbers then differ between devices, which timing does not mind."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}.")
+    return torch.Generator(device=pick_device(device)).manual_seed(seed)
 
 
 def randn(*shape: int, seed: int, device=None, dtype: torch.dtype = torch.float32,

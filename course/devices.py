@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
@@ -60,6 +61,10 @@ def exact_float32() -> None:
     behind the learner's back; reduced precision is asked for openly (autocast, lesson 3)."""
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
+    # torch.compile then warns, on such a GPU, that TF32 "is available but not enabled" and suggests
+    # turning it on (seen in lesson 1 on an H200, torch 2.11): the course's choice, not the learner's.
+    warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores for float32 matrix multiplication "
+                            "available but not enabled", category=UserWarning)
 
 
 def device_kind(device: str | torch.device | None = None) -> str:

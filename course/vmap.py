@@ -20,6 +20,7 @@ explained.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Sequence
 
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course.data import device_generator
 from course.devices import pick_device
 from course.remote import recipe
 
@@ -137,17 +139,30 @@ def meta_mlp(*, features: int, hidden: int, classes: int, dtype: torch.dtype = t
 
 # -- data --------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=8)
+def _templates(classes: int, size: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """The class templates of :func:`toy_images` (fixed, the same for every seed), kept per device."""
+    return _seeded(12345, lambda: F.interpolate(torch.randn(classes, 1, 4, 4, dtype=torch.float64),
+                                                size=(size, size), mode="bilinear", align_corners=False)).to(device, dtype)
+
+
 def toy_images(n: int, *, seed: int, size: int = 16, classes: int = 10, noise: float = 2.0, device=None,
-               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+               dtype: torch.dtype = torch.float32, draw_on_device: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` single-channel images ``(n, 1, size, size)`` and their labels ``(n,)``: each class
     has a fixed smooth template (the same for every seed), and each image is its class's
-    template plus Gaussian noise. Drawn on the CPU, so every device sees the same numbers."""
-    templates = _seeded(12345, lambda: F.interpolate(torch.randn(classes, 1, 4, 4, dtype=torch.float64),
-                                                     size=(size, size), mode="bilinear", align_corners=False))
+    template plus Gaussian noise. Drawn on the CPU, so every device sees the same numbers;
+    ``draw_on_device``: drawn on ``device`` (other numbers on a GPU, no copy: for timed calls,
+    see :func:`course.data.device_generator`)."""
+    dev = pick_device(device)
+    if draw_on_device:
+        g = device_generator(seed, dev)
+        labels = torch.randint(0, classes, (n,), generator=g, device=dev)
+        noisy = torch.randn(n, 1, size, size, generator=g, device=dev, dtype=dtype)
+        return _templates(classes, size, str(dev), dtype)[labels] * 1.5 + noise * noisy, labels
+    templates = _templates(classes, size, "cpu", torch.float64)
     g = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, classes, (n,), generator=g)
     x = templates[labels] * 1.5 + noise * torch.randn(n, 1, size, size, generator=g, dtype=torch.float64)
-    dev = pick_device(device)
     return x.to(dev, dtype), labels.to(dev)
 
 

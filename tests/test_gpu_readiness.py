@@ -132,6 +132,26 @@ def test_import_course_turns_tf32_off():
     assert "exact_float32" in course.__all__
 
 
+def test_inductors_tf32_advice_is_not_shown():
+    """The H200 run showed lesson 1's learners torch.compile's advice to turn TF32 on, which the
+    course turns off on purpose. The filter matches torch's own words (read from its source, so a
+    rewording shows up here), and silences nothing else."""
+    import inspect
+
+    import torch._inductor.compile_fx as compile_fx
+
+    source = inspect.getsource(compile_fx)
+    start = source.index("TensorFloat32 tensor cores")
+    words = "".join(part.strip().strip('"') for part in source[start - 1:start + 200].split("\n")[:2])
+    assert "available but not enabled" in words
+    code = ("import warnings\n"
+            "import course\n"
+            f"warnings.warn({words!r}, UserWarning)\n"
+            "warnings.warn('another warning', UserWarning)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "TensorFloat32" not in out.stderr and "another warning" in out.stderr
+
+
 def test_the_sandbox_binds_gpu_devices_after_making_dev(monkeypatch):
     from autograder.sandbox import parent
 

@@ -319,6 +319,19 @@ def test_lesson_7_what_broadcasting_and_indexing_do():
     assert "By default (`True`) the output's existing values take part" in text
 
 
+def test_lesson_7_cdist_takes_the_matrix_product_above_25_points():
+    # far from the origin the identity loses digits and the differences do not: cdist's error shows
+    # which one it used
+    g = torch.Generator().manual_seed(0)
+    errors = {}
+    for n in (25, 26):
+        a, b = (torch.randn(n, 64, generator=g, dtype=torch.float64) + 1000 for _ in range(2))
+        exact = ((a[:, None] - b[None]) ** 2).sum(-1)
+        errors[n] = ((torch.cdist(a.float(), b.float()) ** 2).double() - exact).abs().max().item()
+    assert errors[25] < 0.1 < 1.0 < errors[26], errors
+    assert "as soon as either   set has more than 25 points" in prose(L7)
+
+
 def test_lesson_7_what_second_derivatives_need():
     from torch.autograd.function import once_differentiable
     from torch.autograd.gradcheck import GradcheckError

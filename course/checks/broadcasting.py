@@ -25,7 +25,7 @@ from torch.func import functional_call, grad, vmap
 from course.broadcasting import (_timing_critic, critic, loop_penalty, loop_segment_sum, naive_sq_dists, points,
                                  random_graph, with_copies)
 from course.checks.common import call, ok, record
-from course.data import generator
+from course.data import device_generator, generator
 from course.devices import pick_device, threads
 from course.grading import best_of, expect_speedup, speed_bar
 from course.guard import reference
@@ -300,8 +300,8 @@ def check_pairwise_sq_dists(pairwise_sq_dists: Callable, *, seed: int = 0, n: in
 @factory
 def distance_inputs(seed: int, *, device: str, n: int, m: int, d: int) -> tuple:
     """Fresh ``(a, b)`` (float32) for one timed call of the distance speed check."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, d, generator=g).to(device), torch.randn(m, d, generator=g).to(device)
+    g = device_generator(seed, device)
+    return torch.randn(n, d, generator=g, device=device), torch.randn(m, d, generator=g, device=device)
 
 
 def check_distance_speed(pairwise_sq_dists: Callable, *, bars: Mapping[str, float], n: int, m: int, d: int,
@@ -394,9 +394,9 @@ def check_segment_sum(segment_sum: Callable, *, seed: int = 0, nodes: int = 9, e
 @factory
 def segment_inputs(seed: int, *, device: str, nodes: int, edges: int, d: int) -> tuple:
     """Fresh ``(values, index, num_segments)`` for one timed call of the segment speed check."""
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(edges, d, generator=g).to(device), torch.randint(nodes, (edges,), generator=g).to(device),
-            nodes)
+    g = device_generator(seed, device)
+    return (torch.randn(edges, d, generator=g, device=device),
+            torch.randint(nodes, (edges,), generator=g, device=device), nodes)
 
 
 def check_segment_speed(segment_sum: Callable, *, bars: Mapping[str, float], nodes: int, edges: int, d: int,
@@ -591,7 +591,7 @@ def check_penalty_func(gradient_penalty_func: Callable, *, seed: int = 0, n: int
 def penalty_inputs(seed: int, *, device: str, n: int, features: int, hidden: int, model_seed: int) -> tuple:
     """Fresh ``(critic, x)`` for one timed penalty: the critic from ``model_seed`` (the same one in
     every call), the batch from ``seed``."""
-    x = torch.randn(n, features, generator=torch.Generator().manual_seed(seed)).to(device)
+    x = torch.randn(n, features, generator=device_generator(seed, device), device=device)
     return _timing_critic(model_seed, features, hidden, device), x
 
 

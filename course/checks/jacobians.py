@@ -28,6 +28,7 @@ no faster than a loop.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -275,7 +276,13 @@ def jacobian_timing_inputs(seed: int, *, device: str, D: int, layer_seed: int) -
     """Fresh ``(layer, x)`` for one timed call of the vmap speed check: the ``D x D`` layer drawn
     from ``layer_seed`` (the same in every call), the point ``x`` from ``seed``. The judge and the
     learner's process build the same ones from the seeds."""
-    return tanh_layer(D, D, seed=layer_seed, device=device), randn(D, seed=seed, device=device)
+    return _timing_layer(D, layer_seed, device), randn(D, seed=seed, device=device)
+
+
+@functools.lru_cache(maxsize=4)
+def _timing_layer(D: int, layer_seed: int, device: str) -> TanhLayer:
+    """The timed layer, built once per process (a timed call must not pay for building it)."""
+    return tanh_layer(D, D, seed=layer_seed, device=device)
 
 
 def check_vmap_speed(jacobian_vmap: Callable, *, bars: Mapping[str, float], D: int, seed: int = 0,

@@ -28,6 +28,7 @@ from torch import nn
 from torch.func import stack_module_state
 
 from course.checks.common import NO_LOOP, call, clock_against_loop, ok
+from course.data import device_generator
 from course.devices import pick_device
 from course.devices import threads
 from course.grading import best_of, expect_constant_work, expect_speedup, speed_bar
@@ -278,8 +279,8 @@ def ensemble_timing_inputs(seed: int, *, device: str, n: int, batch: int, featur
     ensemble's stacked state from ``model_seed`` (the same in every call), the minibatches ``xs``
     from ``seed``. The judge and the learner's process build the same ones from the seeds."""
     _, params, buffers, base = _timing_ensemble(n, features, hidden, classes, model_seed, device)
-    # drawn in float32 (a float64 draw would cost more than the call it feeds, on both sides)
-    xs = torch.randn(n, batch, features, generator=torch.Generator().manual_seed(seed)).to(device)
+    # drawn in float32 on the device (course.data.device_generator says why)
+    xs = torch.randn(n, batch, features, generator=device_generator(seed, device), device=device)
     return params, buffers, base, xs
 
 
@@ -615,7 +616,7 @@ def per_sample_timing_inputs(seed: int, *, device: str, batch: int, size: int, c
     """Fresh ``(model, x, y)`` for one timed call of the per-sample speed check: the model from
     ``model_seed`` (the same in every call), the batch from ``seed``."""
     model = _timing_cnn(size, tuple(channels), classes, model_seed, device)
-    return (model, *toy_images(batch, seed=seed, size=size, classes=classes, device=device))
+    return (model, *toy_images(batch, seed=seed, size=size, classes=classes, device=device, draw_on_device=True))
 
 
 def check_per_sample_speed(per_sample_grads: Callable, *, bars: Mapping[str, float], batch: int, size: int,
