@@ -16,6 +16,10 @@ module:
 - ``hold()``: in the judge process only, a context manager during which the learner's process is
   stopped (SIGSTOP), so that a trusted baseline is never timed beside learner code
   (:func:`course.timing.compare_served`);
+- ``learner_cpu()``: in the judge process only, the CPU seconds the learner's process and every
+  process it started have used so far (threads and helper processes counted), read by the
+  grading parent from ``/proc``: a candidate's timed block is charged its CPU time divided by the
+  threads it was allowed when that exceeds its wall time (:func:`course.timing.compare_served`);
 - the environment variable :data:`SELF_CHECK_SKIP`: the lessons' closing self-check does
   nothing (the grader reads the test cells itself).
 """
@@ -29,17 +33,18 @@ exclusive: Callable[[], ContextManager] | None = None
 learner_prefix: str | None = None
 refused: Callable[[str, str], None] | None = None
 hold: Callable[[], ContextManager] | None = None
+learner_cpu: Callable[[], float] | None = None
 
 SELF_CHECK_SKIP = "COURSE_SELF_CHECK_SKIP"
 
 
 def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, refused: Callable,
-            hold: Callable | None = None) -> None:
+            hold: Callable | None = None, learner_cpu: Callable | None = None) -> None:
     """Called by the grading sandbox only."""
     globals().update(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix, refused=refused,
-                     hold=hold)
+                     hold=hold, learner_cpu=learner_cpu)
 
 
 def installed() -> tuple:
     """What is installed now (the sandbox compares it after every cell)."""
-    return observer, exclusive, learner_prefix, refused, hold
+    return observer, exclusive, learner_prefix, refused, hold, learner_cpu

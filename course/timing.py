@@ -358,6 +358,10 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
     dev = pick_device(device)
     remote = is_remote(cand)
     hold = grader_hooks.hold if grader_hooks.hold is not None else nullcontext
+    # On a CPU, the learner's process may start threads or processes of its own inside the timed
+    # call: its block is charged its CPU time over the threads allowed, where that is more.
+    learner_cpu = grader_hooks.learner_cpu if remote and dev.type == "cpu" else None
+    used: list[tuple[float, float]] = []  # (wall, CPU) of the candidate's blocks
 
     def run_local(fn, seeds):
         sums = []
@@ -383,9 +387,12 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                     sums = run_local(base_fn, seeds)
                     took = time.perf_counter() - t0
             else:
+                cpu = learner_cpu() if learner_cpu is not None else 0.0
                 t0 = time.perf_counter()
                 sums = run_candidate(seeds)
                 took = time.perf_counter() - t0
+                if learner_cpu is not None:
+                    used.append((took, learner_cpu() - cpu))
             return took, sums
 
         def fresh(n):
@@ -398,6 +405,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                 took, _ = timed(side, fresh(1))
             per_call = max(per_call, took)
         block = max(1, min(MAX_BLOCK, math.ceil(min_run_time / per_call)))
+        used.clear()  # (warm-up blocks, compilation included, are not charged)
         times: dict[str, list[float]] = {base_name: [], cand_name: []}
         limit = max_rounds or (4 * rounds if until is not None else rounds)
         for r in range(limit):
@@ -422,7 +430,32 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                     f"{cand_name}: the output of a timed call differs from {base_name}'s on the same inputs "
                     f"({int(bad.sum())} of {block} calls in round {r + 1}; checksum {float(have[i, 0]):.6g}, "
                     f"expected {float(want[i, 0]):.6g}). A fast path must compute every call's output.")
-    return SpeedReport(times=times, baseline=base_name, device=str(dev), threads=torch.get_num_threads())
+    notes = []
+    factor = cpu_factor(used, torch.get_num_threads())
+    if factor > 1.0:
+        times[cand_name] = [t * factor for t in times[cand_name]]
+        notes.append(f"{cand_name} used {factor * torch.get_num_threads():.1f} cores' worth of CPU while timed, "
+                     f"with {torch.get_num_threads()} thread(s) allowed: its times are its CPU time over "
+                     f"{torch.get_num_threads()} ({factor:.2f}x its wall time). Threads or processes of your own do "
+                     "not make a call faster here.")
+    return SpeedReport(times=times, baseline=base_name, device=str(dev), threads=torch.get_num_threads(),
+                       notes=notes)
+
+
+#: What the kernel's clock ticks (10 ms, per process of the tree) may add to a CPU reading.
+CPU_SLACK = 0.03
+
+
+def cpu_factor(blocks: Sequence[tuple[float, float]], threads: int) -> float:
+    """How much longer than its wall time a candidate's timed blocks count: their CPU time (less
+    the readings' slack) over the ``threads`` they were allowed, against their wall time, or 1
+    where that is less. ``blocks``: (wall, CPU) seconds of each. Summed over all blocks, the
+    readings' rounding (a clock tick) is paid once, not per block."""
+    wall = sum(w for w, _ in blocks)
+    cpu = sum(c for _, c in blocks)
+    if wall <= 0:
+        return 1.0
+    return max(1.0, (cpu - CPU_SLACK) / max(1, threads) / wall)
 
 
 def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequence[int] = (), reps: int = 5,
@@ -442,6 +475,8 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     of ``calls`` (a timed answer must also be right)."""
     dev = pick_device(device)
     hold = grader_hooks.hold if grader_hooks.hold is not None else nullcontext
+    learner_cpu = grader_hooks.learner_cpu if dev.type == "cpu" else None
+    used: list[list[tuple[float, float]]] = [[] for _ in calls]  # (wall, CPU) of the learner's calls
     best = [math.inf] * len(calls)
     with observing_paused(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
         for rep in range(reps + 1):  # the first is a warm-up
@@ -452,13 +487,17 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
                     args = made[id(args)] if id(args) in made else made.setdefault(id(args), tuple(args()))
                 with (hold() if i in held else nullcontext()):
                     synchronize(dev)
+                    cpu = learner_cpu() if learner_cpu is not None and i not in held else None
                     t0 = time.perf_counter()
                     out = fn(*args)
                     synchronize(dev)
                     took = time.perf_counter() - t0
+                    if cpu is not None and rep:
+                        used[i].append((took, learner_cpu() - cpu))
                 if rep:
                     best[i] = min(best[i], took)
                 outputs.append(out)
             if check is not None:
                 check(outputs)
-    return best
+    # threads or processes of the learner's own do not hide a loop either
+    return [b * cpu_factor(u, torch.get_num_threads()) for b, u in zip(best, used)]

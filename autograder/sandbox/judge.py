@@ -97,9 +97,14 @@ def main() -> int:
         never timed beside learner code."""
         return granted("hold", "release", "to stop the learner's process")
 
+    def learner_cpu() -> float:
+        """The CPU seconds the learner's process tree has used so far (the parent reads /proc)."""
+        channel.send(protocol.CPU)
+        return protocol.CPU_ANSWER.unpack(protocol.read_exact(in_fd, protocol.CPU_ANSWER.size))[0]
+
     # No learner frame is ever on this process's stack: the references serve the checks freely.
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
-                  refused=lambda name, where: None, hold=hold)
+                  refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu)
 
     alarm = protocol.Alarm().install()  # the parent's time limit, felt inside a cell's code only
     link = Link(call_fd, reply_fd)

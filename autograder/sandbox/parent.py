@@ -235,6 +235,21 @@ def _tree_rss_mb(pid: int) -> float:
     return total * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of ``pid`` and its descendants, their reaped children included:
+    what a learner's process tree has used, every thread and helper process counted (a thread
+    that has ended stays in its process's count; a child, in its parent's once reaped)."""
+    ticks = 0
+    for p in [pid, *descendants(pid)]:
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        except (OSError, ValueError, IndexError):
+            pass
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _limits(memory_mb: float, env: dict[str, str]) -> str:
     """The rlimits the child sets on itself before learner code runs, as ``name=value,...``."""
     limits = {"FSIZE": 256 * 2**20, "NPROC": 4096, "CORE": 0}
@@ -299,6 +314,12 @@ class _Proc:
     def go(self) -> None:
         try:
             os.write(self.to_w, protocol.GO)
+        except OSError:
+            pass
+
+    def answer(self, data: bytes) -> None:
+        try:
+            os.write(self.to_w, data)
         except OSError:
             pass
 
@@ -497,6 +518,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         held = True
                         _stop_and_wait(child.proc.pid)
                         source.go()
+                    elif kind == protocol.CPU and source is judge:
+                        source.answer(protocol.CPU_ANSWER.pack(tree_cpu_seconds(child.proc.pid)))
                     elif kind == protocol.RELEASE and source is judge and held:
                         held = False
                         signal_tree(child.proc.pid, signal.SIGCONT)

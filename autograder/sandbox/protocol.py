@@ -36,9 +36,11 @@ GO = b"g"
 # Child -> parent message kinds.
 READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE = (
     "ready", "cell_start", "record", "cell_end", "flag", "speed_begin", "speed_end", "done")
-# Judge -> parent only: stop the learner's process (answered by GO once it is stopped), resume it.
-HOLD, RELEASE = "hold", "release"
-KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE, HOLD, RELEASE}
+# Judge -> parent only: stop the learner's process (answered by GO once it is stopped), resume it;
+# the CPU seconds the learner's process tree has used (answered by CPU_ANSWER: 8 bytes, a double).
+HOLD, RELEASE, CPU = "hold", "release", "cpu"
+CPU_ANSWER = struct.Struct(">d")
+KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE, HOLD, RELEASE, CPU}
 
 
 def send_frame(fd: int, payload: bytes) -> None:

@@ -1,0 +1,145 @@
+"""A learner's own threads and processes do not make a timed call faster (issue 12).
+
+The judge pins the CPU threads both sides of a speed check run with, but the learner's code can
+raise its own (``torch.set_num_threads``), start threads, or farm work out to processes. On a
+CPU the judge therefore asks the grading parent, before and after each of the candidate's timed
+blocks, how much CPU the learner's process tree has used (``/proc``: every thread and helper
+process counted), and charges the block its CPU time over the threads allowed where that is
+longer than its wall time. Checked here: the charge itself, the tree's count, the charge inside
+``compare_served``, and the whole path through the real sandbox.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import course.grader_hooks as hooks
+from course.devices import threads
+from autograder.sandbox.parent import tree_cpu_seconds
+from course.timing import CPU_SLACK, best_times, compare_served, cpu_factor
+
+
+def test_blocks_are_charged_their_cpu_time_over_the_threads_allowed_where_that_is_longer():
+    honest = [(0.010, 0.010)] * 20
+    assert cpu_factor(honest, 1) == 1.0  # one thread, honest: its wall time
+    assert cpu_factor([(0.010, 0.010 + CPU_SLACK)], 1) == pytest.approx(1.0)  # the readings' rounding costs nothing
+    four = [(0.010, 0.040)] * 20  # four cores' worth, 10 ms blocks: short blocks do not hide it
+    assert cpu_factor(four, 1) == pytest.approx((0.8 - CPU_SLACK) / 0.2)
+    assert cpu_factor(four, 4) == 1.0  # four allowed: its wall time
+    assert cpu_factor([], 1) == 1.0
+
+
+BURN = ("import threading, time, subprocess, sys\n"
+        "def spin(s):\n"
+        "    t = time.thread_time()\n"
+        "    while time.thread_time() - t < s:\n"
+        "        pass\n"
+        "th = threading.Thread(target=spin, args=(0.3,)); th.start(); th.join()\n"  # a thread that has ended
+        "subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 0.3: pass'])\n"  # a child, reaped
+        "print('burnt', flush=True)\n"
+        "time.sleep(30)\n")
+
+
+def test_the_tree_counts_ended_threads_and_reaped_children():
+    proc = subprocess.Popen([sys.executable, "-c", BURN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "burnt"
+        own = tree_cpu_seconds(proc.pid)
+        assert own >= 0.55, own
+    finally:
+        proc.kill()
+        proc.wait()
+    assert tree_cpu_seconds(proc.pid) == 0.0  # gone: nothing to read
+
+
+def test_compare_served_charges_the_candidate_and_says_so(monkeypatch):
+    """With a parent that reports four cores' worth of CPU per candidate block, the candidate's
+    times are its CPU time, and the report says why; the baseline's are untouched."""
+    from course.checks.broadcasting import distance_inputs, naive_sq_dists
+    from course.remote import Remote
+
+    used = {"cpu": 0.0}
+
+    class FourCores:
+        """Stands in for a Remote: the learner's process, here, using four cores a call."""
+        __name__ = "yours"
+
+        def stage(self, constants):
+            return 0
+
+        def block(self, handle, factory, sizes, seeds, device, grad=False):
+            from course.remote import FACTORIES, checksum
+            start = time.perf_counter()
+            sums = torch.stack([checksum(naive_sq_dists(*FACTORIES[factory](s, device=device, **sizes)))
+                                for s in seeds])
+            used["cpu"] += 4 * (time.perf_counter() - start)
+            return sums
+
+    monkeypatch.setattr("course.remote.is_remote", lambda obj: isinstance(obj, FourCores) or isinstance(obj, Remote))
+    monkeypatch.setattr(hooks, "learner_cpu", lambda: used["cpu"])
+    with threads(1):
+        report = compare_served(("broadcast", naive_sq_dists), ("yours", FourCores()), factory=distance_inputs,
+                                sizes=dict(n=64, m=64, d=16), device="cpu", rounds=5, min_run_time=0.02)
+    speedup = report.speedup("yours").median
+    assert speedup < 0.4, report.table()  # the same work, charged four cores' worth on one thread allowed
+    assert any("cores' worth of CPU" in note for note in report.notes), report.notes
+
+
+def test_best_times_charges_the_learners_calls_not_the_held_ones(monkeypatch):
+    used = {"cpu": 0.0}
+
+    def four_cores():
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.01:
+            pass
+        used["cpu"] += 0.04
+
+    def held():
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.01:
+            pass
+
+    monkeypatch.setattr(hooks, "learner_cpu", lambda: used["cpu"])
+    with threads(1):
+        learner, trusted = best_times([(four_cores, ()), (held, ())], held=[1], reps=5, device="cpu")
+    assert learner > 0.03 and trusted < 0.02, (learner, trusted)
+
+
+def test_without_a_parent_nothing_is_charged(monkeypatch):
+    monkeypatch.setattr(hooks, "learner_cpu", None)
+    assert hooks.installed()[-1] is None
+
+
+SERVED = [
+    {"index": 0, "id": "a", "kind": "instructor", "source": "import course.grader_hooks as hooks\n", "grade_id": ""},
+    {"index": 1, "id": "b", "kind": "solution", "grade_id": "sol", "answers": ["burn"],
+     "source": "def burn(s):\n"
+               "    import threading, time\n"
+               "    def spin():\n"
+               "        t = time.thread_time()\n"
+               "        while time.thread_time() - t < s:\n"
+               "            pass\n"
+               "    for _ in range(2):  # (subprocess is refused in submitted code; threads are not)\n"
+               "        th = threading.Thread(target=spin); th.start(); th.join()\n"
+               "    return 0\n"},
+    {"index": 2, "id": "c", "kind": "test", "grade_id": "t", "served": True,
+     "source": "c0 = hooks.learner_cpu()\nburn(0.3)\nprint(f'used {hooks.learner_cpu() - c0:.2f}')\n"},
+]
+
+
+def test_the_judge_reads_the_learners_cpu_through_the_parent(tmp_path):
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    out = run_program(SERVED, judge_setup=[SERVED[0]["source"]], sandbox=sandbox, cell_timeout=60, timeout=120,
+                      memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok", out
+    text = out.cells[2].output.strip()
+    assert text.startswith("used "), out.cells[2]
+    assert float(text.split()[1]) >= 0.55, text
