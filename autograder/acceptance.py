@@ -18,7 +18,11 @@ Then the lesson's benchmark runs at the device's size (``BENCHMARKS``). The summ
 lesson the instructor run's seconds and peak memory, the three scores, and each speed bar beside
 the ratio (its lower bound) the instructor's solution measured on this machine: the figures the
 CUDA bars are set from. ``--record`` writes the benchmarks' results and the summary into
-``benchmarks/results/`` to be committed. Exit status 0 only when every expectation held.
+``benchmarks/results/`` to be committed, merged with what earlier runs recorded there: a GPU lease
+of 15 minutes does not hold a whole acceptance (about 20), so ``--missing-only`` (the lessons not yet
+accepted on this device) and ``--budget SECONDS`` (only the lessons whose recorded or default cost
+fits) let successive leases complete it lesson by lesson. Exit status 0 only when every expectation
+of the lessons run held.
 
 Nothing here needs the network: it grades with the torch that is installed (``--prepare`` installs
 only what is missing besides torch, for a GPU machine that comes with its own).
@@ -169,8 +173,61 @@ def _environment(device: str) -> dict:
             "date": dt.date.today().isoformat()}
 
 
+#: A lesson's cost (grading and benchmark, seconds) where no earlier run recorded one.
+DEFAULT_COST = {"cuda": 240.0, "cpu": 300.0}
+
+
+def recorded(device: str, folder: Path = ROOT / "benchmarks" / "results") -> dict:
+    """The committed acceptance of ``device`` (``acceptance-<device>.json``), or an empty one."""
+    path = folder / f"acceptance-{device}.json"
+    if not path.exists():
+        return {"environment": {}, "lessons": {}, "problems": []}
+    return json.loads(path.read_text())
+
+
+def accepted(entry: dict) -> bool:
+    """Whether a lesson's record shows every expectation held (nothing failed, nothing undecided)."""
+    return bool(entry.get("rows")) and not entry.get("problems") and not entry.get("undecided") \
+        and entry.get("benchmark", {}).get("exit") in (0, None)
+
+
+def plan(lessons: list[str], device: str, *, budget: float | None, earlier: dict,
+         missing_only: bool) -> tuple[list[str], list[str]]:
+    """The lessons to run now and those left for another run: with ``missing_only``, those not
+    yet accepted on this device; with a ``budget`` (seconds), as many as their costs measured
+    by earlier runs (or :data:`DEFAULT_COST`) fit, in order, a lesson too long for what is left
+    giving way to a shorter one after it. A GPU lease is short: an acceptance
+    spread over several leases completes lesson by lesson."""
+    todo = [l for l in lessons if not (missing_only and accepted(earlier.get("lessons", {}).get(l, {})))]
+    if budget is None:
+        return todo, []
+    run_now, left, spent = [], [], 0.0
+    for lesson_id in todo:
+        e = earlier.get("lessons", {}).get(lesson_id, {})
+        cost = (e.get("grading_s", 0) + e.get("benchmark", {}).get("seconds", 0)) or DEFAULT_COST[device]
+        if spent + cost <= budget:
+            run_now.append(lesson_id)
+            spent += cost
+        else:
+            left.append(lesson_id)
+    return run_now, left
+
+
+def merged(summary: dict, earlier: dict) -> dict:
+    """This run's summary with the lessons an earlier recorded run accepted or tried and this one
+    did not run (each lesson keeps the environment it ran in)."""
+    lessons = {k: v for k, v in earlier.get("lessons", {}).items() if k not in summary["lessons"]}
+    lessons.update(summary["lessons"])
+    problems = [p for e in lessons.values() for p in e.get("problems", [])]
+    problems += [p for p in summary.get("problems", []) if p not in problems]
+    undecided = [u for e in lessons.values() for u in e.get("undecided", [])]
+    undecided += [u for u in summary.get("undecided", []) if u not in undecided]
+    return {**summary, "lessons": dict(sorted(lessons.items())), "problems": problems, "undecided": undecided}
+
+
 def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, record: bool = False,
-        jobs: int = 1, sandbox: str = "auto", benchmarks: bool = True) -> int:
+        jobs: int = 1, sandbox: str = "auto", benchmarks: bool = True, budget: float | None = None,
+        missing_only: bool = False) -> int:
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -184,8 +241,12 @@ def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, reco
     bench_out.mkdir(parents=True, exist_ok=True)
     from autograder.sandbox import choose_sandbox
 
-    summary = {"environment": {**_environment(device), "sandbox": choose_sandbox(sandbox)},
-               "lessons": {}, "problems": []}
+    earlier = recorded(device) if (record or missing_only or budget is not None) else {"lessons": {}}
+    lessons, left = plan(lessons, device, budget=budget, earlier=earlier, missing_only=missing_only)
+    if left:
+        print(f"acceptance: {', '.join(left)} left for another run (--budget {budget:g} s)", flush=True)
+    env = {**_environment(device), "sandbox": choose_sandbox(sandbox)}
+    summary = {"environment": env, "lessons": {}, "problems": [], "undecided": [], "left": left}
     for lesson_id in lessons:
         print(f"== {lesson_id}: grading the instructor's solution, the untouched and a planted version "
               f"(--device {device})", flush=True)
@@ -195,20 +256,20 @@ def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, reco
         code, tail = _streamed([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(graded),
                                 "--work", str(work), "--device", device, "--lesson", lesson_id, "--jobs", str(jobs),
                                 "--sandbox", sandbox], out / "grading" / f"{lesson_id}.log")
-        entry: dict = {"grading_s": round(time.monotonic() - start, 1)}
+        entry: dict = {"environment": env, "grading_s": round(time.monotonic() - start, 1), "problems": [],
+                       "undecided": []}
+        summary["lessons"][lesson_id] = entry
         if code != 0:
-            summary["problems"].append(f"{lesson_id}: grading could not run: {tail}")
+            entry["problems"].append(f"{lesson_id}: grading could not run: {tail}")
         else:
-            rows, problems, undecided = check_lesson(lesson_id, graded / "grades.csv", graded / "cells.csv")
-            summary["problems"] += problems
-            summary.setdefault("undecided", []).extend(undecided)
+            rows, entry["problems"], entry["undecided"] = check_lesson(lesson_id, graded / "grades.csv",
+                                                                       graded / "cells.csv")
             entry["rows"] = {s: {k: rows[s][k] for k in ("score", "max_score", "status", "seconds", "peak_rss_mb")}
                              for s in SUBMISSIONS if s in rows}
             entry["speed"] = speed_figures(work, lesson_id)
         if not benchmarks:
             entry["benchmark"] = {"script": BENCHMARKS[lesson_id], "exit": None, "seconds": 0}
-            summary["lessons"][lesson_id] = entry
-            _write(summary, out, record)
+            _write(summary, out, record, earlier)
             continue
         print(f"== {lesson_id}: benchmark {BENCHMARKS[lesson_id]}", flush=True)
         args = [sys.executable, str(ROOT / "benchmarks" / BENCHMARKS[lesson_id]), "--device", device,
@@ -220,12 +281,16 @@ def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, reco
         entry["benchmark"] = {"script": BENCHMARKS[lesson_id], "exit": bench.returncode,
                               "seconds": round(time.monotonic() - start, 1)}
         if bench.returncode != 0:
-            summary["problems"].append(f"{lesson_id}: benchmarks/{BENCHMARKS[lesson_id]} failed: "
-                                       f"{(bench.stderr or bench.stdout)[-800:]}")
-        summary["lessons"][lesson_id] = entry
-        _write(summary, out, record)  # after every lesson: a run stopped midway keeps what it measured
-    print(markdown(summary))
-    return 0 if not summary["problems"] else 1
+            entry["problems"].append(f"{lesson_id}: benchmarks/{BENCHMARKS[lesson_id]} failed: "
+                                     f"{(bench.stderr or bench.stdout)[-800:]}")
+        _write(summary, out, record, earlier)  # after every lesson: a run stopped midway keeps what it measured
+    _write(summary, out, record, earlier)
+    print(markdown(merged(summary, earlier) if record else _totals(summary)))
+    return 0 if not _totals(summary)["problems"] else 1
+
+
+def _totals(summary: dict) -> dict:
+    return merged(summary, {"lessons": {}})
 
 
 def _streamed(argv: list[str], log: Path) -> tuple[int, str]:
@@ -245,11 +310,16 @@ def _streamed(argv: list[str], log: Path) -> tuple[int, str]:
     return code, tail
 
 
-def _write(summary: dict, out: Path, record: bool) -> None:
+def _write(summary: dict, out: Path, record: bool, earlier: dict | None = None) -> None:
+    """This run's summary into ``out``; with ``record``, merged with the earlier recorded one into
+    ``benchmarks/results/`` (lessons accepted in earlier leases are kept)."""
     device = summary["environment"]["device"]
-    for folder in [out] + ([ROOT / "benchmarks" / "results"] if record else []):
-        (folder / f"acceptance-{device}.json").write_text(json.dumps(summary, indent=1) + "\n")
-        (folder / f"acceptance-{device}.md").write_text(markdown(summary))
+    targets = [(out, _totals(summary))]
+    if record:
+        targets.append((ROOT / "benchmarks" / "results", merged(summary, earlier or {"lessons": {}})))
+    for folder, data in targets:
+        (folder / f"acceptance-{device}.json").write_text(json.dumps(data, indent=1) + "\n")
+        (folder / f"acceptance-{device}.md").write_text(markdown(data))
 
 
 def _bench_cell(bench: dict) -> str:
@@ -260,20 +330,23 @@ def _bench_cell(bench: dict) -> str:
 
 def markdown(summary: dict) -> str:
     env = summary["environment"]
-    lines = [f"# Acceptance on {env['device']}: {env['machine']}", "",
-             f"torch {env['torch']}" + (f", CUDA {env['cuda']}" if env.get("cuda") else "") +
-             f", Python {env['python']}, {env['date']}, sandbox {env.get('sandbox', '?')}. "
+    lines = [f"# Acceptance on {env['device']}", "",
+             f"Latest run: {env['machine']}, torch {env['torch']}" + (f", CUDA {env['cuda']}" if env.get("cuda") else "") +
+             f", Python {env['python']}, {env['date']}, sandbox {env.get('sandbox', '?')}; each lesson's row says "
+             "when and with which torch it ran. "
              "Written by `python -m autograder acceptance`.", "",
-             "| lesson | instructor run | peak memory | perfect | untouched | planted | benchmark |",
-             "|---|---|---|---|---|---|---|"]
+             "| lesson | accepted | run on | instructor run | peak memory | perfect | untouched | planted | benchmark |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for lesson_id, e in summary["lessons"].items():
         rows = e.get("rows", {})
         score = lambda s: f"{rows[s]['score']}/{rows[s]['max_score']}" if s in rows else "-"  # noqa: E731
         perfect = rows.get("perfect", {})
-        bench = e["benchmark"]
-        lines.append(f"| {lesson_id} | {perfect.get('seconds', '-')} s | {perfect.get('peak_rss_mb', '-')} MB | "
-                     f"{score('perfect')} | {score('untouched')} | {score('planted')} | "
-                     f"{_bench_cell(bench)} |")
+        bench = e.get("benchmark", {"exit": None})
+        where = e.get("environment", env)
+        lines.append(f"| {lesson_id} | {'yes' if accepted(e) else '**no**'} | {where.get('date', '?')}, "
+                     f"torch {where.get('torch', '?')} | {perfect.get('seconds', '-')} s | "
+                     f"{perfect.get('peak_rss_mb', '-')} MB | {score('perfect')} | {score('untouched')} | "
+                     f"{score('planted')} | {_bench_cell(bench)} |")
     lines += ["", "## Speed bars against what the instructor's solution measured here", "",
               "| lesson | check | bar | measured (lower bound) | margin |", "|---|---|---|---|---|"]
     for lesson_id, e in summary["lessons"].items():
@@ -289,6 +362,13 @@ def markdown(summary: dict) -> str:
     if summary.get("undecided"):
         lines += ["", "## Left undecided (not a pass: measure again, on a quieter machine)", ""]
         lines += [f"- {u}" for u in summary["undecided"]]
+    from course.lessons import catalog
+
+    missing = [item["id"] for item in catalog() if not accepted(summary["lessons"].get(item["id"], {}))]
+    if missing:
+        lines += ["", "## Not yet accepted on this device", "",
+                  f"{', '.join(missing)}. Next: `python -m autograder acceptance --device {env['device']} --record "
+                  "--missing-only --budget SECONDS` (a lease at a time)."]
     return "\n".join(lines) + "\n"
 
 
@@ -416,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
                         help="passed to grade (default auto: bubblewrap where it works)")
     parser.add_argument("--no-benchmarks", action="store_true", help="grade only; run no benchmark")
+    parser.add_argument("--missing-only", action="store_true",
+                        help="only the lessons the recorded acceptance of this device has not accepted yet")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="start only the lessons that fit in SECONDS (costs from the recorded acceptance)")
     parser.add_argument("--prepare", action="store_true", help="install what is missing besides torch, then exit")
     parser.add_argument("--wheels", type=Path, default=None,
                         help="with --prepare: install from this folder of wheels only (a machine with no network)")
@@ -431,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         return prepare(args.wheels)
     out = args.out or Path(tempfile.mkdtemp(prefix=f"acceptance-{args.device}-"))
     return run(args.device, args.lesson or ids, out, quick=args.quick, record=args.record, jobs=args.jobs,
-               sandbox=args.sandbox, benchmarks=not args.no_benchmarks)
+               sandbox=args.sandbox, benchmarks=not args.no_benchmarks, budget=args.budget,
+               missing_only=args.missing_only)
 
 
 if __name__ == "__main__":

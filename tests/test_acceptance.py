@@ -136,4 +136,39 @@ def test_a_summary_is_written_after_every_lesson_and_says_when_benchmarks_were_l
     acceptance._write(summary, tmp_path, record=False)
     text = (tmp_path / "acceptance-cpu.md").read_text()
     assert "not run (--no-benchmarks)" in text and "sandbox bwrap" in text and "something" in text
-    assert json.loads((tmp_path / "acceptance-cpu.json").read_text()) == summary
+    written = json.loads((tmp_path / "acceptance-cpu.json").read_text())
+    assert written["lessons"] == summary["lessons"] and written["problems"] == summary["problems"]
+
+
+def _entry(date: str, ok: bool = True, seconds: float = 100.0) -> dict:
+    return {"environment": {"device": "cuda", "date": date, "torch": "2.11.0", "machine": "H200"},
+            "grading_s": seconds, "problems": [] if ok else ["x: the instructor's solution scored 3 of 4"],
+            "undecided": [], "rows": {"perfect": {"score": "4", "max_score": "4", "seconds": 1, "peak_rss_mb": 1}},
+            "benchmark": {"script": "b.py", "exit": None, "seconds": 0}}
+
+
+def test_an_acceptance_spread_over_leases_keeps_what_earlier_runs_accepted():
+    earlier = {"environment": {}, "lessons": {"03_channels_last": _entry("2026-11-25"),
+                                              "04_forward_ad": _entry("2026-11-25", ok=False)}, "problems": []}
+    now = {"environment": {"device": "cuda", "machine": "H100", "torch": "2.11.0", "python": "3.12", "date": "d"},
+           "lessons": {"04_forward_ad": _entry("2026-11-26")}, "problems": [], "undecided": []}
+    both = acceptance.merged(now, earlier)
+    assert list(both["lessons"]) == ["03_channels_last", "04_forward_ad"]
+    assert both["lessons"]["03_channels_last"]["environment"]["date"] == "2026-11-25"  # kept, with its own run
+    assert both["lessons"]["04_forward_ad"]["environment"]["date"] == "2026-11-26"  # replaced by this run
+    assert both["problems"] == []  # the earlier failure of lesson 4 was run again and held
+    text = acceptance.markdown(both)
+    assert "| 03_channels_last | yes | 2026-11-25" in text and "Not yet accepted on this device" in text
+    assert "--missing-only" in text
+
+
+def test_a_lease_runs_only_what_is_missing_and_what_fits():
+    earlier = {"lessons": {"03_channels_last": _entry("d"), "04_forward_ad": _entry("d", ok=False, seconds=200),
+                           "05_jacobians_hessians": _entry("d", ok=False, seconds=100)}}
+    ids = ["03_channels_last", "04_forward_ad", "05_jacobians_hessians", "06_vmap_ensembles"]
+    assert acceptance.plan(ids, "cuda", budget=None, earlier=earlier, missing_only=False) == (ids, [])
+    assert acceptance.plan(ids, "cuda", budget=None, earlier=earlier, missing_only=True) == (ids[1:], [])
+    # recorded costs 200 and 100, then the default for a lesson never run; a long one gives way
+    assert acceptance.plan(ids, "cuda", budget=320, earlier=earlier, missing_only=True) == (ids[1:3], ids[3:])
+    assert acceptance.plan(ids, "cuda", budget=150, earlier=earlier, missing_only=True) == ([ids[2]], [ids[1], ids[3]])
+    assert acceptance.plan(ids, "cuda", budget=600, earlier=earlier, missing_only=True) == (ids[1:], [])
