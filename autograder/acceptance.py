@@ -168,9 +168,14 @@ def _environment(device: str) -> dict:
 
     from course.doctor import machine_name
 
+    try:  # the course's version the run graded (a lesson changed since is worth running again)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
     return {"device": device, "machine": machine_name(), "torch": torch.__version__,
             "cuda": torch.version.cuda if device == "cuda" else None, "python": sys.version.split()[0],
-            "date": dt.date.today().isoformat()}
+            "date": dt.date.today().isoformat(), "commit": commit}
 
 
 #: A lesson's cost (grading and benchmark, seconds) where no earlier run recorded one.
@@ -344,7 +349,7 @@ def markdown(summary: dict) -> str:
         bench = e.get("benchmark", {"exit": None})
         where = e.get("environment", env)
         lines.append(f"| {lesson_id} | {'yes' if accepted(e) else '**no**'} | {where.get('date', '?')}, "
-                     f"torch {where.get('torch', '?')} | {perfect.get('seconds', '-')} s | "
+                     f"torch {where.get('torch', '?')}, commit {where.get('commit') or '?'} | {perfect.get('seconds', '-')} s | "
                      f"{perfect.get('peak_rss_mb', '-')} MB | {score('perfect')} | {score('untouched')} | "
                      f"{score('planted')} | {_bench_cell(bench)} |")
     lines += ["", "## Speed bars against what the instructor's solution measured here", "",
