@@ -20,18 +20,17 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call
 
 from course.broadcasting import (_timing_critic, critic, loop_penalty, loop_segment_sum, naive_sq_dists, points,
                                  random_graph, with_copies)
-from course.checks.common import call, ok, record
+from course.checks.common import call, ok, record, served_speedup
 from course.data import device_generator, generator
-from course.devices import pick_device, threads
-from course.grading import best_of, expect_speedup, speed_bar
+from course.devices import pick_device
 from course.guard import reference
 from course.numerics import assert_close, describe
 from course.remote import factory, is_remote, mirrored, probe, prober
-from course.timing import SpeedReport, compare_served
+from course.timing import SpeedReport
 
 __all__ = ["check_broadcast_shape", "check_distance_speed", "check_gradient_penalty", "check_mse",
            "check_pairwise_sq_dists", "check_penalty_func", "check_penalty_speed", "check_segment_max",
@@ -206,22 +205,6 @@ def check_mse(mse: Callable, *, seed: int = 0, n: int = 7, device=None) -> None:
        f"refuses shapes that would broadcast into a wrong loss (n={n}, seed {seed})")
 
 
-def _served_speed(baseline: tuple[str, Callable], candidate: Callable, *, factory: Callable, sizes: dict,
-                  bars: Mapping[str, float], hint: str, num_threads: int | None, dev: torch.device, rounds: int,
-                  min_run_time: float, attempts: int, rtol: float, grad: bool = False) -> SpeedReport:
-    """The learner's ``candidate`` against the course's ``baseline`` by :func:`compare_served`
-    (fresh inputs from ``factory``, every timed output checked), the best of ``attempts`` judged
-    against ``bars``, ``num_threads`` pinned on a CPU."""
-    bar = speed_bar(bars, dev)
-    with threads(num_threads if dev.type == "cpu" else None):
-        report = best_of(lambda: compare_served(baseline, ("yours", candidate), factory=factory, sizes=sizes,
-                                                device=dev, rounds=rounds, min_run_time=min_run_time, until=bar,
-                                                rtol=rtol, grad=grad), "yours", bar, attempts)
-    report.show()
-    expect_speedup(report, "yours", over=baseline[0], bars=bars, hint=hint)
-    return report
-
-
 # -- 3. pairwise squared distances -----------------------------------------------------------------
 
 @reference
@@ -315,11 +298,11 @@ def check_distance_speed(pairwise_sq_dists: Callable, *, bars: Mapping[str, floa
         got = call(pairwise_sq_dists, a, b, name="pairwise_sq_dists")
         assert_close(got, naive_sq_dists(a, b), name="pairwise_sq_dists on points like the timed ones",
                      rtol=1e-4, atol=1e-3, hint="the timed function must be right before it is fast.")
-    return _served_speed(("broadcast", naive_sq_dists), pairwise_sq_dists, factory=distance_inputs,
-                         sizes=dict(n=n, m=m, d=d), bars=bars, num_threads=num_threads, dev=dev, rounds=rounds,
-                         min_run_time=min_run_time, attempts=attempts, rtol=1e-3,
-                         hint="an (N, M, D) intermediate is what makes the broadcast slow: the identity |a|^2 + "
-                              "|b|^2 - 2 a @ b.T never builds one (a matrix product does the heavy part).")
+    return served_speedup(("broadcast", naive_sq_dists), ("yours", pairwise_sq_dists), factory=distance_inputs,
+                          sizes=dict(n=n, m=m, d=d), bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
+                          min_run_time=min_run_time, attempts=attempts, rtol=1e-3,
+                          hint="an (N, M, D) intermediate is what makes the broadcast slow: the identity |a|^2 + "
+                               "|b|^2 - 2 a @ b.T never builds one (a matrix product does the heavy part).")
 
 
 # -- 4. segment sums and maxima ----------------------------------------------------------------------
@@ -410,10 +393,10 @@ def check_segment_speed(segment_sum: Callable, *, bars: Mapping[str, float], nod
         got = call(segment_sum, values, index, nodes, name="segment_sum")
         assert_close(got, loop_segment_sum(values, index, nodes), name="segment_sum on a graph like the timed ones",
                      rtol=1e-4, atol=1e-4, hint="the timed function must be right before it is fast.")
-    return _served_speed(("loop", loop_segment_sum), segment_sum, factory=segment_inputs,
-                         sizes=dict(nodes=nodes, edges=edges, d=d), bars=bars, num_threads=num_threads, dev=dev,
-                         rounds=rounds, min_run_time=min_run_time, attempts=attempts, rtol=1e-4,
-                         hint="one index_add_ over all the edges: no Python loop, no .item() per edge.")
+    return served_speedup(("loop", loop_segment_sum), ("yours", segment_sum), factory=segment_inputs,
+                          sizes=dict(nodes=nodes, edges=edges, d=d), bars=bars, num_threads=num_threads, device=dev,
+                          rounds=rounds, min_run_time=min_run_time, attempts=attempts, rtol=1e-4,
+                          hint="one index_add_ over all the edges: no Python loop, no .item() per edge.")
 
 
 @reference
@@ -606,11 +589,11 @@ def check_penalty_speed(gradient_penalty: Callable, *, bars: Mapping[str, float]
     got = call(gradient_penalty, model, x, name="gradient_penalty")
     assert_close(got, loop_penalty(model, x), name="gradient_penalty on a batch like the timed ones", rtol=1e-4,
                  atol=1e-6, hint="the timed function must be right before it is fast.")
-    return _served_speed(("per-sample loop", loop_penalty), gradient_penalty, factory=penalty_inputs, sizes=sizes,
-                         bars=bars, num_threads=num_threads, dev=dev, rounds=rounds, min_run_time=min_run_time,
-                         attempts=attempts, rtol=1e-4, grad=True,
-                         hint="one autograd.grad over the whole batch (the gradient of the summed scores is every "
-                              "sample's own gradient), not a backward pass per sample.")
+    return served_speedup(("per-sample loop", loop_penalty), ("yours", gradient_penalty), factory=penalty_inputs,
+                          sizes=sizes, bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
+                          min_run_time=min_run_time, attempts=attempts, rtol=1e-4, grad=True,
+                          hint="one autograd.grad over the whole batch (the gradient of the summed scores is every "
+                               "sample's own gradient), not a backward pass per sample.")
 
 
 # -- 6. a Function whose backward is differentiable ------------------------------------------------

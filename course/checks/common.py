@@ -10,7 +10,7 @@ import torch
 from course.guard import ReferenceRefused, answering
 from course.numerics import assert_close, describe
 
-__all__ = ["call", "clock_against_loop", "expect_grads", "ok", "record", "weighted_sum"]
+__all__ = ["call", "clock_against_loop", "expect_grads", "ok", "record", "served_speedup", "weighted_sum"]
 
 
 def ok(message: str) -> None:
@@ -150,3 +150,25 @@ def expect_grads(outputs: Any, ref_outputs: Any, inputs: Sequence[torch.Tensor],
                                  ".detach()/.data?")
         if r is not None:
             assert_close(g, r, name=f"{label}: gradient w.r.t. {n}", **tol)
+
+
+def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callable], *, factory: Callable,
+                   sizes: dict, bars: Any, hint: str, device: torch.device, num_threads: int | None = None,
+                   constants: Sequence[Any] = (), rounds: int = 7, min_run_time: float = 0.2, attempts: int = 3,
+                   rtol: float = 1e-4, grad: bool = False):
+    """Every graded speed check of a learner's function against the course's baseline, in one
+    place: :func:`course.timing.compare_served` (fresh inputs from ``factory`` in every timed call,
+    every output checked), repeated while below the device's bar (``attempts`` in all) and the best
+    judged; ``num_threads`` pinned on a CPU. Shows the report, then passes or raises with ``hint``."""
+    from course.devices import threads
+    from course.grading import best_of, expect_speedup, speed_bar
+    from course.timing import compare_served
+
+    bar = speed_bar(bars, device)
+    with threads(num_threads if device.type == "cpu" else None):
+        report = best_of(lambda: compare_served(baseline, candidate, factory=factory, sizes=sizes, constants=constants,
+                                                device=device, rounds=rounds, min_run_time=min_run_time, until=bar,
+                                                rtol=rtol, grad=grad), candidate[0], bar, attempts)
+    report.show()
+    expect_speedup(report, candidate[0], over=baseline[0], bars=bars, hint=hint)
+    return report

@@ -32,15 +32,13 @@ import torch.autograd.forward_ad as fwAD
 from torch.autograd.gradcheck import GradcheckError
 from torch.func import functional_call
 
-from course.checks.common import call, ok
+from course.checks.common import call, ok, served_speedup
 from course.data import generator, randn
 from course.devices import pick_device
 from course.forward_ad import ModeNotAllowed, WideFunction, mlp, transform_in_use, wide_function
-from course.devices import threads as pinned_threads
-from course.grading import best_of, expect_speedup, speed_bar
 from course.numerics import assert_close, describe
 from course.remote import factory, is_remote, probe, prober
-from course.timing import SpeedReport, compare_served
+from course.timing import SpeedReport
 from course.guard import reference
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
@@ -551,15 +549,10 @@ def check_jacobian_speed(jacobian_fwd: Callable, jacobian_rev: Callable, *, bars
         assert_close(got.double(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()),
                      name=f"{label}(f, x) on the function it is timed on",
                      hint="the timed function must be right before it is fast.")
-    bar = speed_bar(bars, dev)
-    sizes = dict(k=k, m=m, hidden=hidden, f_seed=seed)
-    with pinned_threads(threads if dev.type == "cpu" else None):
-        best = best_of(lambda: compare_served(("reverse (m VJPs)", _reverse_jacobian), ("forward (k JVPs)", jacobian_fwd),
-                                              factory=jacobian_speed_inputs, sizes=sizes, device=dev, rounds=rounds,
-                                              min_run_time=min_run_time, until=bar, grad=True, rtol=1e-3),
-                       "forward (k JVPs)", bar, attempts)
-    best.show()
-    expect_speedup(best, "forward (k JVPs)", over="reverse (m VJPs)", bars=bars,
-                   hint=f"with k={k} inputs and m={m} outputs, forward mode needs {k} JVPs and reverse mode "
-                        f"{m} VJPs: check that jacobian_fwd vmaps over the {k} input directions (not the outputs).")
-    return best
+    return served_speedup(("reverse (m VJPs)", _reverse_jacobian), ("forward (k JVPs)", jacobian_fwd),
+                          factory=jacobian_speed_inputs, sizes=dict(k=k, m=m, hidden=hidden, f_seed=seed), bars=bars,
+                          device=dev, num_threads=threads, rounds=rounds, min_run_time=min_run_time,
+                          attempts=attempts, grad=True, rtol=1e-3,
+                          hint=f"with k={k} inputs and m={m} outputs, forward mode needs {k} JVPs and reverse mode "
+                               f"{m} VJPs: check that jacobian_fwd vmaps over the {k} input directions (not the "
+                               "outputs).")

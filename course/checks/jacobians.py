@@ -35,13 +35,13 @@ from typing import Callable, Mapping
 import torch
 from torch.func import jacfwd, jacrev
 
-from course.checks.common import NO_LOOP, call, clock_against_loop, ok, record
+from course.checks.common import NO_LOOP, call, clock_against_loop, ok, record, served_speedup
 from course.data import randn
 from course.devices import pick_device, threads
 from course.grading import best_of, expect_speedup, speed_bar
 from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, format_bytes, tanh_layer
 from course.numerics import assert_close, describe
-from course.timing import SpeedReport, best_times, compare, compare_served, format_time
+from course.timing import SpeedReport, best_times, compare, format_time
 from course.guard import reference
 from course.remote import factory, is_remote, mirrored, recipe
 
@@ -301,17 +301,11 @@ def check_vmap_speed(jacobian_vmap: Callable, *, bars: Mapping[str, float], D: i
     _expect_tensor(got, "jacobian_vmap", x, (D, D), "the Jacobian of a D x D layer is D x D.")
     _compare(got, layer.to(F64).jacobian(x.to(F64)), f"jacobian_vmap on the {D}x{D} layer it is timed on",
              torch.float32, "the timed function must be right before it is fast.")
-    bar = speed_bar(bars, dev)
-    sizes = dict(D=D, layer_seed=seed)
-    with threads(num_threads if dev.type == "cpu" else None):
-        report = best_of(lambda: compare_served(("row loop", _reference_rows), ("vmap over vjp", jacobian_vmap),
-                                                factory=jacobian_timing_inputs, sizes=sizes, device=dev,
-                                                rounds=rounds, min_run_time=min_run_time, until=bar, grad=True),
-                         "vmap over vjp", bar, attempts)
-    report.show()
-    expect_speedup(report, "vmap over vjp", over="row loop", bars=bars,
-                   hint="one vjp, then one vmap over all the rows of the identity; no Python loop, no .item().")
-    return report
+    return served_speedup(("row loop", _reference_rows), ("vmap over vjp", jacobian_vmap),
+                          factory=jacobian_timing_inputs, sizes=dict(D=D, layer_seed=seed), bars=bars, device=dev,
+                          num_threads=num_threads, rounds=rounds, min_run_time=min_run_time, attempts=attempts,
+                          grad=True,
+                          hint="one vjp, then one vmap over all the rows of the identity; no Python loop, no .item().")
 
 
 # -- jacfwd or jacrev -----------------------------------------------------------------------------

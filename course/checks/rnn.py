@@ -9,14 +9,14 @@ from typing import Callable, Mapping
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from course.checks.common import call, expect_grads, ok
+from course.checks.common import call, expect_grads, ok, served_speedup
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
-from course.grading import best_of, expect_compiled, expect_scripted, expect_speedup, graph_ops, speed_bar
+from course.grading import expect_compiled, expect_scripted, graph_ops
 from course.numerics import assert_close
 from course.remote import local_script
 from course.rnn import layer_norm_params, lstm_weights, make_lstm, timing_inputs
-from course.timing import SpeedReport, compare_served
+from course.timing import SpeedReport
 
 __all__ = ["check_compiled_layer", "check_layer_norm_cell", "check_layer_speed", "check_lstm_cell",
            "check_lstm_layer", "check_masked_lstm_layer", "check_scripted_layer", "check_stacked_lstm"]
@@ -137,16 +137,11 @@ def check_layer_speed(compiled_layer, lstm_layer, *, bars: Mapping[str, float], 
     sizes = dict(seq_len=seq_len, batch=batch, input_size=input_size, hidden_size=hidden_size)
     with torch.no_grad():
         call(lstm_layer, *timing_inputs(seed, device=str(dev), **sizes), *w, name="lstm_layer")
-        bar = speed_bar(bars, dev)
-        report = best_of(lambda: compare_served(("eager", baseline), ("torch.compile", compiled_layer),
-                                                factory=timing_inputs, sizes=sizes, constants=w, device=dev,
-                                                rounds=rounds, min_run_time=min_run_time, until=bar),
-                         "torch.compile", bar, attempts)
-    report.show()
-    expect_speedup(report, "torch.compile", over="eager", bars=bars,
-                   hint="compile the whole layer (the loop over time too), precompute the input "
-                        "projection in one matmul, and keep the time loop free of Python-side work.")
-    return report
+        return served_speedup(("eager", baseline), ("torch.compile", compiled_layer), factory=timing_inputs,
+                              sizes=sizes, constants=w, bars=bars, device=dev, rounds=rounds,
+                              min_run_time=min_run_time, attempts=attempts,
+                              hint="compile the whole layer (the loop over time too), precompute the input "
+                                   "projection in one matmul, and keep the time loop free of Python-side work.")
 
 
 def layer_norm_case(*, seed: int = 0, batch: int = 4, input_size: int = 6, hidden_size: int = 5,

@@ -27,14 +27,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import stack_module_state
 
-from course.checks.common import NO_LOOP, call, clock_against_loop, ok
+from course.checks.common import NO_LOOP, call, clock_against_loop, ok, served_speedup
 from course.data import device_generator
 from course.devices import pick_device
-from course.devices import threads
-from course.grading import best_of, expect_constant_work, expect_speedup, speed_bar
+from course.grading import expect_constant_work
 from course.numerics import assert_close, describe
 from course.remote import factory, is_remote, mirrored
-from course.timing import SpeedReport, compare_served, format_time
+from course.timing import SpeedReport, format_time
 from course.vmap import ForwardWatch, meta_copy, mlp_ensemble, small_cnn, toy_features, toy_images
 from course.guard import reference
 from course.wire import ModuleState
@@ -306,16 +305,11 @@ def check_ensemble_speed(predict_each: Callable, *, bars: Mapping[str, float], n
     def loop(params, buffers, base, xs):
         return loop_predictions(models, xs, same_minibatch=False)
 
-    bar = speed_bar(bars, dev)
-    with threads(num_threads if dev.type == "cpu" else None):
-        report = best_of(lambda: compare_served(("loop", loop), ("vmap", predict_each), factory=ensemble_timing_inputs,
-                                                sizes=sizes, device=dev, rounds=rounds, min_run_time=min_run_time,
-                                                until=bar, grad=False), "vmap", bar, attempts)
-    report.show()
-    expect_speedup(report, "vmap", over="loop", bars=bars,
-                   hint="one vmap call over the stacked state (no loop, no copies of the weights per call). If "
-                        "the machine is busy, run the cell again.")
-    return report
+    return served_speedup(("loop", loop), ("vmap", predict_each), factory=ensemble_timing_inputs, sizes=sizes,
+                          bars=bars, device=dev, num_threads=num_threads, rounds=rounds, min_run_time=min_run_time,
+                          attempts=attempts,
+                          hint="one vmap call over the stacked state (no loop, no copies of the weights per call). "
+                               "If the machine is busy, run the cell again.")
 
 
 # -- training an ensemble ------------------------------------------------------------------------
@@ -636,16 +630,12 @@ def check_per_sample_speed(per_sample_grads: Callable, *, bars: Mapping[str, flo
     for k, e in reference_per_sample_grads(model, x, y).items():
         assert_close(got[k], e, name=f"per_sample_grads on the batch it is timed on [{k!r}]",
                      **_float32_tolerance(dev), hint="the timed function must be right before it is fast.")
-    bar = speed_bar(bars, dev)
-    with threads(num_threads if dev.type == "cpu" else None):
-        report = best_of(lambda: compare_served(("loop", reference_per_sample_grads), ("vmap", per_sample_grads),
-                                                factory=per_sample_timing_inputs, sizes=sizes, device=dev,
-                                                rounds=rounds, min_run_time=min_run_time, until=bar, grad=True),
-                         "vmap", bar, attempts)
-    report.show()
-    expect_speedup(report, "vmap", over="loop", bars=bars,
-                   hint="one vmap(grad(...)) call for the whole batch. If the machine is busy, run the cell again.")
-    return report
+    return served_speedup(("loop", reference_per_sample_grads), ("vmap", per_sample_grads),
+                          factory=per_sample_timing_inputs, sizes=sizes, bars=bars, device=dev,
+                          num_threads=num_threads, rounds=rounds, min_run_time=min_run_time, attempts=attempts,
+                          grad=True,
+                          hint="one vmap(grad(...)) call for the whole batch. If the machine is busy, run the cell "
+                               "again.")
 
 
 # -- DP-SGD --------------------------------------------------------------------------------------
