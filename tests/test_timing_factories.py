@@ -14,14 +14,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-import course.checks.broadcasting  # noqa: F401 - registers the factories
-import course.checks.forward_ad  # noqa: F401
-import course.checks.jacobians  # noqa: F401
-import course.checks.vmap  # noqa: F401
+import importlib
+import pkgutil
+
+import course
 from course.remote import FACTORIES, factory
+
+for _module in pkgutil.walk_packages(course.__path__, "course."):  # every module registers its factories
+    if not _module.name.endswith("__main__"):
+        importlib.import_module(_module.name)
 
 #: Each factory's sizes: the GPU sizes of its lesson's speed check.
 SIZES = {
+    "course.rnn.timing_inputs": dict(seq_len=100, batch=64, input_size=512, hidden_size=512),
     "course.checks.broadcasting.distance_inputs": dict(n=2048, m=2048, d=64),
     "course.checks.broadcasting.segment_inputs": dict(nodes=5000, edges=20000, d=4),
     "course.checks.broadcasting.penalty_inputs": dict(n=512, features=64, hidden=256, model_seed=0),
