@@ -11,11 +11,11 @@ in a call (models built once and cached are made in the first call, which is not
 
 from __future__ import annotations
 
-import pytest
-import torch
-
 import importlib
 import pkgutil
+
+import pytest
+import torch
 
 import course
 from course.remote import FACTORIES, factory
