@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from course.data import device_generator
 from course.devices import pick_device
 from course.remote import factory
 
@@ -74,7 +75,7 @@ def timing_inputs(seed: int, *, device: str, seq_len: int, batch: int, input_siz
                   hidden_size: int) -> tuple[Tensor, Tensor, Tensor]:
     """Fresh ``(x, h0, c0)`` for one timed call of lesson 1's speed check, drawn on ``device``
     from ``seed`` (the judge and the learner's process draw the same values)."""
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = device_generator(seed, device)
     x = torch.randn(seq_len, batch, input_size, generator=g, device=device)
     h = torch.randn(batch, hidden_size, generator=g, device=device) * 0.5
     c = torch.randn(batch, hidden_size, generator=g, device=device) * 0.5

@@ -686,10 +686,6 @@ def _dp_case(seed, batch, size, channels, classes, dev):
     return params, grads, max_norm
 
 
-def _generator(seed: int, dev: torch.device) -> torch.Generator:
-    return torch.Generator(device=dev).manual_seed(seed)
-
-
 def _variants(params, grads, *, lr, max_norm, noise_multiplier, seed, dev):
     """Results of common mistakes, to name the one a wrong answer matches."""
     batch = next(iter(grads.values())).shape[0]
@@ -700,18 +696,18 @@ def _variants(params, grads, *, lr, max_norm, noise_multiplier, seed, dev):
         per_param = {k: g * (max_norm / (g.reshape(batch, -1).norm(dim=1) + EPS)).clamp(max=1.0).view(shape(g))
                      for k, g in grads.items()}
         out["each parameter's gradient was clipped on its own (clip a sample's whole gradient, all parameters "
-            "together)"] = dp_sgd_reference(params, per_param, generator=_generator(seed, dev), **quiet)
+            "together)"] = dp_sgd_reference(params, per_param, generator=device_generator(seed, dev), **quiet)
         norms = per_sample_norms(grads)
         scaled = {k: g * (max_norm / (norms + EPS)).view(shape(g)) for k, g in grads.items()}
         out["every sample's gradient was scaled to max_norm, the small ones too (the factor is min(1, ...))"] = (
-            dp_sgd_reference(params, scaled, generator=_generator(seed, dev), **quiet))
-        out["nothing was clipped"] = dp_sgd_reference(params, grads, generator=_generator(seed, dev), **quiet)
+            dp_sgd_reference(params, scaled, generator=device_generator(seed, dev), **quiet))
+        out["nothing was clipped"] = dp_sgd_reference(params, grads, generator=device_generator(seed, dev), **quiet)
     ref = dp_sgd_reference(params, grads, lr=lr, max_norm=max_norm, noise_multiplier=0.0,
-                           generator=_generator(seed, dev))
+                           generator=device_generator(seed, dev))
     out["the clipped gradients were summed, not averaged (divide by the batch size)"] = {
         k: params[k] + (ref[k] - params[k]) * batch for k in params}
     if noise_multiplier:
-        g = _generator(seed, dev)
+        g = device_generator(seed, dev)
         noise = {k: torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype) for k, p in params.items()}
         out["the noise's standard deviation was noise_multiplier alone (it is noise_multiplier * max_norm)"] = {
             k: ref[k] - lr * noise_multiplier * noise[k] / batch for k in params}
@@ -733,11 +729,11 @@ def check_dp_sgd_step(dp_sgd_step: Callable, *, seed: int = 0, batch: int = 8, s
     params, grads, max_norm = _dp_case(seed, batch, size, channels, classes, dev)
     for noise_multiplier, lr in ((0.0, 0.3), (1.1, 0.5)):
         kw = dict(lr=lr, max_norm=max_norm, noise_multiplier=noise_multiplier)
-        expected_gen = _generator(seed + 5, dev)
+        expected_gen = device_generator(seed + 5, dev)
         expected = dp_sgd_reference(params, grads, generator=expected_gen, **kw)
         p_in = {k: v.clone() for k, v in params.items()}
         g_in = {k: v.clone() for k, v in grads.items()}
-        gen = _generator(seed + 5, dev)
+        gen = device_generator(seed + 5, dev)
         with mirrored(dp_sgd_step):  # across the boundary, what it did to its inputs and the generator comes back
             got = call(dp_sgd_step, p_in, g_in, generator=gen, name="dp_sgd_step", **kw)
         if not isinstance(got, Mapping) or set(got) != set(params):
@@ -750,7 +746,7 @@ def check_dp_sgd_step(dp_sgd_step: Callable, *, seed: int = 0, batch: int = 8, s
                                      "tensors and leave the inputs alone (the caller may still need them).")
         if any(got[k] is p_in[k] for k in got):
             raise AssertionError("dp_sgd_step returned an input tensor itself; return the updated parameters.")
-        used = not torch.equal(gen.get_state(), _generator(seed + 5, dev).get_state())
+        used = not torch.equal(gen.get_state(), device_generator(seed + 5, dev).get_state())
         if noise_multiplier and not used:
             raise AssertionError("dp_sgd_step did not draw from `generator`: the noise must come from it, so that a "
                                  "step is reproducible.\n  Hint: torch.randn(p.shape, generator=generator, "
