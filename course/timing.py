@@ -216,6 +216,18 @@ MAX_BLOCK = 64
 MAX_BLOCK_BYTES = 256 * 2**20
 
 
+#: A timed block whose process got less CPU than this share of its wall time was starved (another
+#: process held the core for most of it): on a CPU its round is measured again.
+STARVED = 0.5
+
+
+def _starved(wall: float, cpu: float | None, slack: float = 0.0) -> bool:
+    """Whether a block of ``wall`` seconds that used ``cpu`` seconds of CPU (None: unknown, as on a
+    GPU, whose calls wait rather than compute; ``slack``: the reading's rounding) spent most of its
+    time waiting for a core."""
+    return cpu is not None and wall > 0.02 and cpu + slack < STARVED * wall
+
+
 def _expect_a_moving_clock() -> None:
     """A call measured at exactly zero: make sure ``time.perf_counter`` still moves (a notebook that
     replaced it would otherwise make every block of calls enormous, and the timing never end)."""
@@ -297,7 +309,7 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
                        disable=progress is None and rounds * len(names) * min_run_time < 3)
         except ImportError:  # pragma: no cover - tqdm is a dependency
             bar = None
-    r = 0
+    r = redone = 0
     while r < limit:
         if r >= rounds:
             if until is None:
@@ -307,26 +319,37 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
                 break
         values = [make() for _ in range(block)]
         order = names[r % len(names):] + names[: r % len(names)]
+        got: dict[str, float] = {}
+        starved = False
         for name in order:
             fn = candidates[name]
             calls = [_fresh(v) for v in values]  # this candidate's own objects
             outs = []
             synchronize(dev)
+            c0 = time.process_time()
             t0 = time.perf_counter()
             for a in calls:
                 outs.append(fn(*a))
             synchronize(dev)
-            times[name].append((time.perf_counter() - t0) / len(calls))
+            took = time.perf_counter() - t0
+            starved |= _starved(took, time.process_time() - c0 if dev.type == "cpu" else None)
+            got[name] = took / len(calls)
             if check is not None:
                 i = pick.randrange(len(calls))
                 check(name, outs[i], calls[i])
             del outs, calls
             if bar is not None:
                 bar.update(1)
+        if starved and redone < rounds:  # a busy machine took the core away: measure this round again
+            redone += 1
+            continue
+        for name in names:
+            times[name].append(got[name])
         r += 1
     if bar is not None:
         bar.close()
-    return SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads)
+    notes = [f"{redone} round(s) measured again: this process was starved of CPU in them."] if redone else []
+    return SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads, notes=notes)
 
 
 def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[str, Any], *, factory: Callable,
@@ -380,20 +403,24 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             return run_local(cand, seeds)
 
         def timed(side, seeds):
+            """Wall seconds of one block, its checksums, and the CPU seconds it used (None: not known)."""
             synchronize(dev)
-            if side == base_name:
-                with hold():
+            if side == base_name or not remote:
+                with (hold() if side == base_name else nullcontext()):
+                    c0 = time.process_time()
                     t0 = time.perf_counter()
-                    sums = run_local(base_fn, seeds)
+                    sums = run_local(base_fn if side == base_name else cand, seeds)
                     took = time.perf_counter() - t0
+                    cpu = time.process_time() - c0 if dev.type == "cpu" else None
             else:
-                cpu = learner_cpu() if learner_cpu is not None else 0.0
+                before = learner_cpu() if learner_cpu is not None else 0.0
                 t0 = time.perf_counter()
                 sums = run_candidate(seeds)
                 took = time.perf_counter() - t0
-                if learner_cpu is not None:
-                    used.append((took, learner_cpu() - cpu))
-            return took, sums
+                cpu = learner_cpu() - before if learner_cpu is not None else None
+                if cpu is not None:
+                    used.append((took, cpu))
+            return took, sums, cpu
 
         def fresh(n):
             return [secrets.randbits(31) for _ in range(n)]
@@ -402,13 +429,14 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
         per_call = 1e-7
         for side in (base_name, cand_name):
             for _ in range(max(warmup, 1)):
-                took, _ = timed(side, fresh(1))
+                took, _, _ = timed(side, fresh(1))
             per_call = max(per_call, took)
         block = max(1, min(MAX_BLOCK, math.ceil(min_run_time / per_call)))
         used.clear()  # (warm-up blocks, compilation included, are not charged)
         times: dict[str, list[float]] = {base_name: [], cand_name: []}
         limit = max_rounds or (4 * rounds if until is not None else rounds)
-        for r in range(limit):
+        r = redone = 0
+        while r < limit:
             if r >= rounds:
                 if until is None:
                     break
@@ -416,10 +444,10 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                                   until):
                     break
             seeds = fresh(block)
-            got = {}
+            got, took, starved, charged = {}, {}, False, len(used)
             for side in ((base_name, cand_name) if r % 2 else (cand_name, base_name)):
-                took, got[side] = timed(side, seeds)
-                times[side].append(took / block)
+                took[side], got[side], cpu = timed(side, seeds)
+                starved |= _starved(took[side], cpu, CPU_SLACK if remote and side == cand_name else 0.0)
             want, have = got[base_name], got[cand_name]
             # Outputs within rtol of the baseline's, element by element, move the weighted sum by at
             # most about rtol * |outputs|_2 (times a standard normal): 4 of those is the tolerance.
@@ -430,7 +458,14 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                     f"{cand_name}: the output of a timed call differs from {base_name}'s on the same inputs "
                     f"({int(bad.sum())} of {block} calls in round {r + 1}; checksum {float(have[i, 0]):.6g}, "
                     f"expected {float(want[i, 0]):.6g}). A fast path must compute every call's output.")
-    notes = []
+            if starved and redone < rounds:  # a busy machine took a core away: this round again
+                redone += 1
+                del used[charged:]
+                continue
+            for side in (base_name, cand_name):
+                times[side].append(took[side] / block)
+            r += 1
+    notes = [f"{redone} round(s) measured again: a side was starved of CPU in them."] if redone else []
     factor = cpu_factor(used, torch.get_num_threads())
     if factor > 1.0:
         times[cand_name] = [t * factor for t in times[cand_name]]

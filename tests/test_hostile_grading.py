@@ -173,13 +173,14 @@ def _cell(source, index=0):
 
 
 def test_a_paused_submission_is_not_timed_out_by_a_classmates_timing_turn(tmp_path):
-    """A holds the machine for one measurement (8 s); B, paused meanwhile, has a 4 s cell with a
-    6 s limit. Before, B's own alarm kept running while it was stopped and B timed out."""
+    """A holds the machine for one measurement (8 s: a sleeping block is starved of CPU, so each of
+    its 8 rounds is measured twice); B, paused meanwhile, has a 4 s cell with a 6 s limit. Before,
+    B's own alarm kept running while it was stopped and B timed out."""
     from autograder.sandbox import bwrap_works, run_program
 
     sandbox = "bwrap" if bwrap_works() else "none"
     holder = ("import time, course.timing as t\n"
-              "t.compare({'a': lambda: time.sleep(0.5)}, rounds=16, warmup=0, min_run_time=0.0, progress=False)\n")
+              "t.compare({'a': lambda: time.sleep(0.5)}, rounds=8, warmup=0, min_run_time=0.0, progress=False)\n")
     sleeper = "import time\ntime.sleep(1.5)\nfor _ in range(5):\n    time.sleep(0.5)\nprint('done')\n"
     results = {}
 

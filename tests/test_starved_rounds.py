@@ -1,0 +1,86 @@
+"""A busy machine never makes a slower candidate pass (issue 12).
+
+On a shared machine another process can take the core for most of one timed block. If that block
+is the baseline's, the candidate looks faster in that round; several such rounds move the median.
+Every block on a CPU is therefore timed twice, by the wall clock and by the CPU time its process
+used: a block that got less than half a core is starved, and its whole round is measured again
+(at most ``rounds`` times, so a candidate that sleeps on purpose only makes itself slower).
+Stalls are planted here as sleeps, which use no CPU, exactly like a descheduled process.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from course.devices import threads
+from course.timing import STARVED, _starved, compare, compare_served
+
+
+def _work(n=96):
+    a = torch.randn(n, n)
+    return lambda: (a @ a).sum()
+
+
+def test_a_block_is_starved_when_it_got_less_than_half_a_core():
+    assert _starved(0.1, 0.01) and not _starved(0.1, 0.09)
+    assert not _starved(0.1, None)  # a GPU block waits: not known
+    assert not _starved(0.001, 0.0)  # too short to tell
+    assert not _starved(0.1, STARVED * 0.1 - 0.01, slack=0.03)  # the reading's rounding is allowed for
+
+
+def test_stalls_in_the_baselines_blocks_do_not_make_a_slower_candidate_pass():
+    work = _work()
+    calls = {"n": 0}
+
+    def baseline():
+        calls["n"] += 1
+        if 2 <= calls["n"] <= 4:  # its first three timed rounds (one call a block) are stalled
+            time.sleep(0.05)
+        return work()
+
+    def slower():  # the same work, twice
+        work()
+        return work()
+
+    with threads(1):
+        rep = compare({"baseline": baseline, "slower": slower}, rounds=5, warmup=1, min_run_time=1e-6,
+                      progress=False)
+    ratio = rep.speedup("slower")
+    assert ratio.median < 1.0 and ratio.verdict(1.0) != "pass", rep.table()
+    assert any("measured again" in note for note in rep.notes), rep.notes
+
+
+def test_a_candidate_that_sleeps_is_measured_again_a_bounded_number_of_times_and_stays_slow():
+    work = _work()
+
+    def sleeper():
+        time.sleep(0.03)
+        return work()
+
+    with threads(1):
+        rep = compare({"work": work, "sleeper": sleeper}, rounds=3, warmup=1, min_run_time=1e-6, progress=False)
+    assert len(rep.times["sleeper"]) == 3 and rep.speedup("sleeper").median < 1.0
+    assert any("3 round(s) measured again" in note for note in rep.notes), rep.notes
+
+
+def test_compare_served_measures_a_starved_baseline_round_again():
+    from course.checks.broadcasting import distance_inputs, naive_sq_dists
+    blocks = {"n": 0}
+
+    def baseline(x, y):
+        blocks["n"] += 1
+        if 3 <= blocks["n"] <= 5:
+            time.sleep(0.06)
+        return naive_sq_dists(x, y)
+
+    def slower(x, y):
+        naive_sq_dists(x, y)
+        return naive_sq_dists(x, y)
+
+    with threads(1):
+        rep = compare_served(("broadcast", baseline), ("slower", slower), factory=distance_inputs,
+                             sizes=dict(n=64, m=64, d=16), device="cpu", rounds=5, warmup=1, min_run_time=1e-6)
+    assert rep.speedup("slower").median < 1.0, rep.table()
+    assert any("measured again" in note for note in rep.notes), rep.notes
