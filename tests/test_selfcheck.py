@@ -71,8 +71,23 @@ def test_launch_cells_of_every_lesson_are_up_to_date(lesson_id):
         code = [c for c in nb["cells"] if c["cell_type"] == "code"]
         assert "course-setup" in code[0]["metadata"].get("tags", []), "the set-up cell must come first"
         assert "".join(code[-1]["source"]) == f'checked = course.self_check("{lesson_id}")'
+        calls = [c for c in code if "self_check(" in "".join(c["source"])]
+        assert len(calls) == 1, f"{folder}/{lesson_id}: {len(calls)} self-check cells; the notebook runs it once"
         intro = "".join(nb["cells"][0]["source"])
         assert launch.colab_url(lesson_id) in intro and launch.binder_url(lesson_id) in intro
+
+
+def test_a_self_check_written_by_hand_is_replaced_by_the_tagged_one_not_kept_beside_it():
+    lesson_id = LESSON_IDS[0]
+    text = launch.CHECK_TEMPLATE.format(lesson_id=lesson_id)
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# Title"},
+                    {"cell_type": "markdown", "metadata": {}, "source": launch.CHECK_MARKDOWN},
+                    {"cell_type": "code", "metadata": {}, "source": text + "\n", "outputs": [], "execution_count": None}]}
+    out = launch.apply(nb, lesson_id)
+    calls = [c for c in out["cells"] if "self_check(" in "".join(c["source"])]
+    intros = [c for c in out["cells"] if "".join(c["source"]).strip() == launch.CHECK_MARKDOWN.strip()]
+    assert len(calls) == 1 and len(intros) == 1
+    assert launch.CHECK_TAG in calls[0]["metadata"]["tags"]
 
 
 @pytest.mark.parametrize("lesson_id", LESSON_IDS)
