@@ -62,6 +62,8 @@ PLANTED = {
     "07_broadcasting_indexing_higher_order": ("    return out.index_add_(0, index, values)",
                                               "    out[index] += values\n    return out",
                                               {"test_segment_sum", "test_segment_speed"}),
+    "08_profiling_trace_diff": ("            merge(clock(ev[1]), recorded.get(ev[2], {}))",
+                                "            pass  # (the wait is ignored)", {"test_find_races"}),
 }
 
 #: The benchmark of each lesson (benchmarks/<script>), run at the device's size.
@@ -73,6 +75,7 @@ BENCHMARKS = {
     "05_jacobians_hessians": "jacobians.py",
     "06_vmap_ensembles": "vmap.py",
     "07_broadcasting_indexing_higher_order": "broadcasting.py",
+    "08_profiling_trace_diff": "profiling.py",
 }
 
 SUBMISSIONS = ("perfect", "untouched", "planted")

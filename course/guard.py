@@ -52,14 +52,21 @@ def _learner_frame():
     return None
 
 
-def reference(fn: F) -> F:
-    """Mark ``fn`` as a reference of the course's checks (see the module's docstring)."""
+def reference(fn: F | None = None, *, in_cells: bool = True) -> F:
+    """Mark ``fn`` as a reference of the course's checks (see the module's docstring).
+
+    ``in_cells=False`` (``@reference(in_cells=False)``): refuse only while a check is calling the
+    learner's answer, so that a lesson may still use the reference in its own cells, as a
+    demonstration, under the grader too. Enough where a check's inputs are data the learner has
+    never seen (a trace, a program): nothing computed in a cell beforehand can answer them."""
+    if fn is None:
+        return functools.partial(reference, in_cells=in_cells)  # type: ignore[return-value]
     name = getattr(fn, "__qualname__", getattr(fn, "__name__", "a reference"))
 
     @functools.wraps(fn)
     def guarded(*args, **kwargs):
         if grader_hooks.learner_prefix is not None:
-            frame = _learner_frame()
+            frame = _learner_frame() if in_cells else None
             if frame is not None or _answering:
                 where = (f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None
                          else "the answer a check called")

@@ -155,11 +155,13 @@ def expect_grads(outputs: Any, ref_outputs: Any, inputs: Sequence[torch.Tensor],
 def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callable], *, factory: Callable,
                    sizes: dict, bars: Any, hint: str, device: torch.device, num_threads: int | None = None,
                    constants: Sequence[Any] = (), rounds: int = 7, min_run_time: float = 0.2, attempts: int = 3,
-                   rtol: float = 1e-4, grad: bool = False):
+                   rtol: float = 1e-4, grad: bool = False, explain: Callable | None = None):
     """Every graded speed check of a learner's function against the course's baseline, in one
     place: :func:`course.timing.compare_served` (fresh inputs from ``factory`` in every timed call,
     every output checked), repeated while below the device's bar (``attempts`` in all) and the best
-    judged; ``num_threads`` pinned on a CPU. Shows the report, then passes or raises with ``hint``."""
+    judged; ``num_threads`` pinned on a CPU. Shows the report, then passes or raises with ``hint``.
+    ``explain``: the course's own fast solution; below the bar, the message then also names what
+    the profiler saw the learner's code run that it does not (:mod:`course.checks.why_slow`)."""
     from course.devices import threads
     from course.grading import best_of, expect_speedup, speed_bar
     from course.timing import compare_served
@@ -170,5 +172,14 @@ def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callabl
                                                 device=device, rounds=rounds, min_run_time=min_run_time, until=bar,
                                                 rtol=rtol, grad=grad), candidate[0], bar, attempts)
     report.show()
+    if explain is not None and report.speedup(candidate[0], baseline[0]).verdict(bar) != "pass":
+        from course.checks.why_slow import why_slower
+
+        with threads(num_threads if device.type == "cpu" else None):
+            lines = why_slower(candidate[1], explain, factory=factory, sizes=sizes, constants=constants,
+                               device=device, grad=grad, seconds_per_call=report.median(candidate[0]))
+        if lines:
+            hint = (f"{hint}\n  What the profiler saw your code run, against the course's solution on the same "
+                    "inputs: " + "; ".join(lines) + ".")
     expect_speedup(report, candidate[0], over=baseline[0], bars=bars, hint=hint)
     return report

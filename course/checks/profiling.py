@@ -1,0 +1,407 @@
+"""Checks for lesson 08_profiling_trace_diff: a per-iteration op table read from a Chrome trace, a
+trace diff, attention through the fused kernel (numbers and measured speed), and a
+happens-before checker for CUDA stream events.
+
+Every check is ``SERVED``: under the grader it runs in the judge, and the learner's functions are
+called across the boundary on inputs the judge made (traces it profiled or wrote itself from a
+seed, programs drawn from a seed), as data. The references are the course's: its op table and
+diff (:mod:`course.traces`, proved equal to Holistic Trace Analysis's in ``tests/test_traces.py``)
+and PyTorch's CUDA Stream Sanitizer itself (:func:`course.streams.sanitizer_races`). A wrong answer
+that matches a known mistake is named.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from course import streams, traces
+from course.checks.common import call, expect_grads, ok, record, served_speedup
+from course.data import generator
+from course.devices import pick_device
+from course.numerics import assert_close, describe
+from course.profiling import attention_inputs, naive_attention
+from course.remote import mirrored
+from course.timing import SpeedReport
+
+__all__ = ["check_attention", "check_attention_speed", "check_find_races", "check_op_table", "check_ops_diff",
+           "synthetic_trace", "workload_trace"]
+
+SERVED = ("check_op_table", "check_ops_diff", "check_attention", "check_attention_speed", "check_find_races")
+
+GROUPS = ("added", "deleted", "increased", "decreased", "unchanged")
+
+
+# -- traces the checks read ----------------------------------------------------------------------
+
+def _workloads(seed: int) -> dict[str, Callable[[], Any]]:
+    """Small steps to profile, all on the CPU, each a few milliseconds: pairs of them differ by what
+    a trace diff should find (ops added, deleted, called more or less often)."""
+    g = generator(seed)
+    n = 24 + seed % 17
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g) for _ in range(3))
+    reps = 2 + seed % 3
+    return {
+        "matmul": lambda: a @ b,
+        "matmul_relu": lambda: (a @ b).relu(),
+        "matmul_clone": lambda: (a @ b).clone().contiguous().t().contiguous(),
+        "adds": lambda: [a + b for _ in range(reps)],
+        "more_adds": lambda: [a + b for _ in range(reps + 2)],
+        "naive_attention": lambda: naive_attention(q, k, v),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
+        "bf16": lambda: a.bfloat16() @ b.bfloat16(),
+    }
+
+
+def workload_trace(name: str, seed: int, steps: int = 2) -> dict:
+    """A real Chrome trace of the workload ``name`` (see :func:`_workloads`), ``steps`` iterations."""
+    fn = _workloads(seed)[name]
+    with torch.no_grad():
+        return traces.profile_steps(fn, steps=steps, warmup=1)
+
+
+def synthetic_trace(seed: int, *, ops: tuple[str, ...] = ()) -> dict:
+    """A small hand-made trace, as the profiler writes them, with what a careless reader gets wrong:
+    several iterations (not in order, not from 1), ops between iterations, nested ops, labels of
+    the user's own (``user_annotation``), Python frames, a GPU kernel and its runtime launch, and
+    events that are not complete events (``"ph": "i"``, metadata). ``ops``: names drawn from."""
+    rng = random.Random(seed)
+    names = list(ops) or ["aten::mm", "aten::add", "aten::relu", "aten::copy_", "aten::empty", "aten::t",
+                          "aten::transpose", "aten::_softmax", "aten::bmm"]
+    first = rng.randint(3, 40)
+    steps = rng.sample(range(first, first + 6), rng.randint(2, 4))
+    events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}}]
+    t = float(rng.randint(1000, 5000))
+    for step in steps:
+        gap = rng.uniform(5, 40)
+        # an op between iterations: in no window
+        events.append(_x("cpu_op", rng.choice(names), t, gap / 2))
+        t += gap
+        length = 0.0
+        inner = []
+        cursor = t + 1.0
+        for _ in range(rng.randint(3, 9)):
+            name = rng.choice(names)
+            dur = round(rng.uniform(1, 60), 3)
+            inner.append(_x("cpu_op", name, cursor, dur))
+            if rng.random() < 0.4:  # a nested op, inside the one before
+                inner.append(_x("cpu_op", rng.choice(names), cursor + 0.1, round(dur / 3, 3)))
+            if rng.random() < 0.25:
+                inner.append(_x("user_annotation", f"my_label_{rng.randint(0, 2)}", cursor, dur))
+            if rng.random() < 0.25:
+                inner.append(_x("python_function", "torch/nn/modules/module.py(1750): _call_impl", cursor, dur))
+            if rng.random() < 0.2:
+                inner.append(_x("cuda_runtime", "cudaLaunchKernel", cursor + 0.2, 2.0))
+                inner.append(_x("kernel", "void gemm_kernel<float>()", cursor + 3.0, 10.0, tid=7, stream=7))
+            if rng.random() < 0.1:
+                inner.append({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": cursor, "pid": 1,
+                              "tid": 1, "s": "t", "args": {}})
+            cursor += dur + rng.uniform(0.5, 3)
+        length = cursor - t + 1.0
+        events.append(_x("user_annotation", f"ProfilerStep#{step}", t, round(length, 3)))
+        events.extend(inner)
+        t += length + rng.uniform(1, 10)
+    rng.shuffle(events)  # a trace's events need not be in time order
+    return {"schemaVersion": 1, "deviceProperties": [], "traceEvents": events, "traceName": f"synthetic-{seed}"}
+
+
+def _x(cat: str, name: str, ts: float, dur: float, *, tid: int = 1, stream: int | None = None) -> dict:
+    event = {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": round(ts, 3), "dur": dur, "args": {}}
+    if stream is not None:
+        event["args"] = {"stream": stream, "device": 0}
+        event["pid"] = 0
+    return event
+
+
+def _table(got: Any, label: str) -> dict[str, tuple[int, float]]:
+    """The learner's table as ``{name: (count, total)}``, or a clear message about its shape."""
+    if not isinstance(got, Mapping):
+        raise AssertionError(f"{label} should return a dict {{op name: (count, total microseconds)}}, got "
+                             f"{describe(got)}.")
+    out = {}
+    for name, value in got.items():
+        if (not isinstance(name, str) or not isinstance(value, (tuple, list)) or len(value) != 2
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)):
+            raise AssertionError(f"{label}: every entry should be 'op name': (count, total microseconds); "
+                                 f"got {name!r}: {value!r}.")
+        out[name] = (value[0], float(value[1]))
+    return out
+
+
+def _compare_tables(got: dict, want: dict, label: str, trace: dict, iteration: int | None) -> None:
+    if got == want or (set(got) == set(want) and all(
+            got[n][0] == want[n][0] and math.isclose(got[n][1], want[n][1], rel_tol=1e-9, abs_tol=1e-6)
+            for n in want)):
+        record({n: [got[n][0], got[n][1]] for n in sorted(got)}, {n: [want[n][0], want[n][1]] for n in sorted(want)},
+               label)
+        return
+    _name_table_mistake(got, want, label, trace, iteration)
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    counts = sorted(n for n in set(got) & set(want) if got[n][0] != want[n][0])
+    parts = []
+    if missing:
+        parts.append(f"ops missing: {missing[:6]}")
+    if extra:
+        parts.append(f"ops that should not be there: {extra[:6]}")
+    if counts:
+        parts.append("counts off: " + ", ".join(f"{n} {got[n][0]} (expected {want[n][0]})" for n in counts[:4]))
+    if not parts:
+        worst = max(want, key=lambda n: abs(got[n][1] - want[n][1]))
+        parts.append(f"totals off: {worst} {got[worst][1]:.6g} us (expected {want[worst][1]:.6g})")
+    raise AssertionError(f"{label} is wrong: " + "; ".join(parts) + ".")
+
+
+def _name_table_mistake(got: dict, want: dict, label: str, trace: dict, iteration: int | None) -> None:
+    """Raise naming the mistake when the learner's table is what a known misreading gives."""
+    events = traces._events(trace, rounding=False)  # (name, cat, ts, dur, stream), HTA's events
+    steps = traces._steps(events)
+    chosen = min(n for _, _, n in steps) if iteration is None else iteration
+    inside = [e for e in events if traces._iteration_of(e[2], steps) == chosen]
+    cpu = [e for e in inside if e[4] == -1]
+    mistakes = {
+        "it counted the events of every iteration (and between them), not just the one asked for":
+            _tally(e for e in events if e[4] == -1),
+        "it kept only 'cat' == 'cpu_op'; HTA's CPU events are every event with a duration and a category but "
+        "the 'Trace' span and GPU work: your labels, Python frames and the ProfilerStep itself too":
+            _tally(e for e in cpu if e[1] == "cpu_op"),
+        "it counted GPU work too (events with a 'stream' in their args)": _tally(inside),
+        "it left out the ProfilerStep event itself (it starts inside its own window)":
+            _tally(e for e in cpu if not e[0].startswith("ProfilerStep#")),
+    }
+    if iteration is None:
+        last = max(n for _, _, n in steps)
+        mistakes["it read the last iteration; with iteration=None it should read the first"] = \
+            traces.op_table(trace, last, rounding=False)
+    for mistake, table in mistakes.items():
+        if table != want and got == table:
+            raise AssertionError(f"{label} is wrong; it looks as if {mistake}.")
+
+
+def _tally(events) -> dict:
+    out: dict[str, tuple[int, float]] = {}
+    for name, _, _, dur, _ in events:
+        count, total = out.get(name, (0, 0.0))
+        out[name] = (count + 1, total + dur)
+    return out
+
+
+# -- 1. the op table -----------------------------------------------------------------------------
+
+def check_op_table(op_table: Callable, *, seed: int = 0, n: int = 3) -> None:
+    """``op_table(trace, iteration=None)``: ``{name: (count, total us)}`` of the CPU ops of one
+    iteration, equal to the course's (HTA's) on real traces and on hand-made ones; ``ValueError``
+    for a trace without iterations and for an iteration it does not have."""
+    label = "op_table"
+    real = ["matmul_relu", "naive_attention", "adds", "sdpa", "matmul_clone", "bf16"]
+    cases: list[tuple[dict, int | None, str]] = []
+    for i in range(n):
+        name = real[(seed + i) % len(real)]
+        trace = workload_trace(name, seed + i, steps=2)
+        its = traces.iterations(trace)
+        cases.append((trace, None, f"a real trace ({name.replace('_', ' ')}), first iteration"))
+        cases.append((trace, its[-1], f"a real trace ({name.replace('_', ' ')}), iteration {its[-1]}"))
+        synthetic = synthetic_trace(seed * 101 + i)
+        its = traces.iterations(synthetic)
+        cases.append((synthetic, None, "a hand-made trace, first iteration"))
+        cases.append((synthetic, random.Random(seed + i).choice(its), "a hand-made trace"))
+    for trace, iteration, what in cases:
+        want = traces.op_table(trace, iteration, rounding=False)
+        got = _table(call(op_table, trace, iteration, name=label), label)
+        _compare_tables(got, want, f"{label} on {what}" + (f" (iteration {iteration})" if iteration is not None else ""),
+                        trace, iteration)
+    # what must raise
+    bare = {"traceEvents": [e for e in synthetic_trace(seed)["traceEvents"]
+                            if not str(e.get("name", "")).startswith("ProfilerStep#")]}
+    for trace, iteration, why in ((bare, None, "a trace without ProfilerStep events (no schedule)"),
+                                  (synthetic_trace(seed + 1), 10_000, "an iteration the trace does not have")):
+        try:
+            call(op_table, trace, iteration, name=label)
+        except AssertionError as exc:
+            if type(exc.__cause__).__name__ == "ValueError" or "ValueError" in str(exc).split(":")[0:2][-1]:
+                continue
+            raise
+        raise AssertionError(f"{label} should raise ValueError for {why}, but it returned.")
+    ok(f"{label} matches the reference on {len(cases)} traces (real and hand-made, seed {seed}) and raises "
+       "ValueError where it should")
+
+
+# -- 2. the diff ---------------------------------------------------------------------------------
+
+PAIRS = [("naive_attention", "sdpa"), ("matmul", "matmul_relu"), ("adds", "more_adds"), ("matmul_clone", "matmul"),
+         ("more_adds", "adds"), ("matmul", "bf16"), ("sdpa", "sdpa")]
+
+
+def _groups(got: Any, label: str) -> dict[str, list[str]]:
+    if not isinstance(got, Mapping) or set(got) != set(GROUPS):
+        raise AssertionError(f"{label} should return a dict with the keys {list(GROUPS)}, got {describe(got)}"
+                             + (f" with keys {sorted(map(str, got))}" if isinstance(got, Mapping) else "") + ".")
+    out = {}
+    for key in GROUPS:
+        value = got[key]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
+            raise AssertionError(f"{label}[{key!r}] should be a sorted list of op names, got {describe(value)}.")
+        out[key] = list(value)
+    return out
+
+
+def check_ops_diff(ops_diff: Callable, *, seed: int = 0, n: int = 3) -> None:
+    """``ops_diff(control, test)``: the five groups of ops, sorted, equal to the course's (HTA's
+    ``ops_diff``) on pairs of real traces and of hand-made ones."""
+    label = "ops_diff"
+    cases = []
+    for i in range(n):
+        a, b = PAIRS[(seed + i) % len(PAIRS)]
+        cases.append((workload_trace(a, seed + i), workload_trace(b, seed + i), f"{a} -> {b}"))
+        pool = ("aten::mm", "aten::add", "aten::relu", "aten::copy_", "aten::bmm", "aten::_softmax")
+        cases.append((synthetic_trace(seed * 7 + i, ops=pool), synthetic_trace(seed * 7 + i + 1000, ops=pool[1:]),
+                      "two hand-made traces"))
+    for control, test, what in cases:
+        want = traces.ops_diff(control, test, rounding=False)
+        got = _groups(call(ops_diff, control, test, name=label), label)
+        name = f"{label} ({what})"
+        if got != want:
+            flipped = traces.ops_diff(test, control, rounding=False)
+            if got == flipped:
+                raise AssertionError(f"{name} is wrong; it looks as if control and test were swapped (added is "
+                                     "what the test trace has and the control does not).")
+            for key in GROUPS:
+                if sorted(got[key]) == want[key] and got[key] != want[key]:
+                    raise AssertionError(f"{name}[{key!r}] holds the right ops, but not sorted.")
+        record(got, want, name)
+    ok(f"{label} matches the reference on {len(cases)} pairs of traces (seed {seed})")
+
+
+# -- 3. attention --------------------------------------------------------------------------------
+
+def _attention_reference(q, k, v, causal):
+    return naive_attention(q.double(), k.double(), v.double(), causal=causal)
+
+
+def check_attention(attention: Callable, *, seed: int = 0, device=None) -> None:
+    """``attention(q, k, v, causal=False)``: ``softmax(q k^T / sqrt(d)) v`` for ``(B, H, L, D)``
+    inputs (keys longer than queries allowed), causal masks aligned to the top left, equal to the
+    naive formula in float64 with its gradients, and close in float32."""
+    dev = pick_device(device)
+    label = "attention"
+    g = generator(seed)
+    shapes = [(2, 3, 7, 7, 8), (1, 2, 5, 9, 4), (3, 1, 16, 16, 16)]
+    for b, h, lq, lk, d in shapes:
+        for causal in (False, True):
+            q = torch.randn(b, h, lq, d, generator=g, dtype=torch.float64).to(dev)
+            k = torch.randn(b, h, lk, d, generator=g, dtype=torch.float64).to(dev)
+            v = torch.randn(b, h, lk, d, generator=g, dtype=torch.float64).to(dev)
+            want = _attention_reference(q, k, v, causal)
+            name = f"{label}(q {tuple(q.shape)}, k {tuple(k.shape)}, causal={causal})"
+            ins = [t.clone().requires_grad_() for t in (q, k, v)]
+            with mirrored(attention):
+                got = call(attention, *ins, causal=causal, name=label)
+            if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+                raise AssertionError(f"{name} should be a tensor of shape {tuple(want.shape)}, got {describe(got)}.")
+            if not torch.allclose(got.detach(), want, rtol=1e-7, atol=1e-9):
+                other = _attention_reference(q, k, v, not causal)
+                if torch.allclose(got.detach(), other, rtol=1e-7, atol=1e-9) and not torch.allclose(other, want):
+                    raise AssertionError(f"{name} is wrong; it looks as if causal was "
+                                         f"{'ignored' if causal else 'always on'}. Pass is_causal=causal.")
+                unscaled = torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+                if not causal and torch.allclose(got.detach(), unscaled, rtol=1e-7, atol=1e-9):
+                    raise AssertionError(f"{name} is wrong; the scores were not divided by sqrt(d).")
+            assert_close(got, want, name=name, rtol=1e-7, atol=1e-9)
+            ref_ins = [t.clone().requires_grad_() for t in (q, k, v)]
+            expect_grads(got, _attention_reference(*ref_ins, causal), ins, ref_ins, ["q", "k", "v"], label=name,
+                         rtol=1e-6, atol=1e-8)
+    q, k, v = attention_inputs(seed, device=str(dev), batch=2, heads=2, length=33, dim=16)
+    with torch.no_grad():
+        got = call(attention, q, k, v, name=label)
+    assert_close(got, _attention_reference(q, k, v, False), name=f"{label} in float32", rtol=1e-4, atol=1e-5,
+                 check_dtype=False)
+    if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
+        raise AssertionError(f"{label} in float32 returned {got.dtype}; keep the inputs' dtype.")
+    ok(f"{label} matches softmax(q k^T / sqrt(d)) v, causal or not, with its gradients (seed {seed})")
+
+
+def check_attention_speed(attention: Callable, *, bars: Mapping[str, float], batch: int, heads: int, length: int,
+                          dim: int, num_threads: int | None = None, rounds: int = 7, min_run_time: float = 0.2,
+                          attempts: int = 3, device=None) -> SpeedReport:
+    """``attention`` is at least ``bars[device]`` times as fast as ``naive_attention``, side by side
+    on fresh inputs, every output checked; below the bar, the message names what the profiler saw
+    your code run that the course's solution does not."""
+    dev = pick_device(device)
+    sizes = dict(batch=batch, heads=heads, length=length, dim=dim)
+    q, k, v = attention_inputs(12345, device=str(dev), batch=1, heads=2, length=min(length, 64), dim=dim)
+    with torch.no_grad():
+        got = call(attention, q, k, v, name="attention")
+    assert_close(got, naive_attention(q, k, v), name="attention on inputs like the timed ones", rtol=1e-4,
+                 atol=1e-5, hint="the timed function must be right before it is fast.")
+    return served_speedup(("naive", naive_attention), ("yours", attention), factory=attention_inputs, sizes=sizes,
+                          bars=bars, num_threads=num_threads, device=dev, rounds=rounds, min_run_time=min_run_time,
+                          attempts=attempts, rtol=1e-3, explain=F.scaled_dot_product_attention,
+                          hint="F.scaled_dot_product_attention runs one fused kernel that never builds the "
+                               "(B, H, L, L) score matrix.")
+
+
+# -- 5. stream races -----------------------------------------------------------------------------
+
+def _edge_programs() -> list[list[tuple]]:
+    return [
+        streams.planted_race(), streams.planted_race_fixed(),
+        [("launch", 1, ("x",), ()), ("launch", 2, ("x",), ())],                       # two reads: no race
+        [("launch", 1, (), ("x",)), ("launch", 1, ("x",), ("y",))],                   # one stream: ordered
+        [("launch", 1, (), ("x",)), ("record", "e", 1), ("wait", 2, "e"), ("launch", 2, ("x",), ("z",)),
+         ("record", "f", 2), ("wait", 0, "f"), ("launch", 0, ("z", "x"), ())],      # a chain over three streams
+        [("record", "e", 1), ("launch", 1, (), ("x",)), ("wait", 0, "e"), ("launch", 0, ("x",), ())],  # too early
+        [("launch", 1, (), ("x",)), ("sync_device",), ("launch", 0, ("x",), ("x",))],
+        [("launch", 1, (), ("x",)), ("sync_stream", 1), ("launch", 2, ("x",), ())],
+        [("launch", 1, (), ("x",)), ("record", "e", 1), ("sync_event", "e"), ("launch", 3, (), ("x",))],
+        [("launch", 1, (), ("x",)), ("record", "e", 1), ("launch", 1, (), ("y",)), ("record", "e", 1),
+         ("wait", 0, "e"), ("launch", 0, ("x", "y"), ())],                            # recorded twice: the later
+        [("wait", 0, "never"), ("launch", 1, (), ("x",)), ("launch", 0, ("x",), ())],  # never recorded
+        [("launch", 1, ("x",), ()), ("launch", 2, ("x",), ()), ("launch", 0, (), ("x",))],  # two reads, one write
+        [("launch", 1, (), ("x",)), ("free", "x"), ("launch", 0, ("x",), ())],        # freed: a new tensor
+        [("launch", 1, (), ("x",)), ("launch", 0, ("x",), ("x",))],                   # read and written: a write
+    ]
+
+
+def _races(got: Any, label: str) -> list[tuple]:
+    if not isinstance(got, (list, tuple)):
+        raise AssertionError(f"{label} should return a list of (launch index, kind, tensor, other stream), got "
+                             f"{describe(got)}.")
+    out = []
+    for r in got:
+        if not isinstance(r, (list, tuple)) or len(r) != 4:
+            raise AssertionError(f"{label}: every report should be (launch index, kind, tensor, other stream), got "
+                                 f"{r!r}.")
+        out.append(tuple(r))
+    return out
+
+
+def check_find_races(find_races: Callable, *, seed: int = 0, n: int = 120) -> None:
+    """``find_races(program)`` reports exactly what PyTorch's CUDA Stream Sanitizer reports, in the
+    same order, on hand-made edge cases and on ``n`` random programs drawn from ``seed``."""
+    label = "find_races"
+    rng = random.Random(seed)
+    programs = _edge_programs() + [
+        streams.random_events(rng.randrange(2**31), n=rng.randint(5, 40), streams=rng.randint(2, 4),
+                              tensors=rng.randint(1, 5), events=rng.randint(1, 3)) for _ in range(n)]
+    racy = 0
+    wants = streams.sanitizer_races_many(programs)  # one fresh process on a GPU machine (see there)
+    for i, (program, want) in enumerate(zip(programs, wants)):
+        got = _races(call(find_races, [tuple(e) for e in program], name=label), label)
+        racy += bool(want)
+        if got != want:
+            shown = "\n    ".join(map(repr, program)) if len(program) <= 14 else f"{len(program)} events"
+            if sorted(got, key=repr) == sorted(want, key=repr):
+                raise AssertionError(f"{label} finds the right races but in another order on this program:\n    "
+                                     f"{shown}\n  expected {want}\n  got      {got}\n  Order: by launch; within one, "
+                                     "the read tensors first, then the written ones; reads since a write in program "
+                                     "order.")
+            extra = [r for r in got if r not in want]
+            missing = [r for r in want if r not in got]
+            raise AssertionError(f"{label} disagrees with the CUDA Stream Sanitizer on this program:\n    {shown}\n"
+                                 f"  missing: {missing[:4]}\n  reported but not a race: {extra[:4]}")
+        record(got, want, f"{label} on program {i}")
+    ok(f"{label} agrees with the CUDA Stream Sanitizer on {len(programs)} programs ({racy} with races, seed {seed})")

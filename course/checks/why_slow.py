@@ -1,0 +1,92 @@
+"""Why a speed check failed: what the profiler saw the learner's code run that the course's
+solution does not (lesson 8's trace diff, put to work for every lesson's speed checks).
+
+A failed speed check used to say only "1.1x, bar 1.5x". :func:`why_slower` profiles one call of the
+learner's function and one of the course's solution on the same inputs (from the check's timing
+factory), and turns the difference into sentences: "2 extra aten::copy_ per call (1.2 ms)",
+"no aten::_scaled_dot_product_flash_attention_for_cpu ran (the reference runs it once per call)".
+Under the grader the learner's call is profiled where it lives, by the course's probe
+(:func:`profile_events`): what comes back is a list of plain events, which the judge reads with
+its own code. That process could send anything: the sentences are feedback, never a grade, and a
+malformed reply gives no sentences, not an error.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+
+from course import traces
+from course.remote import FACTORIES, probe, prober
+
+__all__ = ["profile_events", "why_slower"]
+
+#: Most events a profile sends back (a loop over thousands of items makes tens of thousands).
+MAX_EVENTS = 20_000
+#: A call slower than this (seconds, from the timing) is not profiled again just to explain it.
+MAX_CALL_S = 5.0
+
+
+def _profile(fn: Callable, factory_name: str, sizes: dict, constants: Sequence[Any], device: str, grad: bool,
+             seed: int) -> dict:
+    from course.remote import _registered
+
+    args = _registered(FACTORIES, factory_name, "factory")(seed, device=device, **sizes)
+    with torch.set_grad_enabled(grad):
+        return traces.profile_steps(lambda: fn(*args, *constants), steps=1, warmup=1)
+
+
+def _compact(trace: dict) -> list[list]:
+    """The trace's CPU-side events as ``[name, cat, ts, dur]`` (HTA's reading), the steps first."""
+    events = traces._events(trace)
+    steps = [e for e in events if e[0].startswith("ProfilerStep#")]
+    rest = [e for e in events if e[4] == -1 and not e[0].startswith("ProfilerStep#")]
+    return [[n, c, t, d] for n, c, t, d, _ in steps + rest[:MAX_EVENTS]]
+
+
+@prober
+def profile_events(fn: Callable, factory_name: str, sizes: dict, constants: list, device: str, grad: bool,
+                   seed: int) -> list[list]:
+    """Run where ``fn`` lives: one warm-up call and one profiled call of ``fn`` on the factory's
+    inputs for ``seed``; the profiled step's CPU events, compact (see :func:`_compact`)."""
+    return _compact(_profile(fn, factory_name, sizes, constants, device, grad, seed))
+
+
+def _as_trace(events: Any) -> dict | None:
+    """A trace rebuilt from what the probe sent, or None where it is not a list of events."""
+    if not isinstance(events, list) or len(events) > MAX_EVENTS + 64:
+        return None
+    out = []
+    for e in events:
+        if (not isinstance(e, (list, tuple)) or len(e) != 4 or not all(isinstance(x, str) for x in e[:2])
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in e[2:])):
+            return None
+        out.append({"ph": "X", "name": e[0], "cat": e[1], "ts": e[2], "dur": e[3], "args": {}})
+    return {"traceEvents": out}
+
+
+def why_slower(candidate: Callable, reference: Callable, *, factory: Callable, sizes: dict,
+               constants: Sequence[Any] = (), device: torch.device, grad: bool = False, seconds_per_call: float = 0.0,
+               top: int = 4) -> list[str]:
+    """Sentences on what ``candidate`` ran that ``reference`` (the course's solution) did not, on the
+    same inputs; ``[]`` when nothing notable, when a call is too slow to profile again
+    (``seconds_per_call``), or when the candidate's profile cannot be read."""
+    import secrets
+
+    if seconds_per_call > MAX_CALL_S:
+        return []
+    name = f"{factory.__module__}.{factory.__qualname__}"
+    seed = secrets.randbits(31)
+    try:
+        mine = probe(candidate, profile_events, name, dict(sizes), list(constants), str(device), grad, seed)
+        test = _as_trace(mine)
+        if test is None:
+            return []
+        control = {"traceEvents": [{"ph": "X", "name": n, "cat": c, "ts": t, "dur": d, "args": {}}
+                                   for n, c, t, d in _compact(_profile(reference, name, dict(sizes), constants,
+                                                                       str(device), grad, seed))]}
+        return traces.explain_diff(control, test, calls=1, top=top)
+    except Exception:  # feedback only: a learner's process that fails here has failed the check already
+        return []
