@@ -67,7 +67,8 @@ def workload_trace(name: str, seed: int, steps: int = 2) -> dict:
 
 def synthetic_trace(seed: int, *, ops: tuple[str, ...] = ()) -> dict:
     """A small hand-made trace, as the profiler writes them, with what a careless reader gets wrong:
-    several iterations (not in order, not from 1), ops between iterations, nested ops, labels of
+    several iterations (not in order, not from 1), ops between iterations and one starting exactly
+    at a step's end (a window is ``[ts, ts + dur)``), nested ops, labels of
     the user's own (``user_annotation``), Python frames, a GPU kernel and its runtime launch, and
     events that are not complete events (``"ph": "i"``, metadata). ``ops``: names drawn from."""
     rng = random.Random(seed)
@@ -103,8 +104,11 @@ def synthetic_trace(seed: int, *, ops: tuple[str, ...] = ()) -> dict:
                               "tid": 1, "s": "t", "args": {}})
             cursor += dur + rng.uniform(0.5, 3)
         length = cursor - t + 1.0
-        events.append(_x("user_annotation", f"ProfilerStep#{step}", t, round(length, 3)))
+        marker = _x("user_annotation", f"ProfilerStep#{step}", t, round(length, 3))
+        events.append(marker)
         events.extend(inner)
+        if rng.random() < 0.6:  # an op that starts exactly where the step ends: in no iteration
+            events.append(dict(_x("cpu_op", rng.choice(names), 0.0, 2.0), ts=marker["ts"] + marker["dur"]))
         t += length + rng.uniform(1, 10)
     rng.shuffle(events)  # a trace's events need not be in time order
     return {"schemaVersion": 1, "deviceProperties": [], "traceEvents": events, "traceName": f"synthetic-{seed}"}
