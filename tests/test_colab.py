@@ -72,6 +72,7 @@ def colab(tmp_path_factory):
     pip(python, ["install", "--quiet", TORCH], log)
     solved = write_solved(base / "work", "01_custom_rnns")
     write_solved(base / "work", "07_broadcasting_indexing_higher_order")
+    write_solved(base / "work", "08_profiling_trace_diff")
     (base / "runner.py").write_text(RUNNER)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
     env.update(COURSE_PIP_SOURCE=str(package_copy(base / "package")), MPLBACKEND="Agg",
@@ -146,3 +147,15 @@ def test_lesson_7_runs_to_the_end_with_every_exercise_passing(colab):
     assert "11 of 11 exercises pass, 18 of 18 points" in proc.stdout, proc.stdout[-3000:]
     progress = json.loads((colab["base"] / "progress.json").read_text())
     assert progress["lessons"][lesson_id]["how"] == "self_check"
+
+
+def test_lesson_8_runs_to_the_end_with_every_exercise_passing(colab):
+    """Without Holistic Trace Analysis (not a dependency of the package): the one cell that compares
+    with it says so and the lesson goes on."""
+    lesson_id = "08_profiling_trace_diff"
+    solved = colab["solved"].parent.parent / lesson_id / f"{lesson_id}.ipynb"
+    assert solved.is_file(), solved
+    proc = run(colab, str(solved), str(colab["base"] / "cells-08"), cwd=solved.parent)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "5 of 5 exercises pass, 10 of 10 points" in proc.stdout, proc.stdout[-3000:]
+    assert "HTA is not installed here" in proc.stdout, proc.stdout[-3000:]

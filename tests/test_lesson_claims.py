@@ -152,7 +152,7 @@ def test_lesson_1_a_traced_layer_silently_keeps_the_examples_length(rnn_solution
     ("06_vmap_ensembles", "ensemble_bars"), ("06_vmap_ensembles", "psg_bars"), ("03_channels_last", "speed_bars"),
     ("01_custom_rnns", "speed_bars"), ("02_fx_transforms", "speed_bars"),
     ("07_broadcasting_indexing_higher_order", "distance_bars"), ("07_broadcasting_indexing_higher_order", "segment_bars"),
-    ("07_broadcasting_indexing_higher_order", "penalty_bars"),
+    ("07_broadcasting_indexing_higher_order", "penalty_bars"), ("08_profiling_trace_diff", "attention_bars"),
 ])
 def test_the_prose_states_the_bars_the_code_applies(lesson_id, variable):
     """A bar changed in a test cell and not in the text (or the reverse) fails here: every bar of
@@ -373,3 +373,100 @@ def test_lesson_7_what_second_derivatives_need():
     g, = torch.autograd.grad(torch.tanh(xs @ w).sum(), xs)
     assert not ((g.norm(dim=1) - 1) ** 2).mean().requires_grad
     assert "Without `create_graph=True`, `g` is a constant" in text
+
+
+L8 = "08_profiling_trace_diff"
+
+
+def _scheduled_counts(steps: int, **extra) -> dict:
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    def step():
+        with record_function("forward"):
+            torch.randn(16, 16) @ torch.randn(16, 16)
+
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3), **extra) as p:
+        for _ in range(steps):
+            step()
+            p.step()
+    return {e.key: e.count for e in p.key_averages() if e.key in ("forward", "aten::mm")}
+
+
+def test_lesson_8_the_scheduled_profiles_table_holds_only_the_last_cycle():
+    from course.profiling import accumulate
+
+    text = prose(L8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        five, six = _scheduled_counts(5), _scheduled_counts(6)
+    assert five == {"forward": 3, "aten::mm": 3}
+    if TORCH >= (2, 5):
+        assert six == {}, six  # the last cycle (a wait step) recorded nothing
+        assert _scheduled_counts(6, **accumulate()) == five
+        assert accumulate() == {"acc_events": True}
+        assert "Since torch 2.5, `key_averages()` after the block holds only the **last** cycle's events" in text
+    else:
+        assert six == five and accumulate() == {}  # torch 2.4 kept every cycle
+        assert "Torch 2.4 kept every cycle, and has no `acc_events`" in text
+    if TORCH >= (2, 13):
+        assert any("clears events at the end of each cycle" in str(w.message) for w in caught)
+        assert "Torch 2.13 warns about it once" in text
+
+
+def test_lesson_8_on_trace_ready_runs_at_a_windows_end_and_at_the_blocks_end_inside_one():
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    for steps, windows in ((3, 1), (5, 1), (6, 1), (9, 2)):
+        calls = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3),
+                         on_trace_ready=lambda p: calls.append(1)) as p:
+                for _ in range(steps):
+                    torch.ones(2) + 1
+                    p.step()
+        assert len(calls) == windows, (steps, len(calls))
+    assert "`on_trace_ready` runs at the end of every active window (and when the block ends inside one)" in prose(L8)
+
+
+def test_lesson_8_what_sdpa_deletes_and_adds_and_what_it_allocates():
+    from torch.profiler import ProfilerActivity, profile
+
+    from course.profiling import attention_inputs, naive_attention
+    from course.traces import ops_diff, profile_steps
+
+    text = prose(L8)
+    q, k, v = attention_inputs(0, batch=2, heads=2, length=128, dim=32)
+    with torch.no_grad():
+        diff = ops_diff(profile_steps(lambda: naive_attention(q, k, v), steps=2),
+                        profile_steps(lambda: F.scaled_dot_product_attention(q, k, v), steps=2))
+    assert {"aten::bmm", "aten::matmul", "aten::div", "aten::_softmax"} <= set(diff["deleted"]), diff
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in diff["added"], diff
+    for name in ("`aten::bmm`", "`aten::matmul`", "`aten::div`", "`aten::_softmax`",
+                 "`aten::_scaled_dot_product_flash_attention_for_cpu`"):
+        assert name in text, name
+    scores = 2 * 2 * 128 * 128 * 4
+    for fn, most in ((naive_attention, None), (F.scaled_dot_product_attention, scores // 4)):
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
+            fn(q, k, v)
+        per_op = {e.key: e.self_cpu_memory_usage for e in p.key_averages()}
+        if most is None:  # the naive version: each of these allocates a whole (B, H, L, L) score matrix
+            assert all(per_op[name] >= scores - 64 for name in ("aten::bmm", "aten::div", "aten::_softmax")), per_op
+        else:
+            assert sum(v for v in per_op.values() if v > 0) - q.numel() * 4 < most, per_op
+    assert "each allocate a `(B, H, L, L)` float32 tensor; SDPA allocates little beyond its output" in text
+
+
+def test_lesson_8_bfloat16_is_predicted_from_the_cpus_flags_not_torchs_vector_level(monkeypatch):
+    import course.profiling as prof
+
+    text = prose(L8)
+    assert torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2", "AVX512", "VSX", "ZVECTOR", "NEON", "SVE256",
+                                                       "SVE128", "SVE512")  # names a vector width, never BF16
+    monkeypatch.setattr(prof, "cpu_flags", lambda: {"avx2", "fma"})
+    assert prof.bf16_native()[0] is False
+    monkeypatch.setattr(prof, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    assert prof.bf16_native()[0] is True
+    monkeypatch.setattr(prof, "cpu_flags", lambda: {"avx512f", "avx512bw"})
+    assert prof.bf16_native()[0] is False  # AVX512 without BF16
+    assert "AVX512 machines exist with and without BF16" in text

@@ -193,6 +193,9 @@ BORROWED = {
     "07_broadcasting_indexing_higher_order": ("segment_max",
                                               "from course.checks.broadcasting import segment_max_reference as "
                                               "segment_max\n", "test_segment_max"),
+    # lesson 8's references serve its own cells as demonstrations, but never as an answer
+    "08_profiling_trace_diff": ("find_races", "from course.streams import sanitizer_races as find_races\n",
+                                "test_find_races"),
 }
 
 

@@ -1,0 +1,71 @@
+"""Every speed check that has a course solution to compare with explains a failure (issue 15): the
+message names what the profiler saw the learner's code run that the solution does not. Here each
+check gets a slow answer (the baseline's own method) at small sizes and must fail saying so."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course.checks import broadcasting as l7
+from course.checks import forward_ad as l4
+from course.checks import jacobians as l5
+from course.checks import vmap as l6
+from course.broadcasting import loop_penalty, loop_segment_sum, naive_sq_dists
+
+FAST = dict(rounds=3, min_run_time=0.02, attempts=1)
+BARS = {"cpu": 50.0, "cuda": 50.0}  # out of reach: every answer here fails, and must say why
+
+
+def _fails_with_an_explanation(run) -> str:
+    with pytest.raises(AssertionError) as exc:
+        run()
+    text = str(exc.value)
+    assert "What the profiler saw your code run" in text, text
+    return text
+
+
+def test_lesson_7_distances_name_the_broadcast():
+    text = _fails_with_an_explanation(lambda: l7.check_distance_speed(
+        naive_sq_dists, bars=BARS, n=64, m=64, d=16, num_threads=1, **FAST))
+    assert "aten::mm" in text or "aten::matmul" in text, text  # the identity's matrix product did not run
+
+
+def test_lesson_7_segment_sums_name_the_loop():
+    text = _fails_with_an_explanation(lambda: l7.check_segment_speed(
+        loop_segment_sum, bars=BARS, nodes=16, edges=64, d=4, num_threads=1, **FAST))
+    assert "index_add" in text, text
+
+
+def test_lesson_7_penalty_names_the_per_sample_passes():
+    _fails_with_an_explanation(lambda: l7.check_penalty_speed(
+        loop_penalty, bars=BARS, n=8, features=4, hidden=8, num_threads=1, **FAST))
+
+
+def test_lesson_4_names_the_reverse_mode():
+    rev = lambda f, x: torch.func.jacrev(f)(x)  # noqa: E731 - reverse mode where forward mode pays
+    _fails_with_an_explanation(lambda: l4.check_jacobian_speed(
+        rev, rev, bars=BARS, k=4, m=64, hidden=16, threads=1, **FAST))
+
+
+def test_lesson_5_names_the_row_loop():
+    def rows(f, x):
+        y = f(x)
+        return torch.stack([torch.autograd.grad(y[i], x, retain_graph=True)[0] for i in range(y.shape[0])])
+
+    def jacobian_vmap(f, x):
+        return rows(f, x.detach().requires_grad_())
+
+    _fails_with_an_explanation(lambda: l5.check_vmap_speed(jacobian_vmap, bars=BARS, D=16, num_threads=1, **FAST))
+
+
+def test_lesson_6_names_the_ensemble_loop():
+    from torch.func import functional_call
+
+    def looped(params, buffers, base, xs):
+        return torch.stack([functional_call(base, ({k: v[i] for k, v in params.items()},
+                                                   {k: v[i] for k, v in buffers.items()}), (xs[i],))
+                            for i in range(xs.shape[0])])
+
+    _fails_with_an_explanation(lambda: l6.check_ensemble_speed(
+        looped, bars=BARS, n=4, batch=8, features=8, hidden=16, num_threads=1, **FAST))
