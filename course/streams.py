@@ -21,7 +21,8 @@ default stream; streams are ints >= 0; tensors and events are named by a str or 
   use of the name is a fresh tensor. The sanitizer checks nothing at a free (its deallocation
   hook has no stream), and its allocation hook has the same effect, so there is no ``"alloc"``.
 
-:func:`find_races` and :func:`sanitizer_races` return the same report: a list of
+:func:`sanitizer_races` and the course's own checker (``course.references.streams.find_races``,
+the grader's alone: it answers lesson 8's exercise) return the same report: a list of
 ``(launch index, kind, tensor, stream of the earlier access)``, where ``launch index`` is the
 position of the racing launch in the program and ``kind`` is ``"read-after-write"``,
 ``"write-after-read"`` or ``"write-after-write"``. Which earlier accesses are checked is the
@@ -48,7 +49,7 @@ from typing import Any
 
 from course.guard import reference
 
-__all__ = ["KINDS", "find_races", "planted_race", "planted_race_fixed", "random_events", "sanitizer_races",
+__all__ = ["KINDS", "planted_race", "planted_race_fixed", "random_events", "sanitizer_races",
            "sanitizer_races_many"]
 
 RAW, WAR, WAW = "read-after-write", "write-after-read", "write-after-write"
@@ -146,91 +147,6 @@ def _checked_tensors(where: str, name: str, value: Any) -> tuple:
         raise ValueError(f"{where}: {name} lists tensor {twice!r} more than once; list each tensor once "
                          f"(a tensor both read and written goes in both reads and writes)")
     return tuple(value)
-
-
-# -- the reference checker ---------------------------------------------------------------------
-
-@reference(in_cells=False)
-def find_races(events: Sequence[tuple]) -> list[Race]:
-    """The course's happens-before checker, with vector clocks (pure Python).
-
-    Every launch gets the next sequence number. Each stream keeps a clock: for every stream, the
-    sequence number of the last launch there that its work is ordered after. An earlier access
-    ``(seq, q)`` is ordered before the current launch on stream ``s`` when
-    ``seq <= clock[s][q]``. A record copies the stream's clock into the event, a wait merges the
-    event's copy into the stream's clock (element-wise max). The host keeps a clock too: a host
-    wait merges what it waited for into the host's clock and into every stream's, since whatever
-    is enqueued afterwards runs after it; a stream seen for the first time starts from the
-    host's clock. Output: see the module docstring.
-    """
-    program = _checked(events, "find_races")
-    seq = 0
-    host: dict[int, int] = {}
-    clocks: dict[int, dict[int, int]] = {0: {}}
-    recorded: dict[Any, dict[int, int]] = {}
-    last_write: dict[Any, tuple[int, int]] = {}       # tensor -> (seq, stream)
-    reads_since: dict[Any, list[tuple[int, int]]] = {}  # tensor -> [(seq, stream), ...]
-    races: list[Race] = []
-
-    def clock(s: int) -> dict[int, int]:
-        if s not in clocks:
-            clocks[s] = dict(host)
-        return clocks[s]
-
-    def merge(into: dict[int, int], other: dict[int, int]) -> None:
-        for q, n in other.items():
-            if n > into.get(q, 0):
-                into[q] = n
-
-    def host_waits_for(knowledge: dict[int, int]) -> None:
-        knowledge = dict(knowledge)
-        merge(host, knowledge)
-        for c in clocks.values():
-            merge(c, knowledge)
-
-    for i, ev in enumerate(program):
-        kind = ev[0]
-        if kind == "launch":
-            _, s, reads, writes = ev
-            seq += 1
-            now = clock(s)
-            now[s] = seq
-
-            def unordered(prev: tuple[int, int]) -> bool:
-                return prev[0] > now.get(prev[1], 0)
-
-            for t in reads:
-                if t in writes:
-                    continue
-                w = last_write.get(t)
-                if w is not None and unordered(w):
-                    races.append((i, RAW, t, w[1]))
-                reads_since.setdefault(t, []).append((seq, s))
-            for t in writes:
-                earlier = reads_since.get(t)
-                if earlier:
-                    races.extend((i, WAR, t, r[1]) for r in earlier if unordered(r))
-                elif t in last_write and unordered(last_write[t]):
-                    races.append((i, WAW, t, last_write[t][1]))
-                last_write[t] = (seq, s)
-                reads_since[t] = []
-        elif kind == "record":
-            recorded[ev[1]] = dict(clock(ev[2]))
-        elif kind == "wait":
-            merge(clock(ev[1]), recorded.get(ev[2], {}))
-        elif kind == "sync_stream":
-            host_waits_for(clock(ev[1]))
-        elif kind == "sync_event":
-            host_waits_for(recorded.get(ev[1], {}))
-        elif kind == "sync_device":
-            everything: dict[int, int] = {}
-            for c in clocks.values():
-                merge(everything, c)
-            host_waits_for(everything)
-        elif kind == "free":
-            last_write.pop(ev[1], None)
-            reads_since.pop(ev[1], None)
-    return races
 
 
 # -- the same program through PyTorch's sanitizer ----------------------------------------------

@@ -344,3 +344,32 @@ def test_why_slower_names_an_extra_copy_and_nothing_for_the_same_code():
                                   [[1, "cpu_op", 0, 1]], [["a", "cpu_op", True, 1]], [["x", "cpu_op", 0, 1]] * 30_000])
 def test_what_a_learners_process_sends_back_is_read_as_data_or_not_at_all(junk):
     assert _as_trace(junk) is None
+
+
+# -- the traces the checks read -------------------------------------------------------------------
+
+def test_the_stored_traces_are_what_this_torch_profiles():
+    """``course/reference_data/08_traces.json.gz`` (``python -m course.checks.profiling``) holds real
+    traces: the ops and counts of each workload's first iteration are what profiling it now gives."""
+    from course import traces
+    from course.checks.profiling import VARIANTS, _stored, _workloads, live_trace
+
+    stored = _stored()
+    for name in _workloads(0):
+        for v in range(VARIANTS):
+            counts = {k: c for k, (c, _) in traces.op_table(stored[f"{name}/{v}"], rounding=False).items()}
+            now = {k: c for k, (c, _) in traces.op_table(live_trace(name, v), rounding=False).items()}
+            assert counts == now, f"{name}/{v} is stale: run python -m course.checks.profiling"
+
+
+def test_a_seed_makes_a_trace_of_its_own_and_always_the_same_one():
+    from course import traces
+    from course.checks.profiling import workload_trace
+
+    a, again, b = workload_trace("naive_attention", 3), workload_trace("naive_attention", 3), \
+        workload_trace("naive_attention", 5)
+    assert a == again
+    assert traces.iterations(a) != traces.iterations(b) or traces.op_table(a, rounding=False) != \
+        traces.op_table(b, rounding=False)
+    answers = {str(sorted(traces.op_table(workload_trace("adds", s), rounding=False).items())) for s in range(12)}
+    assert len(answers) >= 10  # no small table of answers covers the hidden traces

@@ -43,7 +43,7 @@ def borrowed_races(program):
 
 
 def borrowed_clock(program):
-    from course import streams
+    from course.references import streams  # the grader's alone: hidden from the learner's sandbox too
     return streams.find_races(program)
 
 

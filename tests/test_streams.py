@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from course import streams as S
-from course.streams import RAW, WAR, WAW, find_races, random_events, sanitizer_races
+from course.references.streams import find_races
+from course.streams import RAW, WAR, WAW, random_events, sanitizer_races
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [dict(), dict(n=12, streams=2, tensors=2, events=1), dict(n=45, streams=4, tensors=5, events=3),
@@ -260,7 +261,8 @@ def test_random_events_rejects_bad_sizes(kwargs):
 def test_find_races_leaves_the_sanitizer_unimported():
     """find_races is pure Python: importing torch's sanitizer switches the GPU trace on for the
     whole process (see sanitizer_races), which a learner's checking cell should not do."""
-    code = ("import sys, course.streams as s; s.find_races(s.planted_race()); s.random_events(0); "
+    code = ("import sys, course.streams as s; from course.references.streams import find_races; "
+            "find_races(s.planted_race()); s.random_events(0); "
             "assert 'torch.cuda._sanitizer' not in sys.modules, 'imported'")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=120)
@@ -293,7 +295,8 @@ def test_on_a_cuda_machine_the_replay_runs_in_a_fresh_process_and_agrees():
               "programs = [st.random_events(i, n=25) for i in range(30)]\n"
               "away = st.sanitizer_races_many(programs)\n"
               "assert 'torch.cuda._sanitizer' not in sys.modules\n"
-              "assert away == [st.find_races(p) for p in programs]\n"
+              "from course.references.streams import find_races\n"
+              "assert away == [find_races(p) for p in programs]\n"
               "assert st.sanitizer_races(st.planted_race()) == [(1, 'read-after-write', 'x', 1)]\n"
               "print(sum(map(len, away)))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

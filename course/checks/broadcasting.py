@@ -287,21 +287,6 @@ def distance_inputs(seed: int, *, device: str, n: int, m: int, d: int) -> tuple:
     return torch.randn(n, d, generator=g, device=device), torch.randn(m, d, generator=g, device=device)
 
 
-def _identity_sq_dists(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The course's fast distances (what a failed speed check's profile is compared with)."""
-    return ((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T).clamp_min(0)
-
-
-def _index_add_sum(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
-    return values.new_zeros((num_segments, *values.shape[1:])).index_add_(0, index, values)
-
-
-def _batched_penalty(model, x: torch.Tensor) -> torch.Tensor:
-    x = x.detach().requires_grad_()
-    g, = torch.autograd.grad(model(x).sum(), x, create_graph=True)
-    return ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
-
-
 def check_distance_speed(pairwise_sq_dists: Callable, *, bars: Mapping[str, float], n: int, m: int, d: int,
                          num_threads: int | None = None, rounds: int = 9, min_run_time: float = 0.2,
                          attempts: int = 3, device=None) -> SpeedReport:
@@ -315,7 +300,8 @@ def check_distance_speed(pairwise_sq_dists: Callable, *, bars: Mapping[str, floa
                      rtol=1e-4, atol=1e-3, hint="the timed function must be right before it is fast.")
     return served_speedup(("broadcast", naive_sq_dists), ("yours", pairwise_sq_dists), factory=distance_inputs,
                           sizes=dict(n=n, m=m, d=d), bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
-                          min_run_time=min_run_time, attempts=attempts, rtol=1e-3, explain=_identity_sq_dists,
+                          min_run_time=min_run_time, attempts=attempts, rtol=1e-3,
+                          explain="course.references.explain.sq_dists_identity",
                           hint="an (N, M, D) intermediate is what makes the broadcast slow: the identity |a|^2 + "
                                "|b|^2 - 2 a @ b.T never builds one (a matrix product does the heavy part).")
 
@@ -411,7 +397,7 @@ def check_segment_speed(segment_sum: Callable, *, bars: Mapping[str, float], nod
     return served_speedup(("loop", loop_segment_sum), ("yours", segment_sum), factory=segment_inputs,
                           sizes=dict(nodes=nodes, edges=edges, d=d), bars=bars, num_threads=num_threads, device=dev,
                           rounds=rounds, min_run_time=min_run_time, attempts=attempts, rtol=1e-4,
-                          explain=_index_add_sum,
+                          explain="course.references.explain.segment_sum",
                           hint="one index_add_ over all the edges: no Python loop, no .item() per edge.")
 
 
@@ -608,7 +594,7 @@ def check_penalty_speed(gradient_penalty: Callable, *, bars: Mapping[str, float]
     return served_speedup(("per-sample loop", loop_penalty), ("yours", gradient_penalty), factory=penalty_inputs,
                           sizes=sizes, bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
                           min_run_time=min_run_time, attempts=attempts, rtol=1e-4, grad=True,
-                          explain=_batched_penalty,
+                          explain="course.references.explain.gradient_penalty",
                           hint="one autograd.grad over the whole batch (the gradient of the summed scores is every "
                                "sample's own gradient), not a backward pass per sample.")
 

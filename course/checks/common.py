@@ -155,13 +155,14 @@ def expect_grads(outputs: Any, ref_outputs: Any, inputs: Sequence[torch.Tensor],
 def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callable], *, factory: Callable,
                    sizes: dict, bars: Any, hint: str, device: torch.device, num_threads: int | None = None,
                    constants: Sequence[Any] = (), rounds: int = 7, min_run_time: float = 0.2, attempts: int = 3,
-                   rtol: float = 1e-4, grad: bool = False, explain: Callable | None = None):
+                   rtol: float = 1e-4, grad: bool = False, explain: Callable | str | None = None):
     """Every graded speed check of a learner's function against the course's baseline, in one
     place: :func:`course.timing.compare_served` (fresh inputs from ``factory`` in every timed call,
     every output checked), repeated while below the device's bar (``attempts`` in all) and the best
     judged; ``num_threads`` pinned on a CPU. Shows the report, then passes or raises with ``hint``.
-    ``explain``: the course's own fast solution; below the bar, the message then also names what
-    the profiler saw the learner's code run that it does not (:mod:`course.checks.why_slow`)."""
+    ``explain``: the course's own fast solution (or its name in ``course.references.explain``, where
+    it answers an exercise); below the bar, the message then also names what the profiler saw the
+    learner's code run that it does not (:mod:`course.checks.why_slow`)."""
     from course.devices import threads
     from course.grading import best_of, expect_speedup, speed_bar
     from course.timing import compare_served

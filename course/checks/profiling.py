@@ -12,8 +12,11 @@ that matches a known mistake is named.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import random
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -58,11 +61,71 @@ def _workloads(seed: int) -> dict[str, Callable[[], Any]]:
     }
 
 
-def workload_trace(name: str, seed: int, steps: int = 2) -> dict:
-    """A real Chrome trace of the workload ``name`` (see :func:`_workloads`), ``steps`` iterations."""
+#: Real traces of every workload (two variants each), recorded once: a check must read the same
+#: trace in the instructor's run and in every submission's (the grader compares the references
+#: checks used across runs), and a profile taken at check time never times the same twice.
+TRACES = Path(__file__).resolve().parents[1] / "reference_data" / "08_traces.json.gz"
+VARIANTS = 2
+
+
+def live_trace(name: str, seed: int, steps: int = 2) -> dict:
+    """A Chrome trace of the workload ``name`` (see :func:`_workloads`) profiled now, ``steps``
+    iterations, slimmed to what a trace reader needs."""
     fn = _workloads(seed)[name]
     with torch.no_grad():
-        return traces.profile_steps(fn, steps=steps, warmup=1)
+        trace = traces.profile_steps(fn, steps=steps, warmup=1)
+    keep = ("ph", "cat", "name", "pid", "tid", "ts", "dur")
+    events = []
+    for e in trace["traceEvents"]:
+        if not isinstance(e, dict) or e.get("ph") not in ("X", "M", "i"):
+            continue
+        slim = {k: e[k] for k in keep if k in e}
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        slim["args"] = {k: args[k] for k in ("stream", "device", "name") if k in args}
+        events.append(slim)
+    return {"schemaVersion": trace.get("schemaVersion", 1), "traceEvents": events}
+
+
+def record_traces(path: Path = TRACES) -> Path:
+    """Profile every workload's variants and store them (``python -m course.checks.profiling``)."""
+    import gzip
+
+    data = {f"{name}/{v}": live_trace(name, v) for name in _workloads(0) for v in range(VARIANTS)}
+    data["torch"] = torch.__version__
+    with gzip.GzipFile(path, "wb", mtime=0) as f:
+        f.write(json.dumps(data, sort_keys=True).encode())
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def _stored() -> dict:
+    import gzip
+
+    with gzip.open(TRACES, "rt") as f:
+        return json.load(f)
+
+
+def workload_trace(name: str, seed: int) -> dict:
+    """A real trace of the workload ``name`` (a stored one), made a trace of its own by ``seed``:
+    shifted in time, its steps renumbered, about one op in ten left out and its events in another
+    order. The same seed gives the same trace in every run; no two seeds give the same answer, so
+    answers cannot be looked up by trace."""
+    rng = random.Random(seed * 7919 + sum(map(ord, name)))
+    base = _stored()[f"{name}/{seed % VARIANTS}"]
+    shift, renumber = float(rng.randint(1, 10**6)), rng.randint(0, 40)
+    events = []
+    for e in base["traceEvents"]:
+        e = dict(e)
+        if "ts" in e:
+            e["ts"] = e["ts"] + shift
+        step = traces._STEP.fullmatch(str(e.get("name", "")))
+        if step:
+            e["name"] = f"ProfilerStep#{int(step.group(1)) + renumber}"
+        elif e.get("cat") == "cpu_op" and rng.random() < 0.1:
+            continue
+        events.append(e)
+    rng.shuffle(events)
+    return {"schemaVersion": base.get("schemaVersion", 1), "traceEvents": events, "traceName": f"{name}-{seed}"}
 
 
 def synthetic_trace(seed: int, *, ops: tuple[str, ...] = ()) -> dict:
@@ -137,10 +200,14 @@ def _table(got: Any, label: str) -> dict[str, tuple[int, float]]:
     return out
 
 
+def _same(got: dict, want: dict) -> bool:
+    """The same names and counts, and totals equal but for the order of summing."""
+    return got == want or (set(got) == set(want) and all(
+        got[n][0] == want[n][0] and math.isclose(got[n][1], want[n][1], rel_tol=1e-9, abs_tol=1e-6) for n in want))
+
+
 def _compare_tables(got: dict, want: dict, label: str, trace: dict, iteration: int | None) -> None:
-    if got == want or (set(got) == set(want) and all(
-            got[n][0] == want[n][0] and math.isclose(got[n][1], want[n][1], rel_tol=1e-9, abs_tol=1e-6)
-            for n in want)):
+    if _same(got, want):
         record({n: [got[n][0], got[n][1]] for n in sorted(got)}, {n: [want[n][0], want[n][1]] for n in sorted(want)},
                label)
         return
@@ -182,7 +249,7 @@ def _name_table_mistake(got: dict, want: dict, label: str, trace: dict, iteratio
         mistakes["it read the last iteration; with iteration=None it should read the first"] = \
             traces.op_table(trace, last, rounding=False)
     for mistake, table in mistakes.items():
-        if table != want and got == table:
+        if not _same(table, want) and _same(got, table):
             raise AssertionError(f"{label} is wrong; it looks as if {mistake}.")
 
 
@@ -205,7 +272,7 @@ def check_op_table(op_table: Callable, *, seed: int = 0, n: int = 3) -> None:
     cases: list[tuple[dict, int | None, str]] = []
     for i in range(n):
         name = real[(seed + i) % len(real)]
-        trace = workload_trace(name, seed + i, steps=2)
+        trace = workload_trace(name, seed + i)
         its = traces.iterations(trace)
         cases.append((trace, None, f"a real trace ({name.replace('_', ' ')}), first iteration"))
         cases.append((trace, its[-1], f"a real trace ({name.replace('_', ' ')}), iteration {its[-1]}"))
@@ -409,3 +476,7 @@ def check_find_races(find_races: Callable, *, seed: int = 0, n: int = 120) -> No
                                  f"  missing: {missing[:4]}\n  reported but not a race: {extra[:4]}")
         record(got, want, f"{label} on program {i}")
     ok(f"{label} agrees with the CUDA Stream Sanitizer on {len(programs)} programs ({racy} with races, seed {seed})")
+
+
+if __name__ == "__main__":
+    print(f"wrote {record_traces()}")

@@ -283,25 +283,6 @@ def ensemble_timing_inputs(seed: int, *, device: str, n: int, batch: int, featur
     return params, buffers, base, xs
 
 
-def _vmapped_predictions(params, buffers, base, xs):
-    """The course's fast ensemble prediction (what a failed speed check's profile is compared with)."""
-    from torch.func import functional_call, vmap
-
-    return vmap(lambda p, b, x: functional_call(base, (p, b), (x,)))(params, buffers, xs)
-
-
-def _vmapped_per_sample_grads(model, x, y):
-    from torch.func import functional_call, grad, vmap
-
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    buffers = dict(model.named_buffers())
-
-    def loss(p, xi, yi):
-        return F.cross_entropy(functional_call(model, (p, buffers), (xi[None],)), yi[None])
-
-    return vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
-
-
 def check_ensemble_speed(predict_each: Callable, *, bars: Mapping[str, float], n: int, batch: int, features: int,
                          hidden: int, classes: int = 10, num_threads: int | None = None, seed: int = 0,
                          rounds: int = 9, min_run_time: float = 0.2, attempts: int = 3, device=None) -> SpeedReport:
@@ -326,7 +307,7 @@ def check_ensemble_speed(predict_each: Callable, *, bars: Mapping[str, float], n
 
     return served_speedup(("loop", loop), ("vmap", predict_each), factory=ensemble_timing_inputs, sizes=sizes,
                           bars=bars, device=dev, num_threads=num_threads, rounds=rounds, min_run_time=min_run_time,
-                          attempts=attempts, explain=_vmapped_predictions,
+                          attempts=attempts, explain="course.references.explain.predict_each",
                           hint="one vmap call over the stacked state (no loop, no copies of the weights per call). "
                                "If the machine is busy, run the cell again.")
 
@@ -652,7 +633,7 @@ def check_per_sample_speed(per_sample_grads: Callable, *, bars: Mapping[str, flo
     return served_speedup(("loop", reference_per_sample_grads), ("vmap", per_sample_grads),
                           factory=per_sample_timing_inputs, sizes=sizes, bars=bars, device=dev,
                           num_threads=num_threads, rounds=rounds, min_run_time=min_run_time, attempts=attempts,
-                          grad=True, explain=_vmapped_per_sample_grads,
+                          grad=True, explain="course.references.explain.per_sample_grads",
                           hint="one vmap(grad(...)) call for the whole batch. If the machine is busy, run the cell "
                                "again.")
 

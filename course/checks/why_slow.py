@@ -67,7 +67,23 @@ def _as_trace(events: Any) -> dict | None:
     return {"traceEvents": out}
 
 
-def why_slower(candidate: Callable, reference: Callable, *, factory: Callable, sizes: dict,
+def _resolve(reference: Callable | str) -> Callable | None:
+    """``reference`` itself, or the course function it names (``"course.references.explain.x"``);
+    None where that module is absent (the learners' bundle leaves ``course/references`` out)."""
+    if callable(reference):
+        return reference
+    import importlib
+
+    module, _, name = str(reference).rpartition(".")
+    if not module.startswith("course."):
+        return None
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def why_slower(candidate: Callable, reference: Callable | str, *, factory: Callable, sizes: dict,
                constants: Sequence[Any] = (), device: torch.device, grad: bool = False, seconds_per_call: float = 0.0,
                top: int = 4) -> list[str]:
     """Sentences on what ``candidate`` ran that ``reference`` (the course's solution) did not, on the
@@ -75,7 +91,8 @@ def why_slower(candidate: Callable, reference: Callable, *, factory: Callable, s
     (``seconds_per_call``), or when the candidate's profile cannot be read."""
     import secrets
 
-    if seconds_per_call > MAX_CALL_S:
+    reference = _resolve(reference)
+    if seconds_per_call > MAX_CALL_S or reference is None:
         return []
     name = f"{factory.__module__}.{factory.__qualname__}"
     seed = secrets.randbits(31)

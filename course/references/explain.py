@@ -1,0 +1,50 @@
+"""The course's fast solutions that failed speed checks are compared with (the profile of one call
+of each, against the learner's: :mod:`course.checks.why_slow`). They answer exercises of lessons 4
+to 7, so they are the grader's alone (see :mod:`course.references`); a check names them by string
+(``"course.references.explain.segment_sum"``), and where this folder is absent (the learners'
+bundle) a failed check simply gives no profile."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, jacfwd, jacrev, vmap
+
+__all__ = ["gradient_penalty", "jacobian_fwd", "jacobian_vmap", "per_sample_grads", "predict_each",
+           "sq_dists_identity", "segment_sum"]
+
+
+def sq_dists_identity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return ((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T).clamp_min(0)
+
+
+def segment_sum(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    return values.new_zeros((num_segments, *values.shape[1:])).index_add_(0, index, values)
+
+
+def gradient_penalty(model, x: torch.Tensor) -> torch.Tensor:
+    x = x.detach().requires_grad_()
+    g, = torch.autograd.grad(model(x).sum(), x, create_graph=True)
+    return ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
+
+
+def jacobian_fwd(f, x: torch.Tensor) -> torch.Tensor:
+    return jacfwd(f)(x)
+
+
+def jacobian_vmap(f, x: torch.Tensor) -> torch.Tensor:
+    return jacrev(f)(x)
+
+
+def predict_each(params, buffers, base, xs):
+    return vmap(lambda p, b, x: functional_call(base, (p, b), (x,)))(params, buffers, xs)
+
+
+def per_sample_grads(model, x, y):
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = dict(model.named_buffers())
+
+    def loss(p, xi, yi):
+        return F.cross_entropy(functional_call(model, (p, buffers), (xi[None],)), yi[None])
+
+    return vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
