@@ -178,7 +178,7 @@ def _why_not(cell, rep, expected, tampered_from, outcome, program, unproven=None
         if _at_least(tol):
             why = _speed(cell, mine, ref, program, unproven)
             if why:
-                return why
+                return type(why)(why + _explanation(rep.error))
             continue
         kw = dict(rtol=tol.get("rtol"), atol=tol.get("atol"), check_dtype=bool(tol.get("check_dtype", True)),
                   equal_nan=bool(tol.get("equal_nan", False)), check_device=False)
@@ -198,6 +198,16 @@ def _why_not(cell, rep, expected, tampered_from, outcome, program, unproven=None
         except Exception as exc:  # noqa: BLE001
             return f"{ref['name']}: the value could not be compared ({type(exc).__name__}: {exc})"[:500]
     return rep.error or ""
+
+
+def _explanation(error: str | None) -> str:
+    """The judge's account of a missed speed bar, from a profile of both sides (see
+    ``course.checks.why_slow``), for the feedback page: feedback, not evidence."""
+    for line in (error or "").splitlines():
+        line = line.strip()
+        if line.startswith("What the profiler saw"):
+            return "\n" + line[:800]
+    return ""
 
 
 def _at_least(tol) -> bool:

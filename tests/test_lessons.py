@@ -138,6 +138,18 @@ def hostile(path: Path) -> dict:
 #: The lesson whose planted mistake also hides behind patched checks (one is enough: each costs a run).
 PATCHED_LESSON = "01_custom_rnns"
 
+#: A right but slow answer, whose speed cell must fail and say why in the feedback (issue 15).
+SLOW_LESSON = "08_profiling_trace_diff"
+SLOW = ("    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)",
+        "    return naive_attention(q, k, v, causal)")
+
+
+def slow_notebook(src: Path) -> str:
+    text = src.read_text()
+    old, new = (json.dumps(x)[1:-1] for x in SLOW)
+    assert old in text, "the slow answer's anchor is gone from the solution"
+    return text.replace(old, new)
+
 
 def patched(src: Path) -> tuple[dict, float]:
     """The planted mistake, with the checks' comparisons patched away in the same cell. The seal
@@ -231,6 +243,9 @@ def graded(tmp_path_factory):
         if lesson_id in BORROWED:
             (subs / "borrowed" / lesson_id).mkdir(parents=True)
             (subs / "borrowed" / lesson_id / src.name).write_text(json.dumps(borrowed(src, lesson_id)))
+        if lesson_id == SLOW_LESSON:
+            (subs / "slow" / lesson_id).mkdir(parents=True)
+            (subs / "slow" / lesson_id / src.name).write_text(slow_notebook(src))
         if lesson_id == PATCHED_LESSON:
             nb, _ = patched(src)
             (subs / "patched" / lesson_id).mkdir(parents=True)
@@ -320,6 +335,16 @@ def test_mistake_behind_patched_checks_earns_only_the_cells_before_it(graded):
     assert row["status"] == "graded", row
     graded.expect("patched", PATCHED_LESSON, patched_points(nb))
     assert "tampered" in row["flags"].split(","), row
+
+
+@pytest.mark.notebooks
+def test_a_slow_answer_loses_its_speed_cell_and_the_feedback_says_what_the_profiler_saw(graded):
+    expected = graded_cells(notebook(SLOW_LESSON, "solutions"))
+    cells = graded.cells[("slow", SLOW_LESSON)]
+    assert cells["test_attention_speed"] == 0.0, cells
+    assert all(cells[g] == p for g, p in expected.items() if g != "test_attention_speed"), cells
+    page = next((graded.out / "feedback" / "slow" / SLOW_LESSON).glob("*.html")).read_text()
+    assert "What the profiler saw your code run" in page and "aten::bmm" in page, page[-3000:]
 
 
 @pytest.mark.notebooks
