@@ -36,6 +36,7 @@ SIZES = {
                                                       model_seed=0),
     "course.checks.vmap.per_sample_timing_inputs": dict(batch=64, size=28, channels=(32, 64), classes=10,
                                                         model_seed=0),
+    "course.profiling.attention_inputs": dict(batch=8, heads=16, length=2048, dim=64),
 }
 MOVED_LIMIT = 4096
 
