@@ -65,9 +65,12 @@ def expect_speedup(report: SpeedReport, name: str, *, bars: Mapping[str, float],
                     f"  {name}: {report.median(name) * 1e3:.3g} ms per call, {over}: "
                     f"{report.median(over) * 1e3:.3g} ms.\n")
         if verdict == "undecided":
+            # what the profiler saw (course.checks.why_slow) helps here too: the bar may be missed after all
+            seen = "".join(f"\n{line}" for line in (hint or "").splitlines() if "What the profiler saw" in line)
             raise SpeedUndecided(
                 f"Undecided: {measured}  The rounds varied too much to tell whether the bar is cleared (other "
-                "work on this machine?). This is not a pass: run the cell again, with other programs closed.")
+                "work on this machine?). This is not a pass: run the cell again, with other programs closed."
+                + seen)
         raise AssertionError(
             measured + f"  Hint: {hint or 'check that the fast path really runs (no fallback to eager), and warm it up.'}")
     print(f"ok: {name} is {ratio} as fast as {over} on {report.device}, at least {ratio.bound:.2f}x with 99% "

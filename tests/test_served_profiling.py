@@ -81,9 +81,11 @@ def test_the_served_solution_passes_the_speed_check(learner):
 
 def test_a_slow_answer_fails_and_the_explanation_comes_from_a_profile_on_the_learners_side(learner):
     with pytest.raises(AssertionError) as exc:
-        check_attention_speed(learner("slow_attention"), bars={"cpu": 1.5, "cuda": 2.0}, **SMALL)
+        # (bar 2: in this thread-served harness the judge's side has measured up to 1.5x slower on the
+        # same code, an allocator effect of the process's history; see the note of stop 29)
+        check_attention_speed(learner("slow_attention"), bars={"cpu": 2.0, "cuda": 2.0}, **SMALL)
     text = str(exc.value)
-    assert "What the profiler saw" in text and "extra aten::bmm" in text, text
+    assert "What the profiler saw" in text and "_scaled_dot_product_flash_attention_for_cpu ran" in text, text
 
 
 @pytest.mark.parametrize("check", [check_op_table, check_ops_diff, check_attention, check_find_races])

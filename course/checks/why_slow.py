@@ -33,9 +33,12 @@ def _profile(fn: Callable, factory_name: str, sizes: dict, constants: Sequence[A
              seed: int) -> dict:
     from course.remote import _registered
 
-    args = _registered(FACTORIES, factory_name, "factory")(seed, device=device, **sizes)
+    make = _registered(FACTORIES, factory_name, "factory")
+    # inputs of its own for each call (made before the profile): an answer that remembers its
+    # inputs is profiled doing its work, not answering from memory
+    calls = iter([make(seed + i, device=device, **sizes) for i in range(2)])
     with torch.set_grad_enabled(grad):
-        return traces.profile_steps(lambda: fn(*args, *constants), steps=1, warmup=1)
+        return traces.profile_steps(lambda: fn(*next(calls), *constants), steps=1, warmup=1)
 
 
 def _compact(trace: dict) -> list[list]:
@@ -49,8 +52,8 @@ def _compact(trace: dict) -> list[list]:
 @prober
 def profile_events(fn: Callable, factory_name: str, sizes: dict, constants: list, device: str, grad: bool,
                    seed: int) -> list[list]:
-    """Run where ``fn`` lives: one warm-up call and one profiled call of ``fn`` on the factory's
-    inputs for ``seed``; the profiled step's CPU events, compact (see :func:`_compact`)."""
+    """Run where ``fn`` lives: one warm-up call and one profiled call of ``fn``, on the factory's
+    inputs for ``seed`` and ``seed + 1``; the profiled step's CPU events, compact (see :func:`_compact`)."""
     return _compact(_profile(fn, factory_name, sizes, constants, device, grad, seed))
 
 
@@ -85,7 +88,7 @@ def _resolve(reference: Callable | str) -> Callable | None:
 
 def why_slower(candidate: Callable, reference: Callable | str, *, factory: Callable, sizes: dict,
                constants: Sequence[Any] = (), device: torch.device, grad: bool = False, seconds_per_call: float = 0.0,
-               top: int = 4) -> list[str]:
+               top: int = 6) -> list[str]:
     """Sentences on what ``candidate`` ran that ``reference`` (the course's solution) did not, on the
     same inputs; ``[]`` when nothing notable, when a call is too slow to profile again
     (``seconds_per_call``), or when the candidate's profile cannot be read."""
