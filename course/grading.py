@@ -41,12 +41,13 @@ class SpeedUndecided(AssertionError):
 
 
 def expect_speedup(report: SpeedReport, name: str, *, bars: Mapping[str, float], over: str | None = None,
-                   hint: str | None = None) -> float:
+                   hint: str | None = None, seen: str = "") -> float:
     """Assert that ``name`` is at least ``bars[device kind]`` times faster than ``over``.
 
     Passes on the ratio's lower confidence bound (``Ratio.bound``), not its median: a slower
     candidate must not pass because a few rounds were lucky on a busy machine. Fails when the
-    upper bound (``Ratio.ceiling``) is below the bar; in between, raises :class:`SpeedUndecided`."""
+    upper bound (``Ratio.ceiling``) is below the bar; in between, raises :class:`SpeedUndecided`.
+    ``seen``: what the profiler saw (``course.checks.why_slow``), added to either message."""
     if not isinstance(report, SpeedReport):
         raise TypeError(f"expect_speedup needs the SpeedReport that course.timing.compare returns, "
                         f"got {type(report).__name__}.")
@@ -65,14 +66,13 @@ def expect_speedup(report: SpeedReport, name: str, *, bars: Mapping[str, float],
                     f"  {name}: {report.median(name) * 1e3:.3g} ms per call, {over}: "
                     f"{report.median(over) * 1e3:.3g} ms.\n")
         if verdict == "undecided":
-            # what the profiler saw (course.checks.why_slow) helps here too: the bar may be missed after all
-            seen = "".join(f"\n{line}" for line in (hint or "").splitlines() if "What the profiler saw" in line)
             raise SpeedUndecided(
                 f"Undecided: {measured}  The rounds varied too much to tell whether the bar is cleared (other "
                 "work on this machine?). This is not a pass: run the cell again, with other programs closed."
                 + seen)
         raise AssertionError(
-            measured + f"  Hint: {hint or 'check that the fast path really runs (no fallback to eager), and warm it up.'}")
+            measured + f"  Hint: {hint or 'check that the fast path really runs (no fallback to eager), and warm it up.'}"
+            + seen)
     print(f"ok: {name} is {ratio} as fast as {over} on {report.device}, at least {ratio.bound:.2f}x with 99% "
           f"confidence (bar {bar:.2f}x)")
     return ratio.median
