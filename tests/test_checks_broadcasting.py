@@ -228,6 +228,24 @@ def shape_of_tensors(a, b):
     return tuple(torch.where(pa == 1, pb, pa))
 
 
+def shape_by_torch(a, b):
+    """Right values, by torch's rule rather than one's own."""
+    return tuple(torch.broadcast_shapes(a, b))
+
+
+def shape_by_numpy(a, b):
+    import numpy as np
+
+    return tuple(np.broadcast_shapes(a, b))
+
+
+def shape_by_meta_tensors(a, b):
+    """Tensors with no storage, added: the shape of the sum."""
+    from torch import empty  # an alias: the check watches calls, not names
+
+    return tuple((empty(a, device="meta") + empty(b, device="meta")).shape)
+
+
 def mse_broadcast(pred, target):
     """The bug the exercise is about: no shape handling at all."""
     return ((pred - target) ** 2).mean()
@@ -247,6 +265,10 @@ def softplus_function(x):
 # (exercise, the wrong answer, what the message must say)
 WRITTEN = {
     "broadcast_shape: a tuple of 0-d tensors": ("broadcast_shape", shape_of_tensors, "as a tuple of ints"),
+    "broadcast_shape: torch.broadcast_shapes wrapped": ("broadcast_shape", shape_by_torch,
+                                                        "called torch.functional.broadcast_shapes: the exercise"),
+    "broadcast_shape: NumPy's broadcast_shapes": ("broadcast_shape", shape_by_numpy, "called numpy.*the rule itself"),
+    "broadcast_shape: meta tensors added": ("broadcast_shape", shape_by_meta_tensors, "called .*torch.empty"),
     "mse: (N, 1) broadcast against (N,)": ("mse", mse_broadcast, "broadcast against each other"),
     "pairwise: float64 returned for float32": ("pairwise", dists_in_float64, "keep the inputs' dtype"),
     "softplus: a plain function": ("softplus", softplus_function, "subclass of torch.autograd.Function"),

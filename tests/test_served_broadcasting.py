@@ -93,7 +93,11 @@ def memo_segment_loop(values, index, num_segments):
     return _remembering(values, index, num_segments)
 
 
-WRONG = {"segment_sum_by_indexing": segment_sum_by_indexing,
+def shape_by_torch(a, b):
+    return tuple(torch.broadcast_shapes(a, b))
+
+
+WRONG = {"shape_by_torch": shape_by_torch, "segment_sum_by_indexing": segment_sum_by_indexing,
          "penalty_without_create_graph": penalty_without_create_graph, "OnceSoftplus": OnceSoftplus,
          "memo_segment_loop": memo_segment_loop}
 
@@ -132,6 +136,12 @@ def test_speed_checks_pass_the_served_solutions_on_a_generous_bar(learner):
     assert report.names == ["loop", "yours"]
     report = check_penalty_speed(learner("gradient_penalty"), bars=GENEROUS, n=8, features=4, hidden=8, **QUICK)
     assert report.names == ["per-sample loop", "yours"]
+
+
+def test_a_borrowed_rule_is_seen_where_the_learners_code_runs(learner):
+    """The calls are watched in the learner's process (by the course's probe), not in the judge."""
+    with pytest.raises(AssertionError, match="called torch.functional.broadcast_shapes"):
+        check_broadcast_shape(learner("shape_by_torch"))
 
 
 # -- unwritten answers across the boundary ---------------------------------------------------------------

@@ -16,6 +16,7 @@ it with its own reference. A wrong answer that matches a known mistake is named 
 from __future__ import annotations
 
 import random
+from sys import getprofile as _getprofile, setprofile as _setprofile  # held here: sealed with the module
 from typing import Any, Callable, Mapping
 
 import torch
@@ -118,21 +119,93 @@ def _expected_shape(a: tuple, b: tuple) -> tuple | None:
         return None
 
 
+def _library_prefixes() -> tuple[str, ...]:
+    """The folders of the libraries that know the rule already (torch, NumPy), read from the code
+    of their own functions (modules the grader seals; no string a learner's cell could rebind)."""
+    import torch.functional
+
+    out = []
+    sources = [("torch", torch.functional.broadcast_shapes)]
+    try:  # imported here if need be: an answer could import it inside the watched call
+        import numpy
+    except ImportError:
+        numpy = None
+    if numpy is not None and hasattr(numpy, "broadcast_shapes"):
+        sources.append(("numpy", numpy.broadcast_shapes))
+    for top, fn in sources:
+        path = getattr(getattr(fn, "__code__", None), "co_filename", "")
+        for sep in ("/", "\\"):
+            cut = path.rfind(f"{sep}{top}{sep}")
+            if cut >= 0:
+                out.append(path[:cut + len(top) + 2])
+                break
+    return tuple(out)
+
+
+@prober
+def shapes_by_hand(broadcast_shape: Callable, pairs: list) -> dict:
+    """The learner's side: ``broadcast_shape(a, b)`` on every pair, each call watched for calls into
+    torch or NumPy (Python functions by their file, built-ins by their module). Returns, per pair,
+    the shape (a list of ints), what it returned instead (described), or the ValueError/RuntimeError
+    it raised; and the library functions it called."""
+    libraries = _library_prefixes()
+    used: dict = {}  # in the order first called
+
+    def library(frame) -> bool:
+        return frame is not None and frame.f_code.co_filename.startswith(libraries)
+
+    def watch(frame, event, arg):  # only the calls made from outside the libraries: their entry points
+        if event == "call" and library(frame) and not library(frame.f_back):
+            used.setdefault(f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}")
+        elif event == "c_call" and not library(frame):
+            owner = getattr(arg, "__module__", None) or getattr(getattr(arg, "__self__", None), "__name__", None)
+            if isinstance(owner, str) and owner.split(".")[0] in ("torch", "numpy"):
+                used.setdefault(f"{owner}.{getattr(arg, '__name__', '?')}")
+
+    def watched(a, b):
+        before = _getprofile()
+        _setprofile(watch)
+        try:
+            return broadcast_shape(a, b)
+        finally:
+            _setprofile(before)
+
+    watched.__name__ = "broadcast_shape"
+    outcomes = []
+    for a, b in pairs:
+        raised, got = _outcome(watched, (tuple(a), tuple(b)), f"broadcast_shape({tuple(a)}, {tuple(b)})")
+        if raised is not None:
+            outcomes.append({"raised": type(raised).__name__, "message": str(raised)[:300]})
+        elif isinstance(got, (tuple, list)) and all(type(s) is int and abs(s) < 2**62 for s in got):
+            outcomes.append({"shape": list(got)})
+        else:
+            outcomes.append({"other": describe(got)})
+    return {"outcomes": outcomes, "used": list(used)}
+
+
 def check_broadcast_shape(broadcast_shape: Callable, *, seed: int = 0, n: int = 30) -> None:
     """``broadcast_shape(a, b)`` is the shape two tensors of shapes ``a`` and ``b`` broadcast to,
     as ``torch.broadcast_shapes`` says, on fixed and random pairs (``seed``); for pairs that do
-    not broadcast it raises ``ValueError`` (``RuntimeError`` accepted, as torch raises)."""
+    not broadcast it raises ``ValueError`` (``RuntimeError`` accepted, as torch raises). The rule
+    must be the learner's own: a call into torch or NumPy while it runs (``torch.broadcast_shapes``,
+    tensors, meta tensors, ``np.broadcast_shapes``) fails the check."""
     label = "broadcast_shape"
     pairs = FIXED_PAIRS + _random_pairs(seed, n)
+    report = probe(broadcast_shape, shapes_by_hand, [[list(a), list(b)] for a, b in pairs])
+    outcomes = report.get("outcomes") if isinstance(report, dict) else None
+    if not isinstance(outcomes, list) or len(outcomes) != len(pairs):
+        raise AssertionError(f"{label}: the learner's process did not report one outcome per pair.")
     agreed = 0
-    for a, b in pairs:
+    for (a, b), outcome in zip(pairs, outcomes):
         want = _expected_shape(a, b)
         case = f"{label}({a}, {b})"
-        raised, got = _outcome(broadcast_shape, (a, b), case)
+        if not isinstance(outcome, dict):
+            raise AssertionError(f"{case}: the learner's process sent no outcome for this pair.")
         if want is None:
-            if raised is None:
+            if "raised" not in outcome:
+                got = tuple(outcome["shape"]) if "shape" in outcome else outcome.get("other")
                 raise AssertionError(
-                    f"{case} returned {describe(got)}, but these shapes do not broadcast: compared from the right, "
+                    f"{case} returned {got}, but these shapes do not broadcast: compared from the right, "
                     "a pair of sizes that differ must have a 1 on one side. Raise ValueError for such a pair.")
             agreed += 1
             continue
@@ -140,16 +213,23 @@ def check_broadcast_shape(broadcast_shape: Callable, *, seed: int = 0, n: int = 
         why = (" Shapes are aligned on their *last* dimension (the shorter one is padded with 1s in front); "
                f"matching them from the *left* gives {'an error' if left is None else left} here."
                if left != want else "")
-        if raised is not None:
-            raise AssertionError(f"{case} raised {type(raised).__name__} ({str(raised)[:200]}), but these shapes "
-                                 f"broadcast to {want}.{why}")
-        if not (isinstance(got, (tuple, list)) and all(type(s) is int for s in got)):
-            raise AssertionError(f"{case} should return the shape as a tuple of ints, got {describe(got)}.")
-        if tuple(got) != want:
-            if not why and any(w == 0 and g == 1 for w, g in zip(want, tuple(got)[-len(want):])):
+        if "raised" in outcome:
+            raise AssertionError(f"{case} raised {outcome['raised']} ({str(outcome.get('message'))[:200]}), but these "
+                                 f"shapes broadcast to {want}.{why}")
+        if "shape" not in outcome:
+            raise AssertionError(f"{case} should return the shape as a tuple of ints, got {outcome.get('other')}.")
+        got = tuple(int(s) for s in outcome["shape"])
+        if got != want:
+            if not why and any(w == 0 and g == 1 for w, g in zip(want, got[-len(want):])):
                 why = " A size 1 stretches to the other size, 0 included: 1 against 0 gives 0 (an empty dimension)."
-            raise AssertionError(f"{case} returned {tuple(got)}; torch broadcasts them to {want}.{why}")
+            raise AssertionError(f"{case} returned {got}; torch broadcasts them to {want}.{why}")
         agreed += 1
+    used = report.get("used") or []  # right values, and the rule still not its own
+    if used:
+        raise AssertionError(
+            f"{label} called {', '.join(str(u) for u in list(used)[:4])}: the exercise is the rule itself, in plain "
+            "Python. Inside broadcast_shape, call neither torch (torch.broadcast_shapes, tensors of those shapes, "
+            "meta tensors included) nor NumPy; the check watches the calls it makes.")
     record(torch.tensor(float(agreed)), torch.tensor(float(len(pairs))), name=f"{label}: pairs that agree with torch")
     ok(f"{label} agrees with torch.broadcast_shapes on {len(pairs)} pairs, and raises where they do not "
        f"broadcast (seed {seed})")
