@@ -69,3 +69,13 @@ def quiet_cuda_home() -> None:
     logger = logging.getLogger("torch.utils.cpp_extension")
     if not any(isinstance(f, _NoCudaHomeNotice) for f in logger.filters):
         logger.addFilter(_NoCudaHomeNotice())
+
+
+def quiet_kineto() -> None:
+    """Keep the profiler's own log lines ("USDT: ... profiler_start", "STAGE: ...") out of the
+    lessons' outputs: Kineto prints them on stderr for every profile, at a level above its errors,
+    so only its highest setting hides them. The profiler's warnings still reach Python's
+    ``warnings``. Read when a profile starts; a value already set (``KINETO_LOG_LEVEL``) is kept."""
+    import os
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")

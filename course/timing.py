@@ -20,6 +20,9 @@ a few lucky rounds. It fails only below :attr:`Ratio.ceiling`, the matching uppe
 answer is not failed on a few unlucky rounds either. Between the two the verdict is open;
 ``until=`` adds rounds while it is, and what stays open is *undecided* (measure again), never a
 pass.
+
+Fair to both sides: while timing, C memory is held steady (:mod:`course.allocator`), so a call's
+speed does not hang on what its process allocated and freed before.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from course import grader_hooks
+from course.allocator import steady
 from course.devices import pick_device, synchronize
 from course.numerics import observing_paused
 
@@ -253,7 +257,7 @@ def compare(candidates: Mapping[str, Callable[..., Any]], *, inputs: Callable[[]
     between the lower and upper confidence bounds of ``name``'s speedup over ``over``.
     """
     # Under the autograder, timing waits for a turn in which no other submission runs.
-    with observing_paused(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
+    with observing_paused(), steady(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
         return _compare(candidates, inputs=inputs, baseline=baseline, rounds=rounds, warmup=warmup,
                         min_run_time=min_run_time, device=device, progress=progress, check=check,
                         until=until, max_rounds=max_rounds)
@@ -394,7 +398,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             synchronize(dev)
         return torch.stack(sums).cpu()
 
-    with observing_paused(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
+    with observing_paused(), steady(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
         handle = cand.stage(list(constants)) if remote else None
 
         def run_candidate(seeds):
@@ -513,7 +517,7 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     learner_cpu = grader_hooks.learner_cpu if dev.type == "cpu" else None
     used: list[list[tuple[float, float]]] = [[] for _ in calls]  # (wall, CPU) of the learner's calls
     best = [math.inf] * len(calls)
-    with observing_paused(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
+    with observing_paused(), steady(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
         for rep in range(reps + 1):  # the first is a warm-up
             made: dict[int, tuple] = {}
             outputs = []

@@ -467,6 +467,37 @@ def test_lesson_8_what_sdpa_deletes_and_adds_and_what_it_allocates():
     assert "each allocate a `(B, H, L, L)` float32 tensor; SDPA allocates little beyond its output" in text
 
 
+def test_lesson_8_held_steady_the_score_matrix_is_recycled_under_32_mib_and_mapped_afresh_above():
+    """The lesson's CPU score matrix is 16 MiB "below glibc's 32 MiB threshold"; held steady, naive
+    attention then faults in no page per call, and at twice the length (64 MiB blocks) about
+    three blocks' worth every call."""
+    import re
+
+    from course import allocator
+    from course.profiling import attention_inputs, naive_attention
+
+    if not allocator.available():
+        pytest.skip("glibc's malloc is not this process's allocator")
+    nb = json.loads((SOLUTIONS / L8 / f"{L8}.ipynb").read_text())
+    cpu = re.search(r"cpu=dict\(([^)]*)\)", "".join(c["source"] for c in nb["cells"])).group(1)
+    sizes = {k: v for k, v in eval(f"dict({cpu})").items() if k in ("batch", "heads", "length", "dim")}  # noqa: S307
+    block = sizes["batch"] * sizes["heads"] * sizes["length"] ** 2 * 4
+    assert block == 16 * 2**20  # "the score matrix alone is 16 MiB"
+    q, k, v = attention_inputs(0, **sizes)
+    longer = attention_inputs(1, **{**sizes, "length": 2 * sizes["length"]})
+    with torch.no_grad(), allocator.steady():
+        kept = allocator.faults_per_call(lambda: naive_attention(q, k, v))
+        mapped = allocator.faults_per_call(lambda: naive_attention(*longer))
+    assert kept < 100, kept
+    assert 2 * 4 * block / 4096 < mapped < 3.5 * 4 * block / 4096, mapped
+    text = prose(L8)
+    for claim in ("the score matrix alone is 16 MiB, a size chosen below glibc's 32 MiB threshold",
+                  "a block under 32 MiB is recycled after the first call, and a larger one (the last column: score "
+                  "matrices of 64 MiB) is mapped afresh on every call",
+                  "every timing in this course, in your notebook and in the grader, holds the allocator steady"):
+        assert claim in text, claim
+
+
 def test_lesson_8_bfloat16_is_predicted_from_the_cpus_flags_not_torchs_vector_level(monkeypatch):
     import course.profiling as prof
 

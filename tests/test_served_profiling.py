@@ -20,7 +20,8 @@ from served_helpers import served
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = "08_profiling_trace_diff"
 ANSWERS = ("op_table", "ops_diff", "attention", "find_races")
-SMALL = dict(batch=2, heads=4, length=512, dim=64, num_threads=1, rounds=5, min_run_time=0.05, attempts=1)
+# causal at 1,024 tokens: the fused kernel skips the masked blocks (2.4x naive here, one thread, steady C memory)
+SMALL = dict(batch=1, heads=4, length=1024, dim=64, num_threads=1, rounds=5, min_run_time=0.05, attempts=1)
 
 
 def stub(*args, **kwargs):
@@ -75,14 +76,12 @@ def test_right_answers_pass_every_served_check(learner, capsys):
 
 
 def test_the_served_solution_passes_the_speed_check(learner):
-    report = check_attention_speed(learner("attention"), bars={"cpu": 1.1, "cuda": 1.1}, **SMALL)
+    report = check_attention_speed(learner("attention"), bars={"cpu": 1.5, "cuda": 1.5}, **SMALL)
     assert report.names == ["naive", "yours"]
 
 
 def test_a_slow_answer_fails_and_the_explanation_comes_from_a_profile_on_the_learners_side(learner):
     with pytest.raises(AssertionError) as exc:
-        # (bar 2: in this thread-served harness the judge's side has measured up to 1.5x slower on the
-        # same code, an allocator effect of the process's history; see the note of stop 29)
         check_attention_speed(learner("slow_attention"), bars={"cpu": 2.0, "cuda": 2.0}, **SMALL)
     text = str(exc.value)
     assert "What the profiler saw" in text and "_scaled_dot_product_flash_attention_for_cpu ran" in text, text

@@ -428,3 +428,22 @@ def test_op_table_errors(real):
     with pytest.raises(ValueError, match=r"iteration 0 is not in the test trace"):
         traces.compare_traces(real["plain"], real["plain"], test_iteration=0)
     assert traces.iterations(no_steps) == []
+
+
+def test_the_profilers_own_log_lines_stay_out_of_a_lessons_output():
+    """Kineto prints "USDT: ... profiler_start" on stderr for every profile; importing the course
+    keeps that out (and a level the learner set is theirs)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = ("import torch, course\nfrom torch.profiler import profile\n"
+             "with profile() as p:\n    torch.ones(3) + 1\nprint(len(p.key_averages()) > 0)\n")
+    root = str(Path(__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"} | {"PYTHONPATH": root}
+    quiet = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert quiet.stdout.strip() == "True", quiet
+    assert "profiler_start" not in quiet.stderr and "USDT" not in quiet.stderr, quiet.stderr
+    loud = subprocess.run([sys.executable, "-c", probe.replace("course\n", "course, os\nos.environ['KINETO_LOG_LEVEL'] = '5'\n")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert "profiler_start" in loud.stderr, loud.stderr  # the test's premise: without it, they are printed

@@ -168,6 +168,10 @@ def choose_sandbox(kind: str) -> str:
     return kind
 
 
+#: glibc's allocator settings of every process a run starts (see :mod:`course.allocator`).
+STEADY_MALLOC = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+
+
 def _env(extra: dict[str, str]) -> dict[str, str]:
     # LD_LIBRARY_PATH: where a GPU machine's driver library (libcuda) may be found; the folders
     # it names are visible inside only if they are under the read-only system folders bound below.
@@ -181,7 +185,11 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
                 # core, each importing torch, and on a 16-core runner the pool alone would pass
                 # the memory cap that the process tree is held to (two: what a 2-core CI gets anyway).
                 "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, min(2, len(os.sched_getaffinity(0))))),
-                "PYTHONDONTWRITEBYTECODE": "1"})
+                "PYTHONDONTWRITEBYTECODE": "1",
+                # C memory steady from the first allocation in both processes, the learner's and
+                # the judge's: the same code then runs as fast in either, whatever each did
+                # before (course.allocator.TUNABLES, not imported here: that would import torch).
+                "GLIBC_TUNABLES": STEADY_MALLOC})
     env.update(extra)
     return env
 

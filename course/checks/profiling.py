@@ -396,23 +396,25 @@ def check_attention(attention: Callable, *, seed: int = 0, device=None) -> None:
 
 
 def check_attention_speed(attention: Callable, *, bars: Mapping[str, float], batch: int, heads: int, length: int,
-                          dim: int, num_threads: int | None = None, rounds: int = 7, min_run_time: float = 0.2,
-                          attempts: int = 3, device=None) -> SpeedReport:
-    """``attention`` is at least ``bars[device]`` times as fast as ``naive_attention``, side by side
-    on fresh inputs, every output checked; below the bar, the message names what the profiler saw
-    your code run that the course's solution does not."""
+                          dim: int, causal: bool = True, num_threads: int | None = None, rounds: int = 7,
+                          min_run_time: float = 0.2, attempts: int = 3, device=None) -> SpeedReport:
+    """``attention(q, k, v, causal)`` is at least ``bars[device]`` times as fast as
+    ``naive_attention``, side by side on fresh inputs, every output checked; below the bar, the
+    message names what the profiler saw your code run that the course's solution does not."""
     dev = pick_device(device)
     sizes = dict(batch=batch, heads=heads, length=length, dim=dim)
     q, k, v = attention_inputs(12345, device=str(dev), batch=1, heads=2, length=min(length, 64), dim=dim)
     with torch.no_grad():
-        got = call(attention, q, k, v, name="attention")
-    assert_close(got, naive_attention(q, k, v), name="attention on inputs like the timed ones", rtol=1e-4,
+        got = call(attention, q, k, v, causal, name="attention")
+    assert_close(got, naive_attention(q, k, v, causal), name="attention on inputs like the timed ones", rtol=1e-4,
                  atol=1e-5, hint="the timed function must be right before it is fast.")
     return served_speedup(("naive", naive_attention), ("yours", attention), factory=attention_inputs, sizes=sizes,
-                          bars=bars, num_threads=num_threads, device=dev, rounds=rounds, min_run_time=min_run_time,
-                          attempts=attempts, rtol=1e-3, explain=F.scaled_dot_product_attention,
+                          constants=(causal,), bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
+                          min_run_time=min_run_time, attempts=attempts, rtol=1e-3,
+                          explain="course.references.explain.attention",
                           hint="F.scaled_dot_product_attention runs one fused kernel that never builds the "
-                               "(B, H, L, L) score matrix.")
+                               "(B, H, L, L) score matrix" + (" and skips the blocks the causal mask hides."
+                                                              if causal else "."))
 
 
 # -- 5. stream races -----------------------------------------------------------------------------

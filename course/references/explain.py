@@ -1,6 +1,6 @@
 """The course's fast solutions that failed speed checks are compared with (the profile of one call
 of each, against the learner's: :mod:`course.checks.why_slow`). They answer exercises of lessons 4
-to 7, so they are the grader's alone (see :mod:`course.references`); a check names them by string
+to 8, so they are the grader's alone (see :mod:`course.references`); a check names them by string
 (``"course.references.explain.segment_sum"``), and where this folder is absent (the learners'
 bundle) a failed check simply gives no profile."""
 
@@ -10,8 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, jacfwd, jacrev, vmap
 
-__all__ = ["gradient_penalty", "jacobian_fwd", "jacobian_vmap", "per_sample_grads", "predict_each",
+__all__ = ["attention", "gradient_penalty", "jacobian_fwd", "jacobian_vmap", "per_sample_grads", "predict_each",
            "sq_dists_identity", "segment_sum"]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def sq_dists_identity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

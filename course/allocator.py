@@ -1,0 +1,151 @@
+"""The C allocator held steady while the course times code.
+
+Every CPU tensor's memory comes from the C library's ``malloc``. With glibc's defaults, a block of
+more than 128 KiB is a fresh ``mmap`` from the kernel, returned on ``free``, and every page of it
+faults in again on first touch; but each such block freed raises that threshold (up to 32 MiB)
+for the rest of the process, and with it the amount of free memory kept at the top of the heap.
+So the same code runs at speeds that depend on what its process did before: naive attention over
+2 x 4 heads x 512 tokens ran 1.6x to 2.4x slower in a fresh process than in one that had freed a
+30 MiB block, on this course's 2-core machine. A timing that compares two processes (the
+grader's judge and the learner's) would compare their histories.
+
+While :func:`steady` is held, and for the whole life of a process the grader starts with
+:data:`TUNABLES` in its environment, the threshold is glibc's largest (32 MiB) from the start and
+free memory is kept: a block under 32 MiB is recycled from the heap after the first call, a larger
+one is mapped afresh on every call, in every process alike, whatever came before. (Keeping every
+block on the heap, large ones too, would be faster still for some code, but a heap that never
+maps cannot hand back what fragments it: a lesson's served run grew from 0.6 to 2.3 GB that way.)
+Outside glibc (macOS, musl) there is nothing to set and :func:`steady` does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import threading
+from typing import Any, Callable, Iterator
+
+__all__ = ["TUNABLES", "available", "faults_per_call", "hold_process", "pinned", "steady", "steady_now"]
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
+_MAP_FROM = 32 << 20  # blocks from 32 MiB up are mapped: glibc's largest threshold (HEAP_MAX_SIZE / 2)
+_KEEP = 1 << 30  # free memory kept at the top of the heap while steady: more than a lesson frees at once
+_AFTER = 2 * _MAP_FROM  # and afterwards: what glibc's own adjustment sets beside a 32 MiB threshold
+
+#: glibc's tunables for a process steady from its first allocation (``GLIBC_TUNABLES``).
+TUNABLES = f"glibc.malloc.mmap_threshold={_MAP_FROM}:glibc.malloc.trim_threshold={_KEEP}"
+
+
+def _libc():
+    """glibc's functions, looked up once at import (before any learner code runs), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # glibc, not musl: musl's mallopt does nothing
+        mallopt, malloc_trim = libc.mallopt, libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return libc
+
+
+_LIBC = _libc()
+_LOCK = threading.Lock()
+_HELD = 0
+_PROCESS = False
+
+
+def available() -> bool:
+    """Whether this process's allocator can be held steady (Linux with glibc)."""
+    return _LIBC is not None
+
+
+def pinned() -> bool:
+    """Whether this process is steady for good: started with :data:`TUNABLES` in its environment,
+    or held by :func:`hold_process`."""
+    return available() and (_PROCESS or TUNABLES in os.environ.get("GLIBC_TUNABLES", ""))
+
+
+def hold_process() -> bool:
+    """Hold ``malloc`` steady for the rest of this process (the grader's processes call it at
+    start-up, before any learner code: the environment variable alone does not reach a process
+    that a set-user-ID sandbox starts). Returns whether it could."""
+    global _PROCESS
+    if not available():
+        return False
+    _LIBC.mallopt(_M_MMAP_THRESHOLD, _MAP_FROM)
+    _LIBC.mallopt(_M_TRIM_THRESHOLD, _KEEP)
+    _PROCESS = True
+    return True
+
+
+@contextlib.contextmanager
+def steady() -> Iterator[None]:
+    """Hold ``malloc`` steady for the block (re-entrant, process-wide). Afterwards the threshold
+    stays at 32 MiB (where glibc's own adjustment would take it, now without the history) and
+    the free memory kept meanwhile is handed back to the system."""
+    global _HELD
+    if not available() or pinned():
+        yield
+        return
+    with _LOCK:
+        _HELD += 1
+        if _HELD == 1:
+            _LIBC.mallopt(_M_MMAP_THRESHOLD, _MAP_FROM)
+            _LIBC.mallopt(_M_TRIM_THRESHOLD, _KEEP)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _HELD -= 1
+            if _HELD == 0:
+                _LIBC.mallopt(_M_TRIM_THRESHOLD, _AFTER)
+                _LIBC.malloc_trim(_AFTER)
+
+
+def steady_now() -> bool | None:
+    """Whether ``malloc`` keeps blocks under 32 MiB for reuse right now in this process, by
+    experiment: a 24 MiB block, allocated and freed twice, comes from the heap both times rather
+    than being mapped (None where glibc is not the allocator). A process whose history raised
+    glibc's threshold that far passes too: for blocks of that size it behaves the same."""
+    if not available():
+        return None
+
+    class _Info(ctypes.Structure):  # struct mallinfo2 (glibc 2.33+)
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                     "fordblks", "keepcost")]
+
+    try:
+        mallinfo2 = _LIBC.mallinfo2
+    except AttributeError:
+        return None
+    mallinfo2.restype = _Info
+    _LIBC.malloc.restype, _LIBC.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    _LIBC.free.argtypes = [ctypes.c_void_p]
+    mapped = []
+    for _ in range(2):
+        before = mallinfo2().hblks
+        p = _LIBC.malloc(24 << 20)
+        mapped.append(mallinfo2().hblks > before)
+        _LIBC.free(p)
+    return not any(mapped)
+
+
+def faults_per_call(fn: Callable[[], Any], calls: int = 5, warmup: int = 10) -> float | None:
+    """Page faults per call of ``fn()`` after ``warmup`` calls: pages of fresh memory the kernel
+    handed this process (minor faults; None where the platform does not count them)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    for _ in range(warmup):
+        fn()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
