@@ -46,22 +46,34 @@ def test_unwritten_objects_fail_the_structure_checks():
 # (check, anchor in the solution, planted mistake, what the message must say)
 MISTAKES = {
     "cell: a bias forgotten": (
-        "cell", "+ torch.mm(h, w_hh.t()) + b_hh", "+ torch.mm(h, w_hh.t())", "largest absolute error"),
+        "cell", "+ torch.mm(h, w_hh.t()) + b_hh", "+ torch.mm(h, w_hh.t())", "it looks as if b_hh was left out"),
     "cell: gates in the wrong order": (
         "cell", "i, f, g, o = gates.chunk(4, 1)\n    c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)\n    h_new",
         "f, i, g, o = gates.chunk(4, 1)\n    c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)\n    h_new",
-        "does not match"),
+        "the gates were read in the order f, i, g, o"),
     "cell: the cell state detached": (
         "cell", "return h_new, c_new\n", "return h_new, c_new.detach()\n", "gradient w.r.t."),
     "layer: the cell state stacked": (
         "layer", "h, c = lstm_cell(x[t], h, c, w_ih, w_hh, b_ih, b_hh)\n        outputs.append(h)",
-        "h, c = lstm_cell(x[t], h, c, w_ih, w_hh, b_ih, b_hh)\n        outputs.append(c)", "does not match"),
+        "h, c = lstm_cell(x[t], h, c, w_ih, w_hh, b_ih, b_hh)\n        outputs.append(c)", "out stacks the cell state c"),
+    "cell: output and cell gates swapped": (
+        "cell", "i, f, g, o = gates.chunk(4, 1)\n    c_new", "i, f, o, g = gates.chunk(4, 1)\n    c_new",
+        "the gates were read in the order i, f, o, g"),
+    "cell: the input bias left out": (
+        "cell", "gates = torch.mm(x, w_ih.t()) + b_ih + torch.mm", "gates = torch.mm(x, w_ih.t()) + torch.mm",
+        "it looks as if b_ih was left out"),
+    "layer: the final states swapped": (
+        "layer", "return torch.stack(outputs), (h, c)", "return torch.stack(outputs), (c, h)",
+        "came back swapped"),
+    "layer: out lags one step": (
+        "layer", "h, c = lstm_cell(x[t], h, c, w_ih, w_hh, b_ih, b_hh)\n        outputs.append(h)",
+        "outputs.append(h)\n        h, c = lstm_cell(x[t], h, c, w_ih, w_hh, b_ih, b_hh)", "missing the first step"),
     "script: left as Python": (
         "script", "scripted_layer = torch.jit.script(lstm_layer)", "scripted_layer = lstm_layer", "torch.jit.script"),
     "layer norm: the cell-state norm left out": (
         "ln", 'c_new = layer_norm(c_new, [hidden], p["ln_c_weight"], p["ln_c_bias"])', "c_new = c_new", "does not match"),
     "layer norm: one shift forgotten": (
-        "ln", 'p["ln_hh_weight"], p["ln_hh_bias"])', 'p["ln_hh_weight"])', "does not match"),
+        "ln", 'p["ln_hh_weight"], p["ln_hh_bias"])', 'p["ln_hh_weight"])', "p\\['ln_hh_bias'\\] was never used"),
     "stacked: only the last layer's state": (
         "stacked", "finals.append((h, c))", "finals = [(h, c)]", "expected 2 items, got 1"),
     "masked: arithmetic masking lets NaN through": (
@@ -76,7 +88,7 @@ MISTAKES = {
         "masked", "alive = (lengths > t).unsqueeze(1)", "alive = (lambda: (lengths > t).unsqueeze(1))()",
         "must compile with torch.jit.script"),
     "fast layer: one bias folded in": (
-        "fast", "torch.addmm(b_ih + b_hh, x.reshape", "torch.addmm(b_ih, x.reshape", "does not match"),
+        "fast", "torch.addmm(b_ih + b_hh, x.reshape", "torch.addmm(b_ih, x.reshape", "it looks as if b_hh was left out"),
 }
 
 

@@ -10,7 +10,8 @@ called across the boundary on inputs the check chose (from ``seed``; the critic 
 recipe). Where a gradient matters the judge takes it itself, through the learner's outputs
 (:mod:`course.remote`), except the gradient of a penalty with respect to the critic's weights,
 which live in the learner's process: that one a course probe computes there, and the judge compares
-it with its own reference. A wrong answer that matches a known mistake is named (``_name_mistake``).
+it with its own reference. A wrong answer that matches a known mistake is named
+(``course.checks.common.name_mistake``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch.func import functional_call
 
 from course.broadcasting import (_timing_critic, critic, loop_penalty, loop_segment_sum, naive_sq_dists, points,
                                  random_graph, with_copies)
-from course.checks.common import call, ok, record, served_speedup
+from course.checks.common import call, name_mistake, ok, record, same_values, served_speedup
 from course.data import device_generator, generator
 from course.devices import pick_device
 from course.guard import reference
@@ -46,20 +47,7 @@ TIGHT = dict(rtol=1e-9, atol=1e-12)
 
 
 def _close(a: Any, b: torch.Tensor, **tol) -> bool:
-    return (isinstance(a, torch.Tensor) and a.shape == b.shape
-            and torch.allclose(a.detach().to(b.dtype), b, **(tol or dict(rtol=1e-7, atol=1e-9))))
-
-
-def _name_mistake(label: str, got: Any, want: torch.Tensor, variants: Mapping[str, torch.Tensor], **tol) -> None:
-    """Raise naming the mistake when ``got`` is not ``want`` but equals the result of one of
-    ``variants`` (on inputs where a variant gives the right answer, nothing is named)."""
-    if _close(got, want, **tol):
-        return
-    for mistake, result in variants.items():
-        if _close(result, want, **tol):
-            continue
-        if _close(got, result, **tol):
-            raise AssertionError(f"{label} is wrong; it looks as if {mistake}.")
+    return isinstance(a, torch.Tensor) and same_values(a, b, **tol)
 
 
 def _outcome(fn: Callable, args: tuple, label: str) -> tuple[BaseException | None, Any]:
@@ -256,7 +244,7 @@ def check_mse(mse: Callable, *, seed: int = 0, n: int = 7, device=None) -> None:
         if isinstance(got, torch.Tensor) and got.dim() != 0:
             raise AssertionError(f"{case} should return a scalar (a 0-dimensional tensor), got shape "
                                  f"{tuple(got.shape)}.")
-        _name_mistake(case, got, want, {
+        name_mistake(case, got, want, {
             "pred and target were broadcast against each other: (n, 1) - (n,) is an (n, n) matrix of every "
             "prediction minus every target, and its mean is not the loss (reshape both to (n,) first)":
                 ((pred64[:, None] - target64[None, :]) ** 2).mean(),
@@ -511,7 +499,7 @@ def check_segment_max(segment_max: Callable, *, seed: int = 0, nodes: int = 9, e
         raise AssertionError(f"{label} gives -inf (or inf) for segments with no value (rows "
                              f"{empty.nonzero().flatten().tolist()}); the exercise asks for 0 there. Start from zeros "
                              "with include_self=False: an empty segment keeps its 0.")
-    _name_mistake(label, got, want, {
+    name_mistake(label, got, want, {
         "the maximum included the output's initial zeros: a segment whose values are all negative came out 0. "
         "scatter_reduce_ uses the output's own values too unless include_self=False": want.clamp_min(0)})
     assert_close(got, want, name=label, **TIGHT,
@@ -597,7 +585,7 @@ def check_gradient_penalty(gradient_penalty: Callable, *, seed: int = 0, n: int 
         raise AssertionError(f"{label}: the learner's side sent {describe(got)} instead of a result.")
     value, grads = got["value"], got.get("grads", {})
     want = penalty_reference(model, x)
-    _name_mistake(label, value, want, _penalty_variants(model, x))
+    name_mistake(label, value, want, _penalty_variants(model, x))
     assert_close(value, want, name=f"{label} (the value)", **TIGHT,
                  hint="x = x.detach().requires_grad_(); g = autograd.grad(critic(x).sum(), x, create_graph=True)[0]; "
                       "((g.flatten(1).norm(dim=1) - 1) ** 2).mean().")
@@ -628,7 +616,7 @@ def check_penalty_func(gradient_penalty_func: Callable, *, seed: int = 0, n: int
     if not isinstance(got, torch.Tensor) or got.dim() != 0:
         raise AssertionError(f"{label} should return a scalar tensor, got {describe(got)}.")
     want = penalty_reference(model, x)
-    _name_mistake(label, got, want, _penalty_variants(model, x))
+    name_mistake(label, got, want, _penalty_variants(model, x))
     assert_close(got, want, name=f"{label} (the value)", **TIGHT,
                  hint="score(p, xi) = functional_call(model, p, (xi[None],))[0]; "
                       "g = vmap(grad(score, argnums=1), in_dims=(None, 0))(params, x); then the penalty of g.")

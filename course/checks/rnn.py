@@ -4,12 +4,13 @@ gradients w.r.t. inputs, initial states and every weight."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Mapping
 
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from course.checks.common import call, expect_grads, ok, served_speedup
+from course.checks.common import call, expect_grads, name_mistake, ok, served_speedup
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
 from course.grading import expect_compiled, expect_scripted, graph_ops
@@ -29,6 +30,54 @@ F64 = torch.float64
 GATE_HINT = ("PyTorch's gate order is input, forget, cell (g), output: gates.chunk(4, dim=1); "
              "sigmoid on i, f, o and tanh on g; c' = f*c + i*g, h' = o*tanh(c').")
 NAMES = ("x", "h0", "c0", "w_ih", "w_hh", "b_ih", "b_hh")
+
+
+def _weight_variants(w_ih, w_hh, b_ih, b_hh) -> dict[str, tuple]:
+    """The weights with which PyTorch's own LSTM computes what a plausible mistake computes with the
+    true ones: gates read in another order (the chunks rearranged) or a bias left out."""
+    out = {}
+    for order in itertools.permutations("ifgo"):
+        if order == tuple("ifgo"):
+            continue
+        pick = [order.index(gate) for gate in "ifgo"]  # the chunk the mistake uses as each true gate
+
+        def moved(t, pick=pick):
+            chunks = t.chunk(4, 0)
+            return torch.cat([chunks[k] for k in pick])
+
+        out[f"the gates were read in the order {', '.join(order)}: PyTorch's is i, f, g, o "
+            "(input, forget, cell, output), so i, f, g, o = gates.chunk(4, 1)"] = tuple(
+                moved(t) for t in (w_ih, w_hh, b_ih, b_hh))
+    zero = torch.zeros_like(b_hh)
+    out["b_hh was left out (gates = x @ w_ih.T + b_ih + h @ w_hh.T + b_hh: both biases)"] = (w_ih, w_hh, b_ih, zero)
+    out["b_ih was left out (gates = x @ w_ih.T + b_ih + h @ w_hh.T + b_hh: both biases)"] = (w_ih, w_hh, zero, b_hh)
+    out["both biases were left out"] = (w_ih, w_hh, zero, zero)
+    return out
+
+
+def _run_lstm(x, h, c, w) -> tuple:
+    """PyTorch's LSTM over ``x`` (T, B, I) from ``(h, c)``, step by step: (out, cs, (h_n, c_n)),
+    where ``cs`` stacks the cell states."""
+    hs, cs = [], []
+    for t in range(x.shape[0]):
+        h, c = torch.lstm_cell(x[t], (h, c), *w)
+        hs.append(h)
+        cs.append(c)
+    return torch.stack(hs), torch.stack(cs), (h, c)
+
+
+def _layer_variants(x, h0, c0, w) -> dict:
+    """What plausible mistakes of an LSTM layer return, ``(out, (h_n, c_n))`` each."""
+    with torch.no_grad():
+        out = {}
+        for mistake, vw in _weight_variants(*w).items():
+            hs, _, final = _run_lstm(x, h0, c0, vw)
+            out[mistake] = (hs, final)
+        hs, cs, (h, c) = _run_lstm(x, h0, c0, w)
+        out["out stacks the cell state c after every step; it should stack h (the cell's output)"] = (cs, (h, c))
+        out["(h_n, c_n) came back swapped: return out, (h, c)"] = (hs, (c, h))
+        out["out is missing the first step (it starts with h0)"] = (torch.cat([h0[None], hs[:-1]]), (h, c))
+    return out
 
 
 def _leaves(*tensors):
@@ -53,6 +102,7 @@ def _check_layer_like(fn, label, *, seed, seq_len, batch, input_size, hidden_siz
     w = lstm_weights(lstm)
     args = _leaves(x, h0[0], c0[0], *w)
     got = call(fn, *args, name=label)
+    name_mistake(label, got, ref, _layer_variants(x, h0[0], c0[0], w))
     assert_close(got, ref, name=f"{label} -> (out, (h_n, c_n))", hint=hint)
     expect_grads(got, ref, args, [ref_x, ref_h0, ref_c0, *w], NAMES, label=label, hint=hint)
     return f"T={seq_len}, B={batch}, I={input_size}, H={hidden_size}, seed {seed}"
@@ -68,6 +118,9 @@ def check_lstm_cell(lstm_cell: Callable, *, seed: int = 0, batch: int = 4, input
     ref = (rh[0], rc[0])
     args = _leaves(x[0], h0[0], c0[0], *w)
     got = call(lstm_cell, *args, name="lstm_cell")
+    with torch.no_grad():
+        name_mistake("lstm_cell", got, ref, {mistake: torch.lstm_cell(x[0], (h0[0], c0[0]), *vw)
+                                             for mistake, vw in _weight_variants(*w).items()})
     assert_close(got, ref, name="lstm_cell(...) -> (h', c')", hint=GATE_HINT)
     expect_grads(got, ref, args, [*ref_in, *w], NAMES, label="lstm_cell", hint=GATE_HINT)
     ok(f"lstm_cell equals nn.LSTM, values and gradients (B={batch}, I={input_size}, H={hidden_size}, seed {seed})")
@@ -183,8 +236,17 @@ def check_layer_norm_cell(layer_norm_lstm_cell: Callable, *, seed: int = 0, batc
                name="layer_norm_lstm_cell")
     if refs is not None:
         _, _, ref_args = layer_norm_case(**sizes, device=device)
-        ref = refs.layer_norm_lstm_cell_reference(ref_args[0], (ref_args[1], ref_args[2]),
-                                                  dict(zip(keys, ref_args[3:])))
+        params = dict(zip(keys, ref_args[3:]))
+        ref = refs.layer_norm_lstm_cell_reference(ref_args[0], (ref_args[1], ref_args[2]), params)
+        variants = {}
+        with torch.no_grad():
+            for key in (k for k in keys if k.startswith("ln_")):
+                shift = key.endswith("_bias")
+                unused = torch.zeros_like(params[key]) if shift else torch.ones_like(params[key])
+                variants[f"p[{key!r}] was never used (the result is the reference's with that "
+                         f"{'shift at 0' if shift else 'scale at 1'})"] = refs.layer_norm_lstm_cell_reference(
+                    ref_args[0], (ref_args[1], ref_args[2]), {**params, key: unused})
+        name_mistake("layer_norm_lstm_cell", got, ref, variants)
         assert_close(got, ref, name="layer_norm_lstm_cell(...) -> (h', c')", hint=hint)
         expect_grads(got, ref, args, ref_args, names, label="layer_norm_lstm_cell", hint=hint)
     else:
