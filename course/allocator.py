@@ -10,11 +10,13 @@ So the same code runs at speeds that depend on what its process did before: naiv
 grader's judge and the learner's) would compare their histories.
 
 While :func:`steady` is held, and for the whole life of a process the grader starts with
-:data:`TUNABLES` in its environment, the threshold is glibc's largest (32 MiB) from the start and
-free memory is kept: a block under 32 MiB is recycled from the heap after the first call, a larger
-one is mapped afresh on every call, in every process alike, whatever came before. (Keeping every
-block on the heap, large ones too, would be faster still for some code, but a heap that never
-maps cannot hand back what fragments it: a lesson's served run grew from 0.6 to 2.3 GB that way.)
+:data:`TUNABLES` in its environment, the threshold is glibc's largest (32 MiB) from the start and up
+to 256 MiB of free memory is kept at the top of the heap: a block under 32 MiB is recycled after the
+first call, a larger one is mapped afresh on every call, in every process alike, whatever came
+before. (Keeping every block on the heap, large ones too, would be faster still for some code, but
+a heap that never maps cannot hand back what fragments it: a lesson's served run grew from 0.6 to
+2.3 GB that way.)
+
 Outside glibc (macOS, musl) there is nothing to set and :func:`steady` does nothing.
 """
 
@@ -31,7 +33,7 @@ __all__ = ["TUNABLES", "available", "faults_per_call", "hold_process", "pinned",
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 _MAP_FROM = 32 << 20  # blocks from 32 MiB up are mapped: glibc's largest threshold (HEAP_MAX_SIZE / 2)
-_KEEP = 1 << 30  # free memory kept at the top of the heap while steady: more than a lesson frees at once
+_KEEP = 256 << 20  # free memory kept at the top of the heap while steady: 8 blocks of the largest kept size
 _AFTER = 2 * _MAP_FROM  # and afterwards: what glibc's own adjustment sets beside a 32 MiB threshold
 
 #: glibc's tunables for a process steady from its first allocation (``GLIBC_TUNABLES``).

@@ -108,11 +108,15 @@ MISTAKES = {
         "        if '.' not in bn_node.target or bn_node.target.startswith('stem'):\n"
         "            pairs.append((conv_node, bn_node))", "misses"),
     "fold: eps forgotten": (
-        "fold", "torch.sqrt(var + eps)", "torch.sqrt(var)", "does not match"),
+        "fold", "torch.sqrt(var + eps)", "torch.sqrt(var)", "eps was left out"),
     "fold: mean not subtracted": (
-        "fold", "(b - mean) * scale + beta", "b * scale + beta", "does not match"),
+        "fold", "(b - mean) * scale + beta", "b * scale + beta", "the mean was not subtracted"),
     "fold: scale on the wrong axis": (
-        "fold_square", "w * scale.reshape(-1, 1, 1, 1)", "w * scale.reshape(1, -1, 1, 1)", "does not match"),
+        "fold_square", "w * scale.reshape(-1, 1, 1, 1)", "w * scale.reshape(1, -1, 1, 1)", "multiplied the input channels"),
+    "fold: the variance's square root forgotten": (
+        "fold", "torch.sqrt(var + eps)", "(var + eps)", "divides by var, not by its square root"),
+    "fold: beta left out": (
+        "fold", "(b - mean) * scale + beta", "(b - mean) * scale", "beta was left out"),
     "fold: no bias for a bias-free conv": (
         "fold_nobias", "    if b is None:\n        b = torch.zeros_like(mean)\n", "    if b is None:\n        return w * scale.reshape(-1, 1, 1, 1), None\n",
         "b' = None"),

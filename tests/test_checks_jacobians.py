@@ -170,7 +170,7 @@ MISTAKES = {
         "rows", "    x = x.detach().requires_grad_(True)\n    y = f(x)\n    rows =",
         "    x.requires_grad_(True)\n    y = f(x)\n    rows =", "switched on requires_grad of the caller's x"),
     "rows: sign flipped": (
-        "rows", "    return torch.stack(rows)\n", "    return -torch.stack(rows)\n", "does not match"),
+        "rows", "    return torch.stack(rows)\n", "    return -torch.stack(rows)\n", "the opposite sign"),
     "vmap: the pullback's tuple kept": (
         "vmap", "return vmap(pullback)(basis)[0]", "return vmap(pullback)(basis)", "got a tuple of 1 item"),
     "vmap: a loop over the basis": (
@@ -203,13 +203,13 @@ MISTAKES = {
     "hvp fwd-rev: the whole Hessian": (
         "hvp", "return jvp(grad(f), (x,), (v,))[1]", "return hessian(f)(x) @ v", "built the Hessian"),
     "hvp fwd-rev: the gradient instead": (
-        "hvp", "return jvp(grad(f), (x,), (v,))[1]", "return jvp(grad(f), (x,), (v,))[0]", "does not match"),
+        "hvp", "return jvp(grad(f), (x,), (v,))[1]", "return jvp(grad(f), (x,), (v,))[0]", "it returned the gradient"),
     "hvp rev-rev: jacrev of the gradient": (
         "hvp", "return grad(lambda y: torch.dot(grad(f)(y), v))(x)", "return jacrev(grad(f))(x) @ v",
         "built the Hessian"),
     "hvp rev-rev: v forgotten": (
         "hvp", "return grad(lambda y: torch.dot(grad(f)(y), v))(x)", "return grad(lambda y: grad(f)(y).sum())(x)",
-        "does not match"),
+        "v never reached the result"),
     "hvp fwd-rev: reads a Python number": (
         "hvp", "return jvp(grad(f), (x,), (v,))[1]",
         "return jvp(grad(f), (x,), (v,))[1] * (1.0 + 0.0 * float(v.sum()))", "meta"),

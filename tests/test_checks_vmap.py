@@ -148,7 +148,7 @@ MISTAKES = {
         "predict_all raised"),
     "predict: every model on the first minibatch": (
         "predict", "in_dims=(0, 0, 0))(params, buffers, xs)", "in_dims=(0, 0, None))(params, buffers, xs[0])",
-        "does not match"),
+        "every model ran on the first minibatch"),
     "predict: buffers left out": (
         "predict", "functional_call(base, (p, b), (x,))", "functional_call(base, p, (x,))", "Pass the stacked state"),
     "loop: gradients accumulate in p.grad": (
@@ -158,7 +158,7 @@ MISTAKES = {
         "        rows.append([p.grad.clone() for p in params])\n", "accumulated"),
     "loop: the whole batch's loss": (
         "psg_loop", "loss = F.cross_entropy(model(x[i:i + 1]), y[i:i + 1])",
-        "loss = F.cross_entropy(model(x), y)", "does not match"),
+        "loss = F.cross_entropy(model(x), y)", "the whole batch's loss"),
     "vmap: grad in a loop": (
         "psg_vmap", PSG_RETURN,
         "    rows = [grad(sample_loss)(params, x[i], y[i]) for i in range(x.shape[0])]\n"
@@ -169,7 +169,7 @@ MISTAKES = {
         "psg_vmap", "in_dims=(None, 0, 0))(params, x, y)", "in_dims=(0, 0, 0))(params, x, y)", "raised"),
     "vmap: loss divided by the batch size": (
         "psg_vmap", "        return F.cross_entropy(logits, y_i.unsqueeze(0))\n",
-        "        return F.cross_entropy(logits, y_i.unsqueeze(0)) / x.shape[0]\n", "does not match"),
+        "        return F.cross_entropy(logits, y_i.unsqueeze(0)) / x.shape[0]\n", "divided by the batch size"),
     "opacus: loss_reduction disagrees with the loss": (
         "opacus", OPACUS_CALL, 'gsm = GradSampleModule(model, loss_reduction="sum")', "the batch size"),
     "opacus: the wrapper's names": (

@@ -169,7 +169,7 @@ def choose_sandbox(kind: str) -> str:
 
 
 #: glibc's allocator settings of every process a run starts (see :mod:`course.allocator`).
-STEADY_MALLOC = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+STEADY_MALLOC = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456"
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:

@@ -25,7 +25,7 @@ import torch
 from torch import fx, nn
 
 from course import graph_wire
-from course.checks.common import call, ok, record
+from course.checks.common import call, name_mistake, ok, record
 from course.data import generator, randn
 from course.devices import pick_device
 from course.devices import threads
@@ -90,6 +90,23 @@ def _fold_reference(w, b, mean, var, gamma, beta, eps):
     scale = gamma / torch.sqrt(var + eps)
     b = torch.zeros_like(mean) if b is None else b
     return w * scale.reshape(-1, *([1] * (w.dim() - 1))), (b - mean) * scale + beta
+
+
+def _fold_variants(w, b, mean, var, gamma, beta, eps) -> dict:
+    """What plausible mistakes of folding return, ``(w', b')`` each."""
+    b0 = torch.zeros_like(mean) if b is None else b
+    scale = gamma / torch.sqrt(var + eps)
+    shape = (-1, *([1] * (w.dim() - 1)))
+    right_w, right_b = w * scale.reshape(shape), (b0 - mean) * scale + beta
+    out = {"eps was left out of the scale: gamma / sqrt(var + eps)": _fold_reference(w, b, mean, var, gamma, beta, 0.0),
+           "the mean was not subtracted: b' = (b - mean) * scale + beta": (right_w, b0 * scale + beta),
+           "the scale divides by var, not by its square root: gamma / sqrt(var + eps)":
+               (w * (gamma / (var + eps)).reshape(shape), (b0 - mean) * (gamma / (var + eps)) + beta),
+           "beta was left out: b' = (b - mean) * scale + beta": (right_w, (b0 - mean) * scale)}
+    if w.shape[0] == w.shape[1]:  # only then does the other axis broadcast at all
+        out["the scale multiplied the input channels (dim 1); each output channel (dim 0) has its own: "
+            "scale.reshape(-1, 1, 1, 1)"] = (w * scale.reshape(1, -1, *([1] * (w.dim() - 2))), right_b)
+    return out
 
 
 # ---------------------------------------------------------------- helpers
@@ -231,6 +248,7 @@ def check_fold_conv_bn(fold_conv_bn: Callable, *, seed: int = 0, c_in: int = 3, 
                              "with no conv bias, b' = (0 - mean) * scale + beta.")
     want = _fold_reference(*args)
     label = f"fold_conv_bn(...) [conv {'with' if bias else 'without'} bias, eps={eps:g}]"
+    name_mistake(label, tuple(got), want, _fold_variants(*args))
     assert_close(tuple(got), want, name=label + " -> (w', b')", hint=FOLD_HINT)
     x = randn(2, c_in, 7, 6, seed=seed + 1, dtype=F64, device="cpu")  # where the weights above are
     pad = kernel // 2

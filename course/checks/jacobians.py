@@ -35,7 +35,7 @@ from typing import Callable, Mapping
 import torch
 from torch.func import jacfwd, jacrev
 
-from course.checks.common import NO_LOOP, call, clock_against_loop, ok, record, served_speedup
+from course.checks.common import NO_LOOP, call, clock_against_loop, name_mistake, ok, record, served_speedup
 from course.data import randn
 from course.devices import pick_device, threads
 from course.grading import best_of, expect_speedup, speed_bar
@@ -74,8 +74,14 @@ def _expect_tensor(got, name: str, x: torch.Tensor, shape: tuple[int, ...], hint
                              "(make basis vectors with dtype=x.dtype, device=x.device).")
 
 
-def _compare(got, ref64: torch.Tensor, name: str, dtype: torch.dtype, hint: str) -> None:
-    assert_close(got, ref64.to(got.device), check_dtype=False, name=name, hint=hint, **_tol(dtype))
+def _compare(got, ref64: torch.Tensor, name: str, dtype: torch.dtype, hint: str,
+             variants: Mapping[str, torch.Tensor] | None = None) -> None:
+    ref = ref64.to(got.device)
+    named = {"the result has the opposite sign": -ref, **(variants or {})}
+    if ref.dim() == 2 and ref.shape[0] == ref.shape[1]:
+        named["the result is transposed: row i is output i, column j is input j"] = ref.T
+    name_mistake(name, got, ref, named, **_tol(dtype))
+    assert_close(got, ref, check_dtype=False, name=name, hint=hint, **_tol(dtype))
 
 
 # -- the Jacobian cases -------------------------------------------------------------------------
@@ -579,7 +585,13 @@ def check_hvp(hvp_fwd_rev: Callable, hvp_rev_rev: Callable, *, seed: int = 0, n:
             got = call(fn, e, x.clone(), v.clone(), name=name)
             label = f"{name} on an Energy of {n} variables ({str(dtype).replace('torch.', '')})"
             _expect_tensor(got, label, x, (n,), "H(x) @ v has the shape of x.")
-            _compare(got, ref, label, dtype, hint)
+            x64 = x.to(F64)
+            e64 = e.to(F64)
+            _compare(got, ref, label, dtype, hint, variants={
+                "it returned the gradient (jvp's first output is grad f(x); H @ v is the second)":
+                    torch.func.grad(e64)(x64),
+                "v never reached the result (it is H(x) @ ones, the gradient of grad(f)(x).sum())":
+                    e64.hvp(x64, torch.ones_like(x64))})
         if is_remote(fn):
             _hvp_growth(fn, name, seed)
         else:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import stack_module_state
 
-from course.checks.common import NO_LOOP, call, clock_against_loop, ok, served_speedup
+from course.checks.common import NO_LOOP, call, clock_against_loop, name_mistake, ok, served_speedup
 from course.data import device_generator
 from course.devices import pick_device
 from course.grading import expect_constant_work
@@ -217,6 +217,15 @@ def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, see
                                      f"{describe(got)}.")
             where = "xs[i], model i's own minibatch" if not same else "the same x for every model"
             in_dims = "(0, 0, 0)" if not same else "(0, 0, None)"
+            if not same:
+                with torch.no_grad():
+                    first = loop_predictions(models, x[0], same_minibatch=True)
+                name_mistake(label, got, expected, {
+                    "every model ran on the first minibatch xs[0]; model i takes its own xs[i] "
+                    "(in_dims=(0, 0, 0) over params, buffers and xs)": first,
+                    "model 0 ran on every minibatch; each model takes its own parameters (in_dims 0 over "
+                    "params and buffers)": torch.stack([models[0](x[i]) for i in range(len(models))]),
+                }, **tol)
             assert_close(got, expected, name=f"{label} ({str(dtype).replace('torch.', '')})", **tol,
                          hint=f"row i is model i on {where}: vmap over (params, buffers, x) with "
                               f"in_dims={in_dims}.")
@@ -468,8 +477,25 @@ def _expect_grad_dict(got, model: nn.Module, batch: int, label: str) -> None:
                                  f"{shape}.")
 
 
-def _compare_grads(got, expected, label: str, dtype: torch.dtype, dev: torch.device, hint: str) -> None:
+def _psg_variants(model, x, y, expected) -> dict:
+    """Per-sample gradients as plausible mistakes compute them, to name the one a wrong answer matches."""
+    params = dict(model.named_parameters())
+    loss = F.cross_entropy(model(x.to(next(model.parameters()).dtype)), y)
+    whole = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
+    n = x.shape[0]
+    return {
+        "each sample's loss was divided by the batch size (the loss of one sample is its own mean, over one "
+        "sample: F.cross_entropy(model(x_i[None]), y_i[None]))": {k: e / n for k, e in expected.items()},
+        "every row is the gradient of the whole batch's loss (model(x), not model(x[i:i+1]))":
+            {k: whole[k].detach().to(e.dtype).expand_as(e) for k, e in expected.items()},
+    }
+
+
+def _compare_grads(got, expected, label: str, dtype: torch.dtype, dev: torch.device, hint: str,
+                   variants: Mapping[str, dict] | None = None) -> None:
     tol = TIGHT if dtype == torch.float64 else _float32_tolerance(dev)
+    if variants and isinstance(got, dict) and all(k in got for k in expected):
+        name_mistake(label, {k: got[k] for k in expected}, expected, variants, **tol)
     for k, e in expected.items():
         assert_close(got[k], e, name=f"{label}[{k!r}] ({str(dtype).replace('torch.', '')})", check_dtype=False,
                      **tol, hint=hint)
@@ -498,7 +524,8 @@ def check_per_sample_grads_loop(per_sample_grads_loop: Callable, *, seed: int = 
                              "gradients accumulated in p.grad across samples.\n  Hint: clear them before each "
                              "sample (model.zero_grad()), or use torch.autograd.grad, which returns them instead.")
     _compare_grads(got, expected, "per_sample_grads_loop", torch.float64, dev,
-                   "row i is the gradient of F.cross_entropy(model(x[i:i+1]), y[i:i+1]) alone; stack the rows.")
+                   "row i is the gradient of F.cross_entropy(model(x[i:i+1]), y[i:i+1]) alone; stack the rows.",
+                   variants=_psg_variants(model, x, y, expected))
     ok(f"per_sample_grads_loop equals the reference on {batch} samples in float64 (seed {seed})")
 
 
@@ -532,7 +559,8 @@ def check_per_sample_grads(per_sample_grads: Callable, *, seed: int = 0, batch: 
             _expect_vmap_grad(watch, "per_sample_grads", batch)
         _compare_grads(got, expected, "per_sample_grads", dtype, dev,
                        "the loss of one sample is F.cross_entropy(model(x_i[None]), y_i[None]); "
-                       "vmap(grad(loss), in_dims=(None, 0, 0)) maps over x and y, not over the parameters.")
+                       "vmap(grad(loss), in_dims=(None, 0, 0)) maps over x and y, not over the parameters.",
+                       variants=_psg_variants(ref_model, ref_x, y, expected))
     if is_remote(per_sample_grads):
         text = _per_sample_clock(per_sample_grads, "per_sample_grads")
         ok(f"per_sample_grads equals the loop in float64 and float32 and {text} (batch={batch}, seed {seed})")
