@@ -44,7 +44,7 @@ from course.timing import compare  # noqa: E402
 LESSON = "08_profiling_trace_diff"
 
 SIZES = {
-    "cpu": dict(batch=1, heads=8, length=1024, dim=64, matrix=1024, programs=300),
+    "cpu": dict(batch=1, heads=1, length=2048, dim=64, matrix=1024, programs=300),
     "reference": dict(batch=8, heads=16, length=2048, dim=64, matrix=4096, programs=300),
 }
 #: The lesson's bars for the fused attention over the naive one, both causal (Exercise 4).
