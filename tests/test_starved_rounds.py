@@ -80,7 +80,9 @@ def test_compare_served_measures_a_starved_baseline_round_again():
         return naive_sq_dists(x, y)
 
     with threads(1):
+        # blocks of real work (n=m=256, at least 20 ms): the doubled computation, not drawing the inputs
+        # or crossing, decides each round
         rep = compare_served(("broadcast", baseline), ("slower", slower), factory=distance_inputs,
-                             sizes=dict(n=64, m=64, d=16), device="cpu", rounds=5, warmup=1, min_run_time=1e-6)
+                             sizes=dict(n=256, m=256, d=16), device="cpu", rounds=5, warmup=1, min_run_time=0.02)
     assert rep.speedup("slower").median < 1.0, rep.table()
     assert any("measured again" in note for note in rep.notes), rep.notes
