@@ -72,6 +72,11 @@ def pinned() -> bool:
     return available() and (_PROCESS or TUNABLES in os.environ.get("GLIBC_TUNABLES", ""))
 
 
+def _hold() -> None:
+    _LIBC.mallopt(_M_MMAP_THRESHOLD, _MAP_FROM)
+    _LIBC.mallopt(_M_TRIM_THRESHOLD, _KEEP)
+
+
 def hold_process() -> bool:
     """Hold ``malloc`` steady for the rest of this process (the grader's processes call it at
     start-up, before any learner code: the environment variable alone does not reach a process
@@ -79,8 +84,7 @@ def hold_process() -> bool:
     global _PROCESS
     if not available():
         return False
-    _LIBC.mallopt(_M_MMAP_THRESHOLD, _MAP_FROM)
-    _LIBC.mallopt(_M_TRIM_THRESHOLD, _KEEP)
+    _hold()
     _PROCESS = True
     return True
 
@@ -97,8 +101,7 @@ def steady() -> Iterator[None]:
     with _LOCK:
         _HELD += 1
         if _HELD == 1:
-            _LIBC.mallopt(_M_MMAP_THRESHOLD, _MAP_FROM)
-            _LIBC.mallopt(_M_TRIM_THRESHOLD, _KEEP)
+            _hold()
     try:
         yield
     finally:

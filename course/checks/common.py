@@ -135,6 +135,8 @@ def _flatten(x: Any) -> list:
 def same_values(a: Any, b: Any, **tol) -> bool:
     """Whether ``a`` and ``b`` (tensors, or tuples, lists and dicts of them) hold the same values,
     tensor by tensor, within ``tol`` (default: float64-tight), compared in ``b``'s dtype."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):  # by key, whatever the order
+        return set(a) == set(b) and all(same_values(a[k], b[k], **tol) for k in b)
     fa, fb = _flatten(a), _flatten(b)
     if len(fa) != len(fb) or not all(isinstance(t, torch.Tensor) for t in fa + fb):
         return False

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import stack_module_state
 
-from course.checks.common import NO_LOOP, call, clock_against_loop, name_mistake, ok, served_speedup
+from course.checks.common import NO_LOOP, call, clock_against_loop, name_mistake, ok, same_values, served_speedup
 from course.data import device_generator
 from course.devices import pick_device
 from course.grading import expect_constant_work
@@ -55,6 +55,8 @@ CLOCK_SAMPLES = 256
 
 # float64: a few hundred ulps of slack for a different order of additions (batched kernels).
 TIGHT = dict(rtol=1e-9, atol=1e-11)
+#: Results that agree to float64 rounding: what names a mistake in lesson 6's steps.
+CLOSE64 = dict(rtol=1e-7, atol=1e-10)
 
 
 def _float32_tolerance(dev: torch.device) -> dict:
@@ -400,11 +402,8 @@ def check_ensemble_sgd_step(ensemble_sgd_step: Callable, *, seed: int = 0, n: in
         if any(got[k] is inputs[0][k] for k in got):
             raise AssertionError(f"{label} returned an input tensor itself; return the updated parameters.")
         name = f"{label} ({str(dtype).replace('torch.', '')})"
-        tensors = all(isinstance(got[k], torch.Tensor) for k in got)
-        if dtype == torch.float64 and tensors and not _close(got, expected):
-            for mistake, result in _step_variants(models, params, xs, ys, lr, expected).items():
-                if all(got[k].shape == result[k].shape for k in result) and _close(got, result):
-                    raise AssertionError(f"{name} differs from the loop over the members; it looks as if {mistake}.")
+        if dtype == torch.float64 and not same_values(dict(got), expected, **CLOSE64):
+            name_mistake(name, dict(got), expected, _step_variants(models, params, xs, ys, lr, expected), **CLOSE64)
         assert_close(dict(got), expected, name=name, **tol,
                      hint="member i steps on its own loss, F.cross_entropy(functional_call(base, (p, b), (x,)), y) "
                           "with (p, b, x, y) the i-th slices: vmap(grad(member_loss)) over (params, buffers, xs, ys), "
@@ -744,8 +743,6 @@ def _variants(params, grads, *, lr, max_norm, noise_multiplier, seed, dev):
     return out
 
 
-def _close(a, b) -> bool:
-    return all(torch.allclose(a[k].double(), b[k].double(), rtol=1e-7, atol=1e-10) for k in b)
 
 
 def check_dp_sgd_step(dp_sgd_step: Callable, *, seed: int = 0, batch: int = 8, size: int = 8, channels=(3, 4),
@@ -785,10 +782,8 @@ def check_dp_sgd_step(dp_sgd_step: Callable, *, seed: int = 0, batch: int = 8, s
                                  "dtype=p.dtype) per parameter, nothing else (draw in the parameter's dtype: a "
                                  "float32 draw uses the generator differently from a float64 one).")
         label = "dp_sgd_step" + (" without noise" if not noise_multiplier else f" with noise (seed {seed + 5})")
-        if not _close(got, expected):
-            for mistake, result in _variants(params, grads, seed=seed + 5, dev=dev, **kw).items():
-                if _close(got, result):
-                    raise AssertionError(f"{label} differs from the reference; it looks as if {mistake}.")
+        if not same_values(dict(got), expected, **CLOSE64):
+            name_mistake(label, dict(got), expected, _variants(params, grads, seed=seed + 5, dev=dev, **kw), **CLOSE64)
         hint = ("clip each sample's whole gradient: factor_i = min(1, max_norm / (norm_i + 1e-6)), norm_i over "
                 "all parameters together; sum the clipped gradients; add noise_multiplier * max_norm * "
                 "torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) per parameter in "

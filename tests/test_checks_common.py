@@ -1,0 +1,34 @@
+"""The shared comparison behind every "it looks as if ..." message: ``same_values`` and
+``name_mistake`` (course.checks.common), on generated inputs."""
+import pytest
+import torch
+
+from course.checks.common import name_mistake, same_values
+
+
+def _params(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(3, 4, generator=g, dtype=torch.float64) for k in ("w", "b", "g")}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dicts_compare_by_key_whatever_their_order(seed):
+    a = _params(seed)
+    shuffled = dict(reversed(list(a.items())))
+    assert same_values(shuffled, a)
+    assert not same_values({**a, "w": a["b"]}, a)  # values swapped between keys
+    assert not same_values({k: a[k] for k in ("w", "b")}, a)  # a key missing
+    assert not same_values({**a, "extra": a["w"]}, a)  # a key too many
+    assert same_values({"x": (a["w"], [a["b"]])}, {"x": (a["w"], [a["b"]])})  # nested
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_name_mistake_names_the_matching_variant_and_nothing_else(seed):
+    want = _params(seed)
+    halved = {k: v / 2 for k, v in want.items()}
+    variants = {"the step was halved": halved, "nothing changed": dict(want)}  # the second is right here
+    with pytest.raises(AssertionError, match="looks as if the step was halved"):
+        name_mistake("step", dict(reversed(list(halved.items()))), want, variants)
+    name_mistake("step", want, want, variants)  # right: no message
+    name_mistake("step", {k: v + 1 for k, v in want.items()}, want, variants)  # unknown: left to the comparison
+    name_mistake("step", {"w": want["w"]}, want, variants)  # wrong structure: no crash, no claim
