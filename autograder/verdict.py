@@ -112,7 +112,8 @@ class Transcript:
         records, unproven = {}, {}
         for cell in program.graded:
             rep = outcome.cells.get(cell.index)
-            if rep is not None and rep.finished and rep.error and _missed_speed(rep.records):
+            if rep is not None and rep.finished and rep.error and (_missed_speed(rep.records)
+                                                                     or _undecided_clock(cell, rep)):
                 unproven[cell.grade_id] = rep.error  # the machine's doing, not the solution's (it ran to its bar)
             elif rep is None or not rep.finished or rep.error:
                 problems.append(f"{cell.grade_id}: {rep.error if rep else 'not reached'}")
@@ -130,6 +131,15 @@ class Transcript:
             raise RuntimeError("the instructor's solution does not pass its own checks on this machine, so "
                                "nothing can be graded against it: " + "; ".join(problems)[:1500])
         return cls(records, outcome.seconds, unproven)
+
+
+def _undecided_clock(cell, rep) -> bool:
+    """A served check whose clock could not tell (``course.grading.SpeedUndecided`` raised in the
+    judge without a speed record: a structure verdict by the grader's clock, between a batched answer
+    and a loop). Only the judge's own exceptions read this way: a learner's are wrapped before they
+    reach a check's caller."""
+    return (bool(cell.served) and bool(rep.error) and not _missed_speed(rep.records)
+            and rep.error.startswith("course.grading.SpeedUndecided:"))
 
 
 def _missed_speed(records: list[dict]) -> bool:
@@ -164,6 +174,9 @@ def _why_not(cell, rep, expected, tampered_from, outcome, program, unproven=None
         return ("not graded: guarded modules were patched before or during this cell (flag 'tampered')"
                 + (", and its check relied on what the course's probe reported from your notebook's process"
                    if cell.served else ""))
+    if _undecided_clock(cell, rep):
+        return _Undecided("undecided: " + rep.error.split(":", 1)[1].strip()[:600]
+                          + "; measured again when your instructor regrades")
     # A check that failed on its speed bar ran every comparison up to it: those are judged below.
     if rep.error and not _missed_speed(rep.records):
         return rep.error

@@ -240,3 +240,27 @@ def test_compare_refuses_a_clock_that_does_not_move(monkeypatch):
     monkeypatch.setattr(time_module, "perf_counter", lambda: 0.0)
     with pytest.raises(RuntimeError, match="does not advance"):
         compare({"a": lambda: None}, rounds=3, min_run_time=0.05, progress=False)
+
+
+@pytest.mark.parametrize("ratio, want_loop, outcome", [
+    (0.1, False, "pass"), (0.9, False, "fail"), (0.76, False, "undecided"),
+    (1.0, True, "pass"), (0.1, True, "fail"), (0.5, True, "undecided")])
+def test_a_structure_clock_passes_fails_or_cannot_tell(ratio, want_loop, outcome):
+    """Beside the course's loop, a batched answer measured 0.04-0.2 of it and a loop about 1; a right
+    answer on a busy machine measured 0.76: between the two the clock leaves the cell undecided
+    (never a pass), and it fails only what it clearly shows."""
+    from course.checks.common import expect_loop_verdict
+    from course.grading import SpeedUndecided
+
+    def verdict():
+        expect_loop_verdict(ratio * 10.0, 10.0, want_loop=want_loop, text="f took", fail=": wrong")
+
+    if outcome == "pass":
+        verdict()
+    elif outcome == "fail":
+        with pytest.raises(AssertionError, match="wrong") as exc:
+            verdict()
+        assert not isinstance(exc.value, SpeedUndecided)
+    else:
+        with pytest.raises(SpeedUndecided, match="not a pass"):
+            verdict()

@@ -164,3 +164,25 @@ def test_each_failure_is_named_by_its_kind_for_the_instructors_report(message, s
 
     assert reason_of(message, status, outcome) == reason
     assert reason in REASONS + ("",)
+
+
+CLOCK_UNDECIDED = ("course.grading.SpeedUndecided: Undecided: jacobian_vmap took 27.9 ms for 1024 outputs, where "
+                   "the course's loop over them takes 36.8 ms (the grader's clock): 0.76 of the loop")
+
+
+@pytest.mark.parametrize("served, status", [(True, "undecided"), (False, "failed")])
+def test_a_structure_clock_that_cannot_tell_is_undecided_where_the_judge_raised_it(served, status):
+    """A structure verdict by the grader's clock (no speed record) that the judge left undecided
+    earns nothing yet and is measured again; the same text from a check run in the learner's
+    process is not the judge's word, and stays an error."""
+    program = Program("l", "l.ipynb", [Cell(0, "s", "solution", "x = 1", "sol"),
+                                       Cell(1, "t", TEST, "check(x)", "structure_test", 2.0, served=served)])
+    transcript = Transcript.from_outcome(program, _outcome([_number(1.0)]))
+    verdict = judge(program, _outcome([_number(1.0)], error=CLOCK_UNDECIDED), transcript)[0]
+    assert verdict.status == status and verdict.points == 0
+    if served:
+        assert verdict.message.startswith("undecided: ") and "0.76 of the loop" in verdict.message
+        # an instructor's run left undecided this way still grades the lesson; a learner's clear pass passes
+        slow = Transcript.from_outcome(program, _outcome([_number(1.0)], error=CLOCK_UNDECIDED))
+        assert set(slow.unproven) == {"structure_test"}
+        assert judge(program, _outcome([_number(1.0)]), slow)[0].status == "passed"

@@ -61,6 +61,27 @@ def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> An
 #: A batched answer (vmap, one batched pass) measured 0.04-0.2 of the course's loop on the same work;
 #: a loop, however dressed, about 1. "No loop" is at most this fraction.
 NO_LOOP = 1 / 3
+#: ...and "a loop" at least this fraction. In between, the clock cannot tell (a busy machine slows the
+#: learner's side: a right answer under load measured 0.76): undecided, measured again, never a pass.
+LOOP_LIKE = 0.8
+
+
+def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str, fail: str) -> None:
+    """The clock's structure verdict on the learner's time ``mine`` beside the course's ``loop``:
+    returns when it shows what the lesson asks (a loop or, ``want_loop=False``, none), raises
+    ``AssertionError(text + fail)`` when it clearly shows the other, and
+    :class:`course.grading.SpeedUndecided` in between."""
+    from course.grading import SpeedUndecided
+
+    batched, looped = mine <= NO_LOOP * loop, mine >= LOOP_LIKE * loop
+    if (looped if want_loop else batched):
+        return
+    if (batched if want_loop else looped):
+        raise AssertionError(text + fail)
+    raise SpeedUndecided(
+        f"Undecided: {text}: {mine / loop:.2f} of the loop, between a batched answer (at most {NO_LOOP:.2f}) "
+        f"and a loop (at least {LOOP_LIKE:.2f}). The machine was probably busy. This is not a pass: run the "
+        "cell again, with other programs closed.")
 
 
 def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], loop: Callable, *, attempts: int = 3,
