@@ -264,3 +264,33 @@ def test_a_structure_clock_passes_fails_or_cannot_tell(ratio, want_loop, outcome
     else:
         with pytest.raises(SpeedUndecided, match="not a pass"):
             verdict()
+
+
+@pytest.mark.parametrize("growth, outcome", [(60.0, "pass"), (10.0, "pass"), (7.0, "undecided"), (5.0, "fail"),
+                                             (3.0, "fail"), (1.0, "fail")])
+def test_the_row_loops_two_size_clock_passes_fails_or_cannot_tell(growth, outcome):
+    """jacobian_rows across the boundary, timed at 8 and 1,024 rows: a loop grows at least tenfold, a
+    vmap about threefold; a growth between them is undecided (never a pass), whichever side was slowed."""
+    from course.checks.jacobians import _expect_loop, _Growth
+    from course.grading import SpeedUndecided
+
+    def verdict():
+        _expect_loop(_Growth(1e-3, growth * 1e-3, (8, 1024), "time"), "jacobian_rows took", ": flat")
+
+    if outcome == "pass":
+        verdict()
+    elif outcome == "fail":
+        with pytest.raises(AssertionError, match="flat") as exc:
+            verdict()
+        assert not isinstance(exc.value, SpeedUndecided)
+    else:
+        with pytest.raises(SpeedUndecided, match="not a pass"):
+            verdict()
+    for ops, grows in ((10, True), (1.0, False)):  # op counts in the notebook: two verdicts, never undecided
+        g = _Growth(100, 100 * ops, (8, 40), "ops")
+        if grows:
+            _expect_loop(g, "t", ": flat")
+        else:
+            with pytest.raises(AssertionError) as exc:
+                _expect_loop(g, "t", ": flat")
+            assert not isinstance(exc.value, SpeedUndecided)

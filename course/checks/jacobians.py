@@ -19,7 +19,8 @@ Under the grader these checks run in the judge (``SERVED``), and the learner's f
 called across the process boundary: the layers and energies cross as recipes, built again on the
 learner's side by the course's own code. Op counts seen there would be that process's word, so
 both questions are answered by the judge's own clock instead (:func:`_growth`): the row loop must
-take at least ten times as long for 128 times the rows (a vmap measured about 3); a ``vmap`` (over rows
+take at least ten times as long for 128 times the rows (a vmap measured about 3; five times or less
+fails, and in between is undecided); a ``vmap`` (over rows
 or samples) and
 an HVP must take at most a third of the time of the course's own loop (or Hessian) on the same work,
 timed beside it while the learner's process is stopped: a loop that sleeps to look flat is still
@@ -123,7 +124,7 @@ class _Growth:
         """The work of a loop: more for more rows or samples, or no faster than the course's loop."""
         if self.loop is not None:  # a vmap measured 0.04-0.2 of the course's loop; a loop about 1
             return self.large > NO_LOOP * self.loop
-        return self.large >= (1.75 if self.unit == "ops" else 10.0) * self.small
+        return self.large >= (1.75 if self.unit == "ops" else LOOP_GROWTH) * self.small
 
     def text(self, what: str) -> str:
         (a, b) = self.sizes
@@ -134,6 +135,29 @@ class _Growth:
                     f"{format_time(self.loop)} (the grader's clock)")
         return (f"took {format_time(self.small)} for {a} {what} and {format_time(self.large)} for {b} "
                 "(the grader's clock)")
+
+
+#: By the clock alone, 128 times the rows: a loop takes at least LOOP_GROWTH times as long, a vmap
+#: (measured about 3) at most FLAT_GROWTH; in between a busy machine has blurred the two readings.
+LOOP_GROWTH, FLAT_GROWTH = 10.0, 5.0
+
+
+def _expect_loop(g: _Growth, text: str, fail: str) -> None:
+    """A loop, by op counts in the learner's notebook, or by the grader's clock at two sizes: noise
+    slows either reading, so a ratio between a vmap's and a loop's is undecided, not a verdict."""
+    if g.unit == "ops" or g.grows:
+        if not g.grows:
+            raise AssertionError(text + fail)
+        return
+    ratio = g.large / g.small
+    if ratio <= FLAT_GROWTH:
+        raise AssertionError(text + fail)
+    from course.grading import SpeedUndecided
+
+    raise SpeedUndecided(
+        f"Undecided: {text}: {ratio:.1f} times as long, between the growth of a vmap (at most {FLAT_GROWTH:.0f}x) "
+        f"and of a loop (at least {LOOP_GROWTH:.0f}x). The machine was probably busy. This is not a pass: run "
+        "the cell again, with other programs closed.")
 
 
 def _expect_no_loop(g: _Growth, text: str, fail: str) -> None:
@@ -244,11 +268,9 @@ def check_row_jacobian(jacobian_rows: Callable, *, seed: int = 0, n_out: int = 1
             "torch.autograd.grad(y[i], x, retain_graph=True)[0] as row i, and stack the rows.")
     n = _jacobian_numerics(jacobian_rows, "jacobian_rows", seed, n_out, n_in, device, hint)
     g = _rows_growth(jacobian_rows, "jacobian_rows", seed)
-    if not g.grows:
-        raise AssertionError(
-            f"jacobian_rows {g.text('outputs')}: the same work whatever the number of rows, which is what vmap "
-            "does. This exercise is the baseline the rest of the lesson beats: write the loop, one "
-            "torch.autograd.grad call per output row.")
+    _expect_loop(g, f"jacobian_rows {g.text('outputs')}",
+                 ": the same work whatever the number of rows, which is what vmap does. This exercise is the "
+                 "baseline the rest of the lesson beats: write the loop, one torch.autograd.grad call per output row.")
     ok(f"jacobian_rows equals the float64 formula on {n} functions (seed {seed}); its loop {g.text('rows')}")
 
 
