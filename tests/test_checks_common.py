@@ -32,3 +32,13 @@ def test_name_mistake_names_the_matching_variant_and_nothing_else(seed):
     name_mistake("step", want, want, variants)  # right: no message
     name_mistake("step", {k: v + 1 for k, v in want.items()}, want, variants)  # unknown: left to the comparison
     name_mistake("step", {"w": want["w"]}, want, variants)  # wrong structure: no crash, no claim
+
+
+def test_name_mistake_compares_other_data_with_the_callers_own_equality():
+    """Profiler op tables ({name: (count, total)}) are not tensors: the caller says what 'the same' means."""
+    want = {"aten::mm": (2, 10.0)}
+    twice = {"aten::mm": (4, 20.0)}
+    same = lambda a, b: a == b  # noqa: E731
+    with pytest.raises(AssertionError, match="looks as if it counted twice"):
+        name_mistake("table", twice, want, {"it counted twice": twice}, same=same)
+    name_mistake("table", {"aten::add": (1, 1.0)}, want, {"it counted twice": twice}, same=same)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from course import streams, traces
-from course.checks.common import call, expect_grads, ok, record, served_speedup
+from course.checks.common import call, expect_grads, name_mistake, ok, record, served_speedup
 from course.data import generator
 from course.devices import pick_device
 from course.numerics import assert_close, describe
@@ -248,9 +248,7 @@ def _name_table_mistake(got: dict, want: dict, label: str, trace: dict, iteratio
         last = max(n for _, _, n in steps)
         mistakes["it read the last iteration; with iteration=None it should read the first"] = \
             traces.op_table(trace, last, rounding=False)
-    for mistake, table in mistakes.items():
-        if not _same(table, want) and _same(got, table):
-            raise AssertionError(f"{label} is wrong; it looks as if {mistake}.")
+    name_mistake(label, got, want, mistakes, same=_same)
 
 
 def _tally(events) -> dict:
