@@ -511,3 +511,65 @@ def test_lesson_8_bfloat16_is_predicted_from_the_cpus_flags_not_torchs_vector_le
     monkeypatch.setattr(prof, "cpu_flags", lambda: {"avx512f", "avx512bw"})
     assert prof.bf16_native()[0] is False  # AVX512 without BF16
     assert "AVX512 machines exist with and without BF16" in text
+
+
+def test_lesson_9_what_sdpa_does_with_masks_on_this_release():
+    """course.fastpath's docstring: an attn_mask with is_causal=True is combined up to 2.13 and an
+    error from 2.14; a query with no visible key gives NaN on 2.4 and zeros from 2.13; the masks'
+    conventions are opposite (SDPA True = attend, MultiheadAttention's key_padding_mask True = ignore)."""
+    from course.fastpath import causal_mask, reference_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    attend = torch.rand(5, 5, generator=g) > 0.3
+    attend[:, 0] = True
+    if TORCH <= (2, 13):
+        both = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, is_causal=True)
+        assert torch.allclose(both, F.scaled_dot_product_attention(q, k, v, attn_mask=attend & causal_mask(5)))
+    else:
+        with pytest.raises(RuntimeError, match="Explicit attn_mask should not be set when is_causal=True"):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=attend, is_causal=True)
+    none = torch.ones(5, 5, dtype=torch.bool)
+    none[0] = False
+    row = F.scaled_dot_product_attention(q, k, v, attn_mask=none)[0, 0, 0]
+    assert (row.isnan().all() if TORCH < (2, 13) else (row == 0).all()), row
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, 3:] = True
+    mha = torch.nn.MultiheadAttention(8, 1, batch_first=True, dtype=torch.float64).eval()
+    x = q[:, 0]
+    with torch.no_grad():
+        got = mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+        _, w = mha(x, x, x, key_padding_mask=pad, need_weights=True)
+    assert (w[1, :, 3:] == 0).all() and (w[0] > 0).all()  # True in key_padding_mask: that key ignored
+    assert torch.allclose(reference_attention(q, k, v, key_padding_mask=pad),
+                          F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :]))
+    assert got.shape == x.shape
+
+
+def test_lesson_9_when_the_encoders_fast_path_runs_and_its_autocast_bug():
+    """The fast path runs in eval mode without gradients and not in training, with gradients, an odd
+    head count, batch_first=False or bias=False; under CPU autocast it ignores autocast: bfloat16 out
+    without a padding mask (an error on 2.4), and with one and nested tensors "expected scalar type
+    Float but found BFloat16" on every supported release (PyTorch issue 107663)."""
+    from course.fastpath import encoder, encoder_config, fast_path_taken, ragged_batch
+
+    assert fast_path_taken(encoder_config())
+    for change in (dict(training=True), dict(grad=True), dict(nhead=3, d_model=18), dict(batch_first=False),
+                   dict(bias=False)):
+        assert not fast_path_taken(encoder_config(**change)), change
+    for change in (dict(norm_first=True), dict(activation="gelu"), dict(dropout=0.1), dict(dtype="float64"),
+                   dict(padding_mask=True)):
+        assert fast_path_taken(encoder_config(**change)), change
+    enc = encoder(0)
+    x, pad = ragged_batch(1, batch=2, length=5, dim=16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if TORCH < (2, 13):
+            with pytest.raises(RuntimeError, match="must have the same dtype"):
+                enc(x)
+        else:
+            assert enc(x).dtype == torch.bfloat16
+        with pytest.raises(RuntimeError, match="expected scalar type Float but found BFloat16"):
+            enc(x, src_key_padding_mask=pad)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # gradients on: the slow path honours autocast
+        assert enc(x, src_key_padding_mask=pad).dtype == torch.float32

@@ -1,0 +1,321 @@
+"""Checks for lesson 09_attention_fast_paths: attention with causal and key-padding masks by hand
+(two opposite boolean conventions), the same through ``F.scaled_dot_product_attention`` written to
+run on every supported release, predictions of when ``nn.TransformerEncoder`` takes its fast path,
+and a guard against the fast path's autocast bug (PyTorch issue 107663).
+
+Every check is ``SERVED``: under the grader it runs in the judge and calls the learner's functions
+across the boundary on inputs it drew from a seed. Numbers are always compared here, with the
+course's float64 references. What only the learner's process can see (how its function called
+SDPA, what it did under autocast) is asked of the course's own probes running there; their word
+can only add a failure, never replace a comparison made here. Truth about the fast path is
+measured, by the op that ran, on the PyTorch installed (:func:`course.fastpath.fast_path_taken`),
+so a prediction is graded against the release it runs on.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from course.checks.common import call, name_mistake, ok, record
+from course.data import generator
+from course.devices import pick_device
+from course.fastpath import (BASE_CONFIG, causal_mask, encoder, encoder_config, fast_path_taken, ragged_batch,
+                             reference_attention, valid_tokens)
+from course.numerics import assert_close, describe
+from course.remote import probe, prober
+
+__all__ = ["check_autocast_guard", "check_fast_path_predictions", "check_masked_attention", "check_sdpa_attention"]
+
+SERVED = ("check_masked_attention", "check_sdpa_attention", "check_fast_path_predictions", "check_autocast_guard")
+
+F64 = torch.float64
+TIGHT = dict(rtol=1e-7, atol=1e-9)
+
+
+# -- 1 and 2. masked attention ---------------------------------------------------------------------
+
+def _cases(seed: int, device: torch.device, attn_masks: bool = True) -> list[tuple[str, tuple, dict]]:
+    """``(label, (q, k, v), masks)``: every combination of a boolean ``attn_mask``, a key-padding mask
+    and ``is_causal`` on ragged right-padded batches, in float64. Key 0 is always visible (never
+    padded, never masked), so no query is left without keys: every answer is well defined."""
+    g = generator(seed)
+    out = []
+    for i, (b, h, length, d) in enumerate([(2, 2, 7, 8), (3, 1, 12, 4), (1, 3, 5, 16)]):
+        q, k, v = (torch.randn(b, h, length, d, generator=g, dtype=F64).to(device) for _ in range(3))
+        _, pad = ragged_batch(seed * 7 + i, batch=b, length=length, dim=1, valid=0.6)
+        pad[:, 0] = False
+        attend = torch.rand(length, length, generator=g) > 0.35
+        attend[:, 0] = True
+        for masks in (dict(key_padding_mask=pad), dict(attn_mask=attend), dict(is_causal=True),
+                      dict(key_padding_mask=pad, is_causal=True), dict(attn_mask=attend, key_padding_mask=pad),
+                      {}):
+            if "attn_mask" in masks and not attn_masks:
+                continue
+            masks = {key: (m.to(device) if isinstance(m, torch.Tensor) else m) for key, m in masks.items()}
+            label = ", ".join(["q (%d, %d, %d, %d)" % tuple(q.shape)]
+                              + [f"{key}={'True' if m is True else tuple(m.shape)}" for key, m in masks.items()])
+            out.append((label, (q, k, v), masks))
+    return out
+
+
+def _same_but_nan(a: Any, b: Any) -> bool:
+    """Equal, counting a query left with no keys as all zeros whether it came out NaN (torch 2.4,
+    or a hand-written softmax) or zeros (SDPA on torch 2.13 and later): how a mistake's result is recognised."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+        return False
+    return torch.allclose(torch.nan_to_num(a.detach().double(), nan=0.0), torch.nan_to_num(b.double(), nan=0.0),
+                          rtol=1e-6, atol=1e-8)
+
+
+def _mask_variants(q, k, v, masks: dict) -> dict[str, torch.Tensor]:
+    """What known misreadings of the masks give on these inputs."""
+    pad, attend, causal = masks.get("key_padding_mask"), masks.get("attn_mask"), masks.get("is_causal", False)
+    ref = lambda **m: reference_attention(q, k, v, **{**masks, **m})  # noqa: E731
+    out = {"the scores were not divided by sqrt(d)": reference_attention(q * q.shape[-1] ** 0.5, k, v, **masks)}
+    if pad is not None:
+        out["key_padding_mask was read as SDPA's convention; there True means ignore this key, so invert it "
+            "(~key_padding_mask) before using it as a boolean attn_mask"] = ref(key_padding_mask=~pad)
+        rows = pad[:, None, :, None].expand(-1, 1, -1, pad.shape[1])  # queries hidden, not keys
+        out["the padding mask hid padded queries (rows) instead of padded keys (columns); it should broadcast "
+            "as (B, 1, 1, Lk)"] = ref(key_padding_mask=None, attn_mask=_and(attend, ~rows))
+        out["key_padding_mask was ignored"] = ref(key_padding_mask=None)
+    if attend is not None:
+        out["attn_mask was read as True = ignore; for SDPA's boolean attn_mask True means attend"] = ref(attn_mask=~attend)
+        out["attn_mask was ignored"] = ref(attn_mask=None)
+    n = q.shape[-2]
+    if causal:
+        out["is_causal was ignored"] = ref(is_causal=False)
+        out["the causal mask was flipped: each query attended the keys after it, not before"] = ref(
+            is_causal=False, attn_mask=_and(attend, torch.ones(n, n, dtype=torch.bool, device=q.device).triu()))
+    else:
+        out["a causal mask was applied though is_causal=False"] = ref(is_causal=True)
+    return out
+
+
+def _and(mask: torch.Tensor | None, other: torch.Tensor) -> torch.Tensor:
+    return other if mask is None else mask & other
+
+
+def _check_masks(fn: Callable, name: str, seed: int, device, hint: str, attn_masks: bool = True) -> int:
+    dev = pick_device(device)
+    cases = _cases(seed, dev, attn_masks)
+    for label, (q, k, v), masks in cases:
+        want = reference_attention(q, k, v, **masks)
+        ins = [t.clone() for t in (q, k, v)]
+        got = call(fn, *ins, **masks, name=name)
+        title = f"{name}({label})"
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+            raise AssertionError(f"{title} should be a tensor of shape {tuple(want.shape)} (like q), "
+                                 f"got {describe(got)}.")
+        if not _same_but_nan(got, want):
+            name_mistake(title, got, want, _mask_variants(q, k, v, masks), same=_same_but_nan)
+        assert_close(got, want, name=title, hint=hint, **TIGHT)
+    q, k, v = (torch.randn(2, 2, 9, 8, generator=generator(seed + 1)).to(dev) for _ in range(3))
+    _, pad = ragged_batch(seed + 2, batch=2, length=9, dim=1)
+    pad[:, 0] = False
+    got = call(fn, q, k, v, key_padding_mask=pad.to(dev), is_causal=True, name=name)
+    if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
+        raise AssertionError(f"{name} on float32 inputs returned {got.dtype}; keep the inputs' dtype.")
+    assert_close(got, reference_attention(q, k, v, key_padding_mask=pad.to(dev), is_causal=True),
+                 name=f"{name} in float32", rtol=1e-4, atol=1e-5, check_dtype=False, hint=hint)
+    return len(cases) + 1
+
+
+def check_masked_attention(masked_attention: Callable, *, seed: int = 0, device=None) -> None:
+    """``masked_attention(q, k, v, attn_mask=None, key_padding_mask=None, is_causal=False)`` by hand:
+    ``softmax(q k^T / sqrt(d)) v`` on ``(B, H, L, D)`` inputs, where a boolean ``attn_mask``
+    (``True`` = attend, broadcastable to ``(B, H, L, L)``), a ``key_padding_mask`` ``(B, L)``
+    (``True`` = ignore that key) and ``is_causal`` (query ``i`` sees keys ``j <= i``) may each be given."""
+    hint = ("scores = q @ k.transpose(-2, -1) / sqrt(d); masked_fill the scores with -inf where a key must not be "
+            "seen: ~attn_mask, key_padding_mask[:, None, None, :], and above the diagonal when is_causal; then "
+            "softmax over the last dimension and multiply by v.")
+    n = _check_masks(masked_attention, "masked_attention", seed, device, hint)
+    ok(f"masked_attention equals the float64 reference on {n} combinations of masks (seed {seed})")
+
+
+# -- SDPA, portably ---------------------------------------------------------------------------------
+
+_BOTH = ("sdpa_attention passed SDPA both an attn_mask and is_causal=True. PyTorch 2.4 to 2.13 combine them; 2.14 "
+         "and later raise 'Explicit attn_mask should not be set when is_causal=True'. Fold the causal mask into the "
+         "boolean mask yourself, and pass is_causal=False.")
+
+
+class _SDPACalls(TorchFunctionMode):
+    """Notes how ``F.scaled_dot_product_attention`` was called: whether with an ``attn_mask`` (and
+    its dtype) and ``is_causal``."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[dict] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention or getattr(func, "__name__", "") == "scaled_dot_product_attention":
+            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
+            self.calls.append(dict(mask=None if mask is None else str(mask.dtype).replace("torch.", ""),
+                                   causal=bool(causal)))
+            if mask is not None and causal:  # before the call: some releases raise, others run it
+                raise AssertionError(_BOTH)
+        return func(*args, **kwargs)
+
+
+@prober
+def sdpa_calls(sdpa_attention: Callable, q, k, v, key_padding_mask, is_causal: bool) -> list[dict]:
+    """The learner's side: run ``sdpa_attention`` once and report how it called SDPA."""
+    with _SDPACalls() as calls:
+        call(sdpa_attention, q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal, name="sdpa_attention")
+    return calls.calls
+
+
+def check_sdpa_attention(sdpa_attention: Callable, *, seed: int = 0, device=None) -> None:
+    """``sdpa_attention(q, k, v, key_padding_mask=None, is_causal=False)``: the same attention through
+    one call of ``F.scaled_dot_product_attention``, written to run on every supported PyTorch: an
+    ``attn_mask`` together with ``is_causal=True`` is combined on torch 2.4-2.13 and an error from 2.14,
+    so a causal padded batch folds both into one boolean mask."""
+    hint = ("SDPA's boolean attn_mask means True = attend: pass ~key_padding_mask[:, None, None, :]; with "
+            "is_causal as well, combine it with the causal mask (torch.ones(L, L, dtype=torch.bool).tril()) "
+            "into that one mask; without a padding mask, pass is_causal to SDPA.")
+    dev = pick_device(device)
+    g = generator(seed + 3)
+    for causal in (False, True):
+        q, k, v = (torch.randn(2, 2, 6, 8, generator=g, dtype=F64).to(dev) for _ in range(3))
+        _, pad = ragged_batch(seed + 4, batch=2, length=6, dim=1)
+        pad[:, 0] = False
+        calls = probe(sdpa_attention, sdpa_calls, q, k, v, pad.to(dev), causal)
+        if not isinstance(calls, list):
+            raise AssertionError(f"sdpa_attention could not be watched (got {describe(calls)}).")
+        if len(calls) != 1:
+            raise AssertionError(f"sdpa_attention called F.scaled_dot_product_attention {len(calls)} times for one "
+                                 "batch; call it exactly once (the fused kernel does the whole batch). " + hint)
+        call_ = calls[0]
+        if not isinstance(call_, dict):
+            raise AssertionError(f"sdpa_attention could not be watched (got {describe(call_)}).")
+        if call_.get("mask") is not None and call_.get("causal"):
+            raise AssertionError(_BOTH)
+        if call_.get("mask") not in (None, "bool"):
+            raise AssertionError(f"sdpa_attention passed SDPA an attn_mask of dtype {call_.get('mask')}; "
+                                 "pass a boolean mask (True = attend): SDPA then needs no -inf arithmetic.")
+    n = _check_masks(sdpa_attention, "sdpa_attention", seed, device, hint, attn_masks=False)
+    ok(f"sdpa_attention equals the float64 reference on {n} masked batches, calling SDPA once, portably "
+       f"(seed {seed})")
+
+
+# -- 3. when the fast path runs ---------------------------------------------------------------------
+
+#: One setting away from the fast path each, and what each is called in a message.
+_CHANGES = [dict(training=True), dict(grad=True), dict(nhead=1, d_model=15), dict(nhead=3, d_model=18),
+            dict(norm_first=True), dict(activation="gelu"), dict(batch_first=False), dict(bias=False),
+            dict(dtype="float64"), dict(dropout=0.1), dict(padding_mask=True), dict(padding_mask=True, nested=False),
+            dict(nhead=4, d_model=32), {}]
+
+
+def _configs(seed: int, n: int) -> list[dict]:
+    """Every single change from :data:`course.fastpath.BASE_CONFIG` in :data:`_CHANGES`, and ``n``
+    random combinations of two or three of them, drawn from ``seed``, in a drawn order."""
+    rng = random.Random(seed)
+    out = [encoder_config(**c) for c in _CHANGES]
+    for _ in range(n):
+        merged: dict = {}
+        for c in rng.sample(_CHANGES[:-1], rng.choice((2, 3))):
+            merged.update(c)
+        out.append(encoder_config(**merged))
+    rng.shuffle(out)
+    return out
+
+
+def _describe_config(c: dict) -> str:
+    changed = {k: v for k, v in c.items() if BASE_CONFIG[k] != v}
+    return "the base encoder" + (" with " + ", ".join(f"{k}={v!r}" for k, v in changed.items()) if changed else "")
+
+
+def check_fast_path_predictions(predict_fast_path: Callable, *, seed: int = 0, n: int = 8) -> None:
+    """``predict_fast_path(config) -> bool``: whether ``nn.TransformerEncoder`` built and run as
+    ``config`` describes (:func:`course.fastpath.encoder_config`) takes its fast path, on every
+    single change from the base encoder and ``n`` drawn combinations. The truth is measured here by
+    the op that ran; every wrong prediction is listed."""
+    wrong = []
+    configs = _configs(seed, n)
+    for c in configs:
+        got = call(predict_fast_path, dict(c), name="predict_fast_path")
+        if not isinstance(got, bool):
+            raise AssertionError(f"predict_fast_path({_describe_config(c)}) returned {describe(got)}; return True "
+                                 "or False.")
+        truth = fast_path_taken(c, seed=seed)
+        if got != truth:
+            wrong.append(f"{_describe_config(c)}: you said {got}, it {'took' if truth else 'did not take'} the "
+                         "fast path")
+    if wrong:
+        raise AssertionError(f"predict_fast_path is wrong on {len(wrong)} of {len(configs)} encoders:\n  "
+                             + "\n  ".join(wrong[:6])
+                             + "\n  Hint: the conditions are in nn.TransformerEncoderLayer.forward, where it sets "
+                               "why_not_sparsity_fast_path; run each one under torch.profiler and look for "
+                               "aten::_transformer_encoder_layer_fwd.")
+    record(len(wrong), 0, "wrong fast-path predictions")
+    ok(f"predict_fast_path is right on all {len(configs)} encoders (seed {seed}), on torch {torch.__version__}")
+
+
+# -- 4. the autocast guard ----------------------------------------------------------------------------
+
+@prober
+def under_autocast(guarded_forward: Callable, enc, x, key_padding_mask, autocast: bool) -> torch.Tensor:
+    """The learner's side: ``guarded_forward(enc, x, key_padding_mask)`` inside ``torch.autocast("cpu",
+    dtype=torch.bfloat16)`` (or not), without gradients: where the bug lives."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return call(guarded_forward, enc, x, key_padding_mask, name="guarded_forward")
+
+
+@prober
+def fast_path_kept(guarded_forward: Callable, enc, x, key_padding_mask) -> bool:
+    """The learner's side: whether ``guarded_forward`` still runs the fast path without autocast."""
+    from course.fastpath import FAST_OP, ops_that_ran
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return FAST_OP in ops_that_ran(lambda: call(guarded_forward, enc, x, key_padding_mask, name="guarded_forward"))
+
+
+def check_autocast_guard(guarded_forward: Callable, *, seed: int = 0) -> None:
+    """``guarded_forward(encoder, x, key_padding_mask)``: ``encoder(x, src_key_padding_mask=...)``
+    that survives CPU autocast (PyTorch issue 107663). Under ``torch.autocast("cpu")`` it returns
+    float32, equal on every unpadded token to the encoder run without autocast, with or without a
+    padding mask and nested tensors; without autocast it keeps the fast path."""
+    hint = ("the fast path ignores CPU autocast (it asks torch.is_autocast_enabled() without a device, which "
+            "means CUDA). When torch.is_autocast_enabled('cpu') is true, run the encoder inside "
+            "torch.autocast('cpu', enabled=False) on x.float(); otherwise call it as it is.")
+    count = 0
+    for nested in (True, False):
+        enc = encoder(seed, nested=nested)
+        x, pad = ragged_batch(seed + 11 + nested, batch=3, length=10, dim=16)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            refs = {True: enc(x, src_key_padding_mask=pad), False: enc(x)}
+        for masked in (True, False):
+            mask = pad if masked else None
+            for autocast in (True, False):
+                label = (f"guarded_forward(nested={nested}, padding mask {'given' if masked else 'None'}"
+                         f"{', under CPU autocast' if autocast else ''})")
+                got = probe(guarded_forward, under_autocast, enc, x.clone(), None if mask is None else mask.clone(),
+                            autocast)
+                if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
+                    raise AssertionError(f"{label} returned {got.dtype}; the encoder's result should be float32, as "
+                                         f"without autocast.\n  Hint: {hint}")
+                if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+                    raise AssertionError(f"{label} should return a tensor shaped like x {tuple(x.shape)}, got "
+                                         f"{describe(got)}.")
+                keep = pad if masked else torch.zeros_like(pad)
+                assert_close(valid_tokens(got, keep), valid_tokens(refs[masked], keep), name=f"{label} on unpadded tokens",
+                             rtol=1e-5, atol=1e-5, hint=hint)
+                count += 1
+        if not probe(guarded_forward, fast_path_kept, enc, x, pad):
+            raise AssertionError(f"guarded_forward(nested={nested}) no longer takes the fast path without autocast; "
+                                 "guard only the autocast case (the fast path is the point of this lesson).")
+    ok(f"guarded_forward survives CPU autocast in all {count} cases (float32, equal to the encoder without "
+       f"autocast) and keeps the fast path without it (seed {seed})")

@@ -1,0 +1,166 @@
+"""Helpers for lesson 09_attention_fast_paths: ragged batches, masked attention in float64, encoders
+built from a seed, and which kernels actually ran.
+
+Two boolean mask conventions meet in this lesson, and they are opposite:
+
+* ``F.scaled_dot_product_attention``'s boolean ``attn_mask``: ``True`` means *attend*;
+* ``nn.MultiheadAttention``'s and ``nn.TransformerEncoder``'s ``key_padding_mask``: ``True`` means
+  *ignore* (a padded key).
+
+Facts the lesson relies on differ between the PyTorch releases the course supports, so the lesson
+measures them where it runs instead of stating one answer (``tests/test_lesson_claims.py`` checks
+every one on each release):
+
+* SDPA given both ``attn_mask`` and ``is_causal=True`` combined them on torch 2.4 to 2.13 and raises
+  "Explicit attn_mask should not be set when is_causal=True" from 2.14: fold the causal mask into
+  ``attn_mask`` yourself (:func:`causal_mask`).
+* A query row whose keys are all masked gives NaN on torch 2.4 and zeros on 2.13 and later.
+* ``nn.TransformerEncoder`` under CPU autocast takes its fast path, which ignores autocast: without
+  a padding mask it returns bfloat16 (torch 2.13 to 2.15) or raises (2.4); with a padding mask and
+  nested tensors (the default) it raises "expected scalar type Float but found BFloat16" on every
+  supported release (PyTorch issue 107663).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from course.data import device_generator
+from course.devices import pick_device
+from course.guard import reference
+from course.remote import factory, recipe
+
+__all__ = ["FAST_OP", "causal_mask", "encoder", "encoder_config", "fast_path_taken", "ops_that_ran",
+           "ragged_batch", "reference_attention", "valid_tokens"]
+
+#: The op ``nn.TransformerEncoderLayer`` runs when it takes its fast path (one fused layer).
+FAST_OP = "aten::_transformer_encoder_layer_fwd"
+
+
+@factory
+def ragged_batch(seed: int, *, device: str = "cpu", batch: int = 4, length: int = 32, dim: int = 16,
+                 valid: float = 0.6, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, key_padding_mask)``: ``x`` of shape ``(batch, length, dim)``, right-padded sequences
+    whose lengths average about ``valid * length`` (at least 1, at most ``length``; one of them the
+    whole length, so the padded width is honest), padded positions zero; ``key_padding_mask``
+    ``(batch, length)``, ``True`` at padded positions (the ``nn.MultiheadAttention`` convention)."""
+    g = device_generator(seed, "cpu")
+    spread = max(1, round(length * min(valid, 1 - valid)))
+    centre = round(valid * length)
+    lengths = torch.randint(max(1, centre - spread), min(length, centre + spread) + 1, (batch,), generator=g)
+    lengths[int(torch.randint(batch, (1,), generator=g))] = length
+    pad = torch.arange(length)[None, :] >= lengths[:, None]
+    dev = pick_device(device)
+    x = torch.randn(batch, length, dim, generator=g, dtype=dtype).masked_fill(pad[..., None], 0.0)
+    return x.to(dev), pad.to(dev)
+
+
+def valid_tokens(x: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """The rows of ``x`` (``(batch, length, ...)``) at unpadded positions, ``(tokens, ...)``: what two
+    answers must agree on (the fast path leaves zeros at padded positions, the slow path does not)."""
+    return x[~key_padding_mask.bool()]
+
+
+def causal_mask(length: int, keys: int | None = None, *, device: Any = None) -> torch.Tensor:
+    """SDPA's boolean causal mask, ``True`` where query ``i`` may attend key ``j`` (``j <= i``,
+    aligned to the top left like ``is_causal=True``)."""
+    return torch.ones(length, length if keys is None else keys, dtype=torch.bool, device=device).tril()
+
+
+@reference
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                        key_padding_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(d) + masks) v`` in float64, the whole score matrix materialised.
+    ``attn_mask``: boolean (``True`` = attend) or additive, broadcastable to ``(B, H, Lq, Lk)``;
+    ``key_padding_mask``: ``(B, Lk)``, ``True`` = ignore that key; ``is_causal``: top-left aligned."""
+    q, k, v = (t.double() for t in (q, k, v))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if attn_mask is not None:
+        scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                  else scores + attn_mask.double())
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask.bool()[:, None, None, :], float("-inf"))
+    if is_causal:
+        scores = scores.masked_fill(~causal_mask(*scores.shape[-2:], device=scores.device), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+#: An encoder that takes the fast path (eval mode, no gradients): every field a plain value, so a
+#: configuration crosses to the learner's process as data. Each field the lesson varies.
+BASE_CONFIG = dict(d_model=16, nhead=2, dim_feedforward=32, layers=2, dropout=0.0, activation="relu",
+                   norm_first=False, batch_first=True, bias=True, dtype="float32", training=False, grad=False,
+                   padding_mask=False, nested=True)
+
+
+def encoder_config(**changes: Any) -> dict:
+    """:data:`BASE_CONFIG` with ``changes``; unknown fields are an error (a typo would test nothing)."""
+    unknown = set(changes) - set(BASE_CONFIG)
+    if unknown:
+        raise KeyError(f"unknown encoder settings {sorted(unknown)}; the settings are {sorted(BASE_CONFIG)}")
+    return {**BASE_CONFIG, **changes}
+
+
+@recipe
+def encoder(seed: int = 0, d_model: int = 16, nhead: int = 2, dim_feedforward: int = 32, layers: int = 2,
+            dropout: float = 0.0, activation: str = "relu", norm_first: bool = False, batch_first: bool = True,
+            bias: bool = True, dtype: str = "float32", training: bool = False, nested: bool = True,
+            device: str = "cpu") -> nn.TransformerEncoder:
+    """An ``nn.TransformerEncoder`` of ``layers`` identical-shaped layers, weights drawn from ``seed``,
+    in eval mode unless ``training``; ``nested`` is its ``enable_nested_tensor``."""
+    torch.manual_seed(seed)  # nn.Linear draws from the global generator: seeded here, then given back
+    state = torch.random.get_rng_state()
+    try:
+        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=dropout, activation=activation,
+                                           norm_first=norm_first, batch_first=batch_first, bias=bias)
+        import warnings
+
+        with warnings.catch_warnings():  # "enable_nested_tensor is True, but self.use_nested_tensor is False
+            warnings.simplefilter("ignore")  # because ...": the lesson asks why, by experiment
+            enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=nested)
+    finally:
+        torch.random.set_rng_state(state)
+    return enc.to(device=pick_device(device), dtype=getattr(torch, dtype)).train(training)
+
+
+def ops_that_ran(fn: Callable[[], Any]) -> set[str]:
+    """The names of the ops the profiler saw while ``fn()`` ran (CPU side)."""
+    from course.quiet import quiet_kineto
+
+    quiet_kineto()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key for e in prof.key_averages()}
+
+
+@reference
+def run_config(config: dict, seed: int = 0) -> tuple[torch.Tensor, bool]:
+    """Run the encoder ``config`` describes on a ragged batch: ``(output, whether the fast path ran)``."""
+    import warnings
+
+    c = encoder_config(**config)
+    enc = encoder(seed, **{k: c[k] for k in ("d_model", "nhead", "dim_feedforward", "layers", "dropout", "activation",
+                                             "norm_first", "batch_first", "bias", "dtype", "training", "nested")})
+    x, pad = ragged_batch(seed + 1, batch=3, length=6, dim=c["d_model"], dtype=getattr(torch, c["dtype"]))
+    if not c["batch_first"]:
+        x = x.transpose(0, 1)
+    kwargs = dict(src_key_padding_mask=pad) if c["padding_mask"] else {}
+    out: list = []
+
+    def forward():
+        with torch.set_grad_enabled(c["grad"]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "The PyTorch API of nested tensors is in prototype stage"
+            out.append(enc(x, **kwargs))
+
+    ran = ops_that_ran(forward)
+    return out[0], FAST_OP in ran
+
+
+@reference
+def fast_path_taken(config: dict, seed: int = 0) -> bool:
+    """Whether ``nn.TransformerEncoder`` as ``config`` describes took its fast path: measured, by the
+    op that ran, on the PyTorch installed here."""
+    return run_config(config, seed)[1]
