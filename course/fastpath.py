@@ -35,7 +35,7 @@ from course.guard import reference
 from course.remote import factory, recipe
 
 __all__ = ["FAST_OP", "causal_mask", "encoder", "encoder_config", "fast_path_taken", "ops_that_ran",
-           "ragged_batch", "reference_attention", "valid_tokens"]
+           "padded_token_mlp", "ragged_batch", "reference_attention", "token_mlp", "valid_tokens"]
 
 #: The op ``nn.TransformerEncoderLayer`` runs when it takes its fast path (one fused layer).
 FAST_OP = "aten::_transformer_encoder_layer_fwd"
@@ -111,8 +111,8 @@ def encoder(seed: int = 0, d_model: int = 16, nhead: int = 2, dim_feedforward: i
             device: str = "cpu") -> nn.TransformerEncoder:
     """An ``nn.TransformerEncoder`` of ``layers`` identical-shaped layers, weights drawn from ``seed``,
     in eval mode unless ``training``; ``nested`` is its ``enable_nested_tensor``."""
-    torch.manual_seed(seed)  # nn.Linear draws from the global generator: seeded here, then given back
-    state = torch.random.get_rng_state()
+    state = torch.random.get_rng_state()  # nn.Linear draws from the global generator: seeded here, then given back
+    torch.manual_seed(seed)
     try:
         layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=dropout, activation=activation,
                                            norm_first=norm_first, batch_first=batch_first, bias=bias)
@@ -164,3 +164,24 @@ def fast_path_taken(config: dict, seed: int = 0) -> bool:
     """Whether ``nn.TransformerEncoder`` as ``config`` describes took its fast path: measured, by the
     op that ran, on the PyTorch installed here."""
     return run_config(config, seed)[1]
+
+
+# -- a token MLP on ragged batches -------------------------------------------------------------------
+
+@recipe
+def token_mlp(seed: int = 0, dim: int = 16, hidden: int = 64, device: str = "cpu") -> nn.Sequential:
+    """A transformer's feed-forward block, ``Linear(dim, hidden) -> GELU -> Linear(hidden, dim)``,
+    weights drawn from ``seed``, in eval mode: it acts on each token alone, so padding is pure waste."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+    finally:
+        torch.random.set_rng_state(state)
+    return mlp.to(pick_device(device)).eval()
+
+
+def padded_token_mlp(x: torch.Tensor, key_padding_mask: torch.Tensor, mlp: nn.Module) -> torch.Tensor:
+    """The baseline: the MLP on every position, padding included, padded positions then zeroed."""
+    with torch.no_grad():
+        return mlp(x).masked_fill(key_padding_mask[..., None], 0.0)

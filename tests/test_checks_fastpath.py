@@ -195,3 +195,64 @@ def test_guard_mistakes_fail(wrong, named):
         check_autocast_guard(wrong, seed=0)
     if named:
         assert named in str(exc.value), str(exc.value)
+
+
+# -- a token MLP on a jagged batch ------------------------------------------------------------------
+
+def jagged(x, key_padding_mask, mlp):
+    keep = ~key_padding_mask
+    offsets = torch.cat([keep.new_zeros(1, dtype=torch.long), keep.sum(1).cumsum(0)])
+    y = mlp(torch.nested.nested_tensor_from_jagged(x[keep], offsets))
+    out = x.new_zeros(x.shape[:-1] + (y.values().shape[-1],))
+    out[keep] = y.values()
+    return out
+
+
+def packed(x, key_padding_mask, mlp):  # right numbers, no nested tensor
+    out = torch.zeros_like(x)
+    out[~key_padding_mask] = mlp(x[~key_padding_mask])
+    return out
+
+
+def strided(x, key_padding_mask, mlp):
+    keep = ~key_padding_mask
+    nt = torch.nested.nested_tensor([x[i, keep[i]] for i in range(x.shape[0])])
+    ys = mlp(nt).unbind()
+    out = torch.zeros_like(x)
+    for i, y in enumerate(ys):
+        out[i, keep[i]] = y
+    return out
+
+
+def per_sample(x, key_padding_mask, mlp):
+    out = torch.zeros_like(x)
+    for i in range(x.shape[0]):
+        keep = ~key_padding_mask[i]
+        out[i, keep] = mlp(x[i, keep])
+    return out
+
+
+def padding_kept(x, key_padding_mask, mlp):
+    keep = ~key_padding_mask
+    offsets = torch.cat([keep.new_zeros(1, dtype=torch.long), keep.sum(1).cumsum(0)])
+    y = mlp(torch.nested.nested_tensor_from_jagged(x[keep], offsets))
+    out = mlp.forward.__self__[2].bias.expand_as(x).clone()  # padded rows left at the MLP's bias, not zero
+    out[keep] = y.values()
+    return out
+
+
+def test_right_jagged_mlp_passes():
+    from course.checks.fastpath import check_jagged_mlp
+    for seed in range(2):
+        check_jagged_mlp(jagged, seed=seed)
+
+
+@pytest.mark.parametrize("wrong, named", [
+    (stub, "not written yet"), (packed, "was given ['dense']"), (strided, "strided nested"),
+    (per_sample, "dense"), (padding_kept, "jagged_token_mlp on a"),
+    (lambda x, m, mlp: mlp(x), "jagged_token_mlp on a")])  # padding not zeroed
+def test_jagged_mlp_mistakes_fail(wrong, named):
+    from course.checks.fastpath import check_jagged_mlp
+    with pytest.raises(AssertionError) as exc:
+        check_jagged_mlp(wrong, seed=0)
+    assert named in str(exc.value), str(exc.value)

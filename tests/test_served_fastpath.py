@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 import course.grader_hooks as hooks
-from course.checks.fastpath import (check_autocast_guard, check_fast_path_predictions, check_masked_attention,
-                                    check_sdpa_attention)
+from course.checks.fastpath import (check_autocast_guard, check_fast_path_predictions, check_jagged_mlp,
+                                    check_masked_attention, check_sdpa_attention)
 from served_helpers import served
-from test_checks_fastpath import always_slow, guarded, masked, predict, sdpa, sdpa_both, sdpa_per_sample, stub
+from test_checks_fastpath import (always_slow, guarded, jagged, masked, packed, predict, sdpa, sdpa_both,
+                                  sdpa_per_sample, stub)
 
 
 def borrowed_prediction(c):
@@ -28,7 +29,8 @@ def borrowed_attention(q, k, v, attn_mask=None, key_padding_mask=None, is_causal
 def learner():
     yield from served(dict(masked=masked, sdpa=sdpa, predict=predict, guarded=guarded, stub=stub,
                            sdpa_both=sdpa_both, sdpa_per_sample=sdpa_per_sample, always_slow=always_slow,
-                           borrowed_prediction=borrowed_prediction, borrowed_attention=borrowed_attention))
+                           borrowed_prediction=borrowed_prediction, borrowed_attention=borrowed_attention, jagged=jagged,
+                           packed=packed))
 
 
 def test_right_answers_pass_every_served_check(learner, capsys):
@@ -36,12 +38,13 @@ def test_right_answers_pass_every_served_check(learner, capsys):
     check_sdpa_attention(learner("sdpa"))
     check_fast_path_predictions(learner("predict"), n=3)
     check_autocast_guard(learner("guarded"))
+    check_jagged_mlp(learner("jagged"))
     out = capsys.readouterr().out
-    assert out.count("ok:") == 4, out
+    assert out.count("ok:") == 5, out
 
 
 @pytest.mark.parametrize("check", [check_masked_attention, check_sdpa_attention, check_fast_path_predictions,
-                                   check_autocast_guard])
+                                   check_autocast_guard, check_jagged_mlp])
 def test_unwritten_answers_fail_with_a_friendly_message_across_the_boundary(learner, check):
     with pytest.raises(AssertionError, match="not written yet"):
         check(learner("stub"))
@@ -50,7 +53,8 @@ def test_unwritten_answers_fail_with_a_friendly_message_across_the_boundary(lear
 @pytest.mark.parametrize("check, name, says", [
     (check_sdpa_attention, "sdpa_both", "both an attn_mask and is_causal=True"),
     (check_sdpa_attention, "sdpa_per_sample", "times for one batch"),
-    (check_autocast_guard, "always_slow", "no longer takes the fast path")])
+    (check_autocast_guard, "always_slow", "no longer takes the fast path"),
+    (check_jagged_mlp, "packed", "the MLP was given")])
 def test_what_only_the_learners_process_sees_is_watched_there(learner, check, name, says):
     with pytest.raises(AssertionError, match=says):
         check(learner(name))

@@ -22,17 +22,19 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from course.checks.common import call, name_mistake, ok, record
+from course.checks.common import call, name_mistake, ok, record, served_speedup
 from course.data import generator
 from course.devices import pick_device
-from course.fastpath import (BASE_CONFIG, causal_mask, encoder, encoder_config, fast_path_taken, ragged_batch,
-                             reference_attention, valid_tokens)
+from course.fastpath import (BASE_CONFIG, encoder, encoder_config, fast_path_taken, padded_token_mlp, ragged_batch,
+                             reference_attention, token_mlp, valid_tokens)
 from course.numerics import assert_close, describe
 from course.remote import probe, prober
 
-__all__ = ["check_autocast_guard", "check_fast_path_predictions", "check_masked_attention", "check_sdpa_attention"]
+__all__ = ["check_autocast_guard", "check_fast_path_predictions", "check_jagged_mlp", "check_jagged_speed",
+           "check_masked_attention", "check_sdpa_attention"]
 
-SERVED = ("check_masked_attention", "check_sdpa_attention", "check_fast_path_predictions", "check_autocast_guard")
+SERVED = ("check_masked_attention", "check_sdpa_attention", "check_fast_path_predictions", "check_autocast_guard",
+          "check_jagged_mlp", "check_jagged_speed")
 
 F64 = torch.float64
 TIGHT = dict(rtol=1e-7, atol=1e-9)
@@ -319,3 +321,72 @@ def check_autocast_guard(guarded_forward: Callable, *, seed: int = 0) -> None:
                                  "guard only the autocast case (the fast path is the point of this lesson).")
     ok(f"guarded_forward survives CPU autocast in all {count} cases (float32, equal to the encoder without "
        f"autocast) and keeps the fast path without it (seed {seed})")
+
+
+# -- 5. a token MLP on a jagged batch ------------------------------------------------------------------
+
+@prober
+def mlp_inputs(jagged_token_mlp: Callable, x, key_padding_mask, mlp) -> tuple[torch.Tensor, list[str]]:
+    """The learner's side: the answer's result, and what the MLP was given each time it ran
+    (``"jagged"``, ``"strided nested"`` or ``"dense"``)."""
+    seen: list[str] = []
+
+    def note(module, args):
+        t = args[0] if args else None
+        if isinstance(t, torch.Tensor) and t.is_nested:
+            seen.append("jagged" if t.layout == torch.jagged else "strided nested")
+        else:
+            seen.append("dense")
+
+    handle = mlp.register_forward_pre_hook(note)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = call(jagged_token_mlp, x, key_padding_mask, mlp, name="jagged_token_mlp")
+    finally:
+        handle.remove()
+    return out, seen
+
+
+def check_jagged_mlp(jagged_token_mlp: Callable, *, seed: int = 0) -> None:
+    """``jagged_token_mlp(x, key_padding_mask, mlp)``: ``mlp`` on the unpadded tokens of a right-padded
+    batch ``x`` ``(B, L, D)`` through one jagged nested tensor (``layout=torch.jagged``), back as
+    ``(B, L, D)`` with zeros at padded positions: equal to the MLP on the padded batch, padding zeroed."""
+    hint = ("values = x[~key_padding_mask] (the tokens, in order); offsets = 0 and the running sum of the lengths; "
+            "nt = torch.nested.nested_tensor_from_jagged(values, offsets); y = mlp(nt); then scatter y.values() "
+            "back into zeros of shape (B, L, D) at ~key_padding_mask.")
+    count = 0
+    for i, (batch, length, valid) in enumerate([(4, 12, 0.6), (3, 9, 0.3), (5, 7, 0.9), (1, 6, 0.5)]):
+        x, pad = ragged_batch(seed + 20 + i, batch=batch, length=length, dim=16, valid=valid)
+        mlp = token_mlp(seed + i, dim=16, hidden=32)
+        label = f"jagged_token_mlp on a ({batch}, {length}, 16) batch, {int((~pad).sum())} tokens"
+        got, seen = probe(jagged_token_mlp, mlp_inputs, x.clone(), pad.clone(), mlp)
+        want = padded_token_mlp(x, pad, mlp)
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            raise AssertionError(f"{label} should return a tensor of shape {tuple(want.shape)}, got {describe(got)}.")
+        if got.is_nested:
+            raise AssertionError(f"{label} returned a nested tensor; convert it back to a padded (B, L, D) tensor.")
+        assert_close(got, want, name=label, rtol=1e-5, atol=1e-6, hint=hint)
+        if not isinstance(seen, list) or "jagged" not in seen or "dense" in seen:
+            raise AssertionError(f"{label}: the MLP was given {seen or 'nothing'}; give it the batch as one jagged "
+                                 "nested tensor (layout=torch.jagged), and nothing else.\n  Hint: " + hint)
+        count += 1
+    ok(f"jagged_token_mlp equals the MLP on the padded batch on {count} ragged batches, through one jagged nested "
+       f"tensor (seed {seed})")
+
+
+def check_jagged_speed(jagged_token_mlp: Callable, *, bars, batch: int, length: int, dim: int, hidden: int,
+                       valid: float, num_threads: int | None = None, rounds: int = 7, min_run_time: float = 0.2,
+                       attempts: int = 3, device=None):
+    """``jagged_token_mlp`` at least ``bars[device]`` times as fast as the MLP on the padded batch,
+    side by side on fresh ragged batches (about ``valid`` of the positions real tokens), every output
+    checked."""
+    dev = pick_device(device)
+    mlp = token_mlp(7, dim=dim, hidden=hidden, device=str(dev))
+    return served_speedup(("padded", padded_token_mlp), ("jagged", jagged_token_mlp), factory=ragged_batch,
+                          sizes=dict(batch=batch, length=length, dim=dim, valid=valid), constants=(mlp,), bars=bars,
+                          num_threads=num_threads, device=dev, rounds=rounds, min_run_time=min_run_time,
+                          attempts=attempts, rtol=1e-4,
+                          hint=f"a jagged batch computes only the real tokens (about {valid:.0%} of the positions): "
+                               "build it from x[~key_padding_mask] with nested_tensor_from_jagged, no copies per "
+                               "sample, no Python loop over the batch.")
