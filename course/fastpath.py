@@ -35,7 +35,7 @@ from course.guard import reference
 from course.remote import factory, recipe
 
 __all__ = ["FAST_OP", "causal_mask", "encoder", "encoder_config", "fast_path_taken", "ops_that_ran",
-           "padded_token_mlp", "ragged_batch", "reference_attention", "token_mlp", "valid_tokens"]
+           "masked_attention_inputs", "naive_masked_attention", "padded_token_mlp", "ragged_batch", "reference_attention", "token_mlp", "valid_tokens"]
 
 #: The op ``nn.TransformerEncoderLayer`` runs when it takes its fast path (one fused layer).
 FAST_OP = "aten::_transformer_encoder_layer_fwd"
@@ -48,15 +48,15 @@ def ragged_batch(seed: int, *, device: str = "cpu", batch: int = 4, length: int 
     whose lengths average about ``valid * length`` (at least 1, at most ``length``; one of them the
     whole length, so the padded width is honest), padded positions zero; ``key_padding_mask``
     ``(batch, length)``, ``True`` at padded positions (the ``nn.MultiheadAttention`` convention)."""
-    g = device_generator(seed, "cpu")
+    g = torch.Generator().manual_seed(seed)  # the lengths: a handful of integers, drawn alike everywhere
     spread = max(1, round(length * min(valid, 1 - valid)))
     centre = round(valid * length)
     lengths = torch.randint(max(1, centre - spread), min(length, centre + spread) + 1, (batch,), generator=g)
     lengths[int(torch.randint(batch, (1,), generator=g))] = length
-    pad = torch.arange(length)[None, :] >= lengths[:, None]
     dev = pick_device(device)
-    x = torch.randn(batch, length, dim, generator=g, dtype=dtype).masked_fill(pad[..., None], 0.0)
-    return x.to(dev), pad.to(dev)
+    pad = torch.arange(length, device=dev)[None, :] >= lengths.to(dev)[:, None]
+    x = torch.randn(batch, length, dim, generator=device_generator(seed, device), device=dev, dtype=dtype)
+    return x.masked_fill(pad[..., None], 0.0), pad
 
 
 def valid_tokens(x: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Tensor:
@@ -87,6 +87,29 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_
     if is_causal:
         scores = scores.masked_fill(~causal_mask(*scores.shape[-2:], device=scores.device), float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+@factory
+def masked_attention_inputs(seed: int, *, device: str = "cpu", batch: int = 4, heads: int = 8, length: int = 256,
+                            dim: int = 64, valid: float = 0.6) -> tuple[torch.Tensor, ...]:
+    """``(q, k, v, key_padding_mask)``: float32 ``(batch, heads, length, dim)`` standard normal inputs
+    and a right-padded ``(batch, length)`` mask (``True`` = padded key) from :func:`ragged_batch`."""
+    g = device_generator(seed, device)
+    dev = pick_device(device)
+    q, k, v = (torch.randn(batch, heads, length, dim, generator=g, device=dev) for _ in range(3))
+    _, pad = ragged_batch(seed, device=device, batch=batch, length=length, dim=1, valid=valid)
+    return q, k, v, pad
+
+
+def naive_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor,
+                           is_causal: bool = False) -> torch.Tensor:
+    """The baseline of the speed check: the whole ``(B, H, L, L)`` score matrix, padded keys and (if
+    ``is_causal``) later keys filled with -inf, softmax, times ``v``; in the inputs' dtype."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    hide = key_padding_mask[:, None, None, :]
+    if is_causal:
+        hide = hide | ~causal_mask(*scores.shape[-2:], device=q.device)
+    return torch.softmax(scores.masked_fill(hide, float("-inf")), dim=-1) @ v
 
 
 #: An encoder that takes the fast path (eval mode, no gradients): every field a plain value, so a

@@ -629,7 +629,7 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
         kind = type(obj).__qualname__ if module == "builtins" else f"{module}.{type(obj).__qualname__}"
         return {"type": kind, "compiled": is_compiled(obj), "scripted": is_scripted(obj)}
     if op == "stage":
-        staged[len(staged)] = list(message["constants"])
+        staged[len(staged)] = [build(c) for c in message["constants"]]  # a recipe (a model) built once, here
         return len(staged) - 1
     if op == "block":
         from course.devices import synchronize, threads

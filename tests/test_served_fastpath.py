@@ -69,3 +69,40 @@ def test_the_course_references_refuse_to_answer_under_the_grader(learner, monkey
     with pytest.raises(AssertionError, match="one of the course's references"):
         check(learner(name))
     assert refused
+
+
+# Sizes where the work, not the crossing, decides (one thread, 2 CPU cores): SDPA with a padding mask
+# measured 1.86x naive (1,024 tokens, 4 heads: 16 MiB score matrices, under the allocator's 32 MiB
+# threshold, so naive is timed at its best); the jagged MLP 1.57x padded at half the tokens.
+SDPA_SIZES = dict(batch=1, heads=4, length=1024, dim=64, valid=0.6, causal=False)
+JAGGED_SIZES = dict(batch=8, length=512, dim=256, hidden=1024, valid=0.5)
+QUICK = dict(num_threads=1, rounds=5, min_run_time=0.05, attempts=2)
+
+
+def naive_served(q, k, v, key_padding_mask=None, is_causal=False):
+    from course.fastpath import naive_masked_attention
+    return naive_masked_attention(q, k, v, key_padding_mask, is_causal)
+
+
+def padded_served(x, key_padding_mask, mlp):
+    return mlp(x).masked_fill(key_padding_mask[..., None], 0.0)
+
+
+@pytest.fixture
+def timed_learner():
+    yield from served(dict(sdpa=sdpa, jagged=jagged, naive=naive_served, padded=padded_served))
+
+
+def test_the_fused_and_the_jagged_answers_pass_their_speed_checks(timed_learner):
+    from course.checks.fastpath import check_jagged_speed, check_sdpa_speed
+    report = check_sdpa_speed(timed_learner("sdpa"), bars={"cpu": 1.2, "cuda": 1.2}, **SDPA_SIZES, **QUICK)
+    assert report.names == ["naive", "sdpa"]
+    check_jagged_speed(timed_learner("jagged"), bars={"cpu": 1.2, "cuda": 1.2}, **JAGGED_SIZES, **QUICK)
+
+
+def test_the_baselines_own_code_never_passes_a_speed_check(timed_learner):
+    from course.checks.fastpath import check_jagged_speed, check_sdpa_speed
+    with pytest.raises(AssertionError, match="as fast as naive"):
+        check_sdpa_speed(timed_learner("naive"), bars={"cpu": 1.2, "cuda": 1.2}, **SDPA_SIZES, **QUICK)
+    with pytest.raises(AssertionError, match="as fast as padded"):
+        check_jagged_speed(timed_learner("padded"), bars={"cpu": 1.2, "cuda": 1.2}, **JAGGED_SIZES, **QUICK)

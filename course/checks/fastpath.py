@@ -25,16 +25,17 @@ from torch.overrides import TorchFunctionMode
 from course.checks.common import call, name_mistake, ok, record, served_speedup
 from course.data import generator
 from course.devices import pick_device
-from course.fastpath import (BASE_CONFIG, encoder, encoder_config, fast_path_taken, padded_token_mlp, ragged_batch,
-                             reference_attention, token_mlp, valid_tokens)
+from course.fastpath import (BASE_CONFIG, encoder, encoder_config, fast_path_taken, masked_attention_inputs,
+                             naive_masked_attention, padded_token_mlp, ragged_batch, reference_attention, token_mlp,
+                             valid_tokens)
 from course.numerics import assert_close, describe
 from course.remote import probe, prober
 
 __all__ = ["check_autocast_guard", "check_fast_path_predictions", "check_jagged_mlp", "check_jagged_speed",
-           "check_masked_attention", "check_sdpa_attention"]
+           "check_masked_attention", "check_sdpa_attention", "check_sdpa_speed"]
 
-SERVED = ("check_masked_attention", "check_sdpa_attention", "check_fast_path_predictions", "check_autocast_guard",
-          "check_jagged_mlp", "check_jagged_speed")
+SERVED = ("check_masked_attention", "check_sdpa_attention", "check_sdpa_speed", "check_fast_path_predictions",
+          "check_autocast_guard", "check_jagged_mlp", "check_jagged_speed")
 
 F64 = torch.float64
 TIGHT = dict(rtol=1e-7, atol=1e-9)
@@ -207,6 +208,20 @@ def check_sdpa_attention(sdpa_attention: Callable, *, seed: int = 0, device=None
     n = _check_masks(sdpa_attention, "sdpa_attention", seed, device, hint, attn_masks=False)
     ok(f"sdpa_attention equals the float64 reference on {n} masked batches, calling SDPA once, portably "
        f"(seed {seed})")
+
+
+def check_sdpa_speed(sdpa_attention: Callable, *, bars, batch: int, heads: int, length: int, dim: int,
+                     valid: float = 0.6, causal: bool = True, num_threads: int | None = None, rounds: int = 7,
+                     min_run_time: float = 0.2, attempts: int = 3, device=None):
+    """``sdpa_attention(q, k, v, key_padding_mask, is_causal)`` at least ``bars[device]`` times as fast
+    as the naive masked attention, side by side on fresh padded batches, every output checked."""
+    dev = pick_device(device)
+    return served_speedup(("naive", naive_masked_attention), ("sdpa", sdpa_attention), factory=masked_attention_inputs,
+                          sizes=dict(batch=batch, heads=heads, length=length, dim=dim, valid=valid),
+                          constants=(causal,), bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
+                          min_run_time=min_run_time, attempts=attempts, rtol=1e-3,
+                          hint="one call of F.scaled_dot_product_attention with one boolean mask (True = attend) runs a "
+                               "fused kernel that never builds the (B, H, L, L) score matrix.")
 
 
 # -- 3. when the fast path runs ---------------------------------------------------------------------
