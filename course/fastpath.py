@@ -34,7 +34,7 @@ from course.devices import pick_device
 from course.guard import reference
 from course.remote import factory, recipe
 
-__all__ = ["FAST_OP", "causal_mask", "encoder", "encoder_config", "fast_path_taken", "ops_that_ran",
+__all__ = ["FAST_OP", "causal_mask", "encoder", "encoder_config", "encoder_layer", "fast_path_taken", "ops_that_ran",
            "masked_attention_inputs", "naive_masked_attention", "padded_token_mlp", "ragged_batch", "reference_attention", "token_mlp", "valid_tokens"]
 
 #: The op ``nn.TransformerEncoderLayer`` runs when it takes its fast path (one fused layer).
@@ -147,6 +147,26 @@ def encoder(seed: int = 0, d_model: int = 16, nhead: int = 2, dim_feedforward: i
     finally:
         torch.random.set_rng_state(state)
     return enc.to(device=pick_device(device), dtype=getattr(torch, dtype)).train(training)
+
+
+@recipe
+def encoder_layer(seed: int = 0, d_model: int = 16, nhead: int = 2, dim_feedforward: int = 32,
+                  norm_first: bool = False, dtype: str = "float64", device: str = "cpu") -> nn.TransformerEncoderLayer:
+    """One ``nn.TransformerEncoderLayer`` (batch first, ReLU, no dropout), weights drawn from ``seed``
+    (biases and LayerNorm parameters too: zeros and ones would hide a bias left out), in eval mode."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=0.0, norm_first=norm_first,
+                                           batch_first=True)
+        with torch.no_grad():
+            for name, p in layer.named_parameters():
+                if p.dim() == 1:
+                    p.copy_(torch.randn_like(p) * 0.5 + (1.0 if name.endswith("norm1.weight") or
+                                                         name.endswith("norm2.weight") else 0.0))
+    finally:
+        torch.random.set_rng_state(state)
+    return layer.to(device=pick_device(device), dtype=getattr(torch, dtype)).eval()
 
 
 def ops_that_ran(fn: Callable[[], Any]) -> set[str]:

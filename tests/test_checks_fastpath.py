@@ -256,3 +256,55 @@ def test_jagged_mlp_mistakes_fail(wrong, named):
     with pytest.raises(AssertionError) as exc:
         check_jagged_mlp(wrong, seed=0)
     assert named in str(exc.value), str(exc.value)
+
+
+# -- the modern block -------------------------------------------------------------------------------
+
+def by_hand(layer, x, key_padding_mask, *, mask=True, per_head=False, norm_order=True, out_bias=True):
+    attn = layer.self_attn
+    b, n, d = x.shape
+    h = attn.num_heads
+
+    def block(z):
+        q, k, v = (t.reshape(b, n, h, d // h).transpose(1, 2)
+                   for t in F.linear(z, attn.in_proj_weight, attn.in_proj_bias).chunk(3, -1))
+        m = ~key_padding_mask[:, None, None, :] if mask else None
+        if per_head:
+            o = torch.cat([F.scaled_dot_product_attention(q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], attn_mask=m)
+                           for i in range(h)], 1)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        o = o.transpose(1, 2).reshape(b, n, d)
+        return F.linear(o, attn.out_proj.weight, attn.out_proj.bias if out_bias else None)
+
+    def ff(z):
+        return layer.linear2(F.relu(layer.linear1(z)))
+
+    if layer.norm_first and norm_order:
+        x = x + block(layer.norm1(x))
+        return x + ff(layer.norm2(x))
+    x = layer.norm1(x + block(x))
+    return layer.norm2(x + ff(x))
+
+
+def test_right_encoder_layer_passes():
+    from course.checks.fastpath import check_sdpa_encoder_layer
+    for seed in range(2):
+        check_sdpa_encoder_layer(by_hand, seed=seed)
+
+
+@pytest.mark.parametrize("wrong, named", [
+    (stub, "not written yet"),
+    (lambda layer, x, m: layer(x, src_key_padding_mask=m), "the layer itself"),
+    (lambda layer, x, m: layer.norm2(x + layer.linear2(F.relu(layer.linear1(layer.norm1(
+        x + layer.self_attn(x, x, x, key_padding_mask=m, need_weights=False)[0]))))), "nn.MultiheadAttention"),
+    (lambda layer, x, m: by_hand(layer, x, m, per_head=True), "times"),
+    (lambda layer, x, m: by_hand(layer, x, m, mask=False), "unpadded tokens"),
+    (lambda layer, x, m: by_hand(layer, x, m, norm_order=False), "unpadded tokens"),
+    (lambda layer, x, m: by_hand(layer, x, m, out_bias=False), "unpadded tokens"),
+])
+def test_encoder_layer_mistakes_fail(wrong, named):
+    from course.checks.fastpath import check_sdpa_encoder_layer
+    with pytest.raises(AssertionError) as exc:
+        check_sdpa_encoder_layer(wrong, seed=0)
+    assert named in str(exc.value), str(exc.value)

@@ -9,9 +9,9 @@ import pytest
 
 import course.grader_hooks as hooks
 from course.checks.fastpath import (check_autocast_guard, check_fast_path_predictions, check_jagged_mlp,
-                                    check_masked_attention, check_sdpa_attention)
+                                    check_masked_attention, check_sdpa_attention, check_sdpa_encoder_layer)
 from served_helpers import served
-from test_checks_fastpath import (always_slow, guarded, jagged, masked, packed, predict, sdpa, sdpa_both,
+from test_checks_fastpath import (always_slow, by_hand, guarded, jagged, masked, packed, predict, sdpa, sdpa_both,
                                   sdpa_per_sample, stub)
 
 
@@ -25,12 +25,16 @@ def borrowed_attention(q, k, v, attn_mask=None, key_padding_mask=None, is_causal
     return reference_attention(q, k, v, attn_mask, key_padding_mask, is_causal).to(q.dtype)
 
 
+def layer_itself(layer, x, key_padding_mask):
+    return layer(x, src_key_padding_mask=key_padding_mask)
+
+
 @pytest.fixture
 def learner():
     yield from served(dict(masked=masked, sdpa=sdpa, predict=predict, guarded=guarded, stub=stub,
                            sdpa_both=sdpa_both, sdpa_per_sample=sdpa_per_sample, always_slow=always_slow,
                            borrowed_prediction=borrowed_prediction, borrowed_attention=borrowed_attention, jagged=jagged,
-                           packed=packed))
+                           packed=packed, by_hand=by_hand, layer_itself=layer_itself))
 
 
 def test_right_answers_pass_every_served_check(learner, capsys):
@@ -39,12 +43,13 @@ def test_right_answers_pass_every_served_check(learner, capsys):
     check_fast_path_predictions(learner("predict"), n=3)
     check_autocast_guard(learner("guarded"))
     check_jagged_mlp(learner("jagged"))
+    check_sdpa_encoder_layer(learner("by_hand"))
     out = capsys.readouterr().out
-    assert out.count("ok:") == 5, out
+    assert out.count("ok:") == 6, out
 
 
 @pytest.mark.parametrize("check", [check_masked_attention, check_sdpa_attention, check_fast_path_predictions,
-                                   check_autocast_guard, check_jagged_mlp])
+                                   check_autocast_guard, check_jagged_mlp, check_sdpa_encoder_layer])
 def test_unwritten_answers_fail_with_a_friendly_message_across_the_boundary(learner, check):
     with pytest.raises(AssertionError, match="not written yet"):
         check(learner("stub"))
@@ -54,7 +59,8 @@ def test_unwritten_answers_fail_with_a_friendly_message_across_the_boundary(lear
     (check_sdpa_attention, "sdpa_both", "both an attn_mask and is_causal=True"),
     (check_sdpa_attention, "sdpa_per_sample", "times for one batch"),
     (check_autocast_guard, "always_slow", "no longer takes the fast path"),
-    (check_jagged_mlp, "packed", "the MLP was given")])
+    (check_jagged_mlp, "packed", "the MLP was given"),
+    (check_sdpa_encoder_layer, "layer_itself", "the layer itself")])
 def test_what_only_the_learners_process_sees_is_watched_there(learner, check, name, says):
     with pytest.raises(AssertionError, match=says):
         check(learner(name))

@@ -25,17 +25,17 @@ from torch.overrides import TorchFunctionMode
 from course.checks.common import call, name_mistake, ok, record, served_speedup
 from course.data import generator
 from course.devices import pick_device
-from course.fastpath import (BASE_CONFIG, encoder, encoder_config, fast_path_taken, masked_attention_inputs,
+from course.fastpath import (BASE_CONFIG, encoder, encoder_config, encoder_layer, fast_path_taken, masked_attention_inputs,
                              naive_masked_attention, padded_token_mlp, ragged_batch, reference_attention, token_mlp,
                              valid_tokens)
 from course.numerics import assert_close, describe
 from course.remote import probe, prober
 
 __all__ = ["check_autocast_guard", "check_fast_path_predictions", "check_jagged_mlp", "check_jagged_speed",
-           "check_masked_attention", "check_sdpa_attention", "check_sdpa_speed"]
+           "check_masked_attention", "check_sdpa_attention", "check_sdpa_encoder_layer", "check_sdpa_speed"]
 
 SERVED = ("check_masked_attention", "check_sdpa_attention", "check_sdpa_speed", "check_fast_path_predictions",
-          "check_autocast_guard", "check_jagged_mlp", "check_jagged_speed")
+          "check_autocast_guard", "check_jagged_mlp", "check_jagged_speed", "check_sdpa_encoder_layer")
 
 F64 = torch.float64
 TIGHT = dict(rtol=1e-7, atol=1e-9)
@@ -405,3 +405,64 @@ def check_jagged_speed(jagged_token_mlp: Callable, *, bars, batch: int, length: 
                           hint=f"a jagged batch computes only the real tokens (about {valid:.0%} of the positions): "
                                "build it from x[~key_padding_mask] with nested_tensor_from_jagged, no copies per "
                                "sample, no Python loop over the batch.")
+
+
+# -- 6. the modern block ---------------------------------------------------------------------------------
+
+@prober
+def layer_by_hand(sdpa_encoder_layer: Callable, layer, x, key_padding_mask) -> tuple[torch.Tensor, dict]:
+    """The learner's side: the answer's result, how it called SDPA, and which of the layer's modules it
+    called (``nn.MultiheadAttention`` or the layer itself would be the answer, not its rebuilding)."""
+    called: list[str] = []
+    handles = [m.register_forward_pre_hook(lambda m, a, name=name: called.append(name))
+               for name, m in (("the layer itself", layer), ("layer.self_attn (nn.MultiheadAttention)", layer.self_attn))]
+    try:
+        with _SDPACalls() as calls, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = call(sdpa_encoder_layer, layer, x, key_padding_mask, name="sdpa_encoder_layer")
+    finally:
+        for h in handles:
+            h.remove()
+    return out, {"sdpa": len(calls.calls), "modules": sorted(set(called))}
+
+
+def check_sdpa_encoder_layer(sdpa_encoder_layer: Callable, *, seed: int = 0) -> None:
+    """``sdpa_encoder_layer(layer, x, key_padding_mask)``: what ``layer(x, src_key_padding_mask=...)``
+    computes, for an ``nn.TransformerEncoderLayer`` (batch first, ReLU, no dropout, post-norm or
+    ``norm_first``), rebuilt from its weights with ``F.linear``, one call of SDPA and ``F.layer_norm``:
+    equal on every unpadded token in float64."""
+    hint = ("q, k, v = F.linear(x, in_proj_weight, in_proj_bias).chunk(3, -1), each reshaped to (B, L, heads, d) and "
+            "transposed to (B, heads, L, d); SDPA with attn_mask ~key_padding_mask[:, None, None, :]; back to (B, L, "
+            "D), out_proj; then the residual and norm1, linear1, ReLU, linear2, the residual and norm2 (with "
+            "norm_first, each norm comes before its block instead).")
+    count = 0
+    for norm_first in (False, True):
+        layer = encoder_layer(seed, norm_first=norm_first)
+        x, pad = ragged_batch(seed + 30 + norm_first, batch=3, length=7, dim=16, dtype=F64)
+        label = f"sdpa_encoder_layer({'norm_first' if norm_first else 'post-norm'} layer, x {tuple(x.shape)})"
+        got, seen = probe(sdpa_encoder_layer, layer_by_hand, layer, x.clone(), pad.clone())
+        if not isinstance(seen, dict):
+            raise AssertionError(f"{label} could not be watched (got {describe(seen)}).")
+        if seen.get("modules"):
+            raise AssertionError(f"{label} called {', '.join(map(str, seen['modules']))}; rebuild the layer from its "
+                                 "weights (layer.self_attn.in_proj_weight, ...) with F.linear and one SDPA call.")
+        if seen.get("sdpa") != 1:
+            raise AssertionError(f"{label} called F.scaled_dot_product_attention {seen.get('sdpa')} times; call it "
+                                 "once, on all heads and the whole batch.\n  Hint: " + hint)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = layer(x, src_key_padding_mask=pad)
+        if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+            raise AssertionError(f"{label} should return a tensor shaped like x {tuple(x.shape)}, got {describe(got)}.")
+        assert_close(valid_tokens(got, pad), valid_tokens(want, pad), name=f"{label} on unpadded tokens",
+                     hint=hint, **TIGHT)
+        count += 1
+    with torch.no_grad():
+        layer = encoder_layer(seed + 1)
+        x, pad = ragged_batch(seed + 40, batch=2, length=9, dim=16, dtype=F64)
+        got = call(sdpa_encoder_layer, layer, x, pad, name="sdpa_encoder_layer")
+        want = layer(x, src_key_padding_mask=pad)
+    assert_close(valid_tokens(got, pad), valid_tokens(want, pad), name="sdpa_encoder_layer on another layer",
+                 hint=hint, **TIGHT)
+    ok(f"sdpa_encoder_layer equals nn.TransformerEncoderLayer on every unpadded token, post-norm and norm_first, "
+       f"with one SDPA call (seed {seed})")
