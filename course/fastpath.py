@@ -7,6 +7,9 @@ Two boolean mask conventions meet in this lesson, and they are opposite:
 * ``nn.MultiheadAttention``'s and ``nn.TransformerEncoder``'s ``key_padding_mask``: ``True`` means
   *ignore* (a padded key).
 
+Masked attention itself (a float64 reference and the naive baseline) answers the lesson's first
+exercise, so it is the grader's alone: :mod:`course.references.fastpath`.
+
 Facts the lesson relies on differ between the PyTorch releases the course supports, so the lesson
 measures them where it runs instead of stating one answer (``tests/test_lesson_claims.py`` checks
 every one on each release):
@@ -23,7 +26,6 @@ every one on each release):
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import torch
@@ -35,7 +37,7 @@ from course.guard import reference
 from course.remote import factory, recipe
 
 __all__ = ["FAST_OP", "causal_mask", "encoder", "encoder_config", "encoder_layer", "fast_path_taken", "ops_that_ran",
-           "masked_attention_inputs", "naive_masked_attention", "padded_token_mlp", "ragged_batch", "reference_attention", "token_mlp", "valid_tokens"]
+           "masked_attention_inputs", "padded_token_mlp", "ragged_batch", "token_mlp", "valid_tokens"]
 
 #: The op ``nn.TransformerEncoderLayer`` runs when it takes its fast path (one fused layer).
 FAST_OP = "aten::_transformer_encoder_layer_fwd"
@@ -71,24 +73,6 @@ def causal_mask(length: int, keys: int | None = None, *, device: Any = None) -> 
     return torch.ones(length, length if keys is None else keys, dtype=torch.bool, device=device).tril()
 
 
-@reference
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                        key_padding_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-    """``softmax(q k^T / sqrt(d) + masks) v`` in float64, the whole score matrix materialised.
-    ``attn_mask``: boolean (``True`` = attend) or additive, broadcastable to ``(B, H, Lq, Lk)``;
-    ``key_padding_mask``: ``(B, Lk)``, ``True`` = ignore that key; ``is_causal``: top-left aligned."""
-    q, k, v = (t.double() for t in (q, k, v))
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if attn_mask is not None:
-        scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
-                  else scores + attn_mask.double())
-    if key_padding_mask is not None:
-        scores = scores.masked_fill(key_padding_mask.bool()[:, None, None, :], float("-inf"))
-    if is_causal:
-        scores = scores.masked_fill(~causal_mask(*scores.shape[-2:], device=scores.device), float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
-
-
 @factory
 def masked_attention_inputs(seed: int, *, device: str = "cpu", batch: int = 4, heads: int = 8, length: int = 256,
                             dim: int = 64, valid: float = 0.6) -> tuple[torch.Tensor, ...]:
@@ -99,17 +83,6 @@ def masked_attention_inputs(seed: int, *, device: str = "cpu", batch: int = 4, h
     q, k, v = (torch.randn(batch, heads, length, dim, generator=g, device=dev) for _ in range(3))
     _, pad = ragged_batch(seed, device=device, batch=batch, length=length, dim=1, valid=valid)
     return q, k, v, pad
-
-
-def naive_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor,
-                           is_causal: bool = False) -> torch.Tensor:
-    """The baseline of the speed check: the whole ``(B, H, L, L)`` score matrix, padded keys and (if
-    ``is_causal``) later keys filled with -inf, softmax, times ``v``; in the inputs' dtype."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    hide = key_padding_mask[:, None, None, :]
-    if is_causal:
-        hide = hide | ~causal_mask(*scores.shape[-2:], device=q.device)
-    return torch.softmax(scores.masked_fill(hide, float("-inf")), dim=-1) @ v
 
 
 #: An encoder that takes the fast path (eval mode, no gradients): every field a plain value, so a

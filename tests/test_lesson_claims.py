@@ -519,7 +519,8 @@ def test_lesson_9_what_sdpa_does_with_masks_on_this_release():
     """course.fastpath's docstring: an attn_mask with is_causal=True is combined up to 2.13 and an
     error from 2.14; a query with no visible key gives NaN on 2.4 and zeros from 2.13; the masks'
     conventions are opposite (SDPA True = attend, MultiheadAttention's key_padding_mask True = ignore)."""
-    from course.fastpath import causal_mask, reference_attention
+    from course.fastpath import causal_mask
+    from course.references.fastpath import reference_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(3))

@@ -21,7 +21,7 @@ def borrowed_prediction(c):
 
 
 def borrowed_attention(q, k, v, attn_mask=None, key_padding_mask=None, is_causal=False):
-    from course.fastpath import reference_attention
+    from course.references.fastpath import reference_attention
     return reference_attention(q, k, v, attn_mask, key_padding_mask, is_causal).to(q.dtype)
 
 
@@ -86,7 +86,7 @@ QUICK = dict(num_threads=1, rounds=5, min_run_time=0.05, attempts=2)
 
 
 def naive_served(q, k, v, key_padding_mask=None, is_causal=False):
-    from course.fastpath import naive_masked_attention
+    from course.references.fastpath import naive_masked_attention
     return naive_masked_attention(q, k, v, key_padding_mask, is_causal)
 
 

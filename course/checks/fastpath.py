@@ -26,8 +26,7 @@ from course.checks.common import call, name_mistake, ok, record, served_speedup
 from course.data import generator
 from course.devices import pick_device
 from course.fastpath import (BASE_CONFIG, encoder, encoder_config, encoder_layer, fast_path_taken, masked_attention_inputs,
-                             naive_masked_attention, padded_token_mlp, ragged_batch, reference_attention, token_mlp,
-                             valid_tokens)
+                             padded_token_mlp, ragged_batch, token_mlp, valid_tokens)
 from course.numerics import assert_close, describe
 from course.remote import probe, prober
 
@@ -39,6 +38,14 @@ SERVED = ("check_masked_attention", "check_sdpa_attention", "check_sdpa_speed", 
 
 F64 = torch.float64
 TIGHT = dict(rtol=1e-7, atol=1e-9)
+
+
+def reference_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """:func:`course.references.fastpath.reference_attention`, imported where a check runs (the judge,
+    or the tests): the module answers an exercise, so the learner's process never has it."""
+    from course.references.fastpath import reference_attention as reference
+
+    return reference(*args, **kwargs)
 
 
 # -- 1 and 2. masked attention ---------------------------------------------------------------------
@@ -215,6 +222,8 @@ def check_sdpa_speed(sdpa_attention: Callable, *, bars, batch: int, heads: int, 
                      min_run_time: float = 0.2, attempts: int = 3, device=None):
     """``sdpa_attention(q, k, v, key_padding_mask, is_causal)`` at least ``bars[device]`` times as fast
     as the naive masked attention, side by side on fresh padded batches, every output checked."""
+    from course.references.fastpath import naive_masked_attention
+
     dev = pick_device(device)
     return served_speedup(("naive", naive_masked_attention), ("sdpa", sdpa_attention), factory=masked_attention_inputs,
                           sizes=dict(batch=batch, heads=heads, length=length, dim=dim, valid=valid),
