@@ -26,6 +26,7 @@ every one on each release):
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -107,18 +108,13 @@ def encoder(seed: int = 0, d_model: int = 16, nhead: int = 2, dim_feedforward: i
             device: str = "cpu") -> nn.TransformerEncoder:
     """An ``nn.TransformerEncoder`` of ``layers`` identical-shaped layers, weights drawn from ``seed``,
     in eval mode unless ``training``; ``nested`` is its ``enable_nested_tensor``."""
-    state = torch.random.get_rng_state()  # nn.Linear draws from the global generator: seeded here, then given back
-    torch.manual_seed(seed)
-    try:
+    with torch.random.fork_rng(devices=[]):  # nn.Linear draws from the global generator: seeded here, then given back
+        torch.manual_seed(seed)
         layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=dropout, activation=activation,
                                            norm_first=norm_first, batch_first=batch_first, bias=bias)
-        import warnings
-
         with warnings.catch_warnings():  # "enable_nested_tensor is True, but self.use_nested_tensor is False
             warnings.simplefilter("ignore")  # because ...": the lesson asks why, by experiment
             enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=nested)
-    finally:
-        torch.random.set_rng_state(state)
     return enc.to(device=pick_device(device), dtype=getattr(torch, dtype)).train(training)
 
 
@@ -127,9 +123,8 @@ def encoder_layer(seed: int = 0, d_model: int = 16, nhead: int = 2, dim_feedforw
                   norm_first: bool = False, dtype: str = "float64", device: str = "cpu") -> nn.TransformerEncoderLayer:
     """One ``nn.TransformerEncoderLayer`` (batch first, ReLU, no dropout), weights drawn from ``seed``
     (biases and LayerNorm parameters too: zeros and ones would hide a bias left out), in eval mode."""
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=0.0, norm_first=norm_first,
                                            batch_first=True)
         with torch.no_grad():
@@ -137,8 +132,6 @@ def encoder_layer(seed: int = 0, d_model: int = 16, nhead: int = 2, dim_feedforw
                 if p.dim() == 1:
                     p.copy_(torch.randn_like(p) * 0.5 + (1.0 if name.endswith("norm1.weight") or
                                                          name.endswith("norm2.weight") else 0.0))
-    finally:
-        torch.random.set_rng_state(state)
     return layer.to(device=pick_device(device), dtype=getattr(torch, dtype)).eval()
 
 
@@ -155,8 +148,6 @@ def ops_that_ran(fn: Callable[[], Any]) -> set[str]:
 @reference
 def run_config(config: dict, seed: int = 0) -> tuple[torch.Tensor, bool]:
     """Run the encoder ``config`` describes on a ragged batch: ``(output, whether the fast path ran)``."""
-    import warnings
-
     c = encoder_config(**config)
     enc = encoder(seed, **{k: c[k] for k in ("d_model", "nhead", "dim_feedforward", "layers", "dropout", "activation",
                                              "norm_first", "batch_first", "bias", "dtype", "training", "nested")})
@@ -188,12 +179,9 @@ def fast_path_taken(config: dict, seed: int = 0) -> bool:
 def token_mlp(seed: int = 0, dim: int = 16, hidden: int = 64, device: str = "cpu") -> nn.Sequential:
     """A transformer's feed-forward block, ``Linear(dim, hidden) -> GELU -> Linear(hidden, dim)``,
     weights drawn from ``seed``, in eval mode: it acts on each token alone, so padding is pure waste."""
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
-    finally:
-        torch.random.set_rng_state(state)
     return mlp.to(pick_device(device)).eval()
 
 

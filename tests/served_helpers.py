@@ -54,3 +54,18 @@ def memoised(fn: Callable) -> Callable:
             _MEMO[key] = fn(*args)
         return _MEMO[key]
     return answer
+
+
+def expect_refused(monkeypatch, run: Callable[[], object]) -> None:
+    """``run()`` (a check on an answer that calls a course reference), under the grader: refused with
+    the guard's message, and the refusal reported to the grading parent."""
+    import pytest
+
+    import course.grader_hooks as hooks
+
+    refused = []
+    monkeypatch.setattr(hooks, "learner_prefix", "/nowhere/learner-cells/")
+    monkeypatch.setattr(hooks, "refused", lambda what, where: refused.append(what))
+    with pytest.raises(AssertionError, match="one of the course's references"):
+        run()
+    assert refused

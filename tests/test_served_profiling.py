@@ -15,7 +15,7 @@ from autograder.solution_code import load_solution, solution_source
 from course.checks.profiling import (SERVED, check_attention, check_attention_speed, check_find_races,
                                      check_op_table, check_ops_diff)
 from course.profiling import naive_attention
-from served_helpers import served
+from served_helpers import expect_refused, served
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = "08_profiling_trace_diff"
@@ -96,12 +96,7 @@ def test_unwritten_answers_fail_with_a_friendly_message_across_the_boundary(lear
 @pytest.mark.parametrize("check, name", [(check_op_table, "borrowed_op_table"), (check_ops_diff, "borrowed_ops_diff"),
                                          (check_find_races, "borrowed_races"), (check_find_races, "borrowed_clock")])
 def test_the_course_references_refuse_to_answer_under_the_grader(learner, monkeypatch, check, name):
-    refused = []
-    monkeypatch.setattr(hooks, "learner_prefix", "/nowhere/learner-cells/")
-    monkeypatch.setattr(hooks, "refused", lambda what, where: refused.append(what))
-    with pytest.raises(AssertionError, match="one of the course's references"):
-        check(learner(name))
-    assert refused
+    expect_refused(monkeypatch, lambda: check(learner(name)))
 
 
 def test_outside_an_answer_the_lesson_may_still_show_the_references(monkeypatch):

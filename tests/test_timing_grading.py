@@ -242,6 +242,19 @@ def test_compare_refuses_a_clock_that_does_not_move(monkeypatch):
         compare({"a": lambda: None}, rounds=3, min_run_time=0.05, progress=False)
 
 
+def _expect_outcome(verdict, outcome: str, fail_text: str) -> None:
+    """``verdict()`` passes, fails (an AssertionError with ``fail_text``, not undecided) or is undecided."""
+    if outcome == "pass":
+        verdict()
+    elif outcome == "fail":
+        with pytest.raises(AssertionError, match=fail_text) as exc:
+            verdict()
+        assert not isinstance(exc.value, SpeedUndecided)
+    else:
+        with pytest.raises(SpeedUndecided, match="not a pass"):
+            verdict()
+
+
 @pytest.mark.parametrize("ratio, want_loop, outcome", [
     (0.1, False, "pass"), (0.9, False, "fail"), (0.76, False, "undecided"),
     (1.0, True, "pass"), (0.1, True, "fail"), (0.5, True, "undecided")])
@@ -250,20 +263,11 @@ def test_a_structure_clock_passes_fails_or_cannot_tell(ratio, want_loop, outcome
     answer on a busy machine measured 0.76: between the two the clock leaves the cell undecided
     (never a pass), and it fails only what it clearly shows."""
     from course.checks.common import expect_loop_verdict
-    from course.grading import SpeedUndecided
 
     def verdict():
         expect_loop_verdict(ratio * 10.0, 10.0, want_loop=want_loop, text="f took", fail=": wrong")
 
-    if outcome == "pass":
-        verdict()
-    elif outcome == "fail":
-        with pytest.raises(AssertionError, match="wrong") as exc:
-            verdict()
-        assert not isinstance(exc.value, SpeedUndecided)
-    else:
-        with pytest.raises(SpeedUndecided, match="not a pass"):
-            verdict()
+    _expect_outcome(verdict, outcome, "wrong")
 
 
 @pytest.mark.parametrize("growth, outcome", [(60.0, "pass"), (10.0, "pass"), (7.0, "undecided"), (5.0, "fail"),
@@ -272,20 +276,11 @@ def test_the_row_loops_two_size_clock_passes_fails_or_cannot_tell(growth, outcom
     """jacobian_rows across the boundary, timed at 8 and 1,024 rows: a loop grows at least tenfold, a
     vmap about threefold; a growth between them is undecided (never a pass), whichever side was slowed."""
     from course.checks.jacobians import _expect_loop, _Growth
-    from course.grading import SpeedUndecided
 
     def verdict():
         _expect_loop(_Growth(1e-3, growth * 1e-3, (8, 1024), "time"), "jacobian_rows took", ": flat")
 
-    if outcome == "pass":
-        verdict()
-    elif outcome == "fail":
-        with pytest.raises(AssertionError, match="flat") as exc:
-            verdict()
-        assert not isinstance(exc.value, SpeedUndecided)
-    else:
-        with pytest.raises(SpeedUndecided, match="not a pass"):
-            verdict()
+    _expect_outcome(verdict, outcome, "flat")
     for ops, grows in ((10, True), (1.0, False)):  # op counts in the notebook: two verdicts, never undecided
         g = _Growth(100, 100 * ops, (8, 40), "ops")
         if grows:

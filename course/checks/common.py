@@ -66,22 +66,28 @@ NO_LOOP = 1 / 3
 LOOP_LIKE = 0.8
 
 
-def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str, fail: str) -> None:
-    """The clock's structure verdict on the learner's time ``mine`` beside the course's ``loop``:
-    returns when it shows what the lesson asks (a loop or, ``want_loop=False``, none), raises
-    ``AssertionError(text + fail)`` when it clearly shows the other, and
-    :class:`course.grading.SpeedUndecided` in between."""
+def clock_verdict(shows_asked: bool, shows_other: bool, *, text: str, fail: str, between: str) -> None:
+    """A structure verdict read from the clock: returns when the reading shows what the lesson asks,
+    raises ``AssertionError(text + fail)`` when it clearly shows the other, and
+    :class:`course.grading.SpeedUndecided` in between (``between``: where the reading fell): a busy
+    machine slows either side of a reading, so a reading in the gap is measured again, never passed."""
     from course.grading import SpeedUndecided
 
-    batched, looped = mine <= NO_LOOP * loop, mine >= LOOP_LIKE * loop
-    if (looped if want_loop else batched):
+    if shows_asked:
         return
-    if (batched if want_loop else looped):
+    if shows_other:
         raise AssertionError(text + fail)
-    raise SpeedUndecided(
-        f"Undecided: {text}: {mine / loop:.2f} of the loop, between a batched answer (at most {NO_LOOP:.2f}) "
-        f"and a loop (at least {LOOP_LIKE:.2f}). The machine was probably busy. This is not a pass: run the "
-        "cell again, with other programs closed.")
+    raise SpeedUndecided(f"Undecided: {text}: {between}. The machine was probably busy. This is not a pass: run "
+                         "the cell again, with other programs closed.")
+
+
+def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str, fail: str) -> None:
+    """:func:`clock_verdict` on the learner's time ``mine`` beside the course's ``loop``: a batched
+    answer takes at most :data:`NO_LOOP` of it, a loop at least :data:`LOOP_LIKE`."""
+    batched, looped = mine <= NO_LOOP * loop, mine >= LOOP_LIKE * loop
+    clock_verdict(looped if want_loop else batched, batched if want_loop else looped, text=text, fail=fail,
+                  between=f"{mine / loop:.2f} of the loop, between a batched answer (at most {NO_LOOP:.2f}) and a "
+                          f"loop (at least {LOOP_LIKE:.2f})")
 
 
 def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], loop: Callable, *, attempts: int = 3,

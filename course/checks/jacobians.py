@@ -36,7 +36,7 @@ from typing import Callable, Mapping
 import torch
 from torch.func import jacfwd, jacrev
 
-from course.checks.common import (NO_LOOP, call, clock_against_loop, expect_loop_verdict, name_mistake, ok,
+from course.checks.common import (NO_LOOP, call, clock_against_loop, clock_verdict, expect_loop_verdict, name_mistake, ok,
                                   record, served_speedup)
 from course.data import randn
 from course.devices import pick_device, threads
@@ -143,21 +143,16 @@ LOOP_GROWTH, FLAT_GROWTH = 10.0, 5.0
 
 
 def _expect_loop(g: _Growth, text: str, fail: str) -> None:
-    """A loop, by op counts in the learner's notebook, or by the grader's clock at two sizes: noise
-    slows either reading, so a ratio between a vmap's and a loop's is undecided, not a verdict."""
-    if g.unit == "ops" or g.grows:
+    """A loop, by op counts in the learner's notebook (two verdicts), or by the grader's clock at two
+    sizes (:func:`course.checks.common.clock_verdict`: noise slows either reading)."""
+    if g.unit == "ops":
         if not g.grows:
             raise AssertionError(text + fail)
         return
     ratio = g.large / g.small
-    if ratio <= FLAT_GROWTH:
-        raise AssertionError(text + fail)
-    from course.grading import SpeedUndecided
-
-    raise SpeedUndecided(
-        f"Undecided: {text}: {ratio:.1f} times as long, between the growth of a vmap (at most {FLAT_GROWTH:.0f}x) "
-        f"and of a loop (at least {LOOP_GROWTH:.0f}x). The machine was probably busy. This is not a pass: run "
-        "the cell again, with other programs closed.")
+    clock_verdict(g.grows, ratio <= FLAT_GROWTH, text=text, fail=fail,
+                  between=f"{ratio:.1f} times as long, between the growth of a vmap (at most {FLAT_GROWTH:.0f}x) "
+                          f"and of a loop (at least {LOOP_GROWTH:.0f}x)")
 
 
 def _expect_no_loop(g: _Growth, text: str, fail: str) -> None:
