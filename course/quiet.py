@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import warnings
 
-__all__ = ["load_forward_ad_quietly", "quiet_cuda_home", "quiet_torchscript", "TORCHSCRIPT_NOTE"]
+__all__ = ["load_forward_ad_quietly", "quiet_cuda_home", "quiet_fx_tracing_notice", "quiet_torchscript",
+           "TORCHSCRIPT_NOTE"]
 
 TORCHSCRIPT_NOTE = (
     "Note: TorchScript (torch.jit.script / trace) is deprecated in recent PyTorch releases: it still works, "
@@ -69,6 +70,21 @@ def quiet_cuda_home() -> None:
     logger = logging.getLogger("torch.utils.cpp_extension")
     if not any(isinstance(f, _NoCudaHomeNotice) for f in logger.filters):
         logger.addFilter(_NoCudaHomeNotice())
+
+
+class _FxTracingNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("is_fx_tracing will return true")
+
+
+def quiet_fx_tracing_notice() -> None:
+    """Drop PyTorch's "is_fx_tracing will return true for both fx.symbolic_trace and torch.export"
+    notice (only that record). Torch 2.13 to 2.15 log it, once per process, when their own code asks
+    ``torch.fx._symbolic_trace.is_fx_tracing()``, as a jagged nested tensor's first op does (lesson 9):
+    advice to PyTorch's developers about an internal function no lesson calls. Idempotent."""
+    logger = logging.getLogger("torch.fx._symbolic_trace")
+    if not any(isinstance(f, _FxTracingNotice) for f in logger.filters):
+        logger.addFilter(_FxTracingNotice())
 
 
 def quiet_kineto() -> None:

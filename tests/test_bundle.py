@@ -26,6 +26,7 @@ def test_bundle_has_what_learners_launch_with_and_no_instructor_material(tmp_pat
     for name in ("solutions", "autograder", "tests", "benchmarks", "course/references"):
         assert not (out / name).exists(), name
     assert (out / "course/reference_data/01_layer_norm_cell.pt").exists()  # what the visible checks use instead
+    assert (out / "course/reference_data/09_masked_attention.pt").exists()
     assert leaks(out, ROOT / "solutions") == []
     # the bundled course runs lesson 1's visible checks without the grader's references
     # -S: no site hooks, so a development install's finder cannot bring back this checkout's course
@@ -35,9 +36,20 @@ def test_bundle_has_what_learners_launch_with_and_no_instructor_material(tmp_pat
              f"assert course.__file__.startswith({str(out)!r}), course.__file__\n"
              "assert C._grader_references() is None\n"
              "def wrong(x, h, c, p):\n    return h, c\n"
-             "try:\n    C.check_layer_norm_cell(wrong)\nexcept AssertionError as e:\n    print('caught', str(e)[:40])\n")
+             "try:\n    C.check_layer_norm_cell(wrong)\nexcept AssertionError as e:\n    print('caught', str(e)[:40])\n"
+             # and lesson 9's mask checks, from stored answers: a misreading of the masks is still named
+             "import course.checks.fastpath as C9\n"
+             "assert C9._grader_references() is None\n"
+             "def flipped(q, k, v, attn_mask=None, key_padding_mask=None, is_causal=False):\n"
+             "    s = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5)\n"
+             "    if key_padding_mask is not None:\n"
+             "        s = s.masked_fill(~key_padding_mask[:, None, None, :], float('-inf'))\n"
+             "    return torch.softmax(s, -1) @ v\n"
+             "try:\n    C9.check_masked_attention(flipped)\nexcept AssertionError as e:\n"
+             "    print('caught', 'read as SDPA' in str(e))\n")
     proc = subprocess.run([sys.executable, "-S", "-c", check], cwd=out, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "caught layer_norm_lstm_cell" in proc.stdout, proc.stderr[-2000:]
+    assert "caught True" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_leak_check_finds_a_solution_pasted_into_a_lesson(tmp_path):

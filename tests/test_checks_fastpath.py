@@ -65,6 +65,43 @@ def test_masked_attention_mistakes_fail_and_are_named(wrong, named):
         assert named in str(exc.value), str(exc.value)
 
 
+# -- a learner's copy of the course: no grader references, stored answers ---------------------------
+
+def test_without_the_grader_references_the_visible_checks_use_stored_answers(monkeypatch, capsys):
+    """A learner's copy has no course.references: the visible calls (seed 0) compare with the stored
+    float64 answers, still name a misreading of the masks, and refuse other seeds honestly."""
+    import course.checks.fastpath as C
+
+    monkeypatch.setattr(C, "_grader_references", lambda: None)
+    monkeypatch.setattr(C, "reference_attention", stub)  # the grader's reference is not there to call
+    C.check_masked_attention(masked)
+    C.check_sdpa_attention(sdpa)
+    assert capsys.readouterr().out.count("ok: ") == 2
+    with pytest.raises(AssertionError, match="read as SDPA's convention"):
+        C.check_masked_attention(with_(flip_pad=True))
+    with pytest.raises(AssertionError, match="causal mask was flipped"):
+        C.check_masked_attention(with_(causal_up=True))
+    with pytest.raises(AssertionError, match="read as SDPA's convention"):
+        C.check_sdpa_attention(sdpa_unflipped)
+    with pytest.raises(AssertionError, match="reference data for seed 0 only"):
+        C.check_masked_attention(masked, seed=2)
+
+
+def test_without_the_grader_references_the_speed_baseline_is_the_learners_own(monkeypatch):
+    import course.checks.fastpath as C
+
+    seen = []
+    monkeypatch.setattr(C, "_grader_references", lambda: None)
+    monkeypatch.setattr(C, "served_speedup", lambda baseline, candidate, **kw: seen.append(
+        baseline[1](*C.masked_attention_inputs(0, batch=1, heads=1, length=8, dim=4), True)))
+    with pytest.raises(AssertionError, match="needs your masked_attention"):
+        C.check_sdpa_speed(sdpa, bars={"cpu": 1.0}, batch=1, heads=1, length=8, dim=4)
+    calls = []
+    C.check_sdpa_speed(sdpa, lambda *a, **m: calls.append(sorted(m)) or masked(*a, **m), bars={"cpu": 1.0}, batch=1,
+                       heads=1, length=8, dim=4)
+    assert calls == [["is_causal", "key_padding_mask"]] and seen[0].shape == (1, 1, 8, 4)
+
+
 # -- SDPA, portably ---------------------------------------------------------------------------------
 
 def sdpa(q, k, v, key_padding_mask=None, is_causal=False):

@@ -385,11 +385,19 @@ def test_compiled_is_asked_of_the_learners_process(served_speed):
 def test_reference_data_is_what_the_grader_reference_gives():
     from course.references.__main__ import FILES, DATA
 
+    def same(a, b):
+        if isinstance(a, torch.Tensor):
+            return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan())
+                    and torch.equal(a.nan_to_num(), b.nan_to_num()))  # a query with no keys left: NaN
+        if isinstance(a, dict):
+            return isinstance(b, dict) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)):
+            return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+        return a == b
+
     for name, make in FILES.items():
         stored, now = torch.load(DATA / name, weights_only=True), make()
-        assert stored["sizes"] == now["sizes"]
-        for a, b in zip(stored["out"] + stored["grads"], now["out"] + now["grads"]):
-            assert torch.equal(a, b), f"{name} is stale: run python -m course.references"
+        assert same(stored, now), f"{name} is stale: run python -m course.references"
 
 
 def _right_layer_norm_cell(x, h, c, p):

@@ -40,12 +40,52 @@ F64 = torch.float64
 TIGHT = dict(rtol=1e-7, atol=1e-9)
 
 
+def _grader_references():
+    """:mod:`course.references.fastpath`, where it exists: with the grader (the judge) and in the
+    tests, never in a learner's copy of the course or in the learner's process under the grader."""
+    try:
+        from course.references import fastpath
+    except ImportError:
+        return None
+    return fastpath
+
+
 def reference_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
     """:func:`course.references.fastpath.reference_attention`, imported where a check runs (the judge,
     or the tests): the module answers an exercise, so the learner's process never has it."""
     from course.references.fastpath import reference_attention as reference
 
     return reference(*args, **kwargs)
+
+
+#: What the visible checks compare with in a learner's copy (``python -m course.references`` writes it).
+DATA_FILE = "09_masked_attention.pt"
+
+
+def reference_data(seed: int = 0) -> dict:
+    """The float64 answers (and the known misreadings' results) of the mask checks' cases on
+    ``seed``, computed by the grader's reference: ``{"seed", "cases": {label: answer},
+    "variants": {label: {mistake: result}}, "float32": answer}``."""
+    from course.references.fastpath import reference_attention as reference
+
+    cpu = torch.device("cpu")
+    cases, variants = {}, {}
+    for label, (q, k, v), masks in _cases(seed, cpu):
+        cases[label] = reference(q, k, v, **masks)
+        variants[label] = _mask_variants(q, k, v, masks)
+    q, k, v, pad = _float32_case(seed, cpu)
+    return {"seed": seed, "cases": cases, "variants": variants,
+            "float32": reference(q, k, v, key_padding_mask=pad, is_causal=True)}
+
+
+def _stored(seed: int) -> dict:
+    from pathlib import Path
+
+    data = torch.load(Path(__file__).resolve().parents[1] / "reference_data" / DATA_FILE, weights_only=True)
+    if data["seed"] != seed:
+        raise AssertionError(f"This check has reference data for seed {data['seed']} only (the lesson's own call); "
+                             f"the grader checks other seeds (seed {seed} asked for here).")
+    return data
 
 
 # -- 1 and 2. masked attention ---------------------------------------------------------------------
@@ -112,11 +152,21 @@ def _and(mask: torch.Tensor | None, other: torch.Tensor) -> torch.Tensor:
     return other if mask is None else mask & other
 
 
+def _float32_case(seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    q, k, v = (torch.randn(2, 2, 9, 8, generator=generator(seed + 1)).to(device) for _ in range(3))
+    _, pad = ragged_batch(seed + 2, batch=2, length=9, dim=1)
+    pad[:, 0] = False
+    return q, k, v, pad.to(device)
+
+
 def _check_masks(fn: Callable, name: str, seed: int, device, hint: str, attn_masks: bool = True) -> int:
+    """Compare ``fn`` with the grader's float64 reference on every case, naming a known misreading
+    of the masks; in a learner's copy (no grader references), with the stored answers for seed 0."""
     dev = pick_device(device)
+    stored = None if _grader_references() is not None else _stored(seed)
     cases = _cases(seed, dev, attn_masks)
     for label, (q, k, v), masks in cases:
-        want = reference_attention(q, k, v, **masks)
+        want = reference_attention(q, k, v, **masks) if stored is None else stored["cases"][label].to(dev)
         ins = [t.clone() for t in (q, k, v)]
         got = call(fn, *ins, **masks, name=name)
         title = f"{name}({label})"
@@ -124,16 +174,17 @@ def _check_masks(fn: Callable, name: str, seed: int, device, hint: str, attn_mas
             raise AssertionError(f"{title} should be a tensor of shape {tuple(want.shape)} (like q), "
                                  f"got {describe(got)}.")
         if not _same_but_nan(got, want):
-            name_mistake(title, got, want, _mask_variants(q, k, v, masks), same=_same_but_nan)
+            variants = (_mask_variants(q, k, v, masks) if stored is None
+                        else {m: t.to(dev) for m, t in stored["variants"][label].items()})
+            name_mistake(title, got, want, variants, same=_same_but_nan)
         assert_close(got, want, name=title, hint=hint, **TIGHT)
-    q, k, v = (torch.randn(2, 2, 9, 8, generator=generator(seed + 1)).to(dev) for _ in range(3))
-    _, pad = ragged_batch(seed + 2, batch=2, length=9, dim=1)
-    pad[:, 0] = False
-    got = call(fn, q, k, v, key_padding_mask=pad.to(dev), is_causal=True, name=name)
+    q, k, v, pad = _float32_case(seed, dev)
+    got = call(fn, q, k, v, key_padding_mask=pad, is_causal=True, name=name)
     if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
         raise AssertionError(f"{name} on float32 inputs returned {got.dtype}; keep the inputs' dtype.")
-    assert_close(got, reference_attention(q, k, v, key_padding_mask=pad.to(dev), is_causal=True),
-                 name=f"{name} in float32", rtol=1e-4, atol=1e-5, check_dtype=False, hint=hint)
+    want = (reference_attention(q, k, v, key_padding_mask=pad, is_causal=True) if stored is None
+            else stored["float32"].to(dev))
+    assert_close(got, want, name=f"{name} in float32", rtol=1e-4, atol=1e-5, check_dtype=False, hint=hint)
     return len(cases) + 1
 
 
@@ -215,15 +266,26 @@ def check_sdpa_attention(sdpa_attention: Callable, *, seed: int = 0, device=None
        f"(seed {seed})")
 
 
-def check_sdpa_speed(sdpa_attention: Callable, *, bars, batch: int, heads: int, length: int, dim: int,
-                     valid: float = 0.6, causal: bool = True, num_threads: int | None = None, rounds: int = 7,
-                     min_run_time: float = 0.2, attempts: int = 3, device=None):
+def check_sdpa_speed(sdpa_attention: Callable, masked_attention: Callable | None = None, *, bars, batch: int,
+                     heads: int, length: int, dim: int, valid: float = 0.6, causal: bool = True,
+                     num_threads: int | None = None, rounds: int = 7, min_run_time: float = 0.2, attempts: int = 3,
+                     device=None):
     """``sdpa_attention(q, k, v, key_padding_mask, is_causal)`` at least ``bars[device]`` times as fast
-    as the naive masked attention, side by side on fresh padded batches, every output checked."""
-    from course.references.fastpath import naive_masked_attention
+    as the naive masked attention, side by side on fresh padded batches, every output checked. The
+    baseline is the grader's own naive attention, never the learner's; in a learner's copy of the
+    course (no grader references) it is the learner's ``masked_attention``, as in lesson 1."""
+    refs = _grader_references()
+    if refs is not None:
+        baseline = refs.naive_masked_attention
+    elif masked_attention is None:
+        raise AssertionError("check_sdpa_speed needs your masked_attention as the baseline here (the grader "
+                             "uses its own): check_sdpa_speed(sdpa_attention, masked_attention, ...).")
+    else:
+        def baseline(q, k, v, key_padding_mask, is_causal):
+            return masked_attention(q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal)
 
     dev = pick_device(device)
-    return served_speedup(("naive", naive_masked_attention), ("sdpa", sdpa_attention), factory=masked_attention_inputs,
+    return served_speedup(("naive", baseline), ("sdpa", sdpa_attention), factory=masked_attention_inputs,
                           sizes=dict(batch=batch, heads=heads, length=length, dim=dim, valid=valid),
                           constants=(causal,), bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
                           min_run_time=min_run_time, attempts=attempts, rtol=1e-3,

@@ -22,7 +22,15 @@ def layer_norm_cell_data() -> dict:
     return {"sizes": sizes, "out": [t.detach() for t in out], "grads": [g.detach() for g in grads]}
 
 
-FILES = {"01_layer_norm_cell.pt": layer_norm_cell_data}
+def masked_attention_data() -> dict:
+    """Lesson 9, exercises 1 and 2 at the visible checks' seed: the float64 answers of every case,
+    and what each known misreading of the masks gives (so a learner's copy names the mistake too)."""
+    from course.checks.fastpath import reference_data
+
+    return reference_data(0)
+
+
+FILES = {"01_layer_norm_cell.pt": layer_norm_cell_data, "09_masked_attention.pt": masked_attention_data}
 
 
 def main() -> None:
