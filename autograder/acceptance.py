@@ -64,6 +64,8 @@ PLANTED = {
                                               {"test_segment_sum", "test_segment_speed"}),
     "08_profiling_trace_diff": ("            merge(clock(ev[1]), recorded.get(ev[2], {}))",
                                 "            pass  # (the wait is ignored)", {"test_find_races"}),
+    "09_attention_fast_paths": ("        hidden = hidden | key_padding_mask[:, None, None, :]",
+                                "        hidden = hidden | key_padding_mask[:, None, :, None]", {"test_masked_attention"}),
 }
 
 #: The benchmark of each lesson (benchmarks/<script>), run at the device's size.
@@ -76,6 +78,7 @@ BENCHMARKS = {
     "06_vmap_ensembles": "vmap.py",
     "07_broadcasting_indexing_higher_order": "broadcasting.py",
     "08_profiling_trace_diff": "profiling.py",
+    "09_attention_fast_paths": "fastpath.py",
 }
 
 SUBMISSIONS = ("perfect", "untouched", "planted")

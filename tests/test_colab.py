@@ -73,6 +73,7 @@ def colab(tmp_path_factory):
     solved = write_solved(base / "work", "01_custom_rnns")
     write_solved(base / "work", "07_broadcasting_indexing_higher_order")
     write_solved(base / "work", "08_profiling_trace_diff")
+    write_solved(base / "work", "09_attention_fast_paths")
     (base / "runner.py").write_text(RUNNER)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
     env.update(COURSE_PIP_SOURCE=str(package_copy(base / "package")), MPLBACKEND="Agg",
@@ -142,6 +143,7 @@ def test_lesson_1_runs_to_the_end_with_every_exercise_passing(colab):
     ("07_broadcasting_indexing_higher_order", None),
     # without Holistic Trace Analysis (not a dependency of the package): its one cell says so, the lesson goes on
     ("08_profiling_trace_diff", "HTA is not installed here"),
+    ("09_attention_fast_paths", None),
 ])
 def test_a_later_lesson_runs_to_the_end_with_every_exercise_passing(colab, lesson_id, also):
     solved = colab["solved"].parent.parent / lesson_id / f"{lesson_id}.ipynb"

@@ -576,3 +576,100 @@ def test_lesson_9_when_the_encoders_fast_path_runs_and_its_autocast_bug():
             enc(x, src_key_padding_mask=pad)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # gradients on: the slow path honours autocast
         assert enc(x, src_key_padding_mask=pad).dtype == torch.float32
+
+
+L9 = "09_attention_fast_paths"
+
+
+def test_lesson_9_which_sdpa_kernel_runs_on_a_cpu():
+    """Lesson 9: on a CPU SDPA runs its flash kernel with no mask and with a boolean mask alike,
+    MATH when restricted to it, and attention on a jagged nested tensor goes to MATH (every release
+    from 2.4 to 2.15), while giving the same result as padded SDPA on the real tokens."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from course.fastpath import masked_attention_inputs, ops_that_ran, ragged_batch
+
+    flash, math_ = "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"
+    q, k, v, pad = masked_attention_inputs(0, batch=2, heads=2, length=64, dim=16)
+    keys = ~pad[:, None, None, :]
+    assert flash in ops_that_ran(lambda: F.scaled_dot_product_attention(q, k, v))
+    assert flash in ops_that_ran(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keys))
+    with sdpa_kernel(SDPBackend.MATH):
+        ran = ops_that_ran(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keys))
+    assert math_ in ran and flash not in ran
+    x, pad = ragged_batch(1, batch=3, length=12, dim=16, valid=0.5)
+    real = ~pad
+    offsets = torch.cat([real.new_zeros(1, dtype=torch.long), real.sum(1).cumsum(0)])
+    jq = torch.nested.nested_tensor_from_jagged(x[real].reshape(-1, 2, 8), offsets).transpose(1, 2)
+    pq = x.reshape(3, 12, 2, 8).transpose(1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ran = ops_that_ran(lambda: F.scaled_dot_product_attention(jq, jq, jq))
+        out = F.scaled_dot_product_attention(jq, jq, jq).transpose(1, 2).values()
+    assert math_ in ran and flash not in ran
+    want = F.scaled_dot_product_attention(pq, pq, pq, attn_mask=~pad[:, None, None, :]).transpose(1, 2)[real]
+    assert torch.allclose(out, want, atol=1e-5)
+    text = prose(L9)
+    assert "every release from 2.4 to 2.15 sends it to the `MATH` backend" in text
+    assert "`aten::_scaled_dot_product_flash_attention_for_cpu`, with a boolean mask too" in text
+
+
+def test_lesson_9_jagged_to_padded_and_the_fast_path_switch():
+    """Lesson 9: the jagged layout's to_padded_tensor is missing on 2.4 and from 2.5 pads to the total length;
+    torch.backends.mha.set_fastpath_enabled(False) keeps the encoder off its fast path; the fused
+    attention allocates under a quarter of the naive one (3% at the lesson's CPU sizes)."""
+    from course.fastpath import FAST_OP, encoder, masked_attention_inputs, ops_that_ran, ragged_batch
+    from course.references.fastpath import naive_masked_attention
+
+    nt = torch.nested.nested_tensor_from_jagged(torch.randn(5, 3), torch.tensor([0, 2, 5]))
+    if TORCH < (2, 5):
+        with pytest.raises(NotImplementedError):
+            nt.to_padded_tensor(0.0)
+    else:  # padded to the total of the lengths (5), not the longest (3), unless output_size is given
+        assert nt.to_padded_tensor(0.0).shape == (2, 5, 3)
+        assert nt.to_padded_tensor(0.0, output_size=(2, 3, 3)).shape == (2, 3, 3)
+    text = prose(L9)
+    assert "`nt.to_padded_tensor(0.0)` exists from torch 2.5 on, but not for the jagged layout on 2.4" in text
+    assert "sequences of 2 and 3 tokens come back as `(2, 5, D)`" in text
+    enc = encoder(0)
+    x, pad = ragged_batch(1, batch=2, length=5, dim=16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert FAST_OP in ops_that_ran(lambda: enc(x, src_key_padding_mask=pad))
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            assert FAST_OP not in ops_that_ran(lambda: enc(x, src_key_padding_mask=pad))
+        finally:
+            torch.backends.mha.set_fastpath_enabled(True)
+    from torch.profiler import ProfilerActivity, profile
+
+    def allocated(fn):
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
+            fn()
+        return sum(max(e.self_cpu_memory_usage, 0) for e in p.key_averages())
+
+    q, k, v, pad = masked_attention_inputs(2, batch=1, heads=4, length=1024, dim=64)
+    naive = allocated(lambda: naive_masked_attention(q, k, v, pad))
+    fused = allocated(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :]))
+    assert naive > 3 * 16 * 2**20 and fused < naive / 4, (naive, fused)
+
+
+def test_lesson_9_keeps_torchs_fx_tracing_notice_out_of_a_jagged_lesson():
+    """torch 2.13-2.15 log "is_fx_tracing will return true ..." at a jagged tensor's first op; the course
+    drops that record (only it) from the logger, so lesson 9's outputs stay clean."""
+    import logging
+    import subprocess
+    import sys
+
+    import course  # noqa: F401  (installs the filter)
+
+    logger = logging.getLogger("torch.fx._symbolic_trace")
+    record = logging.LogRecord(logger.name, logging.WARNING, __file__, 1,
+                               "is_fx_tracing will return true for both fx.symbolic_trace and torch.export.", None, None)
+    other = logging.LogRecord(logger.name, logging.WARNING, __file__, 1, "something else", None, None)
+    assert not all(f.filter(record) for f in logger.filters) and all(f.filter(other) for f in logger.filters)
+    code = ("import course, torch\n"
+            "nt = torch.nested.nested_tensor_from_jagged(torch.randn(10, 8), torch.tensor([0, 3, 10]))\n"
+            "torch.nn.Linear(8, 4)(nt)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "is_fx_tracing" not in proc.stderr, proc.stderr[-2000:]

@@ -208,6 +208,9 @@ BORROWED = {
     # lesson 8's references serve its own cells as demonstrations, but never as an answer
     "08_profiling_trace_diff": ("find_races", "from course.streams import sanitizer_races as find_races\n",
                                 "test_find_races"),
+    # lesson 9's truth about the fast path is measured by a course helper, which is not an answer
+    "09_attention_fast_paths": ("predict_fast_path", "from course.fastpath import fast_path_taken as predict_fast_path\n",
+                                "test_fast_path_predictions"),
 }
 
 
