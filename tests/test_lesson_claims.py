@@ -597,6 +597,9 @@ def test_lesson_9_which_sdpa_kernel_runs_on_a_cpu():
     with sdpa_kernel(SDPBackend.MATH):
         ran = ops_that_ran(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keys))
     assert math_ in ran and flash not in ran
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # the CPU's flash kernel is the FLASH_ATTENTION backend
+        assert flash in ops_that_ran(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keys))
+    assert ("OVERRIDEABLE" in SDPBackend.__members__) == (TORCH >= (2, 13)) or (2, 4) < TORCH < (2, 13)
     x, pad = ragged_batch(1, batch=3, length=12, dim=16, valid=0.5)
     real = ~pad
     offsets = torch.cat([real.new_zeros(1, dtype=torch.long), real.sum(1).cumsum(0)])
@@ -612,6 +615,8 @@ def test_lesson_9_which_sdpa_kernel_runs_on_a_cpu():
     text = prose(L9)
     assert "every release from 2.4 to 2.15 sends it to the `MATH` backend" in text
     assert "`aten::_scaled_dot_product_flash_attention_for_cpu`, with a boolean mask too" in text
+    assert "the CPU's flash-style kernel counts as `FLASH_ATTENTION`" in text
+    assert "in recent releases (2.13 has it, 2.4 does not) `OVERRIDEABLE`" in text
 
 
 def test_lesson_9_jagged_to_padded_and_the_fast_path_switch():

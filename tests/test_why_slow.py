@@ -69,3 +69,15 @@ def test_lesson_6_names_the_ensemble_loop():
 
     _fails_with_an_explanation(lambda: l6.check_ensemble_speed(
         looped, bars=BARS, n=4, batch=8, features=8, hidden=16, num_threads=1, **FAST))
+
+
+def test_lesson_9_names_the_score_matrix_and_the_padding():
+    from course.checks import fastpath as l9
+    from course.references.fastpath import naive_masked_attention
+
+    text = _fails_with_an_explanation(lambda: l9.check_sdpa_speed(
+        naive_masked_attention, bars=BARS, batch=1, heads=2, length=64, dim=16, causal=False, num_threads=1, **FAST))
+    assert "scaled_dot_product" in text, text  # the fused kernel did not run
+    text = _fails_with_an_explanation(lambda: l9.check_jagged_speed(
+        lambda x, pad, mlp: l9.padded_token_mlp(x, pad, mlp), bars=BARS, batch=2, length=16, dim=8, hidden=16,
+        valid=0.4, num_threads=1, **FAST))

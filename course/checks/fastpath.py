@@ -289,6 +289,7 @@ def check_sdpa_speed(sdpa_attention: Callable, masked_attention: Callable | None
                           sizes=dict(batch=batch, heads=heads, length=length, dim=dim, valid=valid),
                           constants=(causal,), bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
                           min_run_time=min_run_time, attempts=attempts, rtol=1e-3,
+                          explain="course.references.explain.sdpa_attention",
                           hint="one call of F.scaled_dot_product_attention with one boolean mask (True = attend) runs a "
                                "fused kernel that never builds the (B, H, L, L) score matrix.")
 
@@ -470,7 +471,7 @@ def check_jagged_speed(jagged_token_mlp: Callable, *, bars, batch: int, length: 
     return served_speedup(("padded", padded_token_mlp), ("jagged", jagged_token_mlp), factory=ragged_batch,
                           sizes=dict(batch=batch, length=length, dim=dim, valid=valid), constants=(mlp,), bars=bars,
                           num_threads=num_threads, device=dev, rounds=rounds, min_run_time=min_run_time,
-                          attempts=attempts, rtol=1e-4,
+                          attempts=attempts, rtol=1e-4, explain="course.references.explain.jagged_token_mlp",
                           hint=f"a jagged batch computes only the real tokens (about {valid:.0%} of the positions): "
                                "build it from x[~key_padding_mask] with nested_tensor_from_jagged, no copies per "
                                "sample, no Python loop over the batch.")

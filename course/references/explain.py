@@ -1,6 +1,6 @@
 """The course's fast solutions that failed speed checks are compared with (the profile of one call
 of each, against the learner's: :mod:`course.checks.why_slow`). They answer exercises of lessons 4
-to 8, so they are the grader's alone (see :mod:`course.references`); a check names them by string
+to 9, so they are the grader's alone (see :mod:`course.references`); a check names them by string
 (``"course.references.explain.segment_sum"``), and where this folder is absent (the learners'
 bundle) a failed check simply gives no profile."""
 
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, jacfwd, jacrev, vmap
 
-__all__ = ["attention", "gradient_penalty", "jacobian_fwd", "jacobian_vmap", "per_sample_grads", "predict_each",
-           "sq_dists_identity", "segment_sum"]
+__all__ = ["attention", "gradient_penalty", "jacobian_fwd", "jacobian_vmap", "jagged_token_mlp", "per_sample_grads",
+           "predict_each", "sdpa_attention", "sq_dists_identity", "segment_sum"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
@@ -52,3 +52,22 @@ def per_sample_grads(model, x, y):
         return F.cross_entropy(functional_call(model, (p, buffers), (xi[None],)), yi[None])
 
     return vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
+                   is_causal: bool = False) -> torch.Tensor:
+    if key_padding_mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    attend = ~key_padding_mask[:, None, None, :]
+    if is_causal:
+        attend = attend & torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attend)
+
+
+def jagged_token_mlp(x: torch.Tensor, key_padding_mask: torch.Tensor, mlp) -> torch.Tensor:
+    keep = ~key_padding_mask
+    offsets = torch.cat([keep.new_zeros(1, dtype=torch.long), keep.sum(1).cumsum(0)])
+    y = mlp(torch.nested.nested_tensor_from_jagged(x[keep], offsets)).values()
+    out = x.new_zeros(*x.shape[:-1], y.shape[-1])
+    out[keep] = y
+    return out
