@@ -1,5 +1,5 @@
 """Lesson 2's shared pieces: look at an FX graph, show a node profile, pin the thread count, and
-read the code Inductor generated.
+read the code Inductor generated, and put the profiler's view beside the interpreter's.
 
 None of these is an exercise: they print and plot what the learner's code produces, so the
 notebook stays short. ``torch.fx.Graph.print_tabular`` needs the ``tabulate`` package, which the
@@ -18,8 +18,8 @@ from torch import fx
 
 from course.devices import threads  # noqa: F401  (re-exported as course.fx.threads)
 
-__all__ = ["InductorCode", "capture_inductor_code", "plot_profile", "print_profile", "show_graph",
-           "threads"]
+__all__ = ["ATEN_OP_TYPES", "InductorCode", "capture_inductor_code", "plot_profile", "print_profile", "profiler_shares",
+           "show_graph", "threads"]
 
 
 def _short(value: Any, width: int = 34) -> str:
@@ -86,6 +86,36 @@ def plot_profile(rows: Sequence[Sequence[Any]], ax=None, title: str | None = Non
     ax.set_title(title or "Where the time goes, by op type")
     ax.margins(x=0.15)
     return ax
+
+
+#: The top-level ATen op of each module type or function in the lesson's models (what
+#: ``torch.profiler`` sees), named as :func:`op_type` names the nodes, in lower case (a ``ReLU``
+#: module and ``torch.relu`` both run ``aten::relu``).
+ATEN_OP_TYPES = {"aten::conv2d": "conv2d", "aten::batch_norm": "batchnorm2d", "aten::relu": "relu",
+                 "aten::relu_": "relu", "aten::add": "add", "aten::add_": "add", "aten::mean": "mean",
+                 "aten::linear": "linear", "aten::max_pool2d": "maxpool2d", "aten::flatten": "flatten",
+                 "aten::adaptive_avg_pool2d": "adaptive_avg_pool2d", "aten::sigmoid": "sigmoid", "aten::mul": "mul"}
+
+
+def profiler_shares(model: Callable, *args: Any, runs: int = 10) -> tuple[dict[str, float], float]:
+    """``torch.profiler``'s view of ``model(*args)`` over ``runs`` calls: ``({op type in lower case:
+    share of the time of the top-level ops}, seconds per call of those ops)``. Top-level only (an op's children,
+    such as the ``aten::mkldnn_convolution`` inside ``aten::conv2d``, are inside its time), named by
+    :data:`ATEN_OP_TYPES`, anything else as ``"other"``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from course.quiet import quiet_kineto
+
+    quiet_kineto()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(runs):
+            model(*args)
+    totals: dict[str, float] = defaultdict(float)
+    for e in prof.events():
+        if e.cpu_parent is None and e.name.startswith("aten::"):
+            totals[ATEN_OP_TYPES.get(e.name, "other")] += e.cpu_time_total
+    whole = sum(totals.values()) or 1.0
+    return {k: v / whole for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}, whole / runs / 1e6
 
 
 class InductorCode(NamedTuple):

@@ -678,3 +678,53 @@ def test_lesson_9_keeps_torchs_fx_tracing_notice_out_of_a_jagged_lesson():
             "torch.nn.Linear(8, 4)(nt)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "is_fx_tracing" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_lesson_3_channels_last_3d_and_inductors_own_layout_choice():
+    """Lesson 3: 5-D tensors have channels_last_3d (NDHWC; Conv3d keeps it; channels_last refuses a
+    5-D tensor); Inductor's layout optimisation is on by default and, on a CPU with oneDNN, always
+    picks channels-last for a graph with convolutions (its rule, read from the installed torch)."""
+    import inspect
+
+    import torch._inductor.config as inductor_config
+    from torch._inductor.graph import GraphLowering
+
+    clip = torch.randn(2, 3, 4, 5, 6).to(memory_format=torch.channels_last_3d)
+    assert clip.stride() == (360, 1, 90, 18, 3)
+    conv = torch.nn.Conv3d(3, 8, 3, padding=1).to(memory_format=torch.channels_last_3d)
+    assert conv(clip).is_contiguous(memory_format=torch.channels_last_3d)
+    with pytest.raises(RuntimeError):
+        torch.randn(2, 3, 4, 5, 6).to(memory_format=torch.channels_last)
+    assert inductor_config.layout_optimization is True
+    rule = inspect.getsource(GraphLowering.decide_layout_opt)
+    assert "mkldnn" in rule and "always use channels_last" in rule
+    text = prose("03_channels_last")
+    assert "on a CPU with oneDNN it always does" in text and "`torch.channels_last_3d`: NDHWC" in text
+
+
+def test_lesson_2_profiler_names_each_node_type_by_one_top_level_op():
+    """Lesson 2's comparison with torch.profiler: every module type and function of the lesson's model
+    runs one top-level ATen op that course.fx.ATEN_OP_TYPES names as op_type names the node (lower
+    case), so the two columns line up; nodes that run no op (Identity, the input, the output) get no
+    profiler time. Shares add to 1."""
+    from torch import fx
+
+    from course.fx import ATEN_OP_TYPES, profiler_shares
+    from course.models import small_resnet
+
+    model = small_resnet(seed=0, width=4, blocks=(1, 1, 1), tap=True).eval()
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        shares, per_call = profiler_shares(fx.symbolic_trace(model), x, runs=2)
+    assert "other" not in shares, shares
+    assert abs(sum(shares.values()) - 1) < 1e-9 and per_call > 0
+    gm = fx.symbolic_trace(model)
+    names = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            names.add(type(gm.get_submodule(n.target)).__name__.lower())
+        elif n.op in ("call_function", "call_method"):
+            names.add(getattr(n.target, "__name__", str(n.target)).lower())
+    assert set(shares) <= names and names - set(shares) <= {"identity"}, (names, shares)
+    assert set(ATEN_OP_TYPES.values()) >= set(shares)
+    assert "it even gives time to nodes that run no op at all" in prose("02_fx_transforms")
