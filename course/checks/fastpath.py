@@ -285,6 +285,10 @@ def check_sdpa_speed(sdpa_attention: Callable, masked_attention: Callable | None
             return masked_attention(q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal)
 
     dev = pick_device(device)
+    small = masked_attention_inputs(0, device=str(dev), batch=1, heads=1, length=8, dim=4)
+    call(sdpa_attention, *small, causal, name="sdpa_attention")  # a stub or a crash, named before any timing
+    if refs is None:
+        call(masked_attention, *small[:3], key_padding_mask=small[3], is_causal=causal, name="masked_attention")
     return served_speedup(("naive", baseline), ("sdpa", sdpa_attention), factory=masked_attention_inputs,
                           sizes=dict(batch=batch, heads=heads, length=length, dim=dim, valid=valid),
                           constants=(causal,), bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
@@ -468,6 +472,8 @@ def check_jagged_speed(jagged_token_mlp: Callable, *, bars, batch: int, length: 
     checked."""
     dev = pick_device(device)
     mlp = token_mlp(7, dim=dim, hidden=hidden, device=str(dev))
+    call(jagged_token_mlp, *ragged_batch(0, device=str(dev), batch=2, length=6, dim=dim, valid=valid), mlp,
+         name="jagged_token_mlp")  # a stub or a crash, named before any timing
     return served_speedup(("padded", padded_token_mlp), ("jagged", jagged_token_mlp), factory=ragged_batch,
                           sizes=dict(batch=batch, length=length, dim=dim, valid=valid), constants=(mlp,), bars=bars,
                           num_threads=num_threads, device=dev, rounds=rounds, min_run_time=min_run_time,
