@@ -728,3 +728,18 @@ def test_lesson_2_profiler_names_each_node_type_by_one_top_level_op():
     assert set(shares) <= names and names - set(shares) <= {"identity"}, (names, shares)
     assert set(ATEN_OP_TYPES.values()) >= set(shares)
     assert "it even gives time to nodes that run no op at all" in prose("02_fx_transforms")
+
+
+def test_lesson_9_the_fast_path_asks_about_autocast_without_a_device():
+    """Lesson 9's explanation of issue 107663: the encoder and its layer ask torch.is_autocast_enabled()
+    with no device, which answers for CUDA: inside torch.autocast("cpu") it says False, so the fast path
+    runs under CPU autocast."""
+    import inspect
+    import re
+
+    for cls in (torch.nn.TransformerEncoderLayer, torch.nn.TransformerEncoder):
+        assert re.findall(r"torch\.is_autocast_enabled\([^)]*\)", inspect.getsource(cls.forward)) == [
+            "torch.is_autocast_enabled()"], cls
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled()
+    assert "it asks whether autocast is on *for CUDA* (`torch.is_autocast_enabled()` without a device)" in prose(L9)
