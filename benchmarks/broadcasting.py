@@ -25,7 +25,6 @@ The Markdown says so when it happens.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import sys
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import course  # noqa: E402
+from _shared import cell, parser, rows  # noqa: E402  (benchmarks/_shared.py)
 from autograder.solution_code import load_solution, solution_source  # noqa: E402
 from course.broadcasting import (critic, loop_penalty, loop_segment_sum, naive_sq_dists, points,  # noqa: E402
                                  random_graph, row_loop_sq_dists)
@@ -68,16 +68,6 @@ BROADCAST_LIMIT = 2**30
 LOOP_EDGES = 5000
 
 
-def rows(report) -> dict:
-    return {n: {"median_ms": float(f"{report.median(n) * 1e3:.4g}"), "vs_baseline": round(report.speedup(n).median, 3),
-                "vs_baseline_iqr": [round(report.speedup(n).low, 3), round(report.speedup(n).high, 3)]}
-            for n in report.names}
-
-
-def cell(r: dict) -> str:
-    return f"{r['median_ms']} ms ({r['vs_baseline']}x, {r['vs_baseline_iqr'][0]}-{r['vs_baseline_iqr'][1]})"
-
-
 def cdist_sq(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cdist(a, b) ** 2
 
@@ -94,14 +84,7 @@ def segment_reference(values: torch.Tensor, index: torch.Tensor, num_segments: i
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(SIZES), default=None, help="default: cpu on CPU, reference on CUDA")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--threads", type=int, default=None, help="pin torch's CPU thread count (default: torch's)")
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--min-run-time", type=float, default=0.3)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    args = ap.parse_args(argv)
+    args = parser(__doc__, SIZES).parse_args(argv)
 
     dev = course.pick_device(args.device)
     size = args.size or ("reference" if dev.type == "cuda" else "cpu")

@@ -18,7 +18,6 @@ marked met or not.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import sys
@@ -33,11 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import course  # noqa: E402
+from _shared import cell, parser, rows  # noqa: E402  (benchmarks/_shared.py)
 from autograder.solution_code import load_solution, solution_source  # noqa: E402
 from course.devices import threads  # noqa: E402
 from course.doctor import machine_name as machine  # noqa: E402
-from course.fastpath import (encoder, masked_attention_inputs, padded_token_mlp, ragged_batch, token_mlp,  # noqa: E402
-                             valid_tokens)
+from course.fastpath import (encoder, masked_attention_inputs, padded_token_mlp, ragged_batch, slow_path,  # noqa: E402
+                             split_heads, token_mlp, valid_tokens)
 from course.references.fastpath import naive_masked_attention  # noqa: E402
 from course.timing import compare  # noqa: E402
 
@@ -54,16 +54,6 @@ TARGETS = {"cpu": {"sdpa": 1.2, "jagged": 1.2}, "cuda": {"sdpa": 2.0, "jagged": 
 SHARES = (0.0, 0.3, 0.5, 0.7)
 
 
-def rows(report) -> dict:
-    return {n: {"median_ms": float(f"{report.median(n) * 1e3:.4g}"), "vs_baseline": round(report.speedup(n).median, 3),
-                "vs_baseline_iqr": [round(report.speedup(n).low, 3), round(report.speedup(n).high, 3)]}
-            for n in report.names}
-
-
-def cell(r: dict) -> str:
-    return f"{r['median_ms']} ms ({r['vs_baseline']}x, {r['vs_baseline_iqr'][0]}-{r['vs_baseline_iqr'][1]})"
-
-
 def allocated_mib(fn, dev) -> float:
     """Everything one call allocates, MiB (CPU and device memory together), from the profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -75,30 +65,8 @@ def allocated_mib(fn, dev) -> float:
                      for e in p.key_averages()) / 2**20, 2)
 
 
-def jagged_qkv(x, pad, heads):
-    real = ~pad
-    offsets = torch.cat([real.new_zeros(1, dtype=torch.long), real.sum(1).cumsum(0)])
-    d = x.shape[-1]
-    return torch.nested.nested_tensor_from_jagged(x[real].reshape(-1, heads, d // heads), offsets).transpose(1, 2)
-
-
-def slow_path(enc, x, pad):
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        return enc(x, src_key_padding_mask=pad)
-    finally:
-        torch.backends.mha.set_fastpath_enabled(True)
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(SIZES), default=None, help="default: cpu on CPU, reference on CUDA")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--threads", type=int, default=None, help="pin torch's CPU thread count (default: torch's)")
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--min-run-time", type=float, default=0.3)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    args = ap.parse_args(argv)
+    args = parser(__doc__, SIZES).parse_args(argv)
     dev = course.pick_device(args.device)
     size = args.size or ("reference" if dev.type == "cuda" else "cpu")
     S = SIZES[size]
@@ -146,9 +114,7 @@ def main(argv=None) -> int:
         results["jagged_mlp"] = {"rows": rows(rep)}
         # 3. attention on a jagged tensor against padded SDPA (4 heads over the MLP's batch)
         x, pad = ragged_batch(1, device=str(dev), **ragged)
-        jq = jagged_qkv(x, pad, 4)
-        b, n, d = x.shape
-        pq = x.reshape(b, n, 4, d // 4).transpose(1, 2)
+        jq, pq = split_heads(x, 4, pad), split_heads(x, 4)
         rep = compare({"padded SDPA": lambda: sol.sdpa_attention(pq, pq, pq, key_padding_mask=pad),
                        "jagged SDPA": lambda: F.scaled_dot_product_attention(jq, jq, jq)}, **timing)
         print("attention, jagged against padded")

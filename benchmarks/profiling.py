@@ -19,7 +19,6 @@ marked met or not.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import sys
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import course  # noqa: E402
+from _shared import cell, parser, rows  # noqa: E402  (benchmarks/_shared.py)
 from autograder.solution_code import load_solution, solution_source  # noqa: E402
 from course import streams, traces  # noqa: E402
 from course.devices import threads  # noqa: E402
@@ -49,16 +49,6 @@ SIZES = {
 }
 #: The lesson's bars for the fused attention over the naive one, both causal (Exercise 4).
 TARGETS = {"cpu": 2.0, "cuda": 2.0}
-
-
-def rows(report) -> dict:
-    return {n: {"median_ms": float(f"{report.median(n) * 1e3:.4g}"), "vs_baseline": round(report.speedup(n).median, 3),
-                "vs_baseline_iqr": [round(report.speedup(n).low, 3), round(report.speedup(n).high, 3)]}
-            for n in report.names}
-
-
-def cell(r: dict) -> str:
-    return f"{r['median_ms']} ms ({r['vs_baseline']}x, {r['vs_baseline_iqr'][0]}-{r['vs_baseline_iqr'][1]})"
 
 
 def allocations(fn, args, dev) -> dict:
@@ -82,14 +72,7 @@ def best_ms(fn, reps: int = 5) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(SIZES), default=None, help="default: cpu on CPU, reference on CUDA")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--threads", type=int, default=None, help="pin torch's CPU thread count (default: torch's)")
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--min-run-time", type=float, default=0.3)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    args = ap.parse_args(argv)
+    args = parser(__doc__, SIZES).parse_args(argv)
     dev = course.pick_device(args.device)
     size = args.size or ("reference" if dev.type == "cuda" else "cpu")
     S = SIZES[size]

@@ -38,7 +38,8 @@ from course.guard import reference
 from course.remote import factory, recipe
 
 __all__ = ["FAST_OP", "causal_mask", "encoder", "encoder_config", "encoder_layer", "fast_path_taken", "ops_that_ran",
-           "masked_attention_inputs", "padded_token_mlp", "ragged_batch", "token_mlp", "valid_tokens"]
+           "masked_attention_inputs", "padded_token_mlp", "ragged_batch", "slow_path", "split_heads", "token_mlp",
+           "valid_tokens"]
 
 #: The op ``nn.TransformerEncoderLayer`` runs when it takes its fast path (one fused layer).
 FAST_OP = "aten::_transformer_encoder_layer_fwd"
@@ -189,3 +190,24 @@ def padded_token_mlp(x: torch.Tensor, key_padding_mask: torch.Tensor, mlp: nn.Mo
     """The baseline: the MLP on every position, padding included, padded positions then zeroed."""
     with torch.no_grad():
         return mlp(x).masked_fill(key_padding_mask[..., None], 0.0)
+
+
+def split_heads(x: torch.Tensor, heads: int, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` ``(B, L, D)`` as attention's ``(B, heads, L, D / heads)``; with a ``key_padding_mask``, the
+    real tokens only, as one jagged nested tensor ``(B, heads, j, D / heads)`` (no copy per sample)."""
+    b, n, d = x.shape
+    if key_padding_mask is None:
+        return x.reshape(b, n, heads, d // heads).transpose(1, 2)
+    real = ~key_padding_mask
+    offsets = torch.cat([real.new_zeros(1, dtype=torch.long), real.sum(1).cumsum(0)])
+    return torch.nested.nested_tensor_from_jagged(x[real].reshape(-1, heads, d // heads), offsets).transpose(1, 2)
+
+
+def slow_path(enc: nn.Module, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``enc(x, src_key_padding_mask=...)`` with the fast path switched off
+    (``torch.backends.mha.set_fastpath_enabled(False)``) for this call only."""
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        return enc(x, src_key_padding_mask=key_padding_mask)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)

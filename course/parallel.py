@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import shutil
 import socket
 import sys
 import tempfile
@@ -154,13 +155,7 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
         raise WorkersFailed(_report(name, world_size, states, timeout_s))
     finally:
         _stop(procs)
-        for o in outs:
-            for f in (o, o + ".part"):
-                if os.path.exists(f):
-                    os.remove(f)
-        for leftover in Path(folder).glob("*"):
-            leftover.unlink(missing_ok=True)
-        os.rmdir(folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _settled(p, out: str) -> bool:
@@ -291,15 +286,6 @@ def _mark(wrapper, fn):
 def _target(target: str) -> Callable:
     mod, _, fn = target.partition(":")
     return getattr(importlib.import_module(mod), fn)
-
-
-def run_counted(rank: int, world_size: int, target: str, *args: Any) -> dict:
-    """A worker that runs ``target`` (``"module:function"``, called as ``function(rank, world_size,
-    *args)``) with its traffic counted (:class:`_Counting`), and returns ``{"value", "sent",
-    "received", "collectives"}``. Launched by the course: ``launch("course.parallel:run_counted", n,
-    target, ...)``."""
-    counting = _Counting()
-    return {"value": _target(target)(rank, world_size, *args), **counting.traffic}
 
 
 def rank_input(seed: int, rank: int, numel: int) -> "torch.Tensor":

@@ -113,27 +113,28 @@ import torch
 import torch.distributed as dist
 
 
-def _chunks(t, n):
-    return list(t.chunk(n))
+def _pass(chunks, out, into, add):
+    # send chunk `out` to the next rank; receive the previous rank's into chunk `into` (added, or copied)
+    r, n = dist.get_rank(), dist.get_world_size()
+    buf = torch.empty_like(chunks[into])
+    req = dist.isend(chunks[out].clone(), (r + 1) % n)
+    dist.recv(buf, (r - 1) % n)
+    req.wait()
+    chunks[into].add_(buf) if add else chunks[into].copy_(buf)
+
+
+def _reduce_scatter(chunks):
+    r, n = dist.get_rank(), dist.get_world_size()
+    for s in range(n - 1):
+        _pass(chunks, (r - s) % n, (r - s - 1) % n, add=True)
 
 
 def ring(tensor):
     r, n = dist.get_rank(), dist.get_world_size()
-    chunks = _chunks(tensor, n)
-    buf = torch.empty_like(chunks[0])
-    right, left = (r + 1) % n, (r - 1) % n
-    for s in range(n - 1):  # reduce-scatter
-        out, into = (r - s) % n, (r - s - 1) % n
-        req = dist.isend(chunks[out].clone(), right)
-        dist.recv(buf, left)
-        req.wait()
-        chunks[into] += buf
+    chunks = list(tensor.chunk(n))
+    _reduce_scatter(chunks)
     for s in range(n - 1):  # all-gather
-        out, into = (r + 1 - s) % n, (r - s) % n
-        req = dist.isend(chunks[out].clone(), right)
-        dist.recv(buf, left)
-        req.wait()
-        chunks[into].copy_(buf)
+        _pass(chunks, (r + 1 - s) % n, (r - s) % n, add=False)
 
 
 def library(tensor):
@@ -153,33 +154,15 @@ def everyone(tensor):  # right sums, (n - 1) whole tensors sent per rank
 
 
 def half(tensor):  # the reduce-scatter only
-    r, n = dist.get_rank(), dist.get_world_size()
-    chunks = _chunks(tensor, n)
-    buf = torch.empty_like(chunks[0])
-    for s in range(n - 1):
-        out, into = (r - s) % n, (r - s - 1) % n
-        req = dist.isend(chunks[out].clone(), (r + 1) % n)
-        dist.recv(buf, (r - 1) % n)
-        req.wait()
-        chunks[into] += buf
+    _reduce_scatter(list(tensor.chunk(dist.get_world_size())))
 
 
-def off_by_one(tensor):  # the all-gather sends the wrong chunk: right traffic, wrong values
+def off_by_one(tensor):  # the all-gather passes the wrong chunks: right traffic, wrong values
     r, n = dist.get_rank(), dist.get_world_size()
-    chunks = _chunks(tensor, n)
-    buf = torch.empty_like(chunks[0])
+    chunks = list(tensor.chunk(n))
+    _reduce_scatter(chunks)
     for s in range(n - 1):
-        out, into = (r - s) % n, (r - s - 1) % n
-        req = dist.isend(chunks[out].clone(), (r + 1) % n)
-        dist.recv(buf, (r - 1) % n)
-        req.wait()
-        chunks[into] += buf
-    for s in range(n - 1):
-        out, into = (r - s) % n, (r - s - 1) % n
-        req = dist.isend(chunks[out].clone(), (r + 1) % n)
-        dist.recv(buf, (r - 1) % n)
-        req.wait()
-        chunks[into].copy_(buf)
+        _pass(chunks, (r - s) % n, (r - s - 1) % n, add=False)
 '''
 
 

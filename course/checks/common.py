@@ -139,6 +139,31 @@ def _learner_error(label: str, exc: Exception, args: tuple) -> AssertionError:
                           + "  The traceback above shows the line in your code.")
 
 
+def grader_references(name: str):
+    """``course.references.<name>``, where it exists: with the grader (the judge) and in the tests; a
+    learner's copy of the course (the bundle) has no ``course/references``, and gets ``None``."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"course.references.{name}")
+    except ImportError:
+        return None
+
+
+def stored_answers(file: str, **expected: Any) -> dict:
+    """The reference data a visible check uses without the grader's references
+    (``course/reference_data/<file>``, written by ``python -m course.references``), refused when it was
+    stored for other arguments than ``expected`` (the lesson's own call): the grader checks others."""
+    from pathlib import Path
+
+    data = torch.load(Path(__file__).resolve().parents[1] / "reference_data" / file, weights_only=True)
+    for key, want in expected.items():
+        if data[key] != want:
+            raise AssertionError(f"This check has reference data for {key} {data[key]} only (the lesson's own call); "
+                                 f"the grader checks others ({key} {want} asked for here).")
+    return data
+
+
 def weighted_sum(outputs: Any, seed: int = 1234) -> torch.Tensor:
     """A scalar that depends on every element of ``outputs`` with a distinct random weight, so
     that gradients through it test every element (a plain sum would hide swapped ones)."""

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from course.checks.common import call, name_mistake, ok, record, served_speedup
+from course.checks.common import call, grader_references, name_mistake, ok, record, served_speedup, stored_answers
 from course.data import generator
 from course.devices import pick_device
 from course.fastpath import (BASE_CONFIG, encoder, encoder_config, encoder_layer, fast_path_taken, masked_attention_inputs,
@@ -41,13 +41,9 @@ TIGHT = dict(rtol=1e-7, atol=1e-9)
 
 
 def _grader_references():
-    """:mod:`course.references.fastpath`, where it exists: with the grader (the judge) and in the
-    tests, never in a learner's copy of the course or in the learner's process under the grader."""
-    try:
-        from course.references import fastpath
-    except ImportError:
-        return None
-    return fastpath
+    """:mod:`course.references.fastpath`, where it exists: with the grader (the judge) and in the tests,
+    never in a learner's copy of the course or in the learner's process under the grader."""
+    return grader_references("fastpath")
 
 
 def reference_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -76,16 +72,6 @@ def reference_data(seed: int = 0) -> dict:
     q, k, v, pad = _float32_case(seed, cpu)
     return {"seed": seed, "cases": cases, "variants": variants,
             "float32": reference(q, k, v, key_padding_mask=pad, is_causal=True)}
-
-
-def _stored(seed: int) -> dict:
-    from pathlib import Path
-
-    data = torch.load(Path(__file__).resolve().parents[1] / "reference_data" / DATA_FILE, weights_only=True)
-    if data["seed"] != seed:
-        raise AssertionError(f"This check has reference data for seed {data['seed']} only (the lesson's own call); "
-                             f"the grader checks other seeds (seed {seed} asked for here).")
-    return data
 
 
 # -- 1 and 2. masked attention ---------------------------------------------------------------------
@@ -163,7 +149,7 @@ def _check_masks(fn: Callable, name: str, seed: int, device, hint: str, attn_mas
     """Compare ``fn`` with the grader's float64 reference on every case, naming a known misreading
     of the masks; in a learner's copy (no grader references), with the stored answers for seed 0."""
     dev = pick_device(device)
-    stored = None if _grader_references() is not None else _stored(seed)
+    stored = None if _grader_references() is not None else stored_answers(DATA_FILE, seed=seed)
     cases = _cases(seed, dev, attn_masks)
     for label, (q, k, v), masks in cases:
         want = reference_attention(q, k, v, **masks) if stored is None else stored["cases"][label].to(dev)

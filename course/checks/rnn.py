@@ -10,7 +10,8 @@ from typing import Callable, Mapping
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from course.checks.common import call, expect_grads, name_mistake, ok, served_speedup
+from course.checks.common import (call, expect_grads, grader_references, name_mistake, ok, served_speedup,
+                                  stored_answers)
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
 from course.grading import expect_compiled, expect_scripted, graph_ops
@@ -212,11 +213,7 @@ def layer_norm_case(*, seed: int = 0, batch: int = 4, input_size: int = 6, hidde
 
 def _grader_references():
     """:mod:`course.references.rnn`, where it exists: with the grader, not in a learner's copy."""
-    try:
-        from course.references import rnn
-    except ImportError:
-        return None
-    return rnn
+    return grader_references("rnn")
 
 
 def check_layer_norm_cell(layer_norm_lstm_cell: Callable, *, seed: int = 0, batch: int = 4,
@@ -250,7 +247,7 @@ def check_layer_norm_cell(layer_norm_lstm_cell: Callable, *, seed: int = 0, batc
         assert_close(got, ref, name="layer_norm_lstm_cell(...) -> (h', c')", hint=hint)
         expect_grads(got, ref, args, ref_args, names, label="layer_norm_lstm_cell", hint=hint)
     else:
-        data = _reference_data("01_layer_norm_cell.pt", sizes)
+        data = stored_answers("01_layer_norm_cell.pt", sizes=sizes)
         dev = args[0].device
         assert_close(got, tuple(t.to(dev) for t in data["out"]), name="layer_norm_lstm_cell(...) -> (h', c')",
                      hint=hint)
@@ -258,17 +255,6 @@ def check_layer_norm_cell(layer_norm_lstm_cell: Callable, *, seed: int = 0, batc
                      expected=[g.to(dev) for g in data["grads"]])
     ok(f"layer_norm_lstm_cell equals the reference, values and gradients (B={batch}, I={input_size}, "
        f"H={hidden_size}, seed {seed})")
-
-
-def _reference_data(name: str, sizes: dict) -> dict:
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "reference_data" / name
-    data = torch.load(path, weights_only=True)
-    if data["sizes"] != sizes:
-        raise AssertionError(f"This check has reference data for {data['sizes']} only (the lesson's own call); "
-                             f"the grader checks other sizes and seeds ({sizes} asked for here).")
-    return data
 
 
 def check_stacked_lstm(stacked_lstm: Callable, *, seed: int = 0, num_layers: int = 2, seq_len: int = 6,
