@@ -1,12 +1,15 @@
-"""Helpers for lesson 10_data_parallel (groundwork): starting a few worker processes on one machine,
-joined in a ``torch.distributed`` process group, from a notebook, and never leaving one behind.
+"""Helpers for lesson 10_data_parallel: starting a few worker processes on one machine, joined in a
+``torch.distributed`` process group, from a notebook, and never leaving one behind.
 
 Why workers live in module files: ``torch.multiprocessing`` starts each worker with the *spawn*
 method (a fresh interpreter; *fork* would copy a process that may hold threads, and CUDA refuses
 it). A spawned worker finds its function again by importing it by name, ``module.function``. A
 function defined in a notebook cell belongs to the kernel's ``__main__``, which the new
 interpreter cannot import, so the worker fails before it starts. The lesson writes each worker's
-code to a module file (:func:`write_worker`) and names it here.
+code to a module file (:func:`write_worker`) and names it here. The course's launcher starts its
+workers the same way (a fresh interpreter each) but by itself, with ``subprocess``: spawn would also
+run the launching script's ``__main__`` again in every worker (a script without an
+``if __name__ == "__main__":`` guard, such as a notebook runner, would start over).
 
 :func:`launch` is the course's trusted launcher: it picks the rendezvous (a ``file://`` in a fresh
 folder, or ``tcp://`` on a free local port), starts ``world_size`` processes that each join the
@@ -37,14 +40,54 @@ class WorkersFailed(RuntimeError):
     """A launch whose workers did not all finish: which rank failed, and how."""
 
 
-def write_worker(name: str, source: str, folder: str | os.PathLike | None = None) -> Path:
-    """Write ``source`` to ``<folder>/<name>.py`` (default: the current folder) so that spawned
-    workers can import it, drop any earlier import of that module in this process, and return the
-    path. ``name`` must be a plain module name (letters, digits, underscores)."""
+#: What every worker module written from functions starts with: the names a lesson's workers use.
+WORKER_HEADER = """# Written by course.parallel.write_worker: spawned workers import this module by its name.
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+"""
+
+
+def worker_source(*parts: Callable | str) -> str:
+    """The text of a worker module: :data:`WORKER_HEADER`, then each part, a function (its source, as
+    written in its cell) or a string of code. A function found only in a notebook cell's memory
+    (its source cannot be read) is refused, with why."""
+    import inspect
+    import textwrap
+
+    texts = [WORKER_HEADER]
+    for part in parts:
+        if isinstance(part, str):
+            texts.append(textwrap.dedent(part))
+            continue
+        if not inspect.isfunction(part):
+            raise TypeError(f"a worker is made of functions and code strings; got {type(part).__name__}")
+        try:
+            texts.append(textwrap.dedent(inspect.getsource(part)))
+        except (OSError, TypeError):
+            raise WorkersFailed(f"the source of {part.__name__!r} cannot be read (it was made by exec, a lambda "
+                                "in an expression, or a cell that no longer exists); define it with def in a cell "
+                                "and run that cell again") from None
+    return "\n\n".join(t.rstrip() + "\n" for t in texts)
+
+
+def write_worker(name: str, *parts: Callable | str, folder: str | os.PathLike | None = None) -> Path:
+    """Write a module ``<folder>/<name>.py`` (default: the current folder) that spawned workers can
+    import: each part is a function (its source is copied, see :func:`worker_source`) or code as a
+    string. Drops any earlier import of that module in this process and returns the path.
+    ``name`` must be a plain module name (letters, digits, underscores)."""
     if not name.isidentifier():
         raise ValueError(f"a worker module needs a plain Python name, such as 'ring_worker'; got {name!r}")
+    if not parts:
+        raise ValueError("write_worker needs the worker's functions (or its code as a string)")
+    text = parts[0] if len(parts) == 1 and isinstance(parts[0], str) else worker_source(*parts)
     path = Path(folder or os.getcwd()) / f"{name}.py"
-    path.write_text(source)
+    path.write_text(text)
     sys.modules.pop(name, None)
     importlib.invalidate_caches()
     return path
@@ -71,16 +114,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _worker_main(spec_path: str, rank: int) -> None:
+    """A worker process's entry (``python -c``, see :func:`launch`): read the launch's spec, run."""
+    with open(spec_path, "rb") as fh:
+        spec = pickle.load(fh)  # written by the launcher in this same (learner's, if graded) sandbox
+    _worker(rank, **spec)
+
+
 def _worker(rank: int, world_size: int, init_method: str, backend: str, module: str, name: str, args: tuple,
             out: str, paths: list[str], timeout_s: float) -> None:
-    """One worker (runs in the spawned process): join the group, run the function, write its result
-    (or its traceback) to ``out``, leave the group."""
+    """One worker: join the group, run the function, write its result (or its traceback) to ``out``
+    (``rank`` filled in), leave the group."""
     import datetime
 
     import torch.distributed as dist
 
+    out = out.format(rank=rank)
     sys.path[:0] = [p for p in paths if p not in sys.path]
     result: dict[str, Any]
+    report = _confine()
     try:
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
@@ -91,6 +143,7 @@ def _worker(rank: int, world_size: int, init_method: str, backend: str, module: 
             dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - everything goes back to the launcher, named by rank
         result = {"ok": False, "error": traceback.format_exc(limit=8)}
+    result["flags"] = report()
     tmp = out + ".part"
     try:
         import torch
@@ -98,12 +151,87 @@ def _worker(rank: int, world_size: int, init_method: str, backend: str, module: 
         torch.save(result, tmp)
     except Exception:  # noqa: BLE001 - a result that cannot be saved is an error of its own
         torch.save({"ok": False, "error": f"rank {rank}'s result could not be sent back:\n"
-                                          + traceback.format_exc(limit=3)}, tmp)
+                                          + traceback.format_exc(limit=3), "flags": result["flags"]}, tmp)
     os.replace(tmp, out)
 
 
+class _Process:
+    """A worker started with ``subprocess`` in a session of its own (so that it and anything it
+    started stop together), with the few methods the launcher uses."""
+
+    def __init__(self, command: list[str], log: str):
+        import subprocess
+
+        with open(log, "wb") as fh:
+            self.popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        self.pid, self.log = self.popen.pid, log
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def exitcode(self):
+        return self.popen.poll()
+
+    def join(self, timeout: float) -> None:
+        import subprocess
+
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _signal(self, sig) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def terminate(self) -> None:
+        import signal
+
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        import signal
+
+        self._signal(signal.SIGKILL)
+
+    def tail(self, chars: int = 1500) -> str:
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - chars))
+                return fh.read().decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+
+#: What confined workers reported (under the grader): ``(flag, detail)`` pairs, read by the harness.
+WORKER_FLAGS: list[tuple[str, str]] = []
+#: Set by the grader's harness in the learner's process: the file whose ``confine_worker`` every
+#: worker calls before it imports learner code (inherited by spawned workers through the environment).
+GUARD_ENV = "COURSE_WORKER_GUARD"
+
+
+def _confine() -> Callable[[], list]:
+    """Under the grader (:data:`GUARD_ENV` names the harness's ``child.py``), seal this worker and
+    install the harness's audit hook exactly as in the learner's process; return a function that
+    says what they saw. Elsewhere, nothing to do."""
+    guard = os.environ.get(GUARD_ENV)
+    if not guard:
+        return list
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_grading_worker_guard", guard)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.confine_worker()
+
+
 def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: str = "gloo",
-           rendezvous: str = "file", timeout_s: float = 60.0) -> list[Any]:
+           rendezvous: str = "file", timeout_s: float = 60.0, path: str | os.PathLike | None = None) -> list[Any]:
     """Run ``function(rank, world_size, *args)`` in ``world_size`` spawned processes joined in one
     process group, and return the results in rank order.
 
@@ -113,8 +241,11 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
     arguments and results cross processes by pickling; tensors are best returned on the CPU.
     ``timeout_s`` bounds the whole launch; a worker that raises, dies or hangs (a ``recv`` with no
     matching ``send`` waits forever) raises :class:`WorkersFailed` naming its rank, after every worker
-    has been stopped."""
-    import torch.multiprocessing as mp
+    has been stopped. ``path``: a folder the workers import from first (default: the current folder).
+
+    Under the grader every worker confines itself before it imports anything of the learner's, as the
+    learner's own process is (see :func:`_confine`), and what it saw comes back in :data:`WORKER_FLAGS`."""
+    import subprocess
 
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size should be a positive int (the number of workers), got {world_size!r}")
@@ -129,14 +260,21 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
     folder = tempfile.mkdtemp(prefix="course-launch-")
     init = (f"file://{folder}/rendezvous" if rendezvous == "file" else f"tcp://127.0.0.1:{_free_port()}")
     outs = [os.path.join(folder, f"rank{r}.pt") for r in range(world_size)]
-    paths = [os.getcwd(), *[p for p in sys.path if p]]
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, world_size, init, backend, module, name, args, outs[r], paths,
-                                                timeout_s), daemon=True, name=f"course-worker-{r}")
-             for r in range(world_size)]
+    paths = [str(path or os.getcwd()), *[p for p in sys.path if p]]
+    spec = os.path.join(folder, "spec.pkl")
+    with open(spec, "wb") as fh:
+        pickle.dump({"world_size": world_size, "init_method": init, "backend": backend, "module": module, "name": name,
+                     "args": args, "out": os.path.join(folder, "rank{rank}.pt"), "paths": paths,
+                     "timeout_s": timeout_s}, fh)
+    root = str(Path(__file__).resolve().parent.parent)
+    entry = ("import sys; sys.path.insert(0, sys.argv[3]); from course.parallel import _worker_main; "
+             "_worker_main(sys.argv[1], int(sys.argv[2]))")
+    flags = subprocess._args_from_interpreter_flags()
+    procs = []
     try:
-        for p in procs:
-            p.start()
+        for r in range(world_size):
+            procs.append(_Process([sys.executable, *flags, "-c", entry, spec, str(r), root],
+                                  os.path.join(folder, f"rank{r}.log")))
         deadline = time.monotonic() + timeout_s
         while not all(_settled(p, o) for p, o in zip(procs, outs)) and time.monotonic() < deadline:
             if any(_failed(p, o) for p, o in zip(procs, outs)):
@@ -150,9 +288,12 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
             if _settled(p, "") and p.pid is not None:
                 p.join(1.0)
         states = [_state(r, p, o) for r, (p, o) in enumerate(zip(procs, outs))]
+        for o in outs:
+            if os.path.exists(o):
+                WORKER_FLAGS.extend(_read(o).get("flags", ()))
         if all(s == "finished" for s, _ in states):
             return [_read(o)["value"] for o in outs]
-        raise WorkersFailed(_report(name, world_size, states, timeout_s))
+        raise WorkersFailed(_report(name, world_size, states, timeout_s, [p.tail() for p in procs]))
     finally:
         _stop(procs)
         shutil.rmtree(folder, ignore_errors=True)
@@ -181,7 +322,8 @@ def _state(rank: int, p, out: str) -> tuple[str, str]:
 _PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket closed")
 
 
-def _report(name: str, world_size: int, states: list[tuple[str, str]], timeout_s: float) -> str:
+def _report(name: str, world_size: int, states: list[tuple[str, str]], timeout_s: float,
+            logs: list[str] | None = None) -> str:
     """Say first what most likely went wrong: a rank that died, then one that raised an error of its
     own (not a peer's connection going away), then one that hung; then every rank's state."""
     died = [r for r, (k, _) in enumerate(states) if k == "died"]
@@ -189,7 +331,9 @@ def _report(name: str, world_size: int, states: list[tuple[str, str]], timeout_s
     own = [r for r in raised if not any(m in states[r][1] for m in _PEER_GONE)]
     running = [r for r, (k, _) in enumerate(states) if k == "running"]
     if died:
-        head = f"rank {died[0]} died ({states[died[0]][1]}) without a result"
+        said = (logs or [""] * world_size)[died[0]]
+        head = f"rank {died[0]} died ({states[died[0]][1]}) without a result" + (
+            f"; its last output:\n{said}" if said else "")
     elif own:
         head = f"rank {own[0]} raised:\n{states[own[0]][1]}"
     elif raised:
@@ -209,18 +353,17 @@ def _read(path: str) -> dict:
 
 
 def _stop(procs: list) -> None:
-    """Terminate every worker still running, then kill what is left, and reap them all."""
+    """Terminate every worker still running, then kill what is left of each worker's session (what a
+    worker started too), and reap them all."""
     for p in procs:
         if p.is_alive():
             p.terminate()
     end = time.monotonic() + 3.0
     for p in procs:
-        if p.pid is not None:
-            p.join(max(0.0, end - time.monotonic()))
+        p.join(max(0.0, end - time.monotonic()))
     for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(2.0)
+        p.kill()
+        p.join(2.0)
 
 
 # -- traffic, counted where it is sent ---------------------------------------------------------------
@@ -303,3 +446,250 @@ def all_reduce_case(rank: int, world_size: int, target: str, seed: int, numel: i
     counting = _Counting()
     out = _target(target)(tensor)
     return {"value": tensor if out is None else out, **counting.traffic}
+
+
+def _noted_sizes(counting: _Counting, name: str) -> None:
+    """Also note the dtype and size of every ``name`` call's tensor (a comm hook's all_reduce)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    inner = getattr(c10d, name)
+    noted = counting.traffic.setdefault("tensors", [])
+
+    def wrapper(tensor, *a, **k):
+        noted.append([str(tensor.dtype).replace("torch.", ""), int(tensor.numel())])
+        return inner(tensor, *a, **k)
+    for module in (dist, c10d):
+        setattr(module, name, _mark(wrapper, inner))
+
+
+def shift_case(rank: int, world_size: int, target: str, seed: int, numel: int) -> dict:
+    """A worker for the point-to-point check: this rank's own input, ``target(tensor)`` with its
+    traffic counted; the tensor it returned."""
+    tensor = rank_input(seed, rank, numel)
+    counting = _Counting()
+    out = _target(target)(tensor.clone())
+    return {"value": out, **counting.traffic}
+
+
+# -- data-parallel training: the same model and data on every rank, from a seed ----------------------
+
+def regression_model(seed: int, dtype: str = "float64") -> "torch.nn.Module":
+    """The lesson's small model (8 -> 32 -> 1, tanh), its weights drawn from ``seed``."""
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(getattr(torch, dtype))
+
+
+def regression_data(seed: int, rows: int, dtype: str = "float64") -> tuple:
+    """``(inputs, targets)``: ``rows`` rows of a noisy smooth function, drawn from ``seed``."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 7919)  # drawn in float64 whatever the dtype: the same rows
+    x = torch.randn(rows, 8, generator=g, dtype=torch.float64)
+    y = torch.sin(x[:, :1] * 2) + 0.5 * x[:, 1:2] * x[:, 2:3] + 0.1 * torch.randn(rows, 1, generator=g,
+                                                                                   dtype=x.dtype)
+    return x.to(getattr(torch, dtype)), y.to(getattr(torch, dtype))
+
+
+def _count_rows(model) -> list:
+    rows: list = []
+    model.register_forward_pre_hook(lambda m, args: rows.append(int(args[0].shape[0])))
+    return rows
+
+
+def _params(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def ddp_case(rank: int, world_size: int, target: str, seed: int, rows: int, steps: int, lr: float) -> dict:
+    """A worker for the DDP check: every rank gets the same model and the *full* batch, and calls
+    ``target(model, inputs, targets, steps, lr)``, which must train on this rank's share; returns
+    the parameters after, and the rows each forward pass saw."""
+    model = regression_model(seed)
+    x, y = regression_data(seed, rows)
+    seen = _count_rows(model)
+    counting = _Counting()
+    _target(target)(model, x, y, steps, lr)
+    return {"params": _params(model), "rows": seen, "collectives": counting.traffic["collectives"]}
+
+
+def accumulate_case(rank: int, world_size: int, target: str, seed: int, rows: int, micro: int, steps: int,
+                    lr: float) -> dict:
+    """A worker for the gradient-accumulation check: the course wraps the model in DDP with a comm
+    hook that counts gradient synchronisations (then averages, as DDP does), splits this rank's share
+    into ``micro`` micro-batches and calls ``target(ddp_model, optimizer, micro_inputs,
+    micro_targets)`` once per step."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = regression_model(seed)
+    x, y = regression_data(seed, rows)
+    share_x, share_y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+    ddp = DDP(model)
+    syncs: list = []
+
+    def counted(state, bucket):
+        syncs.append(1)
+        buffer = bucket.buffer()
+        return dist.all_reduce(buffer.div_(world_size), async_op=True).get_future().then(lambda f: f.value()[0])
+    ddp.register_comm_hook(None, counted)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    per_step = []
+    for _ in range(steps):
+        before = len(syncs)
+        _target(target)(ddp, optimizer, list(share_x.chunk(micro)), list(share_y.chunk(micro)))
+        per_step.append(len(syncs) - before)
+    return {"params": _params(model), "syncs": per_step}
+
+
+def hook_case(rank: int, world_size: int, target: str, seed: int, rows: int, steps: int, lr: float) -> dict:
+    """A worker for the communication-hook check: a float32 model in DDP with ``target`` registered
+    as its comm hook (state ``None``: the default group), ``steps`` SGD steps on this rank's share;
+    the parameters after, and the dtype and size of every tensor the hook all-reduced."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = regression_model(seed, "float32")
+    x, y = regression_data(seed, rows, "float32")
+    share_x, share_y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+    ddp = DDP(model)
+    counting = _Counting()
+    _noted_sizes(counting, "all_reduce")
+    ddp.register_comm_hook(None, _target(target))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        F.mse_loss(ddp(share_x), share_y).backward()
+        optimizer.step()
+    return {"params": _params(model), "tensors": counting.traffic.get("tensors", []),
+            "buckets": sum(p.numel() for p in model.parameters())}
+
+
+def train_full_batch(seed: int, rows: int, steps: int, lr: float, dtype: str = "float64", *, loss_scale: float = 1.0,
+                     grad_scale: float = 1.0, accumulate: bool = False) -> dict:
+    """One process, the full batch: the reference the data-parallel checks compare with.
+    ``loss_scale`` and ``grad_scale`` (and ``accumulate``: never zeroing gradients) make the usual
+    mistakes' results, to name them."""
+    import torch
+    import torch.nn.functional as F
+
+    model = regression_model(seed, dtype)
+    x, y = regression_data(seed, rows, dtype)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(steps):
+        if not accumulate:
+            optimizer.zero_grad()
+        (F.mse_loss(model(x), y) * loss_scale).backward()
+        if grad_scale != 1.0:
+            for p in model.parameters():
+                p.grad.mul_(grad_scale)
+        optimizer.step()
+    return _params(model)
+
+
+# -- what data parallelism costs on this machine (reported, never graded) ------------------------------
+
+def timing_case(rank: int, world_size: int, seed: int, width: int, depth: int, rows: int, micro: int,
+                rounds: int) -> dict:
+    """Seconds per training step, interleaved round by round: ``one process`` (rank 0 alone on the full
+    batch with every thread the ranks have, the others waiting), ``DDP`` (every rank on its share, one
+    thread each), and gradient accumulation over ``micro`` micro-batches synchronising ``every
+    micro-batch`` or once (``no_sync``). Returns rank 0's times and the bytes of gradient per sync."""
+    import contextlib
+    import time as _time
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(64, width), torch.nn.Tanh()]
+    for _ in range(depth - 1):
+        layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
+    alone = torch.nn.Sequential(*[type(m)(m.in_features, m.out_features) if isinstance(m, torch.nn.Linear) else m
+                                  for m in model])
+    alone.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(rows, 64, generator=g), torch.randn(rows, 1, generator=g)
+    share_x, share_y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+    ddp = DDP(model)
+    opt, opt_alone = torch.optim.SGD(model.parameters(), lr=1e-4), torch.optim.SGD(alone.parameters(), lr=1e-4)
+
+    def one():
+        if rank == 0:
+            with _threads(world_size):
+                opt_alone.zero_grad()
+                F.mse_loss(alone(x), y).backward()
+                opt_alone.step()
+
+    def step(sync_each: bool | None):
+        opt.zero_grad()
+        parts = [(share_x, share_y)] if sync_each is None else list(zip(share_x.chunk(micro), share_y.chunk(micro)))
+        for i, (a, b) in enumerate(parts):
+            quiet = sync_each is False and i < len(parts) - 1
+            with ddp.no_sync() if quiet else contextlib.nullcontext():
+                (F.mse_loss(ddp(a), b) / len(parts)).backward()
+        opt.step()
+
+    kinds = {"one process": one, "DDP": lambda: step(None), "every micro-batch": lambda: step(True),
+             "no_sync": lambda: step(False)}
+    times: dict = {k: [] for k in kinds}
+    with _threads(1):
+        for r in range(rounds + 1):  # the first round warms up
+            for name, fn in kinds.items():
+                dist.barrier()
+                start = _time.perf_counter()
+                fn()
+                dist.barrier()
+                if r:
+                    times[name].append(_time.perf_counter() - start)
+    return {"times": times, "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+
+def _threads(n: int):
+    from course.devices import threads
+
+    return threads(n)
+
+
+def torchrun(script: str | os.PathLike, nproc: int = 2, *args: str, timeout_s: float = 120.0) -> str:
+    """Run ``torchrun --standalone --nproc-per-node NPROC SCRIPT ARGS`` (as ``python -m
+    torch.distributed.run``: the ``torchrun`` command may not be on the PATH) and return what its
+    processes printed. torchrun starts the processes, gives each ``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (so the script calls
+    ``dist.init_process_group("gloo")`` with no arguments) and ``OMP_NUM_THREADS=1``, and restarts or
+    stops them together. A run that fails or outlives ``timeout_s`` raises :class:`WorkersFailed` with
+    its output; nothing is left running."""
+    import signal
+    import subprocess
+
+    script = Path(script)
+    if not script.is_file():
+        raise FileNotFoundError(f"{script} does not exist: write it first (course.parallel.write_worker)")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, str(script.resolve().parent),
+                                                                   os.environ.get("PYTHONPATH", "")) if p)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
+               "-m", "course.torchrun_entry", str(script), *map(str, args)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise WorkersFailed(f"torchrun {script.name} did not finish in {timeout_s:g} s (every process has been "
+                            f"stopped); its output:\n{out[-3000:]}") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode:
+        raise WorkersFailed(f"torchrun {script.name} failed (exit code {proc.returncode}); its output:\n{out[-3000:]}")
+    return out

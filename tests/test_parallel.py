@@ -64,7 +64,7 @@ def dies(rank, world_size):
 @pytest.fixture()
 def worker(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
-    write_worker("course_test_worker", WORKER, tmp_path)
+    write_worker("course_test_worker", WORKER, folder=tmp_path)
     return "course_test_worker"
 
 
@@ -169,7 +169,7 @@ def off_by_one(tensor):  # the all-gather passes the wrong chunks: right traffic
 @pytest.fixture()
 def rings(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
-    write_worker("course_test_rings", RINGS, tmp_path)
+    write_worker("course_test_rings", RINGS, folder=tmp_path)
     return "course_test_rings"
 
 

@@ -191,6 +191,75 @@ def _from_guarded(value) -> bool:
     return isinstance(module, str) and module.split(".")[0] in GUARDED_PREFIXES
 
 
+def confine_worker():
+    """Confine a worker process that ``course.parallel.launch`` started from the learner's process
+    (lesson 10): the same seal over the guarded modules and the same audit hook as that process,
+    installed before the worker imports any learner code. Learner code here is any frame whose
+    file is outside the standard library, the Python environment, the course package and this
+    folder (the worker modules are written by the learner's cells). Returns ``report()``: the
+    ``(flag, detail)`` pairs seen, the seal checked once more, for the launcher to send back."""
+    import course.parallel  # noqa: F401 - what the worker runs is guarded from here on
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    import course
+    roots = {os.path.dirname(os.path.dirname(os.path.realpath(course.__file__))),
+             os.path.dirname(os.path.dirname(os.path.abspath(course.__file__))),
+             os.path.dirname(os.path.realpath(__file__)), os.path.dirname(os.path.abspath(__file__)),
+             os.path.realpath(sys.prefix), sys.prefix, os.path.realpath(sys.base_prefix), sys.base_prefix}
+    trusted = tuple(r.rstrip(os.sep) + os.sep for r in roots if r and r != os.sep)
+    seen: list = []
+    seal = Seal()
+    busy = [False]
+
+    def learner(frame) -> str | None:
+        while frame is not None:
+            path = frame.f_code.co_filename
+            if path.startswith(STDLIB) or path.startswith("<"):
+                frame = frame.f_back
+                continue
+            return None if path.startswith(trusted) else f"{os.path.basename(path)}:{frame.f_lineno}"
+        return None
+
+    def hook(event, args):
+        if busy[0]:
+            return
+        if event == "open":
+            path = args[0]
+            if isinstance(path, bytes):
+                path = path.decode(errors="replace")
+            if isinstance(path, str) and FORBIDDEN_PATH.search(path) and not _own_file(path):
+                seen.append(("probing", f"a worker opened {path}"[:300]))
+                raise PermissionError(f"grading: {path} is out of bounds")
+            return
+        if event not in LEARNER_EVENTS:
+            return
+        busy[0] = True
+        try:
+            if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame", "ag_frame",
+                                                                 "f_back"):
+                return
+            who = learner(sys._getframe(1))
+        finally:
+            busy[0] = False
+        if who is None:
+            return
+        name = "patching" if event.startswith("object.__set") or event.startswith("object.__del") else "introspection"
+        seen.append((name, f"a worker, {who}: {event} {str(args[:2])[:120]}"))
+        raise RuntimeError(f"grading: {event} is not allowed in submitted code")
+
+    sys.addaudithook(hook)
+
+    def report() -> list:
+        busy[0] = True
+        try:
+            broken = seal.broken()
+        finally:
+            busy[0] = False
+        return seen + ([("tampered", "a worker: " + "; ".join(broken))] if broken else [])
+    return report
+
+
 def main() -> int:
     in_fd, out_fd, cells_dir, pkg_root, limits = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
                                                    sys.argv[4], sys.argv[5])
@@ -231,6 +300,10 @@ def main() -> int:
     import torch.func  # noqa: F401
     import torch.utils.benchmark  # noqa: F401
 
+    import course.parallel
+    os.environ[course.parallel.GUARD_ENV] = os.path.abspath(__file__)  # workers confine themselves
+    worker_flags = course.parallel.WORKER_FLAGS
+
     state = {"cell": None, "learner": False, "records": 0, "busy": False}
     cell_prefix = os.path.realpath(cells_dir) + os.sep
     learner_prefix = cell_prefix + "learner_"
@@ -238,6 +311,18 @@ def main() -> int:
 
     def flag(name: str, detail: str) -> None:
         channel.send("flag", name=name, detail=detail[:300], cell=(state["cell"] or {}).get("index"))
+
+    def workers_saw() -> list[str]:
+        """Flag what this cell's workers (lesson 10) saw; return their broken seals."""
+        broken = []
+        for item in list(worker_flags)[:20]:
+            name, detail = (item if isinstance(item, (tuple, list)) and len(item) == 2 else ("tampered", repr(item)))
+            if name == "tampered":
+                broken.append(str(detail))
+            else:
+                flag(str(name), str(detail))
+        worker_flags.clear()
+        return broken
 
     def observer(actual, expected, tol):
         cell = state["cell"]
@@ -351,7 +436,7 @@ def main() -> int:
             # while serving) is flagged against this cell, so that the parent can set it aside.
             state["busy"] = True
             try:
-                broken = seal.broken() if not tampered else []
+                broken = (seal.broken() if not tampered else []) + workers_saw()
             finally:
                 state["busy"] = False
             if broken:
@@ -402,7 +487,7 @@ def main() -> int:
                 trusted.pop(name, None)
         state["busy"] = True
         try:
-            broken = seal.broken() if not tampered else []
+            broken = (seal.broken() if not tampered else []) + workers_saw()
         finally:
             state["busy"] = False
         if hooks.installed() != contract or guard.reference.__module__ != "course.guard":

@@ -1,28 +1,113 @@
-"""Checks for lesson 10_data_parallel (groundwork; the lesson's notebook is not written yet).
+"""Checks for lesson 10_data_parallel: point-to-point, a ring all-reduce, DDP, ``no_sync`` and a
+communication hook, each run in real worker processes joined by gloo.
 
-A ring all-reduce written by hand runs in real worker processes joined by gloo, started by the
-course (:func:`course.parallel.launch`); each rank draws its own input inside its worker, so no rank
-can see another's. The check compares every rank's result with the sum computed here, and counts,
-where the traffic is sent, what each rank moved: a ring moves ``2 (n - 1) / n`` of the tensor per
-rank (a reduce-scatter and an all-gather, ``n - 1`` steps each, one ``1/n`` chunk per step), on any
-machine, so the count is a fair test where a timing on two shared CPU cores would not be.
-
-Not served yet: under the grader these checks would run the learner's module in workers started
-from the learner's sandboxed process (see the closing note of the session that wrote this).
+The learner's answer is a function written in a cell; the course copies its source into a worker
+module and starts the workers (:func:`run_workers`, a probe: under the grader it runs in the learner's
+sandboxed process, whose workers confine themselves as that process is confined). Every worker
+draws its own inputs from the check's seed inside its own process, so no rank sees another's. The
+check compares what comes back with references computed here (a sum, one process training on the
+full batch), and counts what only the workers can see where it happens: the bytes each rank sent,
+the collectives it called, the gradient synchronisations per step, the dtype a hook all-reduced.
+Counts are exact on any machine, where a timing on two shared CPU cores would not be.
 """
 
 from __future__ import annotations
+
+import shutil
+import tempfile
 
 import torch
 
 from course.checks.common import ok
 from course.numerics import assert_close
-from course.parallel import WorkersFailed, launch, rank_input
+from course.parallel import (WorkersFailed, launch, rank_input, regression_model, train_full_batch,
+                             write_worker)
+from course.remote import probe, prober
 
-__all__ = ["check_ring_all_reduce"]
+__all__ = ["check_accumulation", "check_comm_hook", "check_ddp_training", "check_ring_all_reduce", "check_shift",
+           "run_workers"]
 
-SERVED = ()
+SERVED = ("check_shift", "check_ring_all_reduce", "check_ddp_training", "check_accumulation", "check_comm_hook")
 
+CASES = ("shift_case", "all_reduce_case", "ddp_case", "accumulate_case", "hook_case")
+
+
+@prober
+def run_workers(answer, case: str, world_size: int, *args, timeout_s: float = 60.0) -> list:
+    """Run the course's worker ``case`` on ``world_size`` ranks with the learner's function
+    ``answer`` (its source copied into a module in a fresh folder) or a ``"module:function"``;
+    the workers' results in rank order. A failed launch is an ``AssertionError`` with its report."""
+    if case not in CASES:
+        raise ValueError(f"unknown worker case {case!r}")
+    folder = None
+    try:
+        if isinstance(answer, str):
+            target = answer
+        else:
+            name = getattr(answer, "__name__", "")
+            if not callable(answer) or not str(name).isidentifier():
+                raise AssertionError(f"the answer should be a function defined with def in a cell; got "
+                                     f"{type(answer).__name__}")
+            folder = tempfile.mkdtemp(prefix="course-answer-")
+            write_worker(f"answer_{name}", answer, folder=folder)
+            target = f"answer_{name}:{name}"
+        return launch(f"course.parallel:{case}", world_size, target, *args, timeout_s=timeout_s, path=folder)
+    except WorkersFailed as e:
+        raise AssertionError(str(e)) from None
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(answer, case: str, n: int, *args, label: str, hint: str, timeout_s: float = 60.0) -> list:
+    try:
+        return probe(answer, run_workers, case, n, *args, timeout_s=timeout_s)
+    except AssertionError as e:
+        text = str(e)
+        if "NotImplementedError" in text:
+            raise AssertionError(f"{label}: not written yet (the function raises NotImplementedError).") from None
+        raise AssertionError(f"{label} did not finish: {text}\n  Hint: {hint}") from None
+
+
+def _tensor(value, label: str, shape) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(shape):
+        got = f"{type(value).__name__} {tuple(value.shape) if isinstance(value, torch.Tensor) else ''}".strip()
+        raise AssertionError(f"{label} ended with {got}; it should be a tensor of shape {tuple(shape)}.")
+    return value
+
+
+# -- point to point -----------------------------------------------------------------------------------
+
+def check_shift(shift, *, seed: int = 0, world_sizes: tuple[int, ...] = (2, 3), numel: int = 1000,
+                timeout_s: float = 30.0) -> None:
+    """``shift(tensor)`` on every rank returns the tensor of the rank before it (rank ``r`` gets rank
+    ``r - 1``'s, rank 0 the last rank's), sending its own to the rank after it, point to point only,
+    and on any number of ranks."""
+    hint = ("gloo's send waits until the other side receives: if every rank sends first, every rank waits. Start "
+            "the receive and the send together (dist.irecv and dist.isend, then wait on both), or let even ranks "
+            "send first and odd ranks receive first.")
+    for n in world_sizes:
+        label = f"shift on {n} ranks ({numel} float64 values each, seed {seed})"
+        results = _run(shift, "shift_case", n, seed, numel, label=label, hint=hint, timeout_s=timeout_s)
+        for r, res in enumerate(results):
+            got = _tensor(res.get("value"), f"{label}: rank {r}", (numel,))
+            if res["collectives"]:
+                raise AssertionError(f"{label}: rank {r} called {', '.join(sorted(set(res['collectives'])))}; "
+                                     "use send and recv (or isend and irecv) only.")
+            want = rank_input(seed, (r - 1) % n, numel)
+            if torch.equal(got, rank_input(seed, (r + 1) % n, numel)) and n > 2:
+                raise AssertionError(f"{label}: rank {r} holds rank {(r + 1) % n}'s tensor, the rank *after* it: "
+                                     "the shift runs the wrong way round (send to r + 1, receive from r - 1).")
+            if torch.equal(got, rank_input(seed, r, numel)):
+                raise AssertionError(f"{label}: rank {r} returned its own tensor: return the one you received.")
+            assert_close(got, want, name=f"{label}, rank {r}'s result", rtol=0, atol=0, hint=hint)
+            full = numel * 8
+            if res["sent"] != full:
+                raise AssertionError(f"{label}: rank {r} sent {res['sent']} bytes; one tensor is {full}.")
+    ok(f"shift passes every tensor to the next rank, without deadlock, on {', '.join(map(str, world_sizes))} ranks")
+
+
+# -- the ring all-reduce ------------------------------------------------------------------------------
 
 def _explain_traffic(n: int, numel: int, itemsize: int, sent: int, collectives: list) -> str | None:
     ring = 2 * (n - 1) * numel * itemsize // n
@@ -41,12 +126,12 @@ def _explain_traffic(n: int, numel: int, itemsize: int, sent: int, collectives: 
     return f"each rank should send 2 (n - 1) / n of the tensor, {ring} bytes for n = {n}; this one sent {sent}"
 
 
-def check_ring_all_reduce(target: str, *, seed: int = 0, world_sizes: tuple[int, ...] = (2, 3, 4), numel: int = 24,
-                          timeout_s: float = 60.0) -> None:
-    """``target`` (``"module:function"``, a function in a module file) is ``ring_all_reduce(tensor)``:
-    called on every rank of a gloo group, it leaves in ``tensor`` (or returns) the sum of every rank's
-    tensor, as ``dist.all_reduce`` does, using only point-to-point calls, and each rank sends and
-    receives exactly ``2 (n - 1) / n`` of the tensor's bytes. ``numel`` must divide by every world size."""
+def check_ring_all_reduce(ring_all_reduce, *, seed: int = 0, world_sizes: tuple[int, ...] = (2, 3, 4),
+                          numel: int = 24, timeout_s: float = 60.0) -> None:
+    """``ring_all_reduce(tensor)`` (a function, or ``"module:function"``): called on every rank of a
+    gloo group, it leaves in ``tensor`` (or returns) the sum of every rank's tensor, as
+    ``dist.all_reduce`` does, using only point-to-point calls, and each rank sends and receives
+    exactly ``2 (n - 1) / n`` of the tensor's bytes. ``numel`` must divide by every world size."""
     hint = ("split the tensor into n chunks; reduce-scatter: at step s, rank r sends chunk (r - s) mod n to rank r + 1 "
             "and adds the chunk (r - s - 1) mod n it receives from rank r - 1; after n - 1 steps rank r holds the "
             "full sum of chunk (r + 1) mod n; all-gather: n - 1 more steps pass the finished chunks around the ring.")
@@ -54,18 +139,12 @@ def check_ring_all_reduce(target: str, *, seed: int = 0, world_sizes: tuple[int,
         if numel % n:
             raise ValueError(f"numel={numel} does not divide by world size {n}")
         label = f"ring_all_reduce on {n} ranks ({numel} float64 values each, seed {seed})"
-        try:
-            results = launch("course.parallel:all_reduce_case", n, target, seed, numel, timeout_s=timeout_s)
-        except WorkersFailed as e:
-            raise AssertionError(f"{label} did not finish: {e}\n  Hint: {hint}") from None
+        results = _run(ring_all_reduce, "all_reduce_case", n, seed, numel, label=label, hint=hint,
+                       timeout_s=timeout_s)
         want = sum(rank_input(seed, r, numel) for r in range(n))
         itemsize = want.element_size()
         for r, res in enumerate(results):
-            got = res.get("value") if isinstance(res, dict) else None
-            if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-                raise AssertionError(f"{label}: rank {r} ended with {type(got).__name__} "
-                                     f"{tuple(got.shape) if isinstance(got, torch.Tensor) else ''}; it should hold "
-                                     f"the sum, a tensor of shape {tuple(want.shape)}.")
+            got = _tensor(res.get("value") if isinstance(res, dict) else None, f"{label}: rank {r}", want.shape)
             why = _explain_traffic(n, numel, itemsize, res["sent"], res["collectives"])
             if why is not None:
                 raise AssertionError(f"{label}: rank {r}: {why}.\n  Hint: {hint}")
@@ -75,3 +154,121 @@ def check_ring_all_reduce(target: str, *, seed: int = 0, world_sizes: tuple[int,
             assert_close(got, want, name=f"{label}, rank {r}'s result", rtol=1e-12, atol=1e-12, hint=hint)
     ok(f"ring_all_reduce equals the sum on {', '.join(map(str, world_sizes))} ranks, moving 2 (n - 1) / n of the tensor "
        f"per rank (seed {seed})")
+
+
+# -- DDP -----------------------------------------------------------------------------------------------
+
+def _same_as(got: dict, candidates: dict, tol: float) -> str | None:
+    for name, params in candidates.items():
+        if all(torch.allclose(got[k], v, rtol=tol, atol=tol) for k, v in params.items()):
+            return name
+    return None
+
+
+def _compare_params(label: str, got: dict, want: dict, mistakes: dict, tol: float, hint: str) -> None:
+    if not isinstance(got, dict) or set(got) != set(want):
+        raise AssertionError(f"{label}: the model's parameters came back as {sorted(got) if isinstance(got, dict) else got!r}"
+                             f"; expected {sorted(want)} (train the model you were given).")
+    if not all(torch.allclose(got[k], v, rtol=tol, atol=tol) for k, v in want.items()):
+        why = _same_as(got, mistakes, tol)
+        if why is not None:
+            raise AssertionError(f"{label}: the parameters are those of {why}.\n  Hint: {hint}")
+    for k in sorted(want):
+        assert_close(got[k], want[k], name=f"{label}, parameter {k}", rtol=tol, atol=tol, hint=hint)
+
+
+def check_ddp_training(train_ddp, *, seed: int = 0, world_size: int = 2, rows: int = 64, steps: int = 5,
+                       lr: float = 0.1, timeout_s: float = 60.0) -> None:
+    """``train_ddp(model, inputs, targets, steps, lr)``, run on every rank with the same model and the
+    full batch, wraps the model in DDP and takes ``steps`` SGD steps (mean squared error) on this rank's
+    share of the rows; afterwards every rank's model equals one process trained on the full batch."""
+    hint = ("wrap the model in DDP(model); take this rank's rows, inputs.chunk(world_size)[rank] (and the same rows "
+            "of targets); each step: zero the gradients, F.mse_loss(ddp_model(x), y).backward(), optimizer.step(). "
+            "DDP averages the ranks' gradients, so the mean loss on equal shares gives the full batch's gradient.")
+    label = f"train_ddp on {world_size} ranks ({rows} rows, {steps} steps, seed {seed})"
+    results = _run(train_ddp, "ddp_case", world_size, seed, rows, steps, lr, label=label, hint=hint,
+                   timeout_s=timeout_s)
+    want = train_full_batch(seed, rows, steps, lr)
+    mistakes = {"training with the sum of the squared errors instead of their mean (each rank's gradient is its "
+                f"share's sum, {rows // world_size} times too large)": train_full_batch(seed, rows, steps, lr,
+                                                                                        loss_scale=rows // world_size),
+                "gradients summed over the ranks instead of averaged": train_full_batch(seed, rows, steps, lr,
+                                                                                       grad_scale=world_size),
+                "gradients never zeroed between steps (each step adds to the last)":
+                    train_full_batch(seed, rows, steps, lr, accumulate=True)}
+    share = rows // world_size
+    for r, res in enumerate(results):
+        if not isinstance(res, dict) or not isinstance(res.get("rows"), list):
+            raise AssertionError(f"{label}: rank {r} sent back {type(res).__name__}")
+        seen = res["rows"]
+        if seen and set(seen) != {share}:
+            raise AssertionError(f"{label}: rank {r}'s forward passes saw {sorted(set(seen))} rows; each rank should "
+                                 f"run on its share, {rows} / {world_size} = {share} rows (the full batch on every "
+                                 "rank does the same work twice).\n  Hint: " + hint)
+        if len(seen) != steps:
+            raise AssertionError(f"{label}: rank {r} ran the model {len(seen)} times; expected one forward per step, "
+                                 f"{steps}.")
+        _compare_params(f"{label}: rank {r}", res.get("params"), want, mistakes, 1e-9, hint)
+    ok(f"train_ddp: {world_size} ranks on {share} rows each equal one process on {rows} rows after {steps} steps")
+
+
+def check_accumulation(accumulate, *, seed: int = 0, world_size: int = 2, rows: int = 64, micro: int = 4,
+                       steps: int = 3, lr: float = 0.1, timeout_s: float = 60.0) -> None:
+    """``accumulate(ddp_model, optimizer, micro_inputs, micro_targets)`` takes one optimizer step from
+    ``len(micro_inputs)`` micro-batches of this rank's share, synchronising gradients once (under
+    ``ddp_model.no_sync()`` for all but the last backward): the result equals one process on the full
+    batch, with one synchronisation per step."""
+    hint = ("for every micro-batch but the last, run forward and backward inside `with ddp_model.no_sync():`; the "
+            "last backward runs outside it, and DDP averages the accumulated gradients then. Divide each "
+            "micro-batch's loss by the number of micro-batches, step once, and zero the gradients.")
+    label = f"accumulate on {world_size} ranks ({micro} micro-batches of {rows // world_size // micro} rows, seed {seed})"
+    results = _run(accumulate, "accumulate_case", world_size, seed, rows, micro, steps, lr, label=label, hint=hint,
+                   timeout_s=timeout_s)
+    want = train_full_batch(seed, rows, steps, lr)
+    mistakes = {f"each micro-batch's loss not divided by {micro} (the accumulated gradient is {micro} times too "
+                "large)": train_full_batch(seed, rows, steps, lr, loss_scale=micro),
+                "gradients never zeroed between steps (each step adds to the last)":
+                    train_full_batch(seed, rows, steps, lr, accumulate=True)}
+    for r, res in enumerate(results):
+        syncs = res.get("syncs") if isinstance(res, dict) else None
+        if syncs != [1] * steps:
+            extra = ("every micro-batch's backward synchronised the gradients: wrap all but the last in no_sync()"
+                     if syncs == [micro] * steps else
+                     "no backward synchronised them: the last micro-batch must run outside no_sync(), or the ranks "
+                     "drift apart" if syncs == [0] * steps else f"{syncs} synchronisations in the {steps} steps")
+            raise AssertionError(f"{label}: rank {r}: {extra} (expected one per step).\n  Hint: {hint}")
+        _compare_params(f"{label}: rank {r}", res.get("params"), want, mistakes, 1e-9, hint)
+    ok(f"accumulate: one gradient synchronisation per step of {micro} micro-batches, and the full batch's result")
+
+
+def check_comm_hook(fp16_hook, *, seed: int = 0, world_size: int = 2, rows: int = 64, steps: int = 5, lr: float = 0.1,
+                    timeout_s: float = 60.0) -> None:
+    """``fp16_hook(state, bucket)``, registered with ``ddp_model.register_comm_hook(None, fp16_hook)``,
+    all-reduces the bucket's gradients as float16 (half the bytes) and returns a future of their
+    float32 average: training equals the full batch's in float32 within float16's rounding."""
+    hint = ("buffer = bucket.buffer(); all-reduce buffer.to(torch.float16) / world_size with async_op=True; return "
+            "fut.get_future().then(lambda f: f.value()[0].to(buffer.dtype)) (a hook returns a Future of the "
+            "bucket's averaged gradients, in the bucket's dtype).")
+    label = f"fp16_hook on {world_size} ranks ({steps} steps, seed {seed})"
+    results = _run(fp16_hook, "hook_case", world_size, seed, rows, steps, lr, label=label, hint=hint,
+                   timeout_s=timeout_s)
+    want = train_full_batch(seed, rows, steps, lr)
+    mistakes = {"gradients summed over the ranks instead of averaged (divide by the world size)":
+                    train_full_batch(seed, rows, steps, lr, grad_scale=world_size)}
+    numel = sum(p.numel() for p in regression_model(seed).parameters())
+    for r, res in enumerate(results):
+        tensors = res.get("tensors") if isinstance(res, dict) else None
+        if not tensors:
+            raise AssertionError(f"{label}: rank {r}: the hook never called dist.all_reduce; it must all-reduce the "
+                                 f"bucket itself.\n  Hint: {hint}")
+        dtypes = sorted({d for d, _ in tensors})
+        if dtypes != ["float16"]:
+            raise AssertionError(f"{label}: rank {r} all-reduced {', '.join(dtypes)} tensors; compress the bucket to "
+                                 f"float16 first (half the bytes of float32).\n  Hint: {hint}")
+        if sum(k for _, k in tensors) != numel * steps:
+            raise AssertionError(f"{label}: rank {r} all-reduced {sum(k for _, k in tensors)} values in {steps} steps; "
+                                 f"the model's gradients are {numel} values per step.")
+        got = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in (res.get("params") or {}).items()}
+        _compare_params(f"{label}: rank {r}", got, want, mistakes, 2e-3, hint)
+    ok(f"fp16_hook: gradients all-reduced as float16 (half the bytes), training within float16's rounding of the full "
+       f"batch's")
