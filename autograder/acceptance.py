@@ -66,6 +66,8 @@ PLANTED = {
                                 "            pass  # (the wait is ignored)", {"test_find_races"}),
     "09_attention_fast_paths": ("        hidden = hidden | key_padding_mask[:, None, None, :]",
                                 "        hidden = hidden | key_padding_mask[:, None, :, None]", {"test_masked_attention"}),
+    "10_data_parallel": ("        chunks[(rank - step - 1) % n].add_(received)",
+                         "        chunks[(rank - step - 1) % n].copy_(received)", {"test_ring_all_reduce"}),
 }
 
 #: The benchmark of each lesson (benchmarks/<script>), run at the device's size.
@@ -79,6 +81,7 @@ BENCHMARKS = {
     "07_broadcasting_indexing_higher_order": "broadcasting.py",
     "08_profiling_trace_diff": "profiling.py",
     "09_attention_fast_paths": "fastpath.py",
+    "10_data_parallel": "data_parallel.py",
 }
 
 SUBMISSIONS = ("perfect", "untouched", "planted")

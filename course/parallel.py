@@ -383,6 +383,8 @@ class _Counting:
         import torch.distributed.distributed_c10d as c10d
 
         self.traffic: dict[str, Any] = {"sent": 0, "received": 0, "collectives": []}
+        self._barrier = c10d.barrier
+        self._written = _written()
         for module in (dist, c10d):
             for name in _POINT_TO_POINT:
                 if hasattr(c10d, name):
@@ -390,6 +392,13 @@ class _Counting:
             for name in _COLLECTIVES:
                 if hasattr(c10d, name):
                     setattr(module, name, self._noted(name, getattr(c10d, name)))
+
+    def wire(self) -> int:
+        """Bytes this process wrote since counting began (the kernel's count, ``/proc/self/io``):
+        every byte gloo sent, whatever API sent it, plus what the process printed; -1 where the
+        kernel does not say. A barrier first, so that asynchronous sends have left."""
+        self._barrier()
+        return _written() - self._written if self._written >= 0 else -1
 
     # Only the outermost call counts: some releases implement recv with irecv (and send with isend),
     # and a collective may be built from others.
@@ -420,6 +429,19 @@ class _Counting:
         return _mark(wrapper, fn)
 
 
+def _written() -> int:
+    """The kernel's count of bytes this process has written (``wchar`` in ``/proc/self/io``: writes to
+    files, pipes and sockets alike), or -1 where there is no such file."""
+    try:
+        with open("/proc/self/io") as fh:
+            for line in fh:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
 def _mark(wrapper, fn):
     wrapper.__wrapped__ = fn
     wrapper.__name__ = getattr(fn, "__name__", "wrapper")
@@ -443,9 +465,10 @@ def all_reduce_case(rank: int, world_size: int, target: str, seed: int, numel: i
     rank sees another's), calls ``target(tensor)`` with its traffic counted, and returns the tensor
     after the call (an all-reduce works in place, like ``dist.all_reduce``) or what it returned."""
     tensor = rank_input(seed, rank, numel)
+    target = _target(target)
     counting = _Counting()
-    out = _target(target)(tensor)
-    return {"value": tensor if out is None else out, **counting.traffic}
+    out = target(tensor)
+    return {"value": tensor if out is None else out, **counting.traffic, "wire": counting.wire()}
 
 
 def _noted_sizes(counting: _Counting, name: str) -> None:
@@ -467,9 +490,10 @@ def shift_case(rank: int, world_size: int, target: str, seed: int, numel: int) -
     """A worker for the point-to-point check: this rank's own input, ``target(tensor)`` with its
     traffic counted; the tensor it returned."""
     tensor = rank_input(seed, rank, numel)
+    target = _target(target)
     counting = _Counting()
-    out = _target(target)(tensor.clone())
-    return {"value": out, **counting.traffic}
+    out = target(tensor.clone())
+    return {"value": out, **counting.traffic, "wire": counting.wire()}
 
 
 # -- data-parallel training: the same model and data on every rank, from a seed ----------------------
@@ -693,3 +717,10 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, *args: str, timeout_s: f
     if proc.returncode:
         raise WorkersFailed(f"torchrun {script.name} failed (exit code {proc.returncode}); its output:\n{out[-3000:]}")
     return out
+
+
+def library_all_reduce(tensor) -> None:
+    """``dist.all_reduce`` as a ring check's target: what the library itself sends (benchmarks)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    getattr(c10d.all_reduce, "__wrapped__", c10d.all_reduce)(tensor)

@@ -222,6 +222,45 @@ def borrowed(src: Path, lesson_id: str) -> dict:
     return nb
 
 
+#: Lesson 10's answers run in worker processes: cheats that only a worker can try. A ring that sums
+#: through the process group's own method around the byte counter and sends dummy chunks (the kernel's
+#: count of what the process wrote shows it), a DDP answer that reaches for the course's frames (the
+#: worker's audit hook refuses it), and a comm hook that is right but patches the course in its worker
+#: (the worker's seal reports it: the cell is set aside, as every later one would be). The shift and
+#: the accumulation are right: they keep their points.
+WORKER_LESSON = "10_data_parallel"
+WORKER_CHEATS = {
+    "ring_all_reduce": "def ring_all_reduce(tensor):\n"
+                       "    rank, n = dist.get_rank(), dist.get_world_size()\n"
+                       "    dist.group.WORLD.allreduce([tensor]).wait()\n"
+                       "    chunk = torch.empty_like(tensor.chunk(n)[0])\n"
+                       "    for _ in range(2 * (n - 1)):\n"
+                       "        request = dist.isend(chunk.clone(), (rank + 1) % n)\n"
+                       "        dist.recv(chunk, (rank - 1) % n)\n"
+                       "        request.wait()\n",
+    "train_ddp": "def train_ddp(model, inputs, targets, steps, lr):\n"
+                 "    import sys\n"
+                 "    sys._getframe(1).f_locals  # the course's worker: its seed, its counters\n",
+    "fp16_hook": "def fp16_hook(state, bucket):\n"
+                 "    import course.parallel\n"
+                 "    course.parallel.train_full_batch = lambda *a, **k: None\n"
+                 "    buffer = bucket.buffer()\n"
+                 "    half = buffer.to(torch.float16).div_(dist.get_world_size())\n"
+                 "    work = dist.all_reduce(half, async_op=True)\n"
+                 "    return work.get_future().then(lambda f: f.value()[0].to(buffer.dtype))\n",
+}
+WORKER_CHEATS_LOSE = {"test_ring_all_reduce", "test_train_ddp", "test_fp16_hook"}
+
+
+def worker_cheats(src: Path) -> dict:
+    nb = json.loads(src.read_text())
+    for cell in nb["cells"]:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id in WORKER_CHEATS:
+            cell["source"] = WORKER_CHEATS[grade_id]
+    return nb
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """One `grade` run over: every lesson's instructor notebook, and for each lesson with a
@@ -249,6 +288,9 @@ def graded(tmp_path_factory):
         if lesson_id == SLOW_LESSON:
             (subs / "slow" / lesson_id).mkdir(parents=True)
             (subs / "slow" / lesson_id / src.name).write_text(slow_notebook(src))
+        if lesson_id == WORKER_LESSON:
+            (subs / "workers" / lesson_id).mkdir(parents=True)
+            (subs / "workers" / lesson_id / src.name).write_text(json.dumps(worker_cheats(src)))
         if lesson_id == PATCHED_LESSON:
             nb, _ = patched(src)
             (subs / "patched" / lesson_id).mkdir(parents=True)
@@ -338,6 +380,14 @@ def test_mistake_behind_patched_checks_earns_only_the_cells_before_it(graded):
     assert row["status"] == "graded", row
     graded.expect("patched", PATCHED_LESSON, patched_points(nb))
     assert "tampered" in row["flags"].split(","), row
+
+
+@pytest.mark.notebooks
+def test_cheats_inside_lesson_10s_workers_earn_nothing_and_are_named(graded):
+    row = graded.rows[("workers", WORKER_LESSON)]
+    expected = graded_cells(notebook(WORKER_LESSON, "solutions"))
+    graded.expect("workers", WORKER_LESSON, {k: 0.0 if k in WORKER_CHEATS_LOSE else v for k, v in expected.items()})
+    assert {"tampered", "introspection"} <= set(row["flags"].split(",")), row
 
 
 @pytest.mark.notebooks

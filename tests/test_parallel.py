@@ -4,13 +4,30 @@ its rank named, and no worker is ever left running."""
 
 from __future__ import annotations
 
-import multiprocessing
+import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from course.parallel import WorkersFailed, launch, write_worker
+
+sys.path.insert(0, str(Path(__file__).parent))
+import parallel_answers as answers  # noqa: E402
+
+
+def no_worker_left() -> bool:
+    """No process started by course.parallel.launch is still running (a scan of /proc)."""
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if b"_worker_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return False
+            except OSError:
+                continue
+    return True
 
 WORKER = '''
 import os
@@ -71,13 +88,13 @@ def worker(tmp_path, monkeypatch):
 def test_workers_join_one_group_and_return_in_rank_order(worker):
     assert launch(f"{worker}:all_reduce", 2, 10) == [torch.tensor([21.0]), torch.tensor([21.0])]
     assert launch(f"{worker}:ring_pass", 4, rendezvous="tcp") == [3, 0, 1, 2]
-    assert not multiprocessing.active_children()
+    assert no_worker_left()
 
 
 def test_a_rank_that_raises_is_named_with_its_error(worker):
     with pytest.raises(WorkersFailed, match=r"rank 1 raised:(.|\n)*ValueError: rank one is broken"):
         launch(f"{worker}:raises", 2, timeout_s=60)
-    assert not multiprocessing.active_children()
+    assert no_worker_left()
 
 
 @pytest.mark.parametrize("target, why", [
@@ -90,7 +107,7 @@ def test_a_hung_or_dead_worker_ends_the_launch_and_nothing_is_left_running(worke
     with pytest.raises(WorkersFailed, match=why):
         launch(f"{worker}:{target}", 2, timeout_s=6)
     assert time.monotonic() - start < 30
-    assert not multiprocessing.active_children()
+    assert no_worker_left()
 
 
 def test_a_function_from_a_notebook_cell_is_refused_with_the_reason():
@@ -191,3 +208,118 @@ def test_ring_mistakes_fail_and_are_named(rings, wrong, named):
 
     with pytest.raises(AssertionError, match=named):
         check_ring_all_reduce(f"{rings}:{wrong}", world_sizes=(3,))  # with 2 ranks a ring sends one whole tensor too
+
+
+def test_a_ring_that_hides_its_traffic_from_the_counter_is_caught_by_the_kernels_count():
+    """The sum by the library, called around the counting wrapper (``__wrapped__``) or through the
+    process group's own C++ method, plus a ring of dummy chunks for the count: the bytes the process
+    wrote (``/proc/self/io``) are twice what its counted sends account for."""
+    from course.checks.parallel import check_ring_all_reduce
+
+    for cheat in (answers.ring_hidden, answers.ring_group):
+        with pytest.raises(AssertionError, match="wrote .* bytes while its sends account for"):
+            check_ring_all_reduce(cheat, world_sizes=(2,))
+
+
+# -- every check against the right answer and the usual mistakes, each named -------------------------
+
+@pytest.mark.parametrize("check, answer, named", [
+    ("check_shift", "shift", None),
+    ("check_shift", "shift_naive", "did not finish(.|\n)*every rank sends first"),
+    ("check_ring_all_reduce", "ring_all_reduce", None),
+    ("check_ddp_training", "train_ddp", None),
+    ("check_ddp_training", "train_ddp_full", "saw \\[64\\] rows; each rank should run on its share"),
+    ("check_ddp_training", "train_ddp_sum", "the sum of the squared errors instead of their mean"),
+    ("check_accumulation", "accumulate", None),
+    ("check_accumulation", "accumulate_every", "every micro-batch's backward synchronised the gradients"),
+    ("check_accumulation", "accumulate_nodiv", "loss not divided by 4"),
+    ("check_comm_hook", "fp16_hook", None),
+    ("check_comm_hook", "fp16_hook_nodiv", "summed over the ranks instead of averaged"),
+    ("check_comm_hook", "hook32", "all-reduced float32 tensors; compress the bucket to float16"),
+])
+def test_lesson_10_checks_pass_the_answer_and_name_each_mistake(check, answer, named, capsys):
+    import course.checks.parallel as checks
+
+    fn = getattr(checks, check)
+    kwargs = {"world_sizes": (2,), "timeout_s": 8} if check == "check_shift" else {}
+    if check == "check_ring_all_reduce":
+        kwargs = {"world_sizes": (3,)}
+    if named is None:
+        fn(getattr(answers, answer), **kwargs)
+        assert "ok: " in capsys.readouterr().out
+    else:
+        with pytest.raises(AssertionError, match=named):
+            fn(getattr(answers, answer), **kwargs)
+    assert no_worker_left()
+
+
+def test_an_unwritten_answer_says_so():
+    from course.checks.parallel import check_shift
+
+    def shift(tensor):
+        raise NotImplementedError()
+    with pytest.raises(AssertionError, match="not written yet"):
+        check_shift(shift, world_sizes=(2,))
+
+
+# -- under the grader every worker confines itself -----------------------------------------------------
+
+CHEATS = '''
+import sys
+
+import course.parallel
+
+
+def patches(rank, world_size):
+    course.parallel.rank_input = lambda *a: None  # a forged input for every later case
+    return rank
+
+
+def looks_around(rank, world_size):
+    try:
+        sys._getframe(1)
+    except RuntimeError as e:
+        return str(e)
+    return "not refused"
+'''
+
+
+def test_workers_under_the_grader_are_sealed_and_report_what_they_saw(tmp_path, monkeypatch):
+    """With the harness's guard named in the environment (as the sandbox's learner process names it),
+    each worker seals the guarded modules and installs the audit hook before it imports learner code:
+    introspection from a worker module is refused, a patched course function is reported, and both
+    come back to the launching process (course.parallel.WORKER_FLAGS) for the harness to flag."""
+    import course.parallel as parallel
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv(parallel.GUARD_ENV, str(root / "autograder" / "sandbox" / "child.py"))
+    monkeypatch.setattr(parallel, "WORKER_FLAGS", [])
+    write_worker("course_test_cheats", CHEATS, folder=tmp_path)
+    assert launch("course_test_cheats:looks_around", 2, path=tmp_path) == ["grading: sys._getframe is not allowed "
+                                                                           "in submitted code"] * 2
+    assert [name for name, _ in parallel.WORKER_FLAGS] == ["introspection", "introspection"]
+    parallel.WORKER_FLAGS.clear()
+    assert launch("course_test_cheats:patches", 2, path=tmp_path) == [0, 1]
+    assert [name for name, _ in parallel.WORKER_FLAGS] == ["tampered", "tampered"]
+    assert "course.parallel.rank_input replaced" in parallel.WORKER_FLAGS[0][1]
+
+
+def test_torchrun_runs_a_script_in_processes_of_one_thread_each(tmp_path):
+    from course.parallel import torchrun
+
+    script = write_worker("course_test_torchrun", """
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.tensor([1.0])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()}: threads {torch.get_num_threads()}, sum {t.item():g}", flush=True)
+dist.destroy_process_group()
+""", folder=tmp_path)
+    out = torchrun(script, 2)
+    assert "rank 0: threads 1, sum 2" in out and "rank 1: threads 1, sum 2" in out
+    broken = write_worker("course_test_torchrun_fails", "raise SystemExit('no group today')\n", folder=tmp_path)
+    with pytest.raises(WorkersFailed, match="failed \\(exit code"):
+        torchrun(broken, 2)

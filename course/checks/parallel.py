@@ -59,6 +59,22 @@ def run_workers(answer, case: str, world_size: int, *args, timeout_s: float = 60
             shutil.rmtree(folder, ignore_errors=True)
 
 
+#: Bytes a process may write beyond what its counted sends account for: gloo's message headers
+#: (under 100 bytes a message), a barrier, and some printing of the learner's own.
+WIRE_SLACK = 64 * 1024
+
+
+def _wire(label: str, r: int, res: dict, hint: str) -> None:
+    """The kernel's count of what rank ``r`` wrote must be what its counted sends account for: a
+    transfer through the process group's own methods (or a collective called around the counter)
+    shows up here, whatever route it took."""
+    wire = res.get("wire", -1)
+    if isinstance(wire, int) and wire >= 0 and wire > res["sent"] + WIRE_SLACK:
+        raise AssertionError(f"{label}: rank {r}'s process wrote {wire} bytes while its sends account for {res['sent']}: "
+                             "something sent data the counted send, recv, isend and irecv did not (a collective, or "
+                             f"a process group's own methods), or it printed a lot.\n  Hint: {hint}")
+
+
 def _run(answer, case: str, n: int, *args, label: str, hint: str, timeout_s: float = 60.0) -> list:
     try:
         return probe(answer, run_workers, case, n, *args, timeout_s=timeout_s)
@@ -78,7 +94,7 @@ def _tensor(value, label: str, shape) -> torch.Tensor:
 
 # -- point to point -----------------------------------------------------------------------------------
 
-def check_shift(shift, *, seed: int = 0, world_sizes: tuple[int, ...] = (2, 3), numel: int = 1000,
+def check_shift(shift, *, seed: int = 0, world_sizes: tuple[int, ...] = (2, 3), numel: int = 65536,
                 timeout_s: float = 30.0) -> None:
     """``shift(tensor)`` on every rank returns the tensor of the rank before it (rank ``r`` gets rank
     ``r - 1``'s, rank 0 the last rank's), sending its own to the rank after it, point to point only,
@@ -104,6 +120,7 @@ def check_shift(shift, *, seed: int = 0, world_sizes: tuple[int, ...] = (2, 3), 
             full = numel * 8
             if res["sent"] != full:
                 raise AssertionError(f"{label}: rank {r} sent {res['sent']} bytes; one tensor is {full}.")
+            _wire(label, r, res, hint)
     ok(f"shift passes every tensor to the next rank, without deadlock, on {', '.join(map(str, world_sizes))} ranks")
 
 
@@ -127,11 +144,12 @@ def _explain_traffic(n: int, numel: int, itemsize: int, sent: int, collectives: 
 
 
 def check_ring_all_reduce(ring_all_reduce, *, seed: int = 0, world_sizes: tuple[int, ...] = (2, 3, 4),
-                          numel: int = 24, timeout_s: float = 60.0) -> None:
+                          numel: int = 122880, timeout_s: float = 60.0) -> None:
     """``ring_all_reduce(tensor)`` (a function, or ``"module:function"``): called on every rank of a
     gloo group, it leaves in ``tensor`` (or returns) the sum of every rank's tensor, as
     ``dist.all_reduce`` does, using only point-to-point calls, and each rank sends and receives
-    exactly ``2 (n - 1) / n`` of the tensor's bytes. ``numel`` must divide by every world size."""
+    exactly ``2 (n - 1) / n`` of the tensor's bytes, as the kernel's count of what each process wrote
+    confirms (so the tensor is large: ~1 MB by default). ``numel`` must divide by every world size."""
     hint = ("split the tensor into n chunks; reduce-scatter: at step s, rank r sends chunk (r - s) mod n to rank r + 1 "
             "and adds the chunk (r - s - 1) mod n it receives from rank r - 1; after n - 1 steps rank r holds the "
             "full sum of chunk (r + 1) mod n; all-gather: n - 1 more steps pass the finished chunks around the ring.")
@@ -151,6 +169,7 @@ def check_ring_all_reduce(ring_all_reduce, *, seed: int = 0, world_sizes: tuple[
             if res["received"] != res["sent"]:
                 raise AssertionError(f"{label}: rank {r} sent {res['sent']} bytes but received {res['received']}; "
                                      f"in a ring every rank sends and receives the same.\n  Hint: {hint}")
+            _wire(label, r, res, hint)
             assert_close(got, want, name=f"{label}, rank {r}'s result", rtol=1e-12, atol=1e-12, hint=hint)
     ok(f"ring_all_reduce equals the sum on {', '.join(map(str, world_sizes))} ranks, moving 2 (n - 1) / n of the tensor "
        f"per rank (seed {seed})")
