@@ -38,7 +38,9 @@ sys.path.insert(0, str(ROOT))
 # Runs a notebook's code cells in one namespace as a kernel would (each cell from a file of its
 # own: TorchScript reads functions' source from disk), showing warnings as Jupyter does, and
 # prints one JSON line per cell: its index, seconds, error (or null), the warnings it showed.
-RUNNER = textwrap.dedent('''
+# Guarded: a lesson that starts processes with torch.multiprocessing (lesson 10) re-imports this
+# script in each child (spawn), which must not run the notebook again.
+RUNNER = "if __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent('''
     import json, os, sys, time, traceback, warnings
     nb = json.load(open(sys.argv[1]))
     cells_dir = sys.argv[2]
@@ -76,7 +78,7 @@ RUNNER = textwrap.dedent('''
                                     "undecided": undecided, "warnings": sorted(set(shown))}), flush=True)
         if error and not undecided:
             sys.exit(1)
-''')
+'''), "    ")
 
 
 def accepted_range() -> tuple[str, str]:

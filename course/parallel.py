@@ -41,7 +41,7 @@ class WorkersFailed(RuntimeError):
 
 
 #: What every worker module written from functions starts with: the names a lesson's workers use.
-WORKER_HEADER = """# Written by course.parallel.write_worker: spawned workers import this module by its name.
+WORKER_HEADER = """# Written from a notebook by course.parallel.write_worker: workers import this module by its name.
 import contextlib
 import math
 
@@ -78,14 +78,14 @@ def worker_source(*parts: Callable | str) -> str:
 
 def write_worker(name: str, *parts: Callable | str, folder: str | os.PathLike | None = None) -> Path:
     """Write a module ``<folder>/<name>.py`` (default: the current folder) that spawned workers can
-    import: each part is a function (its source is copied, see :func:`worker_source`) or code as a
-    string. Drops any earlier import of that module in this process and returns the path.
-    ``name`` must be a plain module name (letters, digits, underscores)."""
+    import: :data:`WORKER_HEADER`, then each part, a function (its source is copied, see
+    :func:`worker_source`) or code as a string. Drops any earlier import of that module in this
+    process and returns the path. ``name`` must be a plain module name (letters, digits, underscores)."""
     if not name.isidentifier():
         raise ValueError(f"a worker module needs a plain Python name, such as 'ring_worker'; got {name!r}")
     if not parts:
         raise ValueError("write_worker needs the worker's functions (or its code as a string)")
-    text = parts[0] if len(parts) == 1 and isinstance(parts[0], str) else worker_source(*parts)
+    text = worker_source(*parts)
     path = Path(folder or os.getcwd()) / f"{name}.py"
     path.write_text(text)
     sys.modules.pop(name, None)
@@ -136,11 +136,8 @@ def _worker(rank: int, world_size: int, init_method: str, backend: str, module: 
     try:
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-        try:
-            fn = getattr(importlib.import_module(module), name)
-            result = {"ok": True, "value": fn(rank, world_size, *args)}
-        finally:
-            dist.destroy_process_group()
+        fn = getattr(importlib.import_module(module), name)
+        result = {"ok": True, "value": fn(rank, world_size, *args)}
     except BaseException:  # noqa: BLE001 - everything goes back to the launcher, named by rank
         result = {"ok": False, "error": traceback.format_exc(limit=8)}
     result["flags"] = report()
@@ -153,6 +150,13 @@ def _worker(rank: int, world_size: int, init_method: str, backend: str, module: 
         torch.save({"ok": False, "error": f"rank {rank}'s result could not be sent back:\n"
                                           + traceback.format_exc(limit=3), "flags": result["flags"]}, tmp)
     os.replace(tmp, out)
+    # The process ends here, without dist.destroy_process_group(): on torch 2.4 it can hang for good once a
+    # DDP comm hook's future callback has run (gloo's thread and this one wait on each other). What this
+    # rank sent has left (gloo's send returns once received); a peer still waiting on it sees the
+    # connection close and fails at once, as it would after destroy_process_group().
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class _Process:
@@ -231,7 +235,8 @@ def _confine() -> Callable[[], list]:
 
 
 def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: str = "gloo",
-           rendezvous: str = "file", timeout_s: float = 60.0, path: str | os.PathLike | None = None) -> list[Any]:
+           rendezvous: str = "file", timeout_s: float = 60.0, path: str | os.PathLike | None = None,
+           echo: bool = True) -> list[Any]:
     """Run ``function(rank, world_size, *args)`` in ``world_size`` spawned processes joined in one
     process group, and return the results in rank order.
 
@@ -242,6 +247,7 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
     ``timeout_s`` bounds the whole launch; a worker that raises, dies or hangs (a ``recv`` with no
     matching ``send`` waits forever) raises :class:`WorkersFailed` naming its rank, after every worker
     has been stopped. ``path``: a folder the workers import from first (default: the current folder).
+    ``echo``: print what the workers printed (each line marked ``[rank r]``) once they have ended.
 
     Under the grader every worker confines itself before it imports anything of the learner's, as the
     learner's own process is (see :func:`_confine`), and what it saw comes back in :data:`WORKER_FLAGS`."""
@@ -291,6 +297,10 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
         for o in outs:
             if os.path.exists(o):
                 WORKER_FLAGS.extend(_read(o).get("flags", ()))
+        if echo:
+            for r, p in enumerate(procs):
+                for line in p.tail(4000).splitlines()[-40:]:
+                    print(f"[rank {r}] {line}")
         if all(s == "finished" for s, _ in states):
             return [_read(o)["value"] for o in outs]
         raise WorkersFailed(_report(name, world_size, states, timeout_s, [p.tail() for p in procs]))

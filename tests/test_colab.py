@@ -21,7 +21,9 @@ TORCH = "torch==2.13.0"  # the CPU build on disk here; Colab brings its own
 
 # Runs a notebook's code cells in one namespace, as a kernel would, each cell from a file of its
 # own (TorchScript reads functions' source from disk); prints a line per cell, exits 1 on an error.
-RUNNER = textwrap.dedent('''
+# Guarded: a lesson that starts processes with torch.multiprocessing (lesson 10) re-imports this
+# script in each child (spawn), which must not run the notebook again.
+RUNNER = "if __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent('''
     import json, os, sys, time, traceback
     nb = json.load(open(sys.argv[1]))
     cells_dir = sys.argv[2]
@@ -43,7 +45,7 @@ RUNNER = textwrap.dedent('''
             print(f"CELL {n} FAILED", flush=True)
             sys.exit(1)
         print(f"CELL {n} ok {time.time() - start:.1f}s", flush=True)
-''')
+'''), "    ")
 
 
 def package_copy(dest: Path) -> Path:
@@ -74,6 +76,7 @@ def colab(tmp_path_factory):
     write_solved(base / "work", "07_broadcasting_indexing_higher_order")
     write_solved(base / "work", "08_profiling_trace_diff")
     write_solved(base / "work", "09_attention_fast_paths")
+    write_solved(base / "work", "10_data_parallel")
     (base / "runner.py").write_text(RUNNER)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
     env.update(COURSE_PIP_SOURCE=str(package_copy(base / "package")), MPLBACKEND="Agg",
@@ -144,6 +147,8 @@ def test_lesson_1_runs_to_the_end_with_every_exercise_passing(colab):
     # without Holistic Trace Analysis (not a dependency of the package): its one cell says so, the lesson goes on
     ("08_profiling_trace_diff", "HTA is not installed here"),
     ("09_attention_fast_paths", None),
+    # workers from the installed package (site-packages), the learner's functions copied from the notebook
+    ("10_data_parallel", None),
 ])
 def test_a_later_lesson_runs_to_the_end_with_every_exercise_passing(colab, lesson_id, also):
     solved = colab["solved"].parent.parent / lesson_id / f"{lesson_id}.ipynb"

@@ -743,3 +743,77 @@ def test_lesson_9_the_fast_path_asks_about_autocast_without_a_device():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled()
     assert "it asks whether autocast is on *for CUDA* (`torch.is_autocast_enabled()` without a device)" in prose(L9)
+
+
+LESSON_10_CLAIMS = '''
+import torch
+import torch.distributed as dist
+
+
+def claims(rank, world_size):
+    out = {}
+    try:
+        dist.reduce_scatter(torch.empty(1), list(torch.arange(2.0).chunk(2)))
+        out["reduce_scatter"] = True
+    except RuntimeError as e:
+        out["reduce_scatter"] = "does not support reduce_scatter" in str(e) and str(e)
+    out["threads"] = torch.get_num_threads()
+    return out
+'''
+
+
+def test_lesson_10_what_gloo_supports_and_what_a_worker_sees(tmp_path):
+    """Lesson 10 says: gloo on torch 2.4 has no reduce_scatter ("does not support"), 2.13 and later
+    have it; nccl is absent from a CPU build; a course worker starts with every core's threads (torchrun
+    sets one: tests/test_parallel.py); gloo's send blocks until the receive (the deadlock demo:
+    tests/test_parallel.py, shift_naive)."""
+    import torch.distributed as dist
+
+    from course.parallel import launch, write_worker
+
+    write_worker("course_claims_10", LESSON_10_CLAIMS, folder=tmp_path)
+    got = launch("course_claims_10:claims", 2, path=tmp_path)[0]
+    if TORCH < (2, 5):
+        assert got["reduce_scatter"] and got["reduce_scatter"] is not True, got
+    elif TORCH >= (2, 13):
+        assert got["reduce_scatter"] is True, got
+    import subprocess
+    import sys
+
+    fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True,
+                           text=True, check=True)
+    assert got["threads"] == int(fresh.stdout), (got, fresh.stdout)  # a fresh interpreter's default: every core
+    if not torch.cuda.is_available() and "+cpu" in torch.__version__:
+        assert not dist.is_nccl_available()
+    text = (SOLUTIONS / "10_data_parallel" / "10_data_parallel.ipynb").read_text()
+    assert "gloo on torch 2.4 has no `reduce_scatter`" in text and "2.13 and later have it" in text
+
+
+def test_lesson_6_batchnorm_running_statistics_under_vmap():
+    """Lesson 6 says: with stacked buffers, each member's running statistics update in place under
+    vmap exactly as the loop's; shared (unbatched) buffers are refused with torch's "Batch norm got a
+    batched tensor" error; replace_all_batch_norm_modules_ leaves no buffers and runs."""
+    import copy
+
+    from torch import nn
+    from torch.func import functional_call, replace_all_batch_norm_modules_, stack_module_state, vmap
+
+    torch.manual_seed(0)
+    members = [nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3)) for _ in range(4)]
+    params, buffers = stack_module_state(members)
+    base = copy.deepcopy(members[0]).to("meta")
+    xs = torch.randn(4, 32, 8)
+    call = lambda p, b, x: functional_call(base, (p, b), (x,))  # noqa: E731
+    vmap(call)(params, buffers, xs)
+    for member, x in zip(members, xs):
+        member(x)
+    assert torch.allclose(buffers["1.running_mean"], torch.stack([m[1].running_mean for m in members]), atol=1e-6)
+    assert buffers["1.running_mean"].abs().sum() > 0
+    shared = {name: t[0].clone() for name, t in buffers.items()}
+    with pytest.raises(RuntimeError, match="Batch norm got a batched tensor as input while the running_mean"):
+        vmap(call, in_dims=(0, None, 0))(params, shared, xs)
+    replace_all_batch_norm_modules_(base)
+    assert dict(base.named_buffers()) == {}
+    assert vmap(lambda p, x: functional_call(base, p, (x,)))(params, xs).shape == (4, 32, 3)
+    text = (SOLUTIONS / "06_vmap_ensembles" / "06_vmap_ensembles.ipynb").read_text()
+    assert "shared buffers:" in text and "replace_all_batch_norm_modules_" in text
