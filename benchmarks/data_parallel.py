@@ -57,13 +57,13 @@ def main(argv=None) -> int:
     # the ring's bytes per rank, by the kernel's count, against the library's all_reduce
     folder = Path(tempfile.mkdtemp())
     sol = load_solution(solution_source(LESSON), folder / "l10.py", "l10")
-    from course.checks.parallel import run_workers
+    from course.checks.parallel import run_case, run_workers
 
     numel = 122880
     traffic = {}
     for n in (2, 4):
         ring = run_workers(sol.ring_all_reduce, "all_reduce_case", n, 0, numel)
-        library = run_workers("course.parallel:library_all_reduce", "all_reduce_case", n, 0, numel)
+        library = run_case("course.parallel:library_all_reduce", "all_reduce_case", n, 0, numel)
         traffic[n] = {"tensor_bytes": numel * 8, "ring_wire": ring[0]["wire"], "library_wire": library[0]["wire"]}
     results["all_reduce_bytes_per_rank"] = traffic
     print(json.dumps(results, indent=1))

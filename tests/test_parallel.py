@@ -323,3 +323,15 @@ dist.destroy_process_group()
     broken = write_worker("course_test_torchrun_fails", "raise SystemExit('no group today')\n", folder=tmp_path)
     with pytest.raises(WorkersFailed, match="failed \\(exit code"):
         torchrun(broken, 2)
+
+
+def test_only_a_function_written_by_the_learner_is_an_answer():
+    """Under the grader the probe receives whatever the learner bound to the answer's name: the name
+    of something importable (torch's own float16 hook, the course's all_reduce) is refused, so the
+    workers only ever run code the learner wrote."""
+    from course.checks.parallel import run_workers
+
+    for answer in ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks:fp16_compress_hook",
+                   "course.parallel:library_all_reduce", 3, torch.nn.Linear):
+        with pytest.raises(AssertionError, match="should be a function defined with def"):
+            run_workers(answer, "hook_case", 2, 0, 64, 1, 0.1)

@@ -25,38 +25,45 @@ from course.parallel import (WorkersFailed, launch, rank_input, regression_model
 from course.remote import probe, prober
 
 __all__ = ["check_accumulation", "check_comm_hook", "check_ddp_training", "check_ring_all_reduce", "check_shift",
-           "run_workers"]
+           "run_case", "run_workers"]
 
 SERVED = ("check_shift", "check_ring_all_reduce", "check_ddp_training", "check_accumulation", "check_comm_hook")
 
 CASES = ("shift_case", "all_reduce_case", "ddp_case", "accumulate_case", "hook_case")
 
 
-@prober
-def run_workers(answer, case: str, world_size: int, *args, timeout_s: float = 60.0) -> list:
-    """Run the course's worker ``case`` on ``world_size`` ranks with the learner's function
-    ``answer`` (its source copied into a module in a fresh folder) or a ``"module:function"``;
-    the workers' results in rank order. A failed launch is an ``AssertionError`` with its report."""
+def run_case(target: str, case: str, world_size: int, *args, timeout_s: float = 60.0) -> list:
+    """Run the course's worker ``case`` on ``world_size`` ranks with ``target`` (``"module:function"``,
+    importable by the workers); their results in rank order, a failed launch as an ``AssertionError``."""
     if case not in CASES:
         raise ValueError(f"unknown worker case {case!r}")
-    folder = None
     try:
-        if isinstance(answer, str):
-            target = answer
-        else:
-            name = getattr(answer, "__name__", "")
-            if not callable(answer) or not str(name).isidentifier():
-                raise AssertionError(f"the answer should be a function defined with def in a cell; got "
-                                     f"{type(answer).__name__}")
-            folder = tempfile.mkdtemp(prefix="course-answer-")
-            write_worker(f"answer_{name}", answer, folder=folder)
-            target = f"answer_{name}:{name}"
-        return launch(f"course.parallel:{case}", world_size, target, *args, timeout_s=timeout_s, path=folder)
+        return launch(f"course.parallel:{case}", world_size, target, *args, timeout_s=timeout_s)
     except WorkersFailed as e:
         raise AssertionError(str(e)) from None
+
+
+@prober
+def run_workers(answer, case: str, world_size: int, *args, timeout_s: float = 60.0) -> list:
+    """:func:`run_case` with the learner's function ``answer``: its source copied into a module in a
+    fresh folder, which the workers import. Only a function defined with ``def`` is an answer (never a
+    name of something importable: the workers run the code the learner wrote)."""
+    name = getattr(answer, "__name__", "")
+    if not callable(answer) or isinstance(answer, type) or not str(name).isidentifier():
+        raise AssertionError(f"the answer should be a function defined with def in a cell; got "
+                             f"{type(answer).__name__}")
+    folder = tempfile.mkdtemp(prefix="course-answer-")
+    try:
+        write_worker(f"answer_{name}", answer, folder=folder)
+        if case not in CASES:
+            raise ValueError(f"unknown worker case {case!r}")
+        try:
+            return launch(f"course.parallel:{case}", world_size, f"answer_{name}:{name}", *args, timeout_s=timeout_s,
+                          path=folder)
+        except WorkersFailed as e:
+            raise AssertionError(str(e)) from None
     finally:
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 #: Bytes a process may write beyond what its counted sends account for: gloo's message headers
@@ -77,6 +84,8 @@ def _wire(label: str, r: int, res: dict, hint: str) -> None:
 
 def _run(answer, case: str, n: int, *args, label: str, hint: str, timeout_s: float = 60.0) -> list:
     try:
+        if isinstance(answer, str):  # a module the caller wrote ("module:function"): here, never under the grader
+            return run_case(answer, case, n, *args, timeout_s=timeout_s)
         return probe(answer, run_workers, case, n, *args, timeout_s=timeout_s)
     except AssertionError as e:
         text = str(e)
