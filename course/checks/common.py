@@ -31,6 +31,12 @@ def _is_stub(exc: NotImplementedError) -> bool:
     return not text or text.startswith("While executing ")
 
 
+def not_written(label: str) -> AssertionError:
+    """What a check says of an answer that is still the stub (its bare ``raise NotImplementedError()``)."""
+    return AssertionError(f"{label} is not written yet: replace `raise NotImplementedError()` with your code, then run "
+                          "its cell again.")
+
+
 def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
     """Call the learner's ``fn``, turning the usual first-day mistakes into clear messages."""
     label = name or getattr(fn, "__name__", None) or "your function"
@@ -45,8 +51,7 @@ def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> An
     except NotImplementedError as exc:
         if not _is_stub(exc):  # PyTorch's own (a missing jvp, an op with no kernel), not the stub's bare raise
             raise _learner_error(label, exc, args) from exc
-        raise AssertionError(f"{label} is not written yet: replace `raise NotImplementedError()` "
-                             "with your code, then run its cell again.") from None
+        raise not_written(label) from None
     except AssertionError:
         raise
     except NameError as exc:
