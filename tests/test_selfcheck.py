@@ -38,14 +38,19 @@ def run_cells(nb: dict, tmp_path: Path, *, skip_last: bool = True) -> dict:
     source from disk); the Colab set-up cell and, by default, the self-check cell left out."""
     ns: dict = {"__name__": "__main__"}
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    for n, cell in enumerate(code[:-1] if skip_last else code):
-        src = "".join(cell["source"])
-        path = tmp_path / f"cell_{n:03d}.py"
-        path.write_text(src)
-        try:
-            exec(compile(src, str(path), "exec"), ns)
-        except Exception:  # noqa: BLE001 - the untouched version raises in its exercise cells
-            pass
+    here = os.getcwd()
+    os.chdir(tmp_path)  # what a lesson writes beside itself (lesson 10's worker modules) stays out of the checkout
+    try:
+        for n, cell in enumerate(code[:-1] if skip_last else code):
+            src = "".join(cell["source"])
+            path = tmp_path / f"cell_{n:03d}.py"
+            path.write_text(src)
+            try:
+                exec(compile(src, str(path), "exec"), ns)
+            except Exception:  # noqa: BLE001 - the untouched version raises in its exercise cells
+                pass
+    finally:
+        os.chdir(here)
     return ns
 
 
