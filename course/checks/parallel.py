@@ -33,13 +33,14 @@ SERVED = ("check_shift", "check_ring_all_reduce", "check_ddp_training", "check_a
 CASES = ("shift_case", "all_reduce_case", "ddp_case", "accumulate_case", "hook_case")
 
 
-def run_case(target: str, case: str, world_size: int, *args, timeout_s: float = 60.0) -> list:
+def run_case(target: str, case: str, world_size: int, *args, timeout_s: float = 60.0, path: str | None = None) -> list:
     """Run the course's worker ``case`` on ``world_size`` ranks with ``target`` (``"module:function"``,
-    importable by the workers); their results in rank order, a failed launch as an ``AssertionError``."""
+    importable by the workers, first from ``path``); their results in rank order, a failed launch as an
+    ``AssertionError``."""
     if case not in CASES:
         raise ValueError(f"unknown worker case {case!r}")
     try:
-        return launch(f"course.parallel:{case}", world_size, target, *args, timeout_s=timeout_s)
+        return launch(f"course.parallel:{case}", world_size, target, *args, timeout_s=timeout_s, path=path)
     except WorkersFailed as e:
         raise AssertionError(str(e)) from None
 
@@ -56,13 +57,7 @@ def run_workers(answer, case: str, world_size: int, *args, timeout_s: float = 60
     folder = tempfile.mkdtemp(prefix="course-answer-")
     try:
         write_worker(f"answer_{name}", answer, folder=folder)
-        if case not in CASES:
-            raise ValueError(f"unknown worker case {case!r}")
-        try:
-            return launch(f"course.parallel:{case}", world_size, f"answer_{name}:{name}", *args, timeout_s=timeout_s,
-                          path=folder)
-        except WorkersFailed as e:
-            raise AssertionError(str(e)) from None
+        return run_case(f"answer_{name}:{name}", case, world_size, *args, timeout_s=timeout_s, path=folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
