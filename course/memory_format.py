@@ -1,6 +1,7 @@
 """Lesson 3's helpers (channels-last): read a tensor's memory format, walk an op's arguments,
-name an op, draw how a tensor lies in memory, and build models with a planted op that loses
-the channels-last format.
+name an op, draw how a tensor lies in memory, build models with a planted op that loses
+the channels-last format, and the timing inputs of the CoordConv block whose format loss the
+lesson's last exercise repairs.
 
 Two questions about a 4-D tensor's strides are easy to mix up, and PyTorch asks both:
 
@@ -21,14 +22,17 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from course.data import device_generator
 from course.devices import pick_device
 from course.models import small_resnet
-from course.remote import recipe
+from course.remote import factory, recipe
 
-__all__ = ["PLANTED_VARIANTS", "autocast_witness", "channels_last_strides_of", "cpu_has_native_bf16", "list_probe", "memory_format_of",
-           "op_name", "planted_model", "plot_layout", "plot_layouts", "tensors_in"]
+__all__ = ["PLANTED_VARIANTS", "autocast_witness", "channels_last_strides_of", "coord_conv_inputs", "coord_conv_planted",
+           "cpu_has_native_bf16", "list_probe", "memory_format_of", "op_name", "planted_model", "plot_layout",
+           "plot_layouts", "tensors_in"]
 
 CL = torch.channels_last
 
@@ -141,19 +145,45 @@ def plot_layouts(shape=(1, 3, 2, 3)):
 
 # -- models with a planted op that loses channels-last ---------------------------------------
 
+def coord_conv_planted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """CoordConv as :class:`CoordChannels` computes it: append two planes holding each pixel's y
+    (row) and x (column) coordinate, from -1 to 1, after ``x``'s channels, then a 1x1 convolution
+    with ``weight`` (``(C_out, C + 2, 1, 1)``) and ``bias``. The planes are made fresh, and NCHW,
+    on every call: for a channels-last ``x`` the ``cat`` of the two formats returns NCHW, and the
+    convolution reorders it back. The lesson's last exercise repairs it; this version is the
+    baseline its speed check times."""
+    n, _, h, w = x.shape
+    ys = torch.linspace(-1, 1, h, device=x.device, dtype=x.dtype).view(1, 1, h, 1).expand(n, 1, h, w)
+    xs = torch.linspace(-1, 1, w, device=x.device, dtype=x.dtype).view(1, 1, 1, w).expand(n, 1, h, w)
+    return F.conv2d(torch.cat([x, torch.cat([ys, xs], dim=1)], dim=1), weight, bias)
+
+
 class CoordChannels(nn.Module):
     """CoordConv: append two planes holding each pixel's y and x coordinate, then mix back to
-    ``channels`` with a 1x1 convolution. The planes are made fresh (NCHW) on every call."""
+    ``channels`` with a 1x1 convolution (:func:`coord_conv_planted`)."""
 
     def __init__(self, channels: int):
         super().__init__()
         self.mix = nn.Conv2d(channels + 2, channels, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, _, h, w = x.shape
-        ys = torch.linspace(-1, 1, h, device=x.device, dtype=x.dtype).view(1, 1, h, 1).expand(n, 1, h, w)
-        xs = torch.linspace(-1, 1, w, device=x.device, dtype=x.dtype).view(1, 1, 1, w).expand(n, 1, h, w)
-        return self.mix(torch.cat([x, torch.cat([ys, xs], dim=1)], dim=1))
+        return coord_conv_planted(x, self.mix.weight, self.mix.bias)
+
+
+@factory
+def coord_conv_inputs(seed: int, *, device: str = "cpu", batch: int = 8, channels: int = 64,
+                      size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, weight, bias)`` for a CoordConv block in a channels-last network: ``x``
+    ``(batch, channels, size, size)`` and the 1x1 ``weight`` ``(channels, channels + 2, 1, 1)``,
+    both channels-last, as a converted model's activations and weights are (``x`` drawn in NHWC
+    order and permuted, no copy; the weight with ``to``, since a 1x1 kernel is "contiguous" in both
+    formats already); ``bias`` ``(channels,)``."""
+    g = device_generator(seed, device)
+    dev = pick_device(device)
+    x = torch.randn(batch, size, size, channels, generator=g, device=dev).permute(0, 3, 1, 2)  # NHWC in memory
+    weight = torch.randn(channels, channels + 2, 1, 1, generator=g, device=dev) / (channels + 2) ** 0.5
+    bias = torch.randn(channels, generator=g, device=dev)
+    return x, weight.to(memory_format=CL), bias
 
 
 class Tidy(nn.Module):

@@ -12,7 +12,8 @@ from course.checks import memory_format as C
 
 LESSON = "03_channels_last"
 CL = torch.channels_last
-SPEED = dict(width=8, blocks=(1, 1), batch=2, size=32, rounds=3, min_run_time=0.02)
+SPEED = dict(batch=2, channels=12, size=16, rounds=3, min_run_time=0.02)
+COORD_BARS = {"cpu": 1.25, "cuda": 1.2}
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,8 @@ def test_solutions_pass_every_check(cl_solution):
     for variant in MF.PLANTED_VARIANTS:
         C.check_format_finder(s.find_format_loss, variant=variant, seed=2, width=8, size=24)
     C.check_autocast_inference(s.autocast_inference, width=8, size=32)
+    C.check_coord_conv(s.coord_conv)
+    C.check_coord_conv(s.coord_conv, seed=2024)
 
 
 @pytest.mark.parametrize("check", [
@@ -59,8 +62,9 @@ def test_solutions_pass_every_check(cl_solution):
     lambda: C.check_to_channels_last(stub),
     lambda: C.check_format_finder(stub),
     lambda: C.check_autocast_inference(stub),
-    lambda: C.check_channels_last_speed(stub, stub, bars={"cpu": 1.1, "cuda": 1.15}, **SPEED),
-], ids=["strides", "is_cl_contiguous", "to_channels_last", "format_finder", "autocast", "speed"])
+    lambda: C.check_coord_conv(stub),
+    lambda: C.check_coord_conv_speed(stub, bars=COORD_BARS, **SPEED),
+], ids=["strides", "is_cl_contiguous", "to_channels_last", "format_finder", "autocast", "coord_conv", "speed"])
 def test_untouched_stub_fails_with_a_friendly_message(check):
     with pytest.raises(AssertionError, match="not written yet"):
         check()
@@ -120,6 +124,26 @@ MISTAKES = {
         "autocast", "with torch.inference_mode(), torch.autocast(device_type=x.device.type, dtype=dtype):\n"
                     "        return model(x)",
         "with torch.inference_mode():\n        return model.to(dtype)(x.to(dtype))", "without autocast"),
+    "coord_conv: the planes left NCHW (the planted op)": (
+        "coord", "    planes = torch.cat([ys, xs], dim=1).contiguous(memory_format=fmt)\n",
+        "    planes = torch.cat([ys, xs], dim=1)\n", "'torch.cat' turned a channels-last tensor into an NCHW one"),
+    "coord_conv: only the output converted": (
+        "coord", "    return F.conv2d(torch.cat([x, planes], dim=1), weight, bias)",
+        "    return F.conv2d(torch.cat([x, torch.cat([ys, xs], 1)], 1), weight, bias).contiguous(memory_format=fmt)",
+        "output is right, but on the way 'torch.cat'"),
+    "coord_conv: everything made channels-last": (
+        "coord", "    fmt = CL if x.is_contiguous(memory_format=CL) else torch.contiguous_format",
+        "    fmt = CL\n    x = x.to(memory_format=CL)", "returned channels-last for an NCHW input"),
+    "coord_conv: y and x swapped": (
+        "coord", "planes = torch.cat([ys, xs], dim=1)", "planes = torch.cat([xs, ys], dim=1)",
+        "the y and x planes are swapped"),
+    "coord_conv: planes first": (
+        "coord", "torch.cat([x, planes], dim=1)", "torch.cat([planes, x], dim=1)", "come before x's channels"),
+    "coord_conv: coordinates from 0 to 1": (
+        "coord", "torch.linspace(-1, 1, h,", "torch.linspace(0, 1, h,", "does not match the reference"),
+    "coord_conv: bias dropped": (
+        "coord", "    return F.conv2d(torch.cat([x, planes], dim=1), weight, bias)",
+        "    return F.conv2d(torch.cat([x, planes], dim=1), weight)", "the bias is missing"),
 }
 
 
@@ -134,6 +158,8 @@ def run_check(kind, m):
         C.check_format_finder(m.find_format_loss)
     elif kind == "autocast":
         C.check_autocast_inference(m.autocast_inference)
+    elif kind == "coord":
+        C.check_coord_conv(m.coord_conv)
 
 
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
@@ -169,42 +195,60 @@ def test_a_wrapped_or_replaced_model_is_not_a_conversion(cl_solution):
 
     with pytest.raises(AssertionError, match="returned a Twice, not the SmallResNet it was given"):
         C.check_to_channels_last(wrapped)
-    with pytest.raises(AssertionError, match="returned a Twice"):
-        C.check_channels_last_speed(wrapped, cl_solution.autocast_inference, bars={"cpu": 1.1, "cuda": 1.15}, **SPEED)
 
 
-def test_speed_check_fails_a_channels_last_model_that_is_slower(cl_solution):
-    def slow(model, x):
-        model, x = cl_solution.to_channels_last(model, x)
-        model.register_forward_hook(lambda m, args, out: [m.stages(m.stem(args[0]))] and None)  # the work twice
-        return model, x
+def test_the_repaired_block_passes_the_lesson_bar_and_the_planted_one_never_does(cl_solution):
+    """The lesson's sizes on a CPU (one thread): the repair clears its bar; the planted block, and
+    the repair of the output alone (which keeps the lost format inside), are measured below it."""
+    sizes = dict(batch=8, channels=64, size=32, num_threads=1)
+    report = C.check_coord_conv_speed(cl_solution.coord_conv, bars=COORD_BARS, **sizes)
+    assert report.names == ["planted", "repaired"]
 
-    with pytest.raises(AssertionError, match="bar on this device is 1.10x"):
-        C.check_channels_last_speed(slow, cl_solution.autocast_inference, bars={"cpu": 1.1, "cuda": 1.15},
-                                    attempts=2, **SPEED)
+    def outside_only(x, weight, bias):
+        return MF.coord_conv_planted(x, weight, bias).contiguous(memory_format=CL)
 
+    def hidden_from_the_watcher(x, weight, bias):
+        """The planted block with torch functions' modes off: the watcher (the learner's process's
+        word) sees nothing, so the values-and-format check passes; the clock does not."""
+        with torch._C.DisableTorchFunction():
+            return MF.coord_conv_planted(x, weight, bias)
 
-def test_speed_check_verifies_every_output_it_times(cl_solution):
-    def wrong(model, x):
-        model, x = cl_solution.to_channels_last(model, x)
-        with torch.no_grad():
-            model.head.bias.add_(1.0)
-        return model, x
-
-    with pytest.raises(AssertionError, match="output while timing"):
-        C.check_channels_last_speed(wrong, cl_solution.autocast_inference, bars={"cpu": 1.0, "cuda": 1.0}, **SPEED)
-
-
-def test_speed_check_rejects_a_model_left_in_nchw(cl_solution):
-    with pytest.raises(AssertionError, match="not channels-last"):
-        C.check_channels_last_speed(lambda m, x: (m, x), cl_solution.autocast_inference,
-                                    bars={"cpu": 1.0, "cuda": 1.0}, **SPEED)
+    C.check_coord_conv(hidden_from_the_watcher)
+    for slow in (MF.coord_conv_planted, outside_only, hidden_from_the_watcher):
+        with pytest.raises(AssertionError, match="the bar on this device is 1.25x"):
+            C.check_coord_conv_speed(slow, bars=COORD_BARS, attempts=2, **sizes)
 
 
-def test_speed_check_with_amp_checks_outputs_and_passes_a_generous_bar(cl_solution):
-    report = C.check_channels_last_speed(cl_solution.to_channels_last, cl_solution.autocast_inference,
-                                         bars={"cpu": 0.01, "cuda": 0.01}, amp=True, **SPEED)
-    assert report.names == ["NCHW", "channels-last"]
+def test_another_repair_that_never_writes_nchw_passes(cl_solution):
+    """The weight split in two (x's channels, then the two planes, added): no cat at all."""
+    def split(x, weight, bias):
+        n, c, h, w = x.shape
+        ys = torch.linspace(-1, 1, h, device=x.device).view(1, 1, h, 1)
+        xs = torch.linspace(-1, 1, w, device=x.device).view(1, 1, 1, w)
+        return (torch.nn.functional.conv2d(x, weight[:, :c], bias) + weight[:, c].view(1, -1, 1, 1) * ys
+                + weight[:, c + 1].view(1, -1, 1, 1) * xs)
+
+    C.check_coord_conv(split)
+    C.check_coord_conv_speed(split, bars={"cpu": 0.3, "cuda": 0.3}, **SPEED)  # right outputs, every call
+
+
+def test_the_speed_check_verifies_every_output_it_times(cl_solution):
+    def bumped(x, weight, bias):
+        return cl_solution.coord_conv(x, weight, bias + 0.1)
+
+    with pytest.raises(AssertionError, match="checksum|differ"):
+        C.check_coord_conv_speed(bumped, bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
+
+
+def test_the_planted_block_loses_the_format_inside_and_not_outside():
+    """What the lesson says of coord_conv_planted: the watcher sees the cat write NCHW, while the
+    output is channels-last again (the 1x1 convolution follows its channels-last weight)."""
+    x, w, b = MF.coord_conv_inputs(0, batch=2, channels=8, size=6)
+    assert MF.memory_format_of(x) == CL and w.is_contiguous(memory_format=CL)
+    with torch.no_grad(), C._ReferenceWatcher() as watcher:
+        out = MF.coord_conv_planted(x, w, b)
+    assert watcher.losses == ["torch.cat"]
+    assert MF.memory_format_of(out) == CL
 
 
 # -- the helpers ---------------------------------------------------------------------------

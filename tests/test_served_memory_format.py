@@ -1,8 +1,9 @@
 """Lesson 3's checks across the judge/learner boundary: models cross as recipes and tensors with
 their exact strides, a converted model comes back as its state and is loaded into the judge's own
-copy of the architecture, the "by hand" and autocast facts come from the course's probes, and
-the speed check runs entirely in the judge. Every planted mistake of the in-process tests fails
-across the boundary with the same cause."""
+copy of the architecture, the "by hand", autocast and lost-format facts come from the course's
+probes, and the speed check times the learner's repaired block in its process against the course's
+planted one in the judge. Every planted mistake of the in-process tests fails across the boundary
+with the same cause."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from test_checks_memory_format import MISTAKES
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = "03_channels_last"
 CL = torch.channels_last
-SPEED = dict(width=8, blocks=(1, 1), batch=2, size=32, rounds=3, min_run_time=0.02)
+SPEED = dict(batch=2, channels=12, size=16, rounds=3, min_run_time=0.02)
 NAMES = ("nchw_strides", "nhwc_strides", "is_channels_last_contiguous", "to_channels_last", "find_format_loss",
-         "autocast_inference")
+         "autocast_inference", "coord_conv")
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,8 @@ def run(kind: str, learner) -> None:
         C.check_format_finder(learner("find_format_loss"))
     elif kind == "autocast":
         C.check_autocast_inference(learner("autocast_inference"))
+    elif kind == "coord":
+        C.check_coord_conv(learner("coord_conv"))
 
 
 def test_tensors_cross_with_their_exact_strides_and_models_as_recipes():
@@ -81,13 +84,13 @@ def test_tensors_cross_with_their_exact_strides_and_models_as_recipes():
 
 
 def test_right_answers_pass_every_served_check(learner, capsys):
-    for kind in ("strides", "is_cl", "convert", "finder", "autocast"):
+    for kind in ("strides", "is_cl", "convert", "finder", "autocast", "coord"):
         run(kind, learner)
     C.check_to_channels_last(learner("to_channels_last"), seed=11, in_channels=1, width=8, size=24, batch=3)
     C.check_to_channels_last(learner("to_channels_last"), seed=5, blocks=(1, 2), tap=True, width=12, size=20)
     for variant in PLANTED_VARIANTS:
         C.check_format_finder(learner("find_format_loss"), variant=variant, seed=2, width=8, size=24)
-    assert capsys.readouterr().out.count("ok:") == 7 + len(PLANTED_VARIANTS)
+    assert capsys.readouterr().out.count("ok:") == 8 + len(PLANTED_VARIANTS)
 
 
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
@@ -114,12 +117,11 @@ def test_an_unwritten_or_missing_answer_fails_with_a_friendly_message(source, tm
     stubbed = untouched(source)
     module = load_solution(stubbed, tmp_path / "cl_served_stub.py", "cl_served_stub")
     for learner in served(namespace(module)):
-        for kind in ("strides", "is_cl", "convert", "finder", "autocast"):
+        for kind in ("strides", "is_cl", "convert", "finder", "autocast", "coord"):
             with pytest.raises(AssertionError, match="not written yet"):
                 run(kind, learner)
         with pytest.raises(AssertionError, match="not written yet"):
-            C.check_channels_last_speed(learner("to_channels_last"), learner("autocast_inference"),
-                                        bars={"cpu": 1.1, "cuda": 1.15}, **SPEED)
+            C.check_coord_conv_speed(learner("coord_conv"), bars={"cpu": 1.25, "cuda": 1.2}, **SPEED)
     for learner in served({}):
         with pytest.raises(AssertionError, match="to_channels_last is not defined in your notebook"):
             C.check_to_channels_last(learner("to_channels_last"))
@@ -146,41 +148,18 @@ def test_a_returned_model_must_be_the_architecture_it_was_given(solution):
             C.check_to_channels_last(learner("wrapped"))
 
 
-def test_the_speed_check_runs_in_the_judge_on_the_learners_converted_weights(solution):
-    calls = []
+def test_the_speed_check_times_the_learners_block_against_the_course_planted_one(solution):
+    def bumped(x, weight, bias):
+        return solution.coord_conv(x, weight, bias + 0.1)
 
-    def counted(model, x):
-        calls.append(tuple(x.shape))
-        return solution.to_channels_last(model, x)
-
-    def bumped(model, x):
-        model, x = solution.to_channels_last(model, x)
-        with torch.no_grad():
-            model.head.bias.add_(1.0)
-        return model, x
-
-    def nchw_input(model, x):
-        return model.to(memory_format=CL), x
-
-    names = {**namespace(solution), "counted": counted, "bumped": bumped, "nchw_input": nchw_input}
+    names = {**namespace(solution), "bumped": bumped}
     for learner in served(names):
-        report = C.check_channels_last_speed(learner("counted"), learner("autocast_inference"),
-                                             bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
-        assert report.names == ["NCHW", "channels-last"]
-        # one conversion, then nothing of the learner's runs while the clock does
-        assert calls == [(SPEED["batch"], 3, SPEED["size"], SPEED["size"])]
+        report = C.check_coord_conv_speed(learner("coord_conv"), bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
+        assert report.names == ["planted", "repaired"]
         with pytest.raises(AssertionError, match="the bar on this device is 50.00x"):
-            C.check_channels_last_speed(learner("to_channels_last"), learner("autocast_inference"),
-                                        bars={"cpu": 50.0, "cuda": 50.0}, attempts=1, **SPEED)
-        with pytest.raises(AssertionError, match="output while timing"):
-            C.check_channels_last_speed(learner("bumped"), learner("autocast_inference"),
-                                        bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
-        with pytest.raises(AssertionError, match="an input that is not channels-last"):
-            C.check_channels_last_speed(learner("nchw_input"), learner("autocast_inference"),
-                                        bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
-        amp = C.check_channels_last_speed(learner("to_channels_last"), learner("autocast_inference"),
-                                          bars={"cpu": 0.01, "cuda": 0.01}, amp=True, **SPEED)
-        assert amp.names == ["NCHW", "channels-last"]
+            C.check_coord_conv_speed(learner("coord_conv"), bars={"cpu": 50.0, "cuda": 50.0}, attempts=1, **SPEED)
+        with pytest.raises(AssertionError, match="checksum|differ"):
+            C.check_coord_conv_speed(learner("bumped"), bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
 
 
 def test_only_registered_probes_run_on_the_learners_side(learner):

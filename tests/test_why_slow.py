@@ -10,8 +10,10 @@ import torch
 from course.checks import broadcasting as l7
 from course.checks import forward_ad as l4
 from course.checks import jacobians as l5
+from course.checks import memory_format as l3
 from course.checks import vmap as l6
 from course.broadcasting import loop_penalty, loop_segment_sum, naive_sq_dists
+from course.memory_format import coord_conv_planted
 
 FAST = dict(rounds=3, min_run_time=0.02, attempts=1)
 BARS = {"cpu": 50.0, "cuda": 50.0}  # out of reach: every answer here fails, and must say why
@@ -40,6 +42,14 @@ def test_lesson_7_segment_sums_name_the_loop():
 def test_lesson_7_penalty_names_the_per_sample_passes():
     _fails_with_an_explanation(lambda: l7.check_penalty_speed(
         loop_penalty, bars=BARS, n=8, features=4, hidden=8, num_threads=1, **FAST))
+
+
+def test_lesson_3_names_the_reorder():
+    """The planted CoordConv: its NCHW cat makes the convolution reorder its input (a copy the
+    repaired block never runs)."""
+    text = _fails_with_an_explanation(lambda: l3.check_coord_conv_speed(
+        coord_conv_planted, bars=BARS, batch=2, channels=16, size=16, num_threads=1, **FAST))
+    assert "aten::" in text, text  # the ops that cost more (the convolution's reorder, the cat) are named
 
 
 def test_lesson_4_names_the_reverse_mode():

@@ -1,6 +1,7 @@
 """Checks for lesson 03_channels_last: strides by hand, the channels-last contiguity rule, the
 conversion of a model and its input, a checker that names the first op losing the format, BF16 /
-FP16 autocast, and the measured speedup of channels-last over contiguous (NCHW) inference.
+FP16 autocast, and the repair of the op that loses the format in a CoordConv block, with its
+measured speedup over the planted block.
 
 Shapes and stride patterns come from ``seed``; models are ``course.models`` ResNets and
 ``course.memory_format`` planted models, so the learner chooses none of the inputs.
@@ -9,13 +10,13 @@ Under the grader every check here runs in the judge (``SERVED``). Models cross a
 tensors with their exact strides (:mod:`course.wire`), so the learner's process builds the same
 model and sees the same layouts; a converted model comes back as its state, which the judge
 loads into its own copy of the architecture (``load_state_dict(assign=True)`` keeps the learner's
-tensors, strides and all) and inspects and runs itself. The speed check is entirely the judge's:
-it times its own NCHW model against the learner's converted weights on inputs laid out as the
-learner's conversion laid them out, with the learner's process idle. What only the learner's
-process can see runs there as the course's probes (:func:`course.remote.probe`): which torch
-functions a "by hand" answer called, and whether autocast was on when the model ran; those
-facts are that process's word, while every value (strides, booleans, outputs and their dtype)
-is compared here."""
+tensors, strides and all) and inspects and runs itself. The speed check times the learner's
+repaired CoordConv in the learner's process against the course's planted one in the judge, never
+at once, on fresh inputs drawn from seeds on both sides (:func:`course.checks.common.served_speedup`).
+What only the learner's process can see runs there as the course's probes
+(:func:`course.remote.probe`): which torch functions a "by hand" answer called, whether autocast
+was on when the model ran, which op lost the format; those facts are that process's word, while
+every value (strides, booleans, outputs, their dtype and memory format) is compared here."""
 
 from __future__ import annotations
 
@@ -24,27 +25,27 @@ import random
 from typing import Callable, Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from course.checks.common import call, ok, record
+from course.checks.common import call, ok, record, served_speedup
 from course.data import randn
 from course.devices import pick_device
-from course.grading import best_of, expect_speedup, speed_bar
-from course.memory_format import (PLANTED_VARIANTS, autocast_witness, channels_last_strides_of, list_probe,
-                                  memory_format_of, op_name, planted_model, tensors_in)
+from course.memory_format import (PLANTED_VARIANTS, autocast_witness, channels_last_strides_of, coord_conv_inputs,
+                                  coord_conv_planted, list_probe, memory_format_of, op_name, planted_model, tensors_in)
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
 from course.remote import probe, prober
-from course.timing import SpeedReport, compare
+from course.timing import SpeedReport
 from course.guard import reference
 from course.wire import ModuleState
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
 SERVED = ("check_strides", "check_is_channels_last_contiguous", "check_to_channels_last", "check_format_finder",
-          "check_autocast_inference", "check_channels_last_speed")
+          "check_autocast_inference", "check_coord_conv", "check_coord_conv_speed")
 
-__all__ = ["autocast_case", "by_hand_cases", "check_autocast_inference", "check_channels_last_speed",
+__all__ = ["autocast_case", "by_hand_cases", "check_autocast_inference", "check_coord_conv", "check_coord_conv_speed",
            "check_format_finder", "check_is_channels_last_contiguous", "check_strides", "check_to_channels_last"]
 
 CL = torch.channels_last
@@ -479,76 +480,112 @@ def check_autocast_inference(autocast_inference: Callable, *, seed: int = 0, wid
 
 # -- speed -----------------------------------------------------------------------------------
 
-def check_channels_last_speed(to_channels_last: Callable, autocast_inference: Callable, *,
-                              bars: Mapping[str, float], width: int, blocks: tuple[int, ...], batch: int, size: int,
-                              seed: int = 0, amp: bool | None = None, rounds: int = 9, min_run_time: float = 0.2,
-                              attempts: int = 3, device=None) -> SpeedReport:
-    """Channels-last inference beats the same model in NCHW by the device's bar, timed side by
-    side on fresh inputs every round, with every output checked. The channels-last side is the
-    model as the learner's ``to_channels_last`` converted it, run on inputs laid out exactly as it
-    laid out the input it was given; with ``amp`` (default: on CUDA) both sides run under
-    autocast in the dtype the learner's ``autocast_inference`` chose, else in float32 under
-    ``torch.no_grad()``.
 
-    Both sides run here: under the grader, in the judge, on the learner's converted weights (its
-    state, loaded into the judge's own model), so nothing in the learner's process runs while
-    the clock does. A shared machine can stall one side of a round; a measurement below the bar
-    is repeated, up to ``attempts`` in all, and the best one is judged. A technique that is
-    really slower stays below the bar in every attempt."""
+# -- the op that costs the speed, repaired ------------------------------------------------------
+
+@prober
+def format_trace(coord_conv: Callable, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> list[str]:
+    """The ops that turned a channels-last tensor into an NCHW one while ``coord_conv`` ran, in
+    order: where the learner's function lives. Only a failed check's message uses it; the
+    verdict rests on the output's values and format, and on the judge's clock."""
+    with torch.no_grad(), _ReferenceWatcher() as watcher:
+        coord_conv(x, weight, bias)
+    return watcher.losses
+
+
+def _coord_cases(seed: int) -> list[tuple[tuple[int, int, int, int], bool]]:
+    """Shapes ``(N, C, H, W)`` with C, H, W > 1 (formats that the strides can tell apart), and
+    whether ``x`` is channels-last; the first case always is, one case is NCHW."""
+    rng = random.Random(seed)
+    cases = [((rng.randint(1, 3), rng.randint(2, 16), rng.randint(2, 9), rng.randint(2, 9)), i != 1)
+             for i in range(4)]
+    return cases
+
+
+def _coord_variants(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the usual slips compute, in float64, to name the one a wrong answer matches."""
+    n, c, h, w = x.shape
+    ys = torch.linspace(-1, 1, h, dtype=x.dtype).view(1, 1, h, 1).expand(n, 1, h, w)
+    xs = torch.linspace(-1, 1, w, dtype=x.dtype).view(1, 1, 1, w).expand(n, 1, h, w)
+    y01, x01 = (ys + 1) / 2, (xs + 1) / 2
+    return {
+        "the y and x planes are swapped: the row coordinate (y, along H) comes first, then the column (x, along W)":
+            F.conv2d(torch.cat([x, xs, ys], 1), weight, bias),
+        "the coordinate planes come before x's channels: they go after them (torch.cat([x, planes], dim=1))":
+            F.conv2d(torch.cat([ys, xs, x], 1), weight, bias),
+        "the coordinates run from 0 to 1: they run from -1 to 1 (torch.linspace(-1, 1, steps))":
+            F.conv2d(torch.cat([x, y01, x01], 1), weight, bias),
+        "the bias is missing": F.conv2d(torch.cat([x, ys, xs], 1), weight),
+    }
+
+
+def check_coord_conv(coord_conv: Callable, *, seed: int = 0, device=None) -> None:
+    """``coord_conv(x, weight, bias)``: what :func:`course.memory_format.coord_conv_planted`
+    computes (append the y and x coordinate planes after ``x``'s channels, then a 1x1 convolution),
+    returned in ``x``'s memory format: channels-last in, channels-last out, NCHW in, NCHW out, and
+    no op on the way turns channels-last into NCHW (the course's watcher, a probe in the learner's
+    process: that process's word, backed by the clock of :func:`check_coord_conv_speed`). On shapes
+    and formats drawn from ``seed``, against a float64 reference; a wrong value is matched against
+    the usual slips."""
     dev = pick_device(device)
-    amp = dev.type == "cuda" if amp is None else amp
-    build = lambda: small_resnet(seed=seed, width=width, blocks=blocks, device=dev)  # noqa: E731
-    model = build()
-    x0 = randn(batch, 3, size, size, seed=seed, device=dev)
-    model_cl, x0_cl = _converted(call(to_channels_last, build(), x0.clone(), name="to_channels_last"), model, build)
-    for what, t in _four_d(model_cl):
-        if tuple(t.stride()) != channels_last_strides_of(t.shape):
-            raise AssertionError(f"to_channels_last returned a model whose weights are not channels-last ({what} "
-                                 f"has strides {tuple(t.stride())}).")
-    if x0_cl.shape != x0.shape or tuple(x0_cl.stride()) != channels_last_strides_of(x0.shape):
-        raise AssertionError(f"to_channels_last returned an input that is not channels-last ({describe(x0_cl)}, "
-                             f"strides {tuple(x0_cl.stride())}).")
-    layout = tuple(x0_cl.stride())
-    low = None
-    if amp:
-        out = call(autocast_inference, build(), x0.clone(), name="autocast_inference")
-        low = getattr(out, "dtype", None)
-        if not isinstance(out, torch.Tensor) or low not in _low_precision(dev):
-            raise AssertionError(f"autocast_inference returned {describe(out)}; under autocast on {dev.type} the "
-                                 f"output is {' or '.join(map(str, _low_precision(dev)))}.")
-    counter = iter(range(10**9))
+    hint = ("make the two coordinate planes in x's memory format before the cat (torch.cat of a channels-last "
+            "tensor and NCHW ones returns NCHW, and the convolution then reorders it): "
+            "planes.contiguous(memory_format=torch.channels_last) when x.is_contiguous(memory_format=torch.channels_last).")
+    g = torch.Generator().manual_seed(seed)
+    cases = _coord_cases(seed)
+    for (n, c, h, w), channels_last in cases:
+        fmt = CL if channels_last else torch.contiguous_format
+        x = torch.randn(n, c, h, w, generator=g, dtype=torch.float64)
+        weight = torch.randn(c, c + 2, 1, 1, generator=g, dtype=torch.float64) / (c + 2) ** 0.5
+        bias = torch.randn(c, generator=g, dtype=torch.float64)
+        expected = coord_conv_planted(x, weight, bias)
+        args = [t.float().to(dev).to(memory_format=fmt) for t in (x, weight)] + [bias.float().to(dev)]
+        what = f"x of shape {(n, c, h, w)}, {'channels-last' if channels_last else 'NCHW'}"
+        out = call(coord_conv, *(a.clone().to(memory_format=fmt) if a.dim() == 4 else a.clone() for a in args),
+                   name="coord_conv")
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (n, c, h, w) or out.dtype != torch.float32:
+            raise AssertionError(f"coord_conv returned {describe(out)} for {what}; expected a float32 tensor of shape "
+                                 f"{(n, c, h, w)}: the 1x1 convolution maps C + 2 channels back to C.")
+        got = out.detach().double().cpu()
+        if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
+            cause = next((k for k, v in _coord_variants(x, weight, bias).items()
+                          if torch.allclose(got, v, rtol=1e-4, atol=1e-5)), None)
+            assert_close(got, expected, rtol=1e-4, atol=1e-5, name=f"coord_conv on {what}",
+                         hint=cause or "compute what course.memory_format.coord_conv_planted computes; only the "
+                                       "memory format may differ.")
+        if memory_format_of(out) != fmt:
+            if channels_last:
+                raise AssertionError(f"coord_conv returned NCHW for a channels-last input ({what}): every layer "
+                                     f"after it would pay for a reorder.\n  Hint: {hint}")
+            raise AssertionError(f"coord_conv returned channels-last for an NCHW input ({what}): keep the format "
+                                 "you were given, as PyTorch's own ops do, rather than converting everything: "
+                                 "ask x.is_contiguous(memory_format=torch.channels_last).")
+        if channels_last:  # the output may look right: a convolution with channels-last weights converts back
+            lost = probe(coord_conv, format_trace, *args)
+            if not isinstance(lost, list) or not all(isinstance(op, str) for op in lost):
+                raise AssertionError(f"coord_conv could not be watched (got {describe(lost)}).")
+            if lost:
+                raise AssertionError(
+                    f"coord_conv's output is right, but on the way {lost[0]!r} turned a channels-last tensor into "
+                    f"an NCHW one ({what}): the convolution after it reorders the data back, which costs about "
+                    f"as much as the block's own work.\n  Hint: {hint}")
+    record([True] * len(cases), [True] * len(cases), "coord_conv: values and memory format")
+    ok(f"coord_conv equals the float64 CoordConv and keeps the input's memory format on {len(cases)} inputs "
+       f"(seed {seed})")
 
-    def inputs():
-        x = randn(batch, 3, size, size, seed=seed + 7 * next(counter), device=dev)
-        return x, torch.empty_strided(x.shape, layout, dtype=x.dtype, device=dev).copy_(x)
 
-    def run(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if low is None:
-            return m(x)
-        with torch.autocast(device_type=dev.type, dtype=low):
-            return m(x)
-
-    def check(name, out, args):
-        ref = model(args[0])  # the judge's own NCHW model, in float32
-        if amp or dev.type == "cuda":  # AMP, or TF32 convolutions: compare the whole tensor's error
-            err, limit = _relative_error(out, ref), (3e-2 if amp else 5e-3)
-            if err > limit:
-                raise AssertionError(f"{name} output while timing differs from float32 by {err:.2%} "
-                                     f"(at most {limit:.1%} expected).")
-        else:
-            assert_close(out, ref, rtol=1e-4, atol=1e-5, name=f"{name} output while timing")
-
-    bar = speed_bar(bars, dev)
-
-    def measure():
-        with torch.no_grad():
-            return compare({"NCHW": lambda x, x_cl: run(model, x), "channels-last": lambda x, x_cl: run(model_cl, x_cl)},
-                           inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time, device=dev,
-                           until=("channels-last", "NCHW", bar))
-
-    best = best_of(measure, "channels-last", bar, attempts)
-    best.show()
-    expect_speedup(best, "channels-last", over="NCHW", bars=bars,
-                   hint="convert both the model and the input; check with the FormatWatcher that no op falls "
-                        "back to NCHW on the way.")
-    return best
+def check_coord_conv_speed(coord_conv: Callable, *, bars: Mapping[str, float], batch: int, channels: int, size: int,
+                           num_threads: int | None = None, rounds: int = 7, min_run_time: float = 0.2,
+                           attempts: int = 3, device=None) -> SpeedReport:
+    """The repaired CoordConv block (``coord_conv``) at least ``bars[device]`` times as fast as the
+    planted one (:func:`course.memory_format.coord_conv_planted`) on channels-last activations and
+    weights, side by side on fresh inputs, every output checked (:func:`served_speedup`); under the
+    grader the learner's side runs in its process, the baseline in the judge's, never at once."""
+    dev = pick_device(device)
+    call(coord_conv, *coord_conv_inputs(0, device=str(dev), batch=1, channels=4, size=4), name="coord_conv")
+    return served_speedup(("planted", coord_conv_planted), ("repaired", coord_conv), factory=coord_conv_inputs,
+                          sizes=dict(batch=batch, channels=channels, size=size), bars=bars, device=dev,
+                          num_threads=num_threads, rounds=rounds, min_run_time=min_run_time, attempts=attempts,
+                          explain="course.references.explain.coord_conv",
+                          hint="the coordinate planes in x's memory format, so that the cat and the convolution "
+                               "stay channels-last; if the machine is busy, run the cell again.")

@@ -1,5 +1,5 @@
 """The course's fast solutions that failed speed checks are compared with (the profile of one call
-of each, against the learner's: :mod:`course.checks.why_slow`). They answer exercises of lessons 4
+of each, against the learner's: :mod:`course.checks.why_slow`). They answer exercises of lessons 3
 to 9, so they are the grader's alone (see :mod:`course.references`); a check names them by string
 (``"course.references.explain.segment_sum"``), and where this folder is absent (the learners'
 bundle) a failed check simply gives no profile."""
@@ -10,12 +10,21 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, jacfwd, jacrev, vmap
 
-__all__ = ["attention", "gradient_penalty", "jacobian_fwd", "jacobian_vmap", "jagged_token_mlp", "per_sample_grads",
+__all__ = ["attention", "coord_conv", "gradient_penalty", "jacobian_fwd", "jacobian_vmap", "jagged_token_mlp", "per_sample_grads",
            "predict_each", "sdpa_attention", "sq_dists_identity", "segment_sum"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def coord_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    n, _, h, w = x.shape
+    ys = torch.linspace(-1, 1, h, device=x.device, dtype=x.dtype).view(1, 1, h, 1).expand(n, 1, h, w)
+    xs = torch.linspace(-1, 1, w, device=x.device, dtype=x.dtype).view(1, 1, 1, w).expand(n, 1, h, w)
+    fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    planes = torch.cat([ys, xs], dim=1).contiguous(memory_format=fmt)
+    return F.conv2d(torch.cat([x, planes], dim=1), weight, bias)
 
 
 def sq_dists_identity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
