@@ -31,7 +31,7 @@ from course.models import small_resnet
 from course.remote import factory, recipe
 
 __all__ = ["PLANTED_VARIANTS", "autocast_witness", "channels_last_strides_of", "coord_conv_inputs", "coord_conv_planted",
-           "cpu_has_native_bf16", "list_probe", "memory_format_of", "op_name", "planted_model", "plot_layout",
+           "coordinate_planes", "cpu_has_native_bf16", "list_probe", "memory_format_of", "op_name", "planted_model", "plot_layout",
            "plot_layouts", "tensors_in"]
 
 CL = torch.channels_last
@@ -145,6 +145,15 @@ def plot_layouts(shape=(1, 3, 2, 3)):
 
 # -- models with a planted op that loses channels-last ---------------------------------------
 
+def coordinate_planes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ys, xs)``, each ``(N, 1, H, W)`` (expanded views, in the default format) for ``x`` of
+    shape ``(N, C, H, W)``: every pixel's row and column coordinate, from -1 to 1."""
+    n, _, h, w = x.shape
+    ys = torch.linspace(-1, 1, h, device=x.device, dtype=x.dtype).view(1, 1, h, 1).expand(n, 1, h, w)
+    xs = torch.linspace(-1, 1, w, device=x.device, dtype=x.dtype).view(1, 1, 1, w).expand(n, 1, h, w)
+    return ys, xs
+
+
 def coord_conv_planted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """CoordConv as :class:`CoordChannels` computes it: append two planes holding each pixel's y
     (row) and x (column) coordinate, from -1 to 1, after ``x``'s channels, then a 1x1 convolution
@@ -152,9 +161,7 @@ def coord_conv_planted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     on every call: for a channels-last ``x`` the ``cat`` of the two formats returns NCHW, and the
     convolution reorders it back. The lesson's last exercise repairs it; this version is the
     baseline its speed check times."""
-    n, _, h, w = x.shape
-    ys = torch.linspace(-1, 1, h, device=x.device, dtype=x.dtype).view(1, 1, h, 1).expand(n, 1, h, w)
-    xs = torch.linspace(-1, 1, w, device=x.device, dtype=x.dtype).view(1, 1, 1, w).expand(n, 1, h, w)
+    ys, xs = coordinate_planes(x)
     return F.conv2d(torch.cat([x, torch.cat([ys, xs], dim=1)], dim=1), weight, bias)
 
 

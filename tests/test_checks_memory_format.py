@@ -140,7 +140,9 @@ MISTAKES = {
     "coord_conv: planes first": (
         "coord", "torch.cat([x, planes], dim=1)", "torch.cat([planes, x], dim=1)", "come before x's channels"),
     "coord_conv: coordinates from 0 to 1": (
-        "coord", "torch.linspace(-1, 1, h,", "torch.linspace(0, 1, h,", "does not match the reference"),
+        "coord", "    ys, xs = course.memory_format.coordinate_planes(x)\n",
+        "    ys, xs = course.memory_format.coordinate_planes(x)\n    ys, xs = (ys + 1) / 2, (xs + 1) / 2\n",
+        "the coordinates run from 0 to 1"),
     "coord_conv: bias dropped": (
         "coord", "    return F.conv2d(torch.cat([x, planes], dim=1), weight, bias)",
         "    return F.conv2d(torch.cat([x, planes], dim=1), weight)", "the bias is missing"),

@@ -48,7 +48,7 @@ def test_lesson_3_names_the_reorder():
     """The planted CoordConv: its NCHW cat makes the convolution reorder its input (a copy the
     repaired block never runs)."""
     text = _fails_with_an_explanation(lambda: l3.check_coord_conv_speed(
-        coord_conv_planted, bars=BARS, batch=2, channels=16, size=16, num_threads=1, **FAST))
+        coord_conv_planted, bars=BARS, batch=8, channels=64, size=32, num_threads=1, **FAST))
     assert "aten::" in text, text  # the ops that cost more (the convolution's reorder, the cat) are named
 
 

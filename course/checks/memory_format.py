@@ -33,7 +33,8 @@ from course.checks.common import call, ok, record, served_speedup
 from course.data import randn
 from course.devices import pick_device
 from course.memory_format import (PLANTED_VARIANTS, autocast_witness, channels_last_strides_of, coord_conv_inputs,
-                                  coord_conv_planted, list_probe, memory_format_of, op_name, planted_model, tensors_in)
+                                  coord_conv_planted, coordinate_planes, list_probe, memory_format_of, op_name,
+                                  planted_model, tensors_in)
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
 from course.remote import probe, prober
@@ -504,9 +505,7 @@ def _coord_cases(seed: int) -> list[tuple[tuple[int, int, int, int], bool]]:
 
 def _coord_variants(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> dict[str, torch.Tensor]:
     """What the usual slips compute, in float64, to name the one a wrong answer matches."""
-    n, c, h, w = x.shape
-    ys = torch.linspace(-1, 1, h, dtype=x.dtype).view(1, 1, h, 1).expand(n, 1, h, w)
-    xs = torch.linspace(-1, 1, w, dtype=x.dtype).view(1, 1, 1, w).expand(n, 1, h, w)
+    ys, xs = coordinate_planes(x)
     y01, x01 = (ys + 1) / 2, (xs + 1) / 2
     return {
         "the y and x planes are swapped: the row coordinate (y, along H) comes first, then the column (x, along W)":

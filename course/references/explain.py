@@ -19,9 +19,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 
 
 def coord_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    n, _, h, w = x.shape
-    ys = torch.linspace(-1, 1, h, device=x.device, dtype=x.dtype).view(1, 1, h, 1).expand(n, 1, h, w)
-    xs = torch.linspace(-1, 1, w, device=x.device, dtype=x.dtype).view(1, 1, 1, w).expand(n, 1, h, w)
+    from course.memory_format import coordinate_planes
+
+    ys, xs = coordinate_planes(x)
     fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
     planes = torch.cat([ys, xs], dim=1).contiguous(memory_format=fmt)
     return F.conv2d(torch.cat([x, planes], dim=1), weight, bias)
