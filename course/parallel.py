@@ -136,6 +136,11 @@ def _worker(rank: int, world_size: int, init_method: str, backend: str, module: 
     try:
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        # Every rank in the group before any runs on: a rank whose function has no collective in it
+        # would otherwise end while a slower peer is still joining (rank 0 hosts the tcp:// store, and
+        # each rank one end of a connection to every peer), which fails that peer with "Connection
+        # reset by peer" (seen on a busy 2-core machine, in lesson 10's first launch).
+        dist.barrier()
         fn = getattr(importlib.import_module(module), name)
         result = {"ok": True, "value": fn(rank, world_size, *args)}
     except BaseException:  # noqa: BLE001 - everything goes back to the launcher, named by rank
