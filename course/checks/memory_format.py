@@ -479,9 +479,6 @@ def check_autocast_inference(autocast_inference: Callable, *, seed: int = 0, wid
        f"{err:.2%} of float32 (width={width}, seed {seed})")
 
 
-# -- speed -----------------------------------------------------------------------------------
-
-
 # -- the op that costs the speed, repaired ------------------------------------------------------
 
 @prober
@@ -528,8 +525,8 @@ def check_coord_conv(coord_conv: Callable, *, seed: int = 0, device=None) -> Non
     the usual slips."""
     dev = pick_device(device)
     hint = ("make the two coordinate planes in x's memory format before the cat (torch.cat of a channels-last "
-            "tensor and NCHW ones returns NCHW, and the convolution then reorders it): "
-            "planes.contiguous(memory_format=torch.channels_last) when x.is_contiguous(memory_format=torch.channels_last).")
+            "tensor and NCHW ones returns NCHW, and the convolution then reorders it): planes.contiguous("
+            "memory_format=torch.channels_last) when x.is_contiguous(memory_format=torch.channels_last).")
     g = torch.Generator().manual_seed(seed)
     cases = _coord_cases(seed)
     for (n, c, h, w), channels_last in cases:
