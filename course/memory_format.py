@@ -182,15 +182,15 @@ def coord_conv_inputs(seed: int, *, device: str = "cpu", batch: int = 8, channel
                       size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x, weight, bias)`` for a CoordConv block in a channels-last network: ``x``
     ``(batch, channels, size, size)`` and the 1x1 ``weight`` ``(channels, channels + 2, 1, 1)``,
-    both channels-last, as a converted model's activations and weights are (``x`` drawn in NHWC
-    order and permuted, no copy; the weight with ``to``, since a 1x1 kernel is "contiguous" in both
-    formats already); ``bias`` ``(channels,)``."""
+    both channels-last, as a converted model's activations and weights are (each drawn in NHWC
+    order and permuted: no copy, and real channels-last strides for the 1x1 kernel, which is
+    "contiguous" in both formats already); ``bias`` ``(channels,)``."""
     g = device_generator(seed, device)
     dev = pick_device(device)
     x = torch.randn(batch, size, size, channels, generator=g, device=dev).permute(0, 3, 1, 2)  # NHWC in memory
-    weight = torch.randn(channels, channels + 2, 1, 1, generator=g, device=dev) / (channels + 2) ** 0.5
+    weight = torch.randn(channels, 1, 1, channels + 2, generator=g, device=dev).permute(0, 3, 1, 2)
     bias = torch.randn(channels, generator=g, device=dev)
-    return x, weight.to(memory_format=CL), bias
+    return x, weight / (channels + 2) ** 0.5, bias
 
 
 class Tidy(nn.Module):

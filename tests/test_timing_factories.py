@@ -39,6 +39,7 @@ SIZES = {
     "course.profiling.attention_inputs": dict(batch=8, heads=16, length=2048, dim=64),
     "course.fastpath.masked_attention_inputs": dict(batch=8, heads=16, length=2048, dim=64, valid=0.6),
     "course.fastpath.ragged_batch": dict(batch=32, length=1024, dim=512, valid=0.5),
+    "course.memory_format.coord_conv_inputs": dict(batch=32, channels=64, size=112),
 }
 MOVED_LIMIT = 4096
 
