@@ -164,12 +164,16 @@ _CHECK_WEIGHTS: dict[tuple, torch.Tensor] = {}
 
 
 def checksum(value: Any) -> torch.Tensor:
-    """Two numbers (float64, on the outputs' device) that depend on every element of every
-    floating tensor in ``value``: a weighted sum with fixed random weights, and the 2-norm of all
-    elements (its scale: for outputs off by ``e``, the sums differ by about ``|e|_2``). Timed
-    blocks report these instead of their outputs; computed in the outputs' own precision, so
-    that checking costs a fraction of a millisecond beside the call it checks."""
-    dot, squares, device = 0.0, 0.0, None
+    """Four numbers (float64, on the outputs' device) that depend on every element of every
+    floating tensor in ``value``: a weighted sum with fixed random weights and the 2-norm of all
+    elements (its scale: for outputs off by ``e``, the weighted sums differ by about ``|e|_2``), then
+    the plain sum and the sum of absolute values (its scale: for outputs off by at most ``rtol`` of
+    each element, the sums differ by at most ``rtol`` times it). The plain sum sees what one fixed
+    set of weights may be blind to, an offset shared by every element: for some sizes the random
+    weights add up to almost nothing. Timed blocks report these instead of their outputs; computed
+    in the outputs' own precision, so that checking costs a fraction of a millisecond beside the
+    call it checks."""
+    dot, squares, total, absolute, device = 0.0, 0.0, 0.0, 0.0, None
     for t in _tensors(value):
         if not (t.is_floating_point() or t.is_complex()):
             continue
@@ -182,10 +186,12 @@ def checksum(value: Any) -> torch.Tensor:
             _CHECK_WEIGHTS[key] = w
         dot = dot + (flat @ w).to(torch.float64)
         squares = squares + torch.linalg.vector_norm(flat).to(torch.float64) ** 2
+        total = total + flat.sum(dtype=torch.float64)
+        absolute = absolute + flat.abs().sum(dtype=torch.float64)
         device = flat.device
     if device is None:
-        return torch.zeros(2, dtype=torch.float64)
-    return torch.stack([torch.as_tensor(dot, device=device), torch.as_tensor(squares, device=device).sqrt()])
+        return torch.zeros(4, dtype=torch.float64)
+    return torch.stack([dot, squares.sqrt(), total, absolute])
 
 
 class RemoteError(Exception):
@@ -332,14 +338,14 @@ class Remote:
     def block(self, handle: int, factory_name: str, sizes: dict, seeds: list[int], device: str,
               grad: bool = False) -> torch.Tensor:
         """Run the learner's function once per seed, on ``factory(seed) + constants``, and return
-        the checksums of its outputs (``len(seeds)`` x 2): the call the judge times."""
+        the checksums of its outputs (``len(seeds)`` x 4, :func:`checksum`): the call the judge times."""
         reply = self._link.request({"op": "block", "name": self.__name__, "handle": handle,
                                     "factory": factory_name, "sizes": dict(sizes), "seeds": list(seeds),
                                     "device": device, "grad_mode": bool(grad),
                                     # the CPU threads the judge's side runs with: the learner's side the same
                                     "threads": torch.get_num_threads()})
         if not (isinstance(reply, torch.Tensor) and reply.dtype == torch.float64
-                and tuple(reply.shape) == (len(seeds), 2)):
+                and tuple(reply.shape) == (len(seeds), 4)):
             raise RemoteError("the learner's process sent checksums of the wrong kind or number")
         return reply
 

@@ -454,8 +454,11 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                 starved |= _starved(took[side], cpu, CPU_SLACK if remote and side == cand_name else 0.0)
             want, have = got[base_name], got[cand_name]
             # Outputs within rtol of the baseline's, element by element, move the weighted sum by at
-            # most about rtol * |outputs|_2 (times a standard normal): 4 of those is the tolerance.
-            bad = ((have[:, 0] - want[:, 0]).abs() > 4 * rtol * want[:, 1] + 1e-9) | ~torch.isfinite(have[:, 0])
+            # most about rtol * |outputs|_2 (times a standard normal): 4 of those is the tolerance;
+            # they move the plain sum by at most rtol * the sum of absolute values: 4 of those too.
+            bad = (((have[:, 0] - want[:, 0]).abs() > 4 * rtol * want[:, 1] + 1e-9)
+                   | ((have[:, 2] - want[:, 2]).abs() > 4 * rtol * want[:, 3] + 1e-9)
+                   | ~torch.isfinite(have[:, 0]) | ~torch.isfinite(have[:, 2]))
             if bool(bad.any()):
                 i = int(bad.nonzero()[0])
                 raise AssertionError(

@@ -371,6 +371,31 @@ def test_served_timing_fails_a_candidate_that_skips_or_changes_work(served_speed
         measure(name, rounds=3)
 
 
+def test_timed_outputs_off_by_one_shared_offset_are_seen_where_the_random_weights_are_blind():
+    """The checksum's random weights for 8,192 elements add up to almost nothing (0.00008 of
+    their typical size): an offset shared by every element barely moves the weighted sum. The
+    plain sum sees it; honest outputs (the baseline itself) still pass."""
+    from course.checks.broadcasting import distance_inputs, naive_sq_dists
+    from course.remote import checksum
+
+    w = torch.randn(8192, generator=torch.Generator().manual_seed(8192), dtype=torch.float64)
+    assert abs(float(w.sum())) < 0.01 * 8192 ** 0.5  # the blind direction this test is about
+    a, b = distance_inputs(0, device="cpu", n=64, m=128, d=8)
+    out = naive_sq_dists(a, b)
+    shifted = out + 0.01 * out.abs().mean()  # 100 times the tolerance's rtol, on every element
+    before, after = checksum(out), checksum(shifted)
+    assert abs(float(after[0] - before[0])) < 4e-4 * float(before[1])  # the weighted sum alone would pass it
+    assert abs(float(after[2] - before[2])) > 4e-4 * float(before[3])
+
+    sizes = dict(n=64, m=128, d=8)
+    compare_served(("broadcast", naive_sq_dists), ("same", naive_sq_dists), factory=distance_inputs, sizes=sizes,
+                   device="cpu", rounds=2, warmup=1, min_run_time=0.002)
+    with pytest.raises(AssertionError, match="the output of a timed call differs from broadcast's"):
+        compare_served(("broadcast", naive_sq_dists),
+                       ("offset", lambda a, b: (lambda o: o + 0.01 * o.abs().mean())(naive_sq_dists(a, b))),
+                       factory=distance_inputs, sizes=sizes, device="cpu", rounds=2, warmup=1, min_run_time=0.002)
+
+
 def test_compiled_is_asked_of_the_learners_process(served_speed):
     from course.grading import expect_compiled
 
