@@ -15,7 +15,10 @@ explained.
 - :class:`ForwardWatch`: a forward pre-hook that records, for every call of a module, which
   ``torch.func`` transforms were active. A Python loop calls the model once per sample (or per
   ensemble member) with no transform; ``vmap`` calls it once, with ``vmap`` active. That is how
-  the checks tell the two apart without reading the learner's code.
+  the checks tell the two apart without reading the learner's code;
+- :func:`member_kl_planted`: each member's KL divergence from a target distribution, written with
+  ``F.kl_div`` inside ``vmap``, an op with no batching rule: ``vmap`` runs it in a loop over the
+  members (the planted slow op the lesson repairs); :func:`vmap_fallbacks` names such ops.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from course.data import device_generator
 from course.devices import pick_device
 from course.remote import recipe
 
-__all__ = ["ForwardWatch", "SmallCNN", "Standardize", "meta_copy", "meta_mlp", "mlp", "mlp_ensemble", "plot_speedup_by_batch",
-           "quiet_opacus", "small_cnn", "teacher_task", "toy_features", "toy_images", "transforms_active"]
+__all__ = ["ForwardWatch", "SmallCNN", "Standardize", "member_kl_planted", "meta_copy", "meta_mlp", "mlp", "mlp_ensemble",
+           "plot_speedup_by_batch", "quiet_opacus", "small_cnn", "teacher_task", "toy_features", "toy_images",
+           "transforms_active", "vmap_fallbacks"]
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -239,6 +243,49 @@ class ForwardWatch:
             return "the model was never called"
         kinds = sorted({" > ".join(c) or "no transform" for c in self.calls})
         return f"the model was called {len(self.calls)} time(s), under: {', '.join(kinds)}"
+
+
+# -- an op without a batching rule -------------------------------------------------------------
+
+def member_kl_planted(params: dict, buffers: dict, base: nn.Module, x: torch.Tensor,
+                      target: torch.Tensor) -> torch.Tensor:
+    """``(N,)``: member ``i``'s KL divergence from ``target`` on the minibatch ``x``,
+    ``KL(target || member) = sum_c target * (log target - log softmax(member(x)))``, averaged over
+    the minibatch (``F.kl_div``'s ``reduction="batchmean"``; a ``target`` of 0 adds 0). ``target``
+    is ``(batch, classes)`` probabilities shared by every member: the ensemble's vote, or a
+    teacher's. Written as anyone would, with ``F.kl_div`` inside the vmapped function; on the torch
+    versions the course supports ``aten::kl_div`` has no batching rule, so ``vmap`` runs it member by
+    member in a loop (PyTorch warns: "There is a performance drop because we have not yet
+    implemented the batching rule for aten::kl_div"). The lesson's exercise repairs it; this
+    version is the baseline its speed check times."""
+    from torch.func import functional_call, vmap
+
+    def one_member(p, b):
+        log_q = F.log_softmax(functional_call(base, (p, b), (x,)), dim=-1)
+        return F.kl_div(log_q, target, reduction="batchmean")
+
+    return vmap(one_member)(params, buffers)
+
+
+FALLBACK_WARNING = "we have not yet implemented the batching rule for "
+
+
+def vmap_fallbacks(fn, *args: Any, **kwargs: Any) -> list[str]:
+    """The ops (``'aten::kl_div'``...) that ``vmap`` ran in a loop, slice by slice, while
+    ``fn(*args, **kwargs)`` ran: PyTorch warns for each such call ("There is a performance drop
+    because we have not yet implemented the batching rule for ..."). Each op once, in order.
+    The warning can be switched off process-wide, so an empty list is a hint, not a proof."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fn(*args, **kwargs)
+    ops: list[str] = []
+    for w in seen:
+        text = str(w.message)
+        if FALLBACK_WARNING in text:
+            op = text.split(FALLBACK_WARNING, 1)[1].split()[0].rstrip(".")
+            if op not in ops:
+                ops.append(op)
+    return ops
 
 
 # -- Opacus ------------------------------------------------------------------------------------

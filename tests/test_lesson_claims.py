@@ -149,7 +149,7 @@ def test_lesson_1_a_traced_layer_silently_keeps_the_examples_length(rnn_solution
 
 @pytest.mark.parametrize("lesson_id, variable", [
     ("04_forward_ad", "speed_bars"), ("05_jacobians_hessians", "vmap_bars"), ("05_jacobians_hessians", "mode_bars"),
-    ("06_vmap_ensembles", "ensemble_bars"), ("06_vmap_ensembles", "psg_bars"), ("03_channels_last", "coord_bars"),
+    ("06_vmap_ensembles", "kl_bars"), ("06_vmap_ensembles", "psg_bars"), ("03_channels_last", "coord_bars"),
     ("01_custom_rnns", "speed_bars"), ("02_fx_transforms", "speed_bars"),
     ("07_broadcasting_indexing_higher_order", "distance_bars"), ("07_broadcasting_indexing_higher_order", "segment_bars"),
     ("07_broadcasting_indexing_higher_order", "penalty_bars"), ("08_profiling_trace_diff", "attention_bars"),
@@ -817,3 +817,37 @@ def test_lesson_6_batchnorm_running_statistics_under_vmap():
     assert vmap(lambda p, x: functional_call(base, p, (x,)))(params, xs).shape == (4, 32, 3)
     text = (SOLUTIONS / "06_vmap_ensembles" / "06_vmap_ensembles.ipynb").read_text()
     assert "shared buffers:" in text and "replace_all_batch_norm_modules_" in text
+
+
+def test_lesson_6_kl_div_has_no_batching_rule_and_the_warning_can_be_made_an_error():
+    """What lesson 6's last ensemble exercise rests on, on the installed torch: ``F.kl_div`` under
+    ``vmap`` falls back to a loop over the slices, with PyTorch's warning naming ``aten::kl_div``
+    (a torch that gains a batching rule for it fails here, and the exercise needs another op); the
+    result is still right; an "error" filter turns the warning into an exception whose traceback
+    reaches the caller's line; and 0 * log 0 is NaN where ``torch.xlogy`` gives 0."""
+    import traceback
+
+    from torch.func import vmap
+
+    from course.vmap import vmap_fallbacks
+
+    log_q = torch.randn(4, 3, 5, dtype=torch.float64).log_softmax(-1)
+    target = torch.softmax(torch.randn(3, 5, dtype=torch.float64), -1)
+
+    def one(lq):
+        return F.kl_div(lq, target, reduction="batchmean")
+
+    assert vmap_fallbacks(vmap(one), log_q) == ["aten::kl_div"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = vmap(one)(log_q)
+    assert torch.allclose(got, torch.stack([one(lq) for lq in log_q]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with pytest.raises(UserWarning, match="batching rule for aten::kl_div") as caught:
+            vmap(one)(log_q)
+    assert "one" in [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
+    zero = torch.zeros(1)
+    assert torch.isnan(zero * zero.log()).all() and torch.equal(torch.xlogy(zero, zero), zero)
+    text = " ".join(prose("06_vmap_ensembles").split())
+    assert "implemented the batching rule for aten::..." in text and "`torch.xlogy(a, b)`" in text

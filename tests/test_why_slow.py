@@ -69,16 +69,12 @@ def test_lesson_5_names_the_row_loop():
     _fails_with_an_explanation(lambda: l5.check_vmap_speed(jacobian_vmap, bars=BARS, D=16, num_threads=1, **FAST))
 
 
-def test_lesson_6_names_the_ensemble_loop():
-    from torch.func import functional_call
+def test_lesson_6_names_the_kl_div_that_vmap_loops_over():
+    from course.vmap import member_kl_planted
 
-    def looped(params, buffers, base, xs):
-        return torch.stack([functional_call(base, ({k: v[i] for k, v in params.items()},
-                                                   {k: v[i] for k, v in buffers.items()}), (xs[i],))
-                            for i in range(xs.shape[0])])
-
-    _fails_with_an_explanation(lambda: l6.check_ensemble_speed(
-        looped, bars=BARS, n=4, batch=8, features=8, hidden=16, num_threads=1, **FAST))
+    text = _fails_with_an_explanation(lambda: l6.check_member_kl_speed(
+        member_kl_planted, bars=BARS, n=32, batch=8, features=8, hidden=16, num_threads=1, **FAST))
+    assert "kl_div" in text, text
 
 
 def test_lesson_9_names_the_score_matrix_and_the_padding():

@@ -1,6 +1,8 @@
 """Checks for lesson 06_vmap_ensembles: stacking an ensemble's state, ensemble predictions with
-``vmap`` (a different minibatch per model, and one minibatch for all), per-sample gradients by a
-loop, by ``vmap(grad(loss))`` and by Opacus, one DP-SGD step, and the measured speedups.
+``vmap`` (a different minibatch per model, and one minibatch for all), the members' KL divergence
+with no op that ``vmap`` runs member by member (and its speed over the planted ``F.kl_div``), one
+SGD step for every member, per-sample gradients by a loop, by ``vmap(grad(loss))`` and by Opacus,
+one DP-SGD step, and the measured per-sample speedup.
 
 Models and data come from ``seed`` (``course.vmap``), so the learner chooses none of the inputs.
 Under the grader every check here runs in the judge (``SERVED``): models cross as recipes (the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import warnings
 from typing import Callable, Mapping
 
 import torch
@@ -27,24 +30,28 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import stack_module_state
 
-from course.checks.common import call, clock_against_loop, expect_loop_verdict, name_mistake, ok, served_speedup
+from course.checks.common import (call, clock_against_loop, expect_loop_verdict, name_mistake, ok, record, same_values,
+                                  served_speedup)
 from course.data import device_generator
 from course.devices import pick_device
 from course.grading import expect_constant_work
 from course.numerics import assert_close, describe
-from course.remote import factory, is_remote, mirrored
+from course.remote import factory, is_remote, mirrored, probe, prober
 from course.timing import SpeedReport, format_time
-from course.vmap import ForwardWatch, meta_copy, mlp_ensemble, small_cnn, toy_features, toy_images
+from course.vmap import (ForwardWatch, member_kl_planted, meta_copy, mlp_ensemble, small_cnn, toy_features, toy_images,
+                         vmap_fallbacks)
 from course.guard import reference
 from course.wire import ModuleState
 
-__all__ = ["check_dp_sgd_step", "check_ensemble_predict", "check_ensemble_sgd_step", "check_ensemble_speed",
-           "check_opacus_grads",
+__all__ = ["check_dp_sgd_step", "check_ensemble_predict", "check_ensemble_sgd_step", "check_member_kl",
+           "check_member_kl_speed", "check_opacus_grads",
            "check_per_sample_grads", "check_per_sample_grads_loop", "check_per_sample_speed",
-           "check_stack_ensemble", "dp_sgd_reference", "loop_predictions", "loop_sgd_step", "per_sample_norms",
+           "check_stack_ensemble", "dp_sgd_reference", "loop_member_kl", "loop_predictions", "loop_sgd_step",
+           "per_sample_norms",
            "reference_per_sample_grads"]
 
-SERVED = ("check_stack_ensemble", "check_ensemble_predict", "check_ensemble_speed", "check_ensemble_sgd_step",
+SERVED = ("check_stack_ensemble", "check_ensemble_predict", "check_member_kl", "check_member_kl_speed",
+          "check_ensemble_sgd_step",
           "check_per_sample_grads_loop",
           "check_per_sample_grads", "check_opacus_grads", "check_per_sample_speed", "check_dp_sgd_step")
 
@@ -275,6 +282,115 @@ def _ensemble_clock(fn: Callable, label: str, same: bool, seed: int) -> str:
     return f"{label} {text}"
 
 
+# -- an op without a batching rule, repaired -----------------------------------------------------
+
+@reference
+def loop_member_kl(models, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The reference: member ``i``'s ``KL(target || member)`` on ``x``, averaged over the
+    minibatch, model by model (``xlogy``: a target of 0 adds 0)."""
+    terms = torch.xlogy(target, target)
+    return torch.stack([(terms - target * F.log_softmax(m(x), dim=-1)).sum(-1).mean() for m in models])
+
+
+def _kl_target(batch: int, classes: int, seed: int, dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``(batch, classes)`` probabilities from ``seed``, with exact zeros as real targets have
+    them: row 0 is one-hot (a hard label), row 1 has one class at 0; the others are a softmax."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.softmax(2 * torch.randn(batch, classes, generator=g, dtype=torch.float64), dim=-1)
+    if classes > 1:
+        t[0] = 0.0
+        t[0, seed % classes] = 1.0
+        if batch > 1:
+            t[1, (seed + 1) % classes] = 0.0
+            t[1] /= t[1].sum()
+    return t.to(dev, dtype)
+
+
+def _kl_variants(logits: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the usual slips compute from every member's outputs ``(N, batch, classes)``, to name
+    the one a wrong answer matches."""
+    log_q = F.log_softmax(logits, dim=-1)
+    per_row = (torch.xlogy(target, target) - target * log_q).sum(-1)  # (N, batch)
+    classes = target.shape[-1]
+    return {
+        "it was averaged over the classes too (F.kl_div's reduction='mean' divides by every element, batch x "
+        "classes): a KL divergence sums over the classes, then this one averages over the minibatch "
+        "(reduction='batchmean')": per_row.mean(-1) / classes,
+        "it was summed over the minibatch: average over it (reduction='batchmean')": per_row.sum(-1),
+        "the members' raw outputs (logits) stood where log-probabilities belong: log_softmax them first":
+            (torch.xlogy(target, target) - target * logits).sum(-1).mean(-1),
+        "the divergence runs the other way round, KL(member || target): the lesson's is KL(target || member), "
+        "sum over classes of target * (log target - log member)":
+            (log_q.exp() * (log_q - target.log())).sum(-1).mean(-1),
+        "it is one number for the whole ensemble, repeated: each member gets its own divergence":
+            per_row.mean().expand(logits.shape[0]),
+    }
+
+
+@prober
+def kl_fallbacks(member_kl: Callable, params, buffers, base, x: torch.Tensor, target: torch.Tensor) -> list[str]:
+    """The ops ``vmap`` ran member by member while ``member_kl`` ran (PyTorch's fallback warning),
+    in the learner's process: only a failed check's message uses it; the verdict rests on values
+    and on the judge's clock (:func:`check_member_kl_speed`)."""
+    with torch.no_grad():
+        return vmap_fallbacks(member_kl, params, buffers, base, x, target)
+
+
+def check_member_kl(member_kl: Callable, *, seed: int = 0, n: int = 5, batch: int = 6, features: int = 12,
+                    hidden: int = 16, classes: int = 5, device=None) -> None:
+    """``member_kl(params, buffers, base, x, target)``: every member's ``KL(target || member)`` on
+    ``x``, averaged over the minibatch, ``(N,)``, as :func:`course.vmap.member_kl_planted` computes
+    it, on targets with exact zeros (a one-hot row, a class at 0), in float64 and float32 against
+    the loop over the members in float64; a wrong value is matched against the usual slips. Then
+    no op may fall back to a loop under ``vmap`` (PyTorch's warning, seen by a probe in the
+    learner's process: that process's word, backed by the clock of :func:`check_member_kl_speed`)."""
+    dev = pick_device(device)
+    for dtype in (torch.float64, torch.float32):
+        tol = TIGHT if dtype == torch.float64 else _float32_tolerance(dev)
+        models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev,
+                              dtype=dtype)
+        params, buffers, base = _stacked(models)
+        x = toy_features(batch, features, seed=seed + 5, device=dev, dtype=dtype)
+        target = _kl_target(batch, classes, seed, dev, dtype)
+        with torch.no_grad():
+            expected = loop_member_kl(models, x, target)
+            got = _call_stacked(member_kl, params, buffers, base, x.clone(), target.clone(), name="member_kl")
+        members = f"{n} member{'s' if n != 1 else ''}"
+        label = f"member_kl ({str(dtype).replace('torch.', '')}, {members})"
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != (n,):
+            raise AssertionError(f"{label} returned {describe(got)}; expected a tensor of shape ({n},): one "
+                                 "divergence per member, each averaged over the minibatch.")
+        if bool(torch.isnan(got).any()):
+            smooth = (target + 0.05) / (1 + 0.05 * classes)  # the same question without zeros
+            with torch.no_grad():
+                fine = _call_stacked(member_kl, params, buffers, base, x.clone(), smooth, name="member_kl")
+            if isinstance(fine, torch.Tensor) and same_values(fine, loop_member_kl(models, x, smooth), **tol):
+                raise AssertionError(
+                    f"{label} is NaN where a target probability is exactly 0 (this target has a one-hot row), "
+                    "and right on a target without zeros: target * target.log() is 0 * -inf = NaN there, while "
+                    "the KL divergence counts those terms as 0 (F.kl_div does).\n  Hint: torch.xlogy(target, "
+                    "target) computes target * log(target), with 0 where target is 0.")
+        with torch.no_grad():
+            logits = torch.stack([m(x) for m in models])
+        name_mistake(label, got, expected, _kl_variants(logits, target), **tol)
+        assert_close(got, expected, name=label, **tol,
+                     hint="compute what course.vmap.member_kl_planted computes: for every member, the sum over "
+                          "classes of target * (log target - log_softmax(output)), averaged over the minibatch.")
+    fallbacks = probe(member_kl, kl_fallbacks, params, buffers, base, x, target)
+    if not isinstance(fallbacks, list) or not all(isinstance(op, str) for op in fallbacks):
+        raise AssertionError(f"member_kl could not be watched (got {describe(fallbacks)}).")
+    if fallbacks:
+        raise AssertionError(
+            f"member_kl's values are right, but vmap ran {', '.join(fallbacks)} member by member, in a loop: "
+            f"PyTorch has no batching rule for {'it' if len(fallbacks) == 1 else 'them'} (its warning says "
+            "'There is a performance drop because we have not yet implemented the batching rule for ...').\n"
+            "  Hint: write that op with ops vmap batches (elementwise ops, sums, log_softmax), or run it outside "
+            "vmap on the stacked outputs of every member.")
+    record([True, True], [True, True], "member_kl: values and batching rules")
+    ok(f"member_kl equals the loop over {members} in float64 and float32, targets with exact zeros included, "
+       f"and vmap runs no op member by member (batch={batch}, seed {seed})")
+
+
 @functools.lru_cache(maxsize=4)
 def _timing_ensemble(n: int, features: int, hidden: int, classes: int, model_seed: int, device: str):
     models = mlp_ensemble(n, seed=model_seed, features=features, hidden=hidden, classes=classes, device=device)
@@ -283,44 +399,43 @@ def _timing_ensemble(n: int, features: int, hidden: int, classes: int, model_see
 
 
 @factory
-def ensemble_timing_inputs(seed: int, *, device: str, n: int, batch: int, features: int, hidden: int, classes: int,
-                           model_seed: int) -> tuple:
-    """Fresh ``(params, buffers, base, xs)`` for one timed call of the ensemble speed check: the
-    ensemble's stacked state from ``model_seed`` (the same in every call), the minibatches ``xs``
-    from ``seed``. The judge and the learner's process build the same ones from the seeds."""
+def member_kl_inputs(seed: int, *, device: str, n: int, batch: int, features: int, hidden: int, classes: int,
+                     model_seed: int) -> tuple:
+    """Fresh ``(params, buffers, base, x, target)`` for one timed call of the KL speed check: the
+    ensemble's stacked state from ``model_seed`` (the same in every call), the minibatch ``x`` and
+    the target probabilities from ``seed``. The judge and the learner's process build the same
+    ones from the seeds."""
     _, params, buffers, base = _timing_ensemble(n, features, hidden, classes, model_seed, device)
-    # drawn in float32 on the device (course.data.device_generator says why)
-    xs = torch.randn(n, batch, features, generator=device_generator(seed, device), device=device)
-    return params, buffers, base, xs
+    g = device_generator(seed, device)  # drawn in float32 on the device (course.data.device_generator says why)
+    x = torch.randn(batch, features, generator=g, device=device)
+    target = torch.softmax(2 * torch.randn(batch, classes, generator=g, device=device), dim=-1)
+    return params, buffers, base, x, target
 
 
-def check_ensemble_speed(predict_each: Callable, *, bars: Mapping[str, float], n: int, batch: int, features: int,
-                         hidden: int, classes: int = 10, num_threads: int | None = None, seed: int = 0,
-                         rounds: int = 9, min_run_time: float = 0.2, attempts: int = 3, device=None) -> SpeedReport:
-    """The vmapped ensemble (``predict_each``, a different minibatch per model) is at least
-    ``bars[device]`` times as fast as the loop over the models, measured side by side without
-    autograd by :func:`course.timing.compare_served`: every call on fresh minibatches from an
-    unpredictable seed, every timed output checked against the loop's on the same minibatches, the
-    two sides never at once. ``num_threads`` pins the CPU thread count. A measurement below the
-    bar is repeated (``attempts`` in all) and the best one judged."""
+def check_member_kl_speed(member_kl: Callable, *, bars: Mapping[str, float], n: int, batch: int, features: int,
+                          hidden: int, classes: int = 10, num_threads: int | None = None, seed: int = 0,
+                          rounds: int = 9, min_run_time: float = 0.2, attempts: int = 3, device=None) -> SpeedReport:
+    """The repaired ``member_kl`` at least ``bars[device]`` times as fast as the planted one
+    (:func:`course.vmap.member_kl_planted`, whose ``F.kl_div`` vmap runs member by member), side by
+    side without autograd on fresh minibatches and targets, every output checked
+    (:func:`served_speedup`); under the grader the learner's side runs in its process, the
+    planted one in the judge's, never at once. ``num_threads`` pins the CPU thread count."""
     dev = pick_device(device)
     sizes = dict(n=n, batch=batch, features=features, hidden=hidden, classes=classes, model_seed=seed)
     models = _timing_ensemble(n, features, hidden, classes, seed, str(dev))[0]
-    params, buffers, base, xs = ensemble_timing_inputs(seed + 31, device=str(dev), **sizes)
+    params, buffers, base, x, target = member_kl_inputs(seed + 31, device=str(dev), **sizes)
     with torch.no_grad():
-        got = call(predict_each, params, buffers, base, xs, name="predict_each")
-        assert_close(got, loop_predictions(models, xs, same_minibatch=False),
-                     name="predict_each on the ensemble it is timed on", **_float32_tolerance(dev),
-                     hint="the timed function must be right before it is fast.")
-
-    def loop(params, buffers, base, xs):
-        return loop_predictions(models, xs, same_minibatch=False)
-
-    return served_speedup(("loop", loop), ("vmap", predict_each), factory=ensemble_timing_inputs, sizes=sizes,
-                          bars=bars, device=dev, num_threads=num_threads, rounds=rounds, min_run_time=min_run_time,
-                          attempts=attempts, explain="course.references.explain.predict_each",
-                          hint="one vmap call over the stacked state (no loop, no copies of the weights per call). "
-                               "If the machine is busy, run the cell again.")
+        got = call(member_kl, params, buffers, base, x, target, name="member_kl")
+        assert_close(got, loop_member_kl(models, x, target), name="member_kl on the ensemble it is timed on",
+                     **_float32_tolerance(dev), hint="the timed function must be right before it is fast.")
+    with warnings.catch_warnings():  # the planted op's warning is the lesson's, not the check's
+        warnings.filterwarnings("ignore", message=".*batching rule.*")
+        return served_speedup(("planted", member_kl_planted), ("repaired", member_kl), factory=member_kl_inputs,
+                              sizes=sizes, bars=bars, device=dev, num_threads=num_threads, rounds=rounds,
+                              min_run_time=min_run_time, attempts=attempts, explain="course.references.explain.member_kl",
+                              hint="no op that vmap runs member by member (its warning names it): the KL divergence "
+                                   "from elementwise ops, or F.kl_div outside vmap. If the machine is busy, run the "
+                                   "cell again.")
 
 
 # -- training an ensemble ------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, jacfwd, jacrev, vmap
 
-__all__ = ["attention", "coord_conv", "gradient_penalty", "jacobian_fwd", "jacobian_vmap", "jagged_token_mlp", "per_sample_grads",
-           "predict_each", "sdpa_attention", "sq_dists_identity", "segment_sum"]
+__all__ = ["attention", "coord_conv", "gradient_penalty", "jacobian_fwd", "jacobian_vmap", "jagged_token_mlp", "member_kl",
+           "per_sample_grads", "sdpa_attention", "sq_dists_identity", "segment_sum"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
@@ -49,8 +49,12 @@ def jacobian_vmap(f, x: torch.Tensor) -> torch.Tensor:
     return jacrev(f)(x)
 
 
-def predict_each(params, buffers, base, xs):
-    return vmap(lambda p, b, x: functional_call(base, (p, b), (x,)))(params, buffers, xs)
+def member_kl(params, buffers, base, x, target):
+    def one(p, b):
+        log_q = F.log_softmax(functional_call(base, (p, b), (x,)), dim=-1)
+        return (torch.xlogy(target, target) - target * log_q).sum(-1).mean()
+
+    return vmap(one)(params, buffers)
 
 
 def per_sample_grads(model, x, y):
