@@ -20,6 +20,9 @@ module:
   process it started have used so far (threads and helper processes counted), read by the
   grading parent from ``/proc``: a candidate's timed block is charged its CPU time divided by the
   threads it was allowed when that exceeds its wall time (:func:`course.timing.compare_served`);
+- ``uninterrupted()``: a context manager during which the grader's time limit waits (raised as
+  it ends): the few lines that write or keep one piece of a message on the judge/learner channel
+  (:class:`course.remote.Link`), so that a time limit never cuts a message in two;
 - the environment variable :data:`SELF_CHECK_SKIP`: the lessons' closing self-check does
   nothing (the grader reads the test cells itself).
 """
@@ -34,17 +37,19 @@ learner_prefix: str | None = None
 refused: Callable[[str, str], None] | None = None
 hold: Callable[[], ContextManager] | None = None
 learner_cpu: Callable[[], float] | None = None
+uninterrupted: Callable[[], ContextManager] | None = None
 
 SELF_CHECK_SKIP = "COURSE_SELF_CHECK_SKIP"
 
 
 def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, refused: Callable,
-            hold: Callable | None = None, learner_cpu: Callable | None = None) -> None:
+            hold: Callable | None = None, learner_cpu: Callable | None = None,
+            uninterrupted: Callable | None = None) -> None:
     """Called by the grading sandbox only."""
     globals().update(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix, refused=refused,
-                     hold=hold, learner_cpu=learner_cpu)
+                     hold=hold, learner_cpu=learner_cpu, uninterrupted=uninterrupted)
 
 
 def installed() -> tuple:
     """What is installed now (the sandbox compares it after every cell)."""
-    return observer, exclusive, learner_prefix, refused, hold, learner_cpu
+    return observer, exclusive, learner_prefix, refused, hold, learner_cpu, uninterrupted

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import io
 import os
 import itertools
+import select
 import struct
 from typing import Any, Callable
 
@@ -199,8 +201,26 @@ class RemoteError(Exception):
     message cross)."""
 
 
+def _uninterrupted():
+    """The grader's guard around a few lines of the channel that a time limit must not cut in two
+    (``course.grader_hooks.uninterrupted``); nothing outside the grader."""
+    from course import grader_hooks
+
+    hook = grader_hooks.uninterrupted
+    return hook() if hook is not None else contextlib.nullcontext()
+
+
 class Link:
-    """One end of the judge/learner channel: framed :mod:`course.wire` values over two fds."""
+    """One end of the judge/learner channel: framed :mod:`course.wire` values over two fds.
+
+    A time limit (the grader's alarm, raised as an exception wherever the process is) must never
+    cut a frame in two: the other side would read every later message from the wrong place (a
+    busy machine did it in CI: a reply cut short, then the next one, read as a message of
+    436,146 MB). So the channel waits for its pipes with ``select``, where a time limit may land,
+    and writes or reads only what the pipe can take or give at once, inside
+    :func:`_uninterrupted` together with the note of how far it got. A send cut short in its
+    wait keeps the rest of its frame, and the next send writes that first; a receive keeps what it
+    read."""
 
     def __init__(self, send_fd: int, recv_fd: int):
         self.send_fd, self.recv_fd, self.seq = send_fd, recv_fd, 0
@@ -208,15 +228,26 @@ class Link:
         self.broken = ""  # why the other side is no longer heard (a frame over the size limit)
         self.recipes = True  # the learner's side (serve) sends objects as what they are, never as recipes
         self._buffer = bytearray()  # bytes read and not yet taken: a read cut short keeps its place
+        self._unsent = bytearray()  # bytes of frames not yet written: a send cut short keeps its place
+        os.set_blocking(send_fd, False)  # a write takes what the pipe holds, and never waits inside the guard
 
     def send(self, value: Any) -> None:
         data = wire.encode(value, recipes=self.recipes)
         if len(data) > wire.MAX_BYTES:  # the other side would refuse it: say so instead of sending it
             raise wire.WireError(f"a value of {len(data) / 2**20:.0f} MB, over the {wire.MAX_BYTES // 2**20} MB "
                                  "that can cross between the grader's processes")
-        view = memoryview(_FRAME.pack(len(data)) + data)
-        while view:
-            view = view[os.write(self.send_fd, view):]
+        if self.send_fd < 0:
+            raise OSError(errno.EBADF, "the channel to the other process is closed")
+        with _uninterrupted():
+            self._unsent += _FRAME.pack(len(data)) + data
+        while self._unsent:
+            select.select([], [self.send_fd], [])  # the wait: where a time limit may land
+            with _uninterrupted():
+                try:
+                    written = os.write(self.send_fd, self._unsent)
+                except BlockingIOError:
+                    written = 0
+                del self._unsent[:written]
 
     def receive(self) -> Any:
         """The next value. A receive interrupted part-way (a time limit) loses nothing: the bytes
@@ -231,16 +262,19 @@ class Link:
                            f"{wire.MAX_BYTES // 2**20} MB limit; nothing it sends is heard any more")
             raise RemoteError(self.broken)
         self._fill(_FRAME.size + size)
-        data = bytes(self._buffer[_FRAME.size:_FRAME.size + size])
-        del self._buffer[:_FRAME.size + size]
+        with _uninterrupted():
+            data = bytes(self._buffer[_FRAME.size:_FRAME.size + size])
+            del self._buffer[:_FRAME.size + size]
         return wire.decode(data)
 
     def _fill(self, n: int) -> None:
         while len(self._buffer) < n:
-            chunk = os.read(self.recv_fd, min(n - len(self._buffer), 1 << 22))
+            select.select([self.recv_fd], [], [])  # the wait: where a time limit may land
+            with _uninterrupted():
+                chunk = os.read(self.recv_fd, min(n - len(self._buffer), 1 << 22))  # readable: never waits
+                self._buffer += chunk
             if not chunk:
                 raise EOFError("the other process closed the channel")
-            self._buffer += chunk
 
     def request(self, message: dict) -> Any:
         """Send ``message``; the value of the reply, or the learner's exception raised here.

@@ -100,3 +100,58 @@ def test_a_receive_cut_short_resumes_the_same_frame(protocol):
         os.close(r)
         os.close(w)
         os.close(link.send_fd)
+
+
+def test_an_alarm_inside_the_channels_guard_waits_for_its_end(protocol):
+    """The few lines that write or keep a piece of a message run whole: an alarm landing inside
+    ``uninterrupted()`` is raised as the block ends (once), and one landing later in the same
+    cell is not raised twice; an alarm held back in one cell is not the next cell's."""
+    alarm = protocol.Alarm().install()
+    seen = []
+
+    def guarded():
+        with alarm.uninterrupted():
+            os.kill(os.getpid(), signal.SIGALRM)
+            for _ in range(1000):
+                pass
+            seen.append("the block ran to its end")
+        seen.append("after the block")
+
+    assert isinstance(alarm.run(guarded), protocol.CellTimeout)
+    assert seen == ["the block ran to its end"]
+
+    def quiet():
+        with alarm.uninterrupted():
+            pass
+
+    alarm.missed = True  # as if an alarm had been held back when the last cell ended
+    assert alarm.run(quiet) is None
+
+
+def test_a_send_cut_short_by_a_time_limit_finishes_its_frame_before_the_next(protocol, monkeypatch):
+    """A reply larger than the pipe, whose reader is busy: the alarm lands while the send waits.
+    The other side must still read whole frames, the first reply and then the next (before, the
+    rest of the first was lost and the next one was read from its middle: a message of 436,146 MB
+    in CI)."""
+    import torch
+
+    from course import grader_hooks
+
+    alarm = protocol.Alarm().install()
+    monkeypatch.setattr(grader_hooks, "uninterrupted", alarm.uninterrupted)
+    r, w = os.pipe()
+    sender, reader = Link(w, os.open(os.devnull, os.O_RDONLY)), Link(os.open(os.devnull, os.O_WRONLY), r)
+    first, second = {"ok": torch.arange(100_000.0), "seq": 1}, {"ok": "next", "seq": 2}
+    try:
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGALRM))
+        timer.start()
+        assert isinstance(alarm.run(sender.send, first), protocol.CellTimeout)  # the pipe filled, nobody read
+        got = []
+        thread = threading.Thread(target=lambda: got.extend([reader.receive(), reader.receive()]))
+        thread.start()
+        sender.send(second)
+        thread.join(10)
+        assert len(got) == 2 and torch.equal(got[0]["ok"], first["ok"]) and got[1] == second, got
+    finally:
+        for fd in (r, w, sender.recv_fd, reader.send_fd):
+            os.close(fd)

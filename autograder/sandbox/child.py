@@ -349,8 +349,10 @@ def main() -> int:
     import course.grader_hooks as hooks
     import course.guard as guard
 
+    alarm = protocol.Alarm()  # the parent's time limit (its handler is installed below, before "ready")
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix,
-                  refused=lambda name, where: flag("uses-reference", f"{where} called the course's {name}"))
+                  refused=lambda name, where: flag("uses-reference", f"{where} called the course's {name}"),
+                  uninterrupted=alarm.uninterrupted)
     contract = hooks.installed()
     seal = Seal()
     guarded_types = tuple(v for _, (_, e) in seal.snapshot.items() for v in e.values() if isinstance(v, type))
@@ -408,7 +410,7 @@ def main() -> int:
 
     sys.addaudithook(hook)
 
-    alarm = protocol.Alarm().install()  # the parent's time limit, felt inside a cell's code only
+    alarm.install()  # the parent's time limit, felt inside a cell's code only
     channel.send("ready", seal_entries=sum(len(e) for _, e in seal.snapshot.values()))
 
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}

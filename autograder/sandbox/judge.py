@@ -105,10 +105,12 @@ def main() -> int:
         return protocol.CPU_ANSWER.unpack(protocol.read_exact(in_fd, protocol.CPU_ANSWER.size))[0]
 
     # No learner frame is ever on this process's stack: the references serve the checks freely.
+    alarm = protocol.Alarm()
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
-                  refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu)
+                  refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu,
+                  uninterrupted=alarm.uninterrupted)
 
-    alarm = protocol.Alarm().install()  # the parent's time limit, felt inside a cell's code only
+    alarm.install()  # the parent's time limit, felt inside a cell's code only
     link = Link(call_fd, reply_fd)
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
     real_out, real_err = sys.stdout, sys.stderr

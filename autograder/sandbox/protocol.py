@@ -17,6 +17,7 @@ nothing from the grader.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import struct
@@ -186,6 +187,8 @@ class Alarm:
 
     def __init__(self):
         self.armed = False
+        self.held = 0  # inside uninterrupted(): an alarm that lands waits for its end
+        self.missed = False
 
     def install(self) -> "Alarm":
         import signal
@@ -195,14 +198,37 @@ class Alarm:
 
     def _on_alarm(self, signum, frame):
         if self.armed:
+            if self.held:
+                self.missed = True
+                return
             self.armed = False
             raise CellTimeout()
+
+    @contextlib.contextmanager
+    def uninterrupted(self):
+        """A few lines an alarm must not cut in two: a frame half written to the judge/learner
+        channel, bytes read from it and not yet kept (``course.remote.Link``, through
+        ``course.grader_hooks.uninterrupted``). Cut there, the stream would lose or repeat bytes and
+        every later message would be read from the wrong place. An alarm that lands inside is
+        raised as the block ends, if the cell is still armed. The block itself never waits: the
+        channel waits for its pipe outside it."""
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+            if not self.held and self.missed:
+                self.missed = False
+                if self.armed:
+                    self.armed = False
+                    raise CellTimeout()
 
     def run(self, fn, *args):
         """``fn(*args)`` with the alarm armed; the exception it ended with (a :class:`CellTimeout`
         for the alarm, any ``BaseException`` of the code's own), or None."""
         try:
             try:
+                self.missed = False  # an alarm held back in an earlier cell is not this one's
                 self.armed = True
                 fn(*args)
             finally:
