@@ -412,8 +412,12 @@ def test_reference_data_is_what_the_grader_reference_gives():
 
     def same(a, b):
         if isinstance(a, torch.Tensor):
-            return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan())
-                    and torch.equal(a.nan_to_num(), b.nan_to_num()))  # a query with no keys left: NaN
+            # float64 to its rounding, not bit for bit: the sums of a matrix product add in an order that
+            # depends on the thread count (one thread and two differ in the last bits)
+            return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                    and torch.equal(a.isnan(), b.isnan())  # a query with no keys left: NaN
+                    and (torch.equal(a, b) if not a.is_floating_point() else torch.allclose(
+                        a.nan_to_num(), b.nan_to_num(), rtol=64 * torch.finfo(a.dtype).eps, atol=0.0)))
         if isinstance(a, dict):
             return isinstance(b, dict) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
         if isinstance(a, (list, tuple)):
