@@ -214,9 +214,10 @@ class Link:
     """One end of the judge/learner channel: framed :mod:`course.wire` values over two fds.
 
     A time limit (the grader's alarm, raised as an exception wherever the process is) must never
-    cut a frame in two: the other side would read every later message from the wrong place (a
-    busy machine did it in CI: a reply cut short, then the next one, read as a message of
-    436,146 MB). So the channel waits for its pipes with ``select``, where a time limit may land,
+    cut a frame in two, nor lose bytes read and not yet kept: every later message would be read
+    from the wrong place (CI met it on a busy machine: the parent interrupts both processes at a
+    cell's limit, the judge's alarm landed just as its read of the learner's reply returned, and
+    the next receive read a message of 436,146 MB from the middle of that frame). So the channel waits for its pipes with ``select``, where a time limit may land,
     and writes or reads only what the pipe can take or give at once, inside
     :func:`_uninterrupted` together with the note of how far it got. A send cut short in its
     wait keeps the rest of its frame, and the next send writes that first; a receive keeps what it

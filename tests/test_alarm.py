@@ -155,3 +155,38 @@ def test_a_send_cut_short_by_a_time_limit_finishes_its_frame_before_the_next(pro
     finally:
         for fd in (r, w, sender.recv_fd, reader.send_fd):
             os.close(fd)
+
+
+def test_an_alarm_as_a_read_returns_loses_none_of_the_bytes_read(protocol, monkeypatch):
+    """What CI on 71b4353 met: the parent interrupts both processes at a cell's limit, and the
+    judge's alarm landed just as its read of the learner's reply returned, before the bytes were
+    kept; the next receive read from the middle of that frame (a message of 436,146 MB). Here the
+    alarm is sent from inside the read: the bytes must be kept, and the alarm raised after."""
+    from course import grader_hooks
+
+    alarm = protocol.Alarm().install()
+    monkeypatch.setattr(grader_hooks, "uninterrupted", alarm.uninterrupted)
+    r, w = os.pipe()
+    link = Link(os.open(os.devnull, os.O_WRONLY), r)
+    value = {"ok": list(range(50)), "seq": 7}
+    data = wire.encode(value)
+    frame = len(data).to_bytes(8, "big") + data
+    real_read, reads = os.read, []
+
+    def read_then_alarm(fd, n):
+        got = real_read(fd, n)
+        if fd == r and not reads:
+            reads.append(len(got))
+            os.kill(os.getpid(), signal.SIGALRM)  # pending as the read returns
+        return got
+
+    try:
+        os.write(w, frame + frame)
+        monkeypatch.setattr(os, "read", read_then_alarm)
+        assert isinstance(alarm.run(link.receive), protocol.CellTimeout)
+        monkeypatch.setattr(os, "read", real_read)
+        assert reads and link.receive() == value and link.receive() == value
+    finally:
+        os.close(r)
+        os.close(w)
+        os.close(link.send_fd)
