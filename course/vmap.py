@@ -260,11 +260,11 @@ def member_kl_planted(params: dict, buffers: dict, base: nn.Module, x: torch.Ten
     version is the baseline its speed check times."""
     from torch.func import functional_call, vmap
 
-    def one_member(p, b):
-        log_q = F.log_softmax(functional_call(base, (p, b), (x,)), dim=-1)
-        return F.kl_div(log_q, target, reduction="batchmean")
+    def divergence(state, extra):
+        logits = functional_call(base, (state, extra), (x,))
+        return F.kl_div(logits.log_softmax(-1), target, reduction="batchmean")
 
-    return vmap(one_member)(params, buffers)
+    return vmap(divergence)(params, buffers)
 
 
 FALLBACK_WARNING = "we have not yet implemented the batching rule for "
