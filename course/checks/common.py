@@ -271,3 +271,15 @@ def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callabl
                     + "; ".join(lines) + ".")
     expect_speedup(report, candidate[0], over=baseline[0], bars=bars, hint=hint, seen=seen)
     return report
+
+
+def probed_names(answer: Any, prober: Callable, *args: Any, label: str) -> list[str]:
+    """What a course probe that lists op names (``format_trace``, ``kl_fallbacks``) reported from
+    where ``answer`` lives (:func:`course.remote.probe`): a list of strings, or a failed check
+    naming ``label`` if that process sent anything else."""
+    from course.remote import probe
+
+    names = probe(answer, prober, *args)
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise AssertionError(f"{label} could not be watched (got {describe(names)}).")
+    return names

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from course.checks.common import call, ok, record, served_speedup
+from course.checks.common import call, ok, probed_names, record, served_speedup
 from course.data import randn
 from course.devices import pick_device
 from course.memory_format import (PLANTED_VARIANTS, autocast_witness, channels_last_strides_of, coord_conv_inputs,
@@ -557,9 +557,7 @@ def check_coord_conv(coord_conv: Callable, *, seed: int = 0, device=None) -> Non
                                  "you were given, as PyTorch's own ops do, rather than converting everything: "
                                  "ask x.is_contiguous(memory_format=torch.channels_last).")
         if channels_last:  # the output may look right: a convolution with channels-last weights converts back
-            lost = probe(coord_conv, format_trace, *args)
-            if not isinstance(lost, list) or not all(isinstance(op, str) for op in lost):
-                raise AssertionError(f"coord_conv could not be watched (got {describe(lost)}).")
+            lost = probed_names(coord_conv, format_trace, *args, label="coord_conv")
             if lost:
                 raise AssertionError(
                     f"coord_conv's output is right, but on the way {lost[0]!r} turned a channels-last tensor into "

@@ -30,13 +30,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import stack_module_state
 
-from course.checks.common import (call, clock_against_loop, expect_loop_verdict, name_mistake, ok, record, same_values,
-                                  served_speedup)
+from course.checks.common import (call, clock_against_loop, expect_loop_verdict, name_mistake, ok, probed_names, record,
+                                  same_values, served_speedup)
 from course.data import device_generator
 from course.devices import pick_device
 from course.grading import expect_constant_work
 from course.numerics import assert_close, describe
-from course.remote import factory, is_remote, mirrored, probe, prober
+from course.remote import factory, is_remote, mirrored, prober
 from course.timing import SpeedReport, format_time
 from course.vmap import (ForwardWatch, member_kl_planted, meta_copy, mlp_ensemble, small_cnn, toy_features, toy_images,
                          vmap_fallbacks)
@@ -376,9 +376,7 @@ def check_member_kl(member_kl: Callable, *, seed: int = 0, n: int = 5, batch: in
         assert_close(got, expected, name=label, **tol,
                      hint="compute what course.vmap.member_kl_planted computes: for every member, the sum over "
                           "classes of target * (log target - log_softmax(output)), averaged over the minibatch.")
-    fallbacks = probe(member_kl, kl_fallbacks, params, buffers, base, x, target)
-    if not isinstance(fallbacks, list) or not all(isinstance(op, str) for op in fallbacks):
-        raise AssertionError(f"member_kl could not be watched (got {describe(fallbacks)}).")
+    fallbacks = probed_names(member_kl, kl_fallbacks, params, buffers, base, x, target, label="member_kl")
     if fallbacks:
         raise AssertionError(
             f"member_kl's values are right, but vmap ran {', '.join(fallbacks)} member by member, in a loop: "
