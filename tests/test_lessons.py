@@ -6,11 +6,14 @@ untouched student versions, and takes exactly the broken checks' points from a p
 from __future__ import annotations
 
 import csv
+import html
 import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -42,14 +45,17 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def expect_cells(got: dict[str, float], want: dict[str, float], undecided: set[str], speed: set[str]) -> None:
+def expect_cells(got: dict[str, float], want: dict[str, float], undecided: set[str], speed: set[str],
+                 why: Callable[[str], str] = lambda grade_id: "") -> None:
     """``got`` is ``want``, cell by cell, except where a busy machine left a speed bar undecided:
     such a cell must be a speed cell, and earns nothing (it is measured again by the next run).
-    A positive test that needed a quiet machine would fail CI for the machine's sake."""
+    A positive test that needed a quiet machine would fail CI for the machine's sake. ``why(cell)``:
+    what the feedback said about a cell, for the failure's message (CI keeps nothing else)."""
     assert undecided <= speed, f"undecided cells that have no speed bar: {sorted(undecided - speed)}"
     assert set(got) == set(want), (sorted(got), sorted(want))
     off = {g: (got[g], want[g]) for g in want if got[g] != (0.0 if g in undecided else want[g])}
-    assert not off, f"cells off (got, want): {off}; undecided: {sorted(undecided)}"
+    said = "".join(f"\n--- {g}: {why(g)}" for g in off)
+    assert not off, f"cells off (got, want): {off}; undecided: {sorted(undecided)}{said}"
 
 
 @pytest.mark.parametrize("lesson_id", LESSON_IDS)
@@ -312,9 +318,11 @@ class Graded:
         self.rows = {(r["student_id"], r["lesson_id"]): r for r in read_csv(out / "grades.csv")}
         self.cells: dict[tuple[str, str], dict[str, float]] = {}
         self.undecided: dict[tuple[str, str], set[str]] = {}
+        self.reasons: dict[tuple[str, str, str], str] = {}
         for r in read_csv(out / "cells.csv"):
             key = (r["student_id"], r["lesson_id"])
             self.cells.setdefault(key, {})[r["grade_id"]] = float(r["score"])
+            self.reasons[(*key, r["grade_id"])] = r["reason"]
             if r["verdict"] == "undecided":
                 self.undecided.setdefault(key, set()).add(r["grade_id"])
         self.speed = {lesson_id: {f["cell"] for f in acceptance.speed_figures(work, lesson_id)} for lesson_id in LESSON_IDS}
@@ -322,7 +330,15 @@ class Graded:
     def expect(self, student: str, lesson_id: str, want: dict[str, float]) -> None:
         """The submission's cells are ``want``, but for speed cells the machine left undecided."""
         expect_cells(self.cells[(student, lesson_id)], want, self.undecided.get((student, lesson_id), set()),
-                     self.speed[lesson_id])
+                     self.speed[lesson_id], lambda cell: self.why(student, lesson_id, cell))
+
+    def why(self, student: str, lesson_id: str, cell: str) -> str:
+        """The cell's reason (cells.csv) and what its feedback page says after the cell's name."""
+        pages = sorted((self.out / "feedback" / student / lesson_id).glob("*.html"))
+        text = html.unescape(re.sub(r"<[^>]+>", " ", pages[0].read_text())) if pages else ""
+        found = list(re.finditer(rf"{re.escape(cell)}:\s*[\d.]+\s*/\s*[\d.]+", text))  # the cell's own block
+        said = " ".join(text[found[-1].start():found[-1].start() + 1500].split()) if found else "(not in the feedback)"
+        return f"{self.reasons.get((student, lesson_id, cell), '')}: {said}"
 
 
 @pytest.mark.notebooks

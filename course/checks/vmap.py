@@ -102,10 +102,10 @@ def _call_stacked(fn: Callable, *args, name: str):
                              "functional_call(base, (p, b), (x,)).") from exc.__cause__
 
 
-def _clock_ensemble(seed: int):
+def _clock_ensemble(seed: int, dtype: torch.dtype = torch.float32):
     """``(members, params, buffers, base)``: ``CLOCK_MEMBERS`` tiny models on the CPU, for the judge's
     clock (a loop's cost is per model, a few module calls each, and the state to send is small)."""
-    members = mlp_ensemble(CLOCK_MEMBERS, seed=seed, features=4, hidden=4, classes=3, device="cpu")
+    members = mlp_ensemble(CLOCK_MEMBERS, seed=seed, features=4, hidden=4, classes=3, device="cpu", dtype=dtype)
     return (members, *_stacked(members))
 
 
@@ -533,12 +533,19 @@ def check_ensemble_sgd_step(ensemble_sgd_step: Callable, *, seed: int = 0, n: in
 
 
 def _sgd_clock(fn: Callable, label: str, seed: int, lr: float) -> str:
-    """The judge's clock on ``CLOCK_MEMBERS`` small models (on the CPU), against the course's loop."""
-    members, params, buffers, base = _clock_ensemble(seed)
+    """The judge's clock on ``CLOCK_MEMBERS`` small models (on the CPU), against the course's loop.
+
+    In float64: a gradient jumps where a ReLU's input crosses 0, and in float32 a pre-activation
+    within rounding of 0 falls on one side in the batched kernel and on the other in the loop's.
+    One member's whole step then differs (a right answer measured 0.26 against 0.31), and with
+    1,024 members and fresh inputs on every timed call, float32 met such a member in about one
+    grading in four (CI on 2e78c7d: the instructor's notebook lost the cell). Float64 rounding
+    is 2**29 times finer; the clock's ratio is the same (the loop's cost is per-call overhead)."""
+    members, params, buffers, base = _clock_ensemble(seed, torch.float64)
     params = {k: v.detach() for k, v in params.items()}
 
     def make(fresh):
-        xs = toy_features(CLOCK_MEMBERS, 4, 4, seed=fresh, device="cpu")
+        xs = toy_features(CLOCK_MEMBERS, 4, 4, seed=fresh, device="cpu", dtype=torch.float64)
         return params, buffers, base, xs, _labels((CLOCK_MEMBERS, 4), 3, fresh, torch.device("cpu")), lr
 
     def loop(params, buffers, base, xs, ys, lr):
