@@ -210,6 +210,15 @@ def _uninterrupted():
     return hook() if hook is not None else contextlib.nullcontext()
 
 
+def _wait(fd: int, event: int) -> None:
+    """Until ``fd`` is ready for ``event`` (``select.POLLIN``, ``select.POLLOUT``), or has hung up
+    or failed (the read or write that follows then says so). ``poll``, not ``select``: ``select``
+    refuses a descriptor numbered 1,024 or more, which a process with many files open has."""
+    poller = select.poll()
+    poller.register(fd, event)
+    poller.poll()
+
+
 class Link:
     """One end of the judge/learner channel: framed :mod:`course.wire` values over two fds.
 
@@ -217,8 +226,8 @@ class Link:
     cut a frame in two, nor lose bytes read and not yet kept: every later message would be read
     from the wrong place (CI met it on a busy machine: the parent interrupts both processes at a
     cell's limit, the judge's alarm landed just as its read of the learner's reply returned, and
-    the next receive read a message of 436,146 MB from the middle of that frame). So the channel waits for its pipes with ``select``, where a time limit may land,
-    and writes or reads only what the pipe can take or give at once, inside
+    the next receive read a message of 436,146 MB from the middle of that frame). So the channel
+    waits for its pipes (:func:`_wait`), where a time limit may land, and writes or reads only what the pipe can take or give at once, inside
     :func:`_uninterrupted` together with the note of how far it got. A send cut short in its
     wait keeps the rest of its frame, and the next send writes that first; a receive keeps what it
     read."""
@@ -242,7 +251,7 @@ class Link:
         with _uninterrupted():
             self._unsent += _FRAME.pack(len(data)) + data
         while self._unsent:
-            select.select([], [self.send_fd], [])  # the wait: where a time limit may land
+            _wait(self.send_fd, select.POLLOUT)  # the wait: where a time limit may land
             with _uninterrupted():
                 try:
                     written = os.write(self.send_fd, self._unsent)
@@ -270,7 +279,7 @@ class Link:
 
     def _fill(self, n: int) -> None:
         while len(self._buffer) < n:
-            select.select([self.recv_fd], [], [])  # the wait: where a time limit may land
+            _wait(self.recv_fd, select.POLLIN)  # the wait: where a time limit may land
             with _uninterrupted():
                 chunk = os.read(self.recv_fd, min(n - len(self._buffer), 1 << 22))  # readable: never waits
                 self._buffer += chunk

@@ -356,6 +356,16 @@ def _local_args(script: str, args: list[str], cells: str) -> list[str]:
     return [*args[:2], str(COURSE.parent), *args[2:]]
 
 
+def _readable(fds: list[int], timeout_s: float) -> set[int]:
+    """Those of ``fds`` with bytes to read or a closed other end (a read then returns b""), within
+    ``timeout_s``. ``poll``, not ``select``, which refuses a descriptor numbered 1,024 or more (a
+    grader with many submissions at once, or many files open, gets such numbers)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return {fd for fd, _ in poller.poll(timeout_s * 1000)}
+
+
 def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout: float,
                 memory_mb: float, log: Path, env: dict[str, str] | None = None,
                 judge_setup: list[str] | None = None) -> Outcome:
@@ -477,7 +487,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             elif interrupted and now - cell_started > cell_timeout + GRACE:
                 status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
                 break
-        ready, _, _ = select.select([p.from_r for p in procs if not p.done], [], [], 0.1)
+        ready = _readable([p.from_r for p in procs if not p.done], 0.1)
         closed = None
         for source in procs:
             if source.from_r not in ready:
