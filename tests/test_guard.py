@@ -98,13 +98,14 @@ def test_every_reference_the_checks_compare_with_is_guarded():
     from course.checks import forward_ad, fx, jacobians, memory_format, vmap
     from course import fastpath, forward_ad as fad, jacobians as jac
     from course.references import fastpath as fastpath_refs, rnn
+    from course.references import jacobians as jac_refs
 
     guarded = [rnn.layer_norm_lstm_cell_reference, rnn.eager_lstm_layer, jac.TanhLayer.jacobian,
                jac.Energy.hessian, jac.Energy.hvp, fad.WideFunction.jacobian,
                vmap.loop_predictions, vmap.reference_per_sample_grads, vmap.dp_sgd_reference, vmap.per_sample_norms,
                forward_ad.sinc_reference, forward_ad.sinc_derivative_reference, fx._op_type, fx._legal_pairs,
                fx._fold_reference, fx._reasons, memory_format.format_losses, memory_format._dense,
-               jacobians._reference_rows, fastpath_refs.reference_attention, fastpath_refs.naive_masked_attention,
+               jac_refs.largest_fitting_chunk, fastpath_refs.reference_attention, fastpath_refs.naive_masked_attention,
                fastpath.fast_path_taken, fastpath.run_config]
     missing = [f.__qualname__ for f in guarded if not getattr(f, "__course_reference__", False)]
     assert not missing, missing

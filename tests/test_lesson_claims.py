@@ -148,7 +148,7 @@ def test_lesson_1_a_traced_layer_silently_keeps_the_examples_length(rnn_solution
 
 
 @pytest.mark.parametrize("lesson_id, variable", [
-    ("04_forward_ad", "speed_bars"), ("05_jacobians_hessians", "vmap_bars"), ("05_jacobians_hessians", "mode_bars"),
+    ("04_forward_ad", "speed_bars"), ("05_jacobians_hessians", "mode_bars"),
     ("06_vmap_ensembles", "kl_bars"), ("06_vmap_ensembles", "psg_bars"), ("03_channels_last", "coord_bars"),
     ("01_custom_rnns", "speed_bars"), ("02_fx_transforms", "speed_bars"),
     ("07_broadcasting_indexing_higher_order", "distance_bars"), ("07_broadcasting_indexing_higher_order", "segment_bars"),
@@ -214,10 +214,15 @@ def test_lesson_5_chunk_size_bounds_the_identity_jacrev_maps_over():
     for size in (None, 128, 1):
         with TensorWatch() as tw:
             jacrev(layer, chunk_size=size)(x)
-        seen[size] = (tw.largest_bytes, tw.ops)
+        seen[size] = (tw.largest_bytes, tw.ops, tw.largest_shape, tw.largest_op)
     assert seen[None][0] >= m * m * 4 and seen[128][0] <= 128 * m * 4
     assert seen[None][1] < seen[128][1] < seen[1][1]
     assert "`jacrev(f, chunk_size=c)`" in prose("05_jacobians_hessians")
+    # Exercise 3's floor: at small chunks the largest tensor is the Jacobian itself, (n, m), made by `t`
+    assert seen[1][:1] + seen[1][2:] == (m * n * 4, (n, m), "t")
+    text = prose("05_jacobians_hessians")
+    assert "only down to the size of the Jacobian itself" in text and "the `(n, m)` result, made by `t`" in text
+    assert "64 MiB for a Jacobian of 4 MiB" in text and 4096 * 4096 * 4 == 64 * 2**20 and 4096 * 256 * 4 == 4 * 2**20
 
 
 def test_lesson_1_a_compiled_rnn_makes_a_graph_per_length_and_one_for_all_batch_sizes():

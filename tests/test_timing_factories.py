@@ -31,7 +31,6 @@ SIZES = {
     "course.checks.broadcasting.segment_inputs": dict(nodes=5000, edges=20000, d=4),
     "course.checks.broadcasting.penalty_inputs": dict(n=512, features=64, hidden=256, model_seed=0),
     "course.checks.forward_ad.jacobian_speed_inputs": dict(k=16, m=1024, hidden=256, f_seed=0),
-    "course.checks.jacobians.jacobian_timing_inputs": dict(D=64, layer_seed=0),
     "course.checks.vmap.member_kl_inputs": dict(n=256, batch=64, features=128, hidden=128, classes=10,
                                                 model_seed=0),
     "course.checks.vmap.per_sample_timing_inputs": dict(batch=64, size=28, channels=(32, 64), classes=10,

@@ -58,17 +58,6 @@ def test_lesson_4_names_the_reverse_mode():
         rev, rev, bars=BARS, k=4, m=64, hidden=16, threads=1, **FAST))
 
 
-def test_lesson_5_names_the_row_loop():
-    def rows(f, x):
-        y = f(x)
-        return torch.stack([torch.autograd.grad(y[i], x, retain_graph=True)[0] for i in range(y.shape[0])])
-
-    def jacobian_vmap(f, x):
-        return rows(f, x.detach().requires_grad_())
-
-    _fails_with_an_explanation(lambda: l5.check_vmap_speed(jacobian_vmap, bars=BARS, D=16, num_threads=1, **FAST))
-
-
 def test_lesson_6_names_the_kl_div_that_vmap_loops_over():
     from course.vmap import member_kl_planted
 

@@ -1,6 +1,7 @@
 """Checks for lesson 05_jacobians_hessians: a Jacobian row by row with ``torch.autograd.grad``,
-then with ``vmap`` over ``vjp``; a picker between ``jacfwd`` and ``jacrev``; batched Jacobians and
-Hessians; Hessian-vector products that never build the Hessian; and two measured speedups.
+then with ``vmap`` over ``vjp``; the largest ``chunk_size`` within a memory budget; a picker between
+``jacfwd`` and ``jacrev``, and its choice measured; batched Jacobians and Hessians; Hessian-vector
+products that never build the Hessian.
 
 Every numeric result is compared with a formula evaluated in float64 (``course.jacobians``
 writes the derivatives of its functions out by hand), on functions and points drawn from
@@ -36,8 +37,8 @@ from typing import Callable, Mapping
 import torch
 from torch.func import jacfwd, jacrev
 
-from course.checks.common import (NO_LOOP, call, clock_against_loop, clock_verdict, expect_loop_verdict, name_mistake, ok,
-                                  record, served_speedup)
+from course.checks.common import (NO_LOOP, call, clock_against_loop, clock_verdict, expect_loop_verdict,
+                                  grader_references, name_mistake, ok, record, stored_answers)
 from course.data import randn
 from course.devices import pick_device, threads
 from course.grading import best_of, expect_speedup, speed_bar
@@ -45,16 +46,16 @@ from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, forma
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, best_times, compare, format_time
 from course.guard import reference
-from course.remote import factory, is_remote, mirrored, recipe
+from course.remote import is_remote, mirrored, recipe
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
-SERVED = ("check_row_jacobian", "check_vmap_jacobian", "check_vmap_speed", "check_pick_jacobian",
+SERVED = ("check_row_jacobian", "check_vmap_jacobian", "check_largest_chunk", "check_pick_jacobian",
           "check_parameter_jacobians",
           "check_picker_speed", "check_batched_jacobian", "check_batched_hessian", "check_hvp")
 
-__all__ = ["check_batched_hessian", "check_batched_jacobian", "check_hvp", "check_parameter_jacobians",
-           "check_pick_jacobian",
-           "check_picker_speed", "check_row_jacobian", "check_vmap_jacobian", "check_vmap_speed"]
+__all__ = ["check_batched_hessian", "check_batched_jacobian", "check_hvp", "check_largest_chunk",
+           "check_parameter_jacobians", "check_pick_jacobian", "check_picker_speed", "check_row_jacobian",
+           "check_vmap_jacobian"]
 
 F64 = torch.float64
 # float32 results against a float64 formula: a few float32 roundings of values of order 1
@@ -283,13 +284,6 @@ def check_vmap_jacobian(jacobian_vmap: Callable, *, seed: int = 0, n_out: int = 
     ok(f"jacobian_vmap equals the float64 formula on {n} functions (seed {seed}) and {g.text('rows')}: no loop")
 
 
-@reference
-def _reference_rows(f: Callable, x: torch.Tensor) -> torch.Tensor:
-    """The course's row loop (the baseline of the speed check)."""
-    # autograd.functional.jacobian without vectorize: one backward pass per output row.
-    return torch.autograd.functional.jacobian(f, x.detach(), vectorize=False)
-
-
 def _measure(candidates: dict, inputs: Callable, check: Callable, name: str, over: str, bar: float, rounds: int,
              min_run_time: float, attempts: int, dev, num_threads) -> SpeedReport:
     """Time side by side; below the bar, measure again (up to ``attempts``) and keep the best run:
@@ -302,41 +296,136 @@ def _measure(candidates: dict, inputs: Callable, check: Callable, name: str, ove
     return best_of(measure, name, bar, attempts)
 
 
-@factory
-def jacobian_timing_inputs(seed: int, *, device: str, D: int, layer_seed: int) -> tuple[TanhLayer, torch.Tensor]:
-    """Fresh ``(layer, x)`` for one timed call of the vmap speed check: the ``D x D`` layer drawn
-    from ``layer_seed`` (the same in every call), the point ``x`` from ``seed``. The judge and the
-    learner's process build the same ones from the seeds."""
-    return _timing_layer(D, layer_seed, device), randn(D, seed=seed, device=device)
+# -- chunk_size under a memory budget ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Peak:
+    """What ``jacrev(f, chunk_size=c)(x)`` made, by the judge's own TensorWatch."""
+    bytes: int
+    shape: tuple[int, ...]
+    op: str
+    ops: int
 
 
-@functools.lru_cache(maxsize=4)
-def _timing_layer(D: int, layer_seed: int, device: str) -> TanhLayer:
-    """The timed layer, built once per process (a timed call must not pay for building it)."""
-    return tanh_layer(D, D, seed=layer_seed, device=device)
+def _chunk_peak(f: Callable, x: torch.Tensor, chunk: int) -> _Peak:
+    with TensorWatch() as w:
+        jacrev(f, chunk_size=chunk)(x)
+    return _Peak(w.largest_bytes, w.largest_shape, w.largest_op, w.ops)
 
 
-def check_vmap_speed(jacobian_vmap: Callable, *, bars: Mapping[str, float], D: int, seed: int = 0,
-                     num_threads: int | None = None, rounds: int = 9, min_run_time: float = 0.1, attempts: int = 3,
-                     device=None) -> SpeedReport:
-    """The learner's ``jacobian_vmap`` beats a row loop of ``torch.autograd.grad`` calls on a
-    ``D x D`` tanh layer by the device's bar. Measured by :func:`course.timing.compare_served`:
-    every call on a fresh point from an unpredictable seed, every timed output checked against the
-    course's loop on the same point, the two sides never at once (under the grader, in two
-    processes: the learner's is stopped while the course's loop runs). ``num_threads`` pins the
-    CPU's thread count while timing."""
-    dev = pick_device(device)
-    layer = tanh_layer(D, D, seed=seed, device=dev)
-    x = randn(D, seed=seed + 100, device=dev)
-    got = call(jacobian_vmap, layer, x, name="jacobian_vmap")
-    _expect_tensor(got, "jacobian_vmap", x, (D, D), "the Jacobian of a D x D layer is D x D.")
-    _compare(got, layer.to(F64).jacobian(x.to(F64)), f"jacobian_vmap on the {D}x{D} layer it is timed on",
-             torch.float32, "the timed function must be right before it is fast.")
-    return served_speedup(("row loop", _reference_rows), ("vmap over vjp", jacobian_vmap),
-                          factory=jacobian_timing_inputs, sizes=dict(D=D, layer_seed=seed), bars=bars, device=dev,
-                          num_threads=num_threads, rounds=rounds, min_run_time=min_run_time, attempts=attempts,
-                          grad=True, explain="course.references.explain.jacobian_vmap",
-                          hint="one vjp, then one vmap over all the rows of the identity; no Python loop, no .item().")
+def _chunk_cases(seed: int) -> list[tuple[str, TanhLayer, torch.Tensor, Callable[[int, Callable], int]]]:
+    """(label, f, x, budget from (m, peak)): a budget between two chunks' peaks, in float32 and
+    float64; one above the whole Jacobian at once; one below the Jacobian itself."""
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+    m32, n32, m64, n64 = pick(300, 600), pick(24, 64), pick(150, 300), pick(16, 40)
+    c32, c64 = pick(n32 + 2, m32 - 1), pick(n64 + 2, m64 - 1)  # past n, where the identity outgrows the Jacobian
+    between = lambda c: lambda m, peak: (peak(c).bytes + peak(c + 1).bytes) // 2  # noqa: E731
+    return [
+        (f"a {m32}x{n32} tanh layer (float32)", tanh_layer(m32, n32, seed=seed, device="cpu"),
+         randn(n32, seed=seed + 1, device="cpu"), between(c32)),
+        (f"a {m64}x{n64} tanh layer (float64)", tanh_layer(m64, n64, seed=seed + 2, device="cpu", dtype=F64),
+         randn(n64, seed=seed + 3, device="cpu", dtype=F64), between(c64)),
+        (f"a {m64}x{n64} tanh layer (float64)",
+         tanh_layer(m64, n64, seed=seed + 4, device="cpu", dtype=F64), randn(n64, seed=seed + 5, device="cpu", dtype=F64),
+         lambda m, peak: peak(m).bytes + 4096),
+        (f"a {m32}x{n32} tanh layer (float32)",
+         tanh_layer(m32, n32, seed=seed + 6, device="cpu"), randn(n32, seed=seed + 7, device="cpu"),
+         lambda m, peak: peak(1).bytes - 4 * n32),
+    ]
+
+
+def _ask_chunk(largest_chunk: Callable, f, x: torch.Tensor, budget: int):
+    """The learner's answer: an int, or ``ValueError`` (the class) when it raised one."""
+    try:
+        return call(largest_chunk, f, x, budget, name="largest_chunk")
+    except AssertionError as exc:
+        if isinstance(exc.__cause__, ValueError):
+            return ValueError
+        raise
+
+
+def _chunk_text(c: int, p: _Peak) -> str:
+    return (f"jacrev(f, chunk_size={c}) makes a tensor of {format_bytes(p.bytes)} at most ({p.shape}, made by "
+            f"{p.op}) and runs {p.ops} ops")
+
+
+CHUNK_DATA = "05_largest_chunk.pt"
+
+
+def chunk_reference_data(seed: int = 0) -> dict:
+    """The budgets and answers of :func:`check_largest_chunk`'s cases on ``seed``, by the grader's
+    search: ``{"seed", "cases": [(budget, answer, or 0 when none fits), ...]}``, in the cases' order."""
+    from course.references.jacobians import largest_fitting_chunk
+
+    cases = []
+    for _, f, x, budget_of in _chunk_cases(seed):
+        m, peak = f(x).numel(), _peaks(f, x)
+        budget = int(budget_of(m, peak))
+        cases.append((budget, largest_fitting_chunk(lambda c: peak(c).bytes, m, budget) or 0))
+    return {"seed": seed, "cases": cases}
+
+
+def _peaks(f: Callable, x: torch.Tensor) -> Callable[[int], _Peak]:
+    return functools.lru_cache(maxsize=None)(lambda c: _chunk_peak(f, x, c))
+
+
+def check_largest_chunk(largest_chunk: Callable, *, seed: int = 0) -> None:
+    """``largest_chunk(f, x, budget_bytes)``: the largest ``chunk_size`` in ``1..m`` (``m``: the number
+    of outputs) for which no tensor that ``jacrev(f, chunk_size=c)(x)`` makes is larger than
+    ``budget_bytes``; ``ValueError`` when not even ``chunk_size=1`` fits. The answer is an int,
+    compared with the grader's own search (in a learner's copy, with the answers stored for the
+    visible call), and what the learner's chunk makes is measured by the checker's TensorWatch:
+    outputs on inputs the grader chose, nothing taken on trust from the learner's process."""
+    refs = grader_references("jacobians")
+    answers = (chunk_reference_data(seed) if refs is not None else stored_answers(CHUNK_DATA, seed=seed))["cases"]
+    cases = _chunk_cases(seed)
+    gots, wants = [], []  # the answers (0: ValueError), for the grading parent to compare again
+    for (label, f, x, _), (budget, want) in zip(cases, answers):
+        m = f(x).numel()
+        peak = _peaks(f, x)
+        wants.append(want)
+        want = want or None
+        got = _ask_chunk(largest_chunk, f, x, budget)
+        gots.append(0 if got is ValueError else got)
+        where = f"for {label} and a budget of {budget:,} bytes ({format_bytes(budget)})"
+        itemsize = x.element_size()
+        if want is None:
+            if got is ValueError:
+                continue
+            floor = peak(1)
+            raise AssertionError(
+                f"largest_chunk returned {describe(got)} {where}, but no chunk fits: even {_chunk_text(1, floor)}. "
+                f"That tensor is the Jacobian itself ({m} x {x.numel()} numbers of {itemsize} bytes): chunks "
+                "make the cotangents smaller, never the result.\n  Hint: when chunk_size=1 does not fit, raise "
+                "ValueError (with a message that says so).")
+        if got is ValueError:
+            raise AssertionError(f"largest_chunk raised ValueError {where}, but chunk_size={want} fits: "
+                                 f"{_chunk_text(want, peak(want))}.")
+        if isinstance(got, bool) or not isinstance(got, int):
+            raise AssertionError(f"largest_chunk should return an int (a chunk_size), got {describe(got)} {where}.")
+        if not 1 <= got <= m:
+            raise AssertionError(f"largest_chunk returned {got} {where}; a chunk_size is between 1 and m = {m}, the "
+                                 f"number of outputs (chunk_size={m} is every row at once).")
+        if peak(got).bytes > budget:
+            hint = ""
+            if itemsize == 8 and got <= 2 * want + 1 and peak(max(1, got // 2)).bytes <= budget:
+                hint = (f"\n  Hint: this Jacobian is {str(x.dtype).replace('torch.', '')}, {itemsize} bytes a number: "
+                        "as if each took 4 bytes, a chunk twice too large fits. Measure, or use x.element_size().")
+            raise AssertionError(f"largest_chunk returned {got} {where}, but {_chunk_text(got, peak(got))}: over "
+                                 f"the budget. The largest that fits is {want}.{hint}")
+        if got < want:
+            hint = ("\n  Hint: any integer is a chunk size, not only powers of two." if got & (got - 1) == 0
+                    else "\n  Hint: measure the peak with TensorWatch and search for the largest chunk that fits.")
+            fewer = (f"against {peak(got).ops} ops for chunk_size={got}: the largest chunk that fits runs the fewest "
+                     "ops" if peak(got).ops > peak(want).ops else
+                     f"as many ops as chunk_size={got} here (both take {-(-m // want)} chunks), but the question asks "
+                     "for the largest that fits")
+            raise AssertionError(f"largest_chunk returned {got} {where}; it fits, but so does {want}: "
+                                 f"{_chunk_text(want, peak(want))}, {fewer}.{hint}")
+    record(gots, wants, "largest_chunk's chunk sizes")
+    ok(f"largest_chunk finds the largest chunk_size under the budget on {len(cases)} cases (float32, float64, "
+       f"room for all of it, and none that fits; seed {seed})")
 
 
 # -- jacfwd or jacrev -----------------------------------------------------------------------------

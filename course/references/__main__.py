@@ -30,7 +30,15 @@ def masked_attention_data() -> dict:
     return reference_data(0)
 
 
-FILES = {"01_layer_norm_cell.pt": layer_norm_cell_data, "09_masked_attention.pt": masked_attention_data}
+def largest_chunk_data() -> dict:
+    """Lesson 5, exercise 3 at the visible check's seed: each case's budget and largest chunk."""
+    from course.checks.jacobians import chunk_reference_data
+
+    return chunk_reference_data(0)
+
+
+FILES = {"01_layer_norm_cell.pt": layer_norm_cell_data, "05_largest_chunk.pt": largest_chunk_data,
+         "09_masked_attention.pt": masked_attention_data}
 
 
 def main() -> None:

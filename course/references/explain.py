@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, grad, jacfwd, jacrev, vmap
+from torch.func import functional_call, grad, jacfwd, vmap
 
-__all__ = ["attention", "coord_conv", "gradient_penalty", "jacobian_fwd", "jacobian_vmap", "jagged_token_mlp", "member_kl",
+__all__ = ["attention", "coord_conv", "gradient_penalty", "jacobian_fwd", "jagged_token_mlp", "member_kl",
            "per_sample_grads", "sdpa_attention", "sq_dists_identity", "segment_sum"]
 
 
@@ -43,10 +43,6 @@ def gradient_penalty(model, x: torch.Tensor) -> torch.Tensor:
 
 def jacobian_fwd(f, x: torch.Tensor) -> torch.Tensor:
     return jacfwd(f)(x)
-
-
-def jacobian_vmap(f, x: torch.Tensor) -> torch.Tensor:
-    return jacrev(f)(x)
 
 
 def member_kl(params, buffers, base, x, target):
