@@ -7,6 +7,8 @@ learner's autodiff results with formulas evaluated in float64, not with another 
 - :class:`TanhLayer` ``y = tanh(W x + b)``: its Jacobian is ``diag(1 - y**2) @ W``
   (:func:`tanh_layer` draws a dense ``W``, :func:`banded_layer` a banded one whose Jacobian
   makes a telling heatmap);
+- :class:`NormedLayer` ``y = tanh(BatchNorm1d(W x + b))`` (eval mode), a function of a batch that
+  refuses a single sample, as ``nn.BatchNorm1d`` does: ``vmap`` cannot run it, the summation trick can;
 - :class:`Energy`, a scalar ``f(x) = sum(softplus(A x + c)) + sum(d * cos(x)) + sum(x[:-1] * x[1:])``
   with ``A`` of only ``k`` rows: its Hessian ``A^T diag(s) A - diag(d cos x) + (ones beside the
   diagonal)`` is dense, yet a Hessian-vector product needs only vectors and ``k x n`` matrices.
@@ -39,8 +41,8 @@ from course.quiet import load_forward_ad_quietly
 
 load_forward_ad_quietly()  # the first forward-mode call would show TorchScript's deprecation (torch 2.14+)
 
-__all__ = ["Energy", "TanhLayer", "TensorWatch", "banded_layer", "energy", "format_bytes", "plot_crossover",
-           "plot_matrix", "tanh_layer", "watch"]
+__all__ = ["Energy", "NormedLayer", "TanhLayer", "TensorWatch", "banded_layer", "energy", "format_bytes",
+           "normed_layer", "plot_crossover", "plot_matrix", "tanh_layer", "watch"]
 
 
 def _device(device) -> torch.device:
@@ -90,6 +92,63 @@ class TanhLayer:
 
     def __repr__(self) -> str:
         return f"TanhLayer({self.n_out} outputs x {self.n_in} inputs, {self.weight.dtype}, {self.weight.device})"
+
+
+class NormedLayer:
+    """``y = tanh(BatchNorm1d(W x + b))`` with the normalisation in eval mode (its running statistics
+    drawn, as a trained model holds them): a function of a **batch** ``(B, n_in)`` whose samples do
+    not mix, which, like ``nn.BatchNorm1d`` itself, refuses a single sample (a 1-D input). So
+    ``vmap``, which hands the function one sample at a time, cannot run it, and the summation
+    trick can. Per sample, its Jacobian is ``diag(1 - y**2) diag(gamma / sqrt(var + eps)) W``."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, norm: torch.nn.BatchNorm1d):
+        self.weight, self.bias, self.norm = weight, bias, norm.eval()
+
+    @property
+    def n_out(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def n_in(self) -> int:
+        return self.weight.shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.norm(F.linear(x, self.weight, self.bias)))
+
+    @reference
+    def batched_jacobian(self, xs: torch.Tensor) -> torch.Tensor:
+        """The Jacobian of every sample of ``xs`` ``(B, n_in)`` by hand: ``(B, n_out, n_in)``."""
+        n = self.norm
+        with torch.no_grad():
+            scaled = (n.weight / torch.sqrt(n.running_var + n.eps))[:, None] * self.weight
+            y = self(xs)
+            return (1 - y * y)[:, :, None] * scaled[None]
+
+    def to(self, *args, **kwargs) -> "NormedLayer":
+        import copy
+
+        return NormedLayer(self.weight.to(*args, **kwargs), self.bias.to(*args, **kwargs),
+                           copy.deepcopy(self.norm).to(*args, **kwargs))
+
+    def __repr__(self) -> str:
+        return (f"NormedLayer({self.n_out} outputs x {self.n_in} inputs, BatchNorm1d in eval mode, "
+                f"{self.weight.dtype}, {self.weight.device})")
+
+
+@recipe
+def normed_layer(n_out: int, n_in: int, *, seed: int = 0, device=None, dtype: torch.dtype = torch.float32) -> NormedLayer:
+    """A seeded :class:`NormedLayer`: a dense layer as :func:`tanh_layer` draws it, then a
+    ``BatchNorm1d`` in eval mode with drawn scale, shift and running statistics."""
+    dev = _device(device)
+    layer = tanh_layer(n_out, n_in, seed=seed, device="cpu", dtype=torch.float64)
+    norm = torch.nn.BatchNorm1d(n_out).double()
+    with torch.no_grad():
+        norm.weight.copy_(0.5 + torch.rand(n_out, generator=torch.Generator().manual_seed(seed + 2), dtype=torch.float64))
+        norm.bias.copy_(0.3 * randn(n_out, seed=seed + 3, device="cpu", dtype=torch.float64))
+        norm.running_mean.copy_(0.3 * randn(n_out, seed=seed + 4, device="cpu", dtype=torch.float64))
+        norm.running_var.copy_(0.5 + torch.rand(n_out, generator=torch.Generator().manual_seed(seed + 5),
+                                                dtype=torch.float64))
+    return NormedLayer(layer.weight.to(dev, dtype), layer.bias.to(dev, dtype), norm.to(dev, dtype))
 
 
 @recipe

@@ -114,7 +114,7 @@ def test_plots_draw_and_reject_bad_input():
 def test_solutions_pass_every_check(jac_solution):
     s = jac_solution
     C.check_row_jacobian(s.jacobian_rows, seed=4, n_out=6, n_in=11)
-    C.check_vmap_jacobian(s.jacobian_vmap, seed=4, n_out=1, n_in=3)
+    C.check_batched_jacobian_sum(s.batched_jacobian_sum, seed=4, batch=1, n_out=3, n_in=2)
     C.check_largest_chunk(s.largest_chunk, seed=9)
     C.check_pick_jacobian(s.pick_jacobian, seed=2)
     C.check_parameter_jacobians(s.parameter_jacobians, seed=3, n_out=4, n_in=2)
@@ -132,7 +132,7 @@ def test_speed_checks_pass_the_solutions(jac_solution):
 
 @pytest.mark.parametrize("check", [
     lambda: C.check_row_jacobian(stub),
-    lambda: C.check_vmap_jacobian(stub),
+    lambda: C.check_batched_jacobian_sum(stub),
     lambda: C.check_largest_chunk(stub),
     lambda: C.check_pick_jacobian(stub),
     lambda: C.check_picker_speed(stub, bars={"cpu": 3.0, "cuda": 2.0}, tall=(64, 4), wide=(4, 64), **QUICK),
@@ -140,7 +140,7 @@ def test_speed_checks_pass_the_solutions(jac_solution):
     lambda: C.check_batched_hessian(stub),
     lambda: C.check_hvp(stub, stub),
     lambda: C.check_parameter_jacobians(stub),
-], ids=["rows", "vmap", "largest_chunk", "pick", "pick_speed", "batched_jacobian", "batched_hessian", "hvp", "argnums"])
+], ids=["rows", "batched_sum", "largest_chunk", "pick", "pick_speed", "batched_jacobian", "batched_hessian", "hvp", "argnums"])
 def test_untouched_stub_fails_with_a_friendly_message(check):
     with pytest.raises(AssertionError, match="not written yet"):
         check()
@@ -171,13 +171,23 @@ MISTAKES = {
         "    x.requires_grad_(True)\n    y = f(x)\n    rows =", "switched on requires_grad of the caller's x"),
     "rows: sign flipped": (
         "rows", "    return torch.stack(rows)\n", "    return -torch.stack(rows)\n", "the opposite sign"),
-    "vmap: the pullback's tuple kept": (
-        "vmap", "return vmap(pullback)(basis)[0]", "return vmap(pullback)(basis)", "got a tuple of 1 item"),
-    "vmap: a loop over the basis": (
-        "vmap", "return vmap(pullback)(basis)[0]", "return torch.stack([pullback(e)[0] for e in basis])",
-        "Python loop"),
-    "vmap: transposed": (
-        "vmap", "return vmap(pullback)(basis)[0]", "return vmap(pullback)(basis)[0].T", "returned shape"),
+    "sum: the batch left in the middle": (
+        "bsum", "    return by_output.movedim(1, 0)\n", "    return by_output\n", "the batch dimension is in the middle"),
+    "sum: the Jacobian of the whole batch": (
+        "bsum", "jacrev(lambda batch: f(batch).sum(0))(xs)", "jacrev(f)(xs)", "every sample against every other"),
+    "sum: every dimension summed": (
+        "bsum", "jacrev(lambda batch: f(batch).sum(0))(xs)", "jacrev(lambda batch: f(batch).sum())(xs)",
+        "one number differentiated"),
+    "sum: averaged over the batch": (
+        "bsum", "f(batch).sum(0)", "f(batch).mean(0)", "averaged over the batch"),
+    "sum: vmap, which the BatchNorm refuses": (
+        "bsum", "    by_output = jacrev(lambda batch: f(batch).sum(0))(xs)", "    return vmap(jacrev(f))(xs)",
+        "refuses a single sample"),
+    "sum: a loop over the samples": (
+        "bsum", "    by_output = jacrev(lambda batch: f(batch).sum(0))(xs)",
+        "    return torch.stack([jacrev(lambda x: f(x[None])[0])(x) for x in xs])", "a Python loop over the samples"),
+    "sum: transposed Jacobians": (
+        "bsum", "    return by_output.movedim(1, 0)\n", "    return by_output.permute(1, 2, 0)\n", "expected shape"),
     "pick: forward mode on a tie": (
         "pick", "return jacfwd if n_out > x.numel() else jacrev", "return jacfwd if n_out >= x.numel() else jacrev",
         "expected jacrev"),
@@ -252,8 +262,8 @@ MISTAKES = {
 def run_check(kind, m):
     if kind == "rows":
         C.check_row_jacobian(m.jacobian_rows)
-    elif kind == "vmap":
-        C.check_vmap_jacobian(m.jacobian_vmap)
+    elif kind == "bsum":
+        C.check_batched_jacobian_sum(m.batched_jacobian_sum)
     elif kind == "pick":
         C.check_pick_jacobian(m.pick_jacobian)
     elif kind == "bjac":

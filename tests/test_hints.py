@@ -57,6 +57,7 @@ WRONG = {
                                   (torch.randn(10, 3), torch.randn(32, 3))),
     "vmap: in_dims does not fit the arguments": (lambda a: vmap(lambda p: p * 2, in_dims=(0, 0))(a), (x,)),
     "vmap: a value read from a tensor": (lambda a: vmap(lambda p: p * p.sum().item())(a), (x,)),
+    "vmap: a layer that wants a batch": (lambda a: vmap(torch.func.jacrev(torch.nn.BatchNorm1d(3).eval()))(a), (x,)),
     "torch.func: an old-style autograd.Function": (lambda a: jvp(OldStyle.apply, (a,), (a,)), (x,)),
     "forward mode: no jvp": (_forward_mode(OldStyle.apply), (x,)),
     "matrix product: inner sizes": (lambda a: a @ torch.randn(5, 4), (x,)),

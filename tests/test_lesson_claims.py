@@ -198,7 +198,32 @@ def test_lesson_5_the_summation_trick_gives_the_batch_of_jacobians():
     by_sum = jacrev(lambda xs: layer(xs).sum(0))(xs)
     assert by_sum.shape == (5, 4, 7)
     assert torch.allclose(by_sum.movedim(1, 0), vmap(jacrev(layer))(xs))
-    assert "`.movedim(1, 0)`" in prose("05_jacobians_hessians")
+    assert "Sum the outputs over the batch and take **one**" in prose("05_jacobians_hessians")
+
+
+def test_lesson_5_batchnorm_refuses_one_sample_and_mixes_samples_only_with_batch_statistics():
+    """Exercise 7's premise: nn.BatchNorm1d refuses a 1-D input, with the message the lesson quotes, so
+    vmap(jacrev(f)) cannot run it; in eval mode the samples do not mix (the trick is exact); with the
+    batch's own statistics they do (the full Jacobian has entries off its diagonal blocks)."""
+    from torch.func import jacrev, vmap
+
+    from course.jacobians import normed_layer
+
+    text = prose("05_jacobians_hessians")
+    assert '"expected 2D or 3D input (got 1D input)"' in text
+    norm = normed_layer(5, 7, seed=0, dtype=torch.float64)
+    xs = torch.randn(4, 7, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"expected 2D or 3D input \(got 1D input\)"):
+        vmap(jacrev(norm))(xs)
+    assert torch.allclose(jacrev(lambda b: norm(b).sum(0))(xs).movedim(1, 0), norm.batched_jacobian(xs))
+    torch.manual_seed(0)
+    mixing = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.BatchNorm1d(5, track_running_stats=False),
+                                 torch.nn.Tanh()).double()
+    full = jacrev(mixing)(xs)
+    own = torch.stack([full[b, :, b] for b in range(4)])
+    assert full[0, :, 1:].abs().max() > 0.01
+    assert (jacrev(lambda b: mixing(b).sum(0))(xs).movedim(1, 0) - own).abs().max() > 0.01
+    assert "track_running_stats=False" in text and "updates nothing" in text
 
 
 def test_lesson_5_chunk_size_bounds_the_identity_jacrev_maps_over():

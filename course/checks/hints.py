@@ -30,6 +30,11 @@ HINTS: list[tuple[str, re.Pattern, str]] = [(name, re.compile(pattern, re.S), hi
      r"vmap: It looks like you're (calling \.item\(\)|attempting to use a Tensor in some data-dependent control flow)",
      "inside vmap the function sees a whole batch at once, so it cannot read one value: no .item(), "
      "float(t) or `if` on a tensor's value. Keep to tensor operations (torch.where for a choice)."),
+    ("vmap: a layer that wants a batch",
+     r"expected 2D or 3D input \(got 1D input\)",
+     "a BatchNorm1d (here inside the function) refuses a single sample, and under vmap the function is handed "
+     "one sample at a time, a 1-D tensor. Give it the whole batch instead: the Jacobian of the outputs summed "
+     "over the batch, f(xs).sum(0), with respect to xs (or, under vmap, call f(x[None])[0])."),
     ("torch.func: an old-style autograd.Function",
      r"must override the setup_context staticmethod",
      "torch.func's transforms (vmap, jvp, grad, jacrev...) need an autograd.Function whose forward takes only "

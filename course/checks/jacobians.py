@@ -1,7 +1,7 @@
-"""Checks for lesson 05_jacobians_hessians: a Jacobian row by row with ``torch.autograd.grad``,
-then with ``vmap`` over ``vjp``; the largest ``chunk_size`` within a memory budget; a picker between
-``jacfwd`` and ``jacrev``, and its choice measured; batched Jacobians and Hessians; Hessian-vector
-products that never build the Hessian.
+"""Checks for lesson 05_jacobians_hessians: a Jacobian row by row with ``torch.autograd.grad``; the
+largest ``chunk_size`` within a memory budget; a picker between ``jacfwd`` and ``jacrev``, and its
+choice measured; batched Jacobians and Hessians, by ``vmap`` and by the summation trick;
+Hessian-vector products that never build the Hessian.
 
 Every numeric result is compared with a formula evaluated in float64 (``course.jacobians``
 writes the derivatives of its functions out by hand), on functions and points drawn from
@@ -21,9 +21,8 @@ called across the process boundary: the layers and energies cross as recipes, bu
 learner's side by the course's own code. Op counts seen there would be that process's word, so
 both questions are answered by the judge's own clock instead (:func:`_growth`): the row loop must
 take at least ten times as long for 128 times the rows (a vmap measured about 3; five times or less
-fails, and in between is undecided); a ``vmap`` (over rows
-or samples) and
-an HVP must take at most a third of the time of the course's own loop (or Hessian) on the same work,
+fails, and in between is undecided); a batched Jacobian (``vmap``, or the summation trick) and an
+HVP must take at most a third of the time of the course's own loop (or Hessian) on the same work,
 timed beside it while the learner's process is stopped: a loop that sleeps to look flat is still
 no faster than a loop.
 """
@@ -42,20 +41,20 @@ from course.checks.common import (NO_LOOP, call, clock_against_loop, clock_verdi
 from course.data import randn
 from course.devices import pick_device, threads
 from course.grading import best_of, expect_speedup, speed_bar
-from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, format_bytes, tanh_layer
+from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, format_bytes, normed_layer, tanh_layer
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, best_times, compare, format_time
 from course.guard import reference
 from course.remote import is_remote, mirrored, recipe
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
-SERVED = ("check_row_jacobian", "check_vmap_jacobian", "check_largest_chunk", "check_pick_jacobian",
+SERVED = ("check_row_jacobian", "check_largest_chunk", "check_pick_jacobian",
+          "check_batched_jacobian_sum",
           "check_parameter_jacobians",
           "check_picker_speed", "check_batched_jacobian", "check_batched_hessian", "check_hvp")
 
-__all__ = ["check_batched_hessian", "check_batched_jacobian", "check_hvp", "check_largest_chunk",
-           "check_parameter_jacobians", "check_pick_jacobian", "check_picker_speed", "check_row_jacobian",
-           "check_vmap_jacobian"]
+__all__ = ["check_batched_hessian", "check_batched_jacobian", "check_batched_jacobian_sum", "check_hvp", "check_largest_chunk",
+           "check_parameter_jacobians", "check_pick_jacobian", "check_picker_speed", "check_row_jacobian"]
 
 F64 = torch.float64
 # float32 results against a float64 formula: a few float32 roundings of values of order 1
@@ -229,12 +228,12 @@ def _course_row_loop(f: Callable, x: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.autograd.grad(out, leaf, row, retain_graph=True)[0] for row in basis])
 
 
-def _rows_growth(fn: Callable, name: str, seed: int, loop: Callable | None = None) -> _Growth:
+def _rows_growth(fn: Callable, name: str, seed: int) -> _Growth:
     """On layers with 8 and 40 outputs (op counts) or 8 and 1024 (time: enough rows that the work, not
     the crossing of the boundary, dominates), 16 inputs, on the CPU."""
     return _growth(fn, name, lambda m, fresh=0: (tanh_layer(m, 16, seed=seed, device="cpu"),
                                                  randn(16, seed=seed + 1 + fresh, device="cpu")),
-                   (8, 40), (8, 1024), loop)
+                   (8, 40), (8, 1024))
 
 
 def _jacobian_numerics(fn: Callable, name: str, seed: int, n_out: int, n_in: int, device, hint: str) -> int:
@@ -268,20 +267,6 @@ def check_row_jacobian(jacobian_rows: Callable, *, seed: int = 0, n_out: int = 1
                  ": the same work whatever the number of rows, which is what vmap does. This exercise is the "
                  "baseline the rest of the lesson beats: write the loop, one torch.autograd.grad call per output row.")
     ok(f"jacobian_rows equals the float64 formula on {n} functions (seed {seed}); its loop {g.text('rows')}")
-
-
-def check_vmap_jacobian(jacobian_vmap: Callable, *, seed: int = 0, n_out: int = 12, n_in: int = 9,
-                        device=None) -> None:
-    """``jacobian_vmap(f, x)``: the same Jacobian from one ``vjp`` and a ``vmap`` over the rows of
-    the identity (its op count must not grow with the number of outputs: no Python loop)."""
-    hint = ("y, pullback = torch.func.vjp(f, x); then vmap(pullback)(basis) with basis the identity matrix of "
-            "size y.numel() (same dtype and device as y): the pullback returns a tuple, take its [0].")
-    n = _jacobian_numerics(jacobian_vmap, "jacobian_vmap", seed, n_out, n_in, device, hint)
-    g = _rows_growth(jacobian_vmap, "jacobian_vmap", seed, loop=_course_row_loop)
-    _expect_no_loop(g, f"jacobian_vmap {g.text('outputs')}",
-                    ": the work of a loop over the rows, so there is a Python loop (or a comprehension) over them. "
-                    "Let vmap do the rows: one call of vmap(pullback) on the whole identity matrix.")
-    ok(f"jacobian_vmap equals the float64 formula on {n} functions (seed {seed}) and {g.text('rows')}: no loop")
 
 
 def _measure(candidates: dict, inputs: Callable, check: Callable, name: str, over: str, bar: float, rounds: int,
@@ -633,13 +618,14 @@ def _batched_numerics(fn: Callable, name: str, make, seed: int, batch: int, devi
         _compare(got, ref, label, dtype, hint)
 
 
-def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int, per_sample: Callable) -> _Growth:
+def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int, per_sample: Callable,
+                   fix: str = "Wrap the per-sample transform in vmap instead.") -> _Growth:
     """``per_sample(f, x)`` is the course's lean answer for one sample; its loop over the samples is
     the yardstick under the grader."""
     g = _growth(fn, name, lambda b, fresh=0: (f, randn(b, n_in, seed=seed + b + fresh, device="cpu")), (2, 8), (4, 128),
                 loop=lambda f, xs: torch.stack([per_sample(f, x) for x in xs]))
     _expect_no_loop(g, f"{name} {g.text('samples')}",
-                    ": a Python loop over the samples. Wrap the per-sample transform in vmap instead.")
+                    f": a Python loop over the samples. {fix}")
     return g
 
 
@@ -658,6 +644,72 @@ def check_batched_jacobian(batched_jacobian: Callable, *, seed: int = 0, batch: 
                        seed, _course_row_loop)
     ok(f"batched_jacobian equals the float64 formula for every sample ({batch} x {n_out} x {n_in}, seed {seed}), "
        f"with no loop over the batch: it {g.text('samples')}")
+
+
+def _sum_trick_shape(got, name: str, batch: int, n_out: int, n_in: int) -> None:
+    """The shapes the usual slips of the summation trick leave, named."""
+    want = (batch, n_out, n_in)
+    shape = tuple(got.shape) if isinstance(got, torch.Tensor) else None
+    named = {
+        (n_out, batch, n_in): "the batch dimension is in the middle, where the Jacobian of the summed outputs puts "
+                              "it: (outputs, batch, inputs). Move it to the front (movedim).",
+        (batch, n_out, batch, n_in): "that is the Jacobian of the whole batch's outputs with respect to the whole "
+                                     "batch, (B, m, B, n), every sample against every other (mostly zeros). Sum "
+                                     "the outputs over the batch first: one (m, B, n) Jacobian.",
+        (batch, n_in): "that is a gradient, one number differentiated: the outputs were summed over every "
+                       "dimension (.sum()). Sum over the batch only, .sum(0), and keep the m outputs.",
+        (n_in, batch): "that is a gradient (one number differentiated: the outputs were summed over every "
+                       "dimension, .sum()), with its dimensions swapped. Sum over the batch only, .sum(0).",
+        (n_out, n_in): "that is one Jacobian, not one per sample.",
+    }
+    if shape is not None and len(shape) == 4 and sorted(shape) == sorted((batch, n_out, batch, n_in)):
+        shape = (batch, n_out, batch, n_in)  # the whole batch's Jacobian, its dimensions moved or not
+    if shape != want:
+        why = named.get(shape, "") if shape is not None else ""
+        raise AssertionError(f"{name} returned {describe(got)}; expected shape {want}, (batch, outputs, inputs)."
+                             + (f"\n  Hint: {why}" if why else ""))
+
+
+def _single(f: Callable) -> Callable:
+    """``f`` of one sample, for a function of a batch: ``f(x[None])[0]``."""
+    return lambda x: f(x[None])[0]
+
+
+def check_batched_jacobian_sum(batched_jacobian_sum: Callable, *, seed: int = 0, batch: int = 5, n_out: int = 4,
+                               n_in: int = 6, device=None) -> None:
+    """``batched_jacobian_sum(f, xs)``: for ``f`` a function of a batch whose samples do not mix,
+    the Jacobian at every sample, ``(B, m, n)``, by the summation trick: one Jacobian of the
+    outputs summed over the batch. The cases: a tanh layer in float64 and float32, and a layer
+    with a ``BatchNorm1d`` in eval mode, which refuses a single sample (``vmap`` cannot run it);
+    no loop over the samples (op counts, or the grader's clock)."""
+    dev = pick_device(device)
+    name = "batched_jacobian_sum"
+    hint = ("take one Jacobian, of the outputs summed over the batch (f(xs).sum(0)) with respect to xs; it comes "
+            "back as (outputs, batch, inputs): move the batch dimension to the front.")
+    cases = []
+    for dtype in (F64, torch.float32):
+        layer = tanh_layer(n_out, n_in, seed=seed, device=dev, dtype=dtype)
+        xs = randn(batch, n_in, seed=seed + 20, device=dev, dtype=dtype)
+        exact = layer.to(F64)
+        cases.append((f"a {n_out}x{n_in} tanh layer ({str(dtype).replace('torch.', '')})", layer, xs,
+                      torch.stack([exact.jacobian(x) for x in xs.to(F64)])))
+    normed = normed_layer(n_out, n_in, seed=seed + 1, device=dev, dtype=F64)
+    xs = randn(batch, n_in, seed=seed + 21, device=dev, dtype=F64)
+    cases.append((f"a {n_out}x{n_in} layer with a BatchNorm1d in eval mode (float64)", normed, xs,
+                  normed.batched_jacobian(xs)))
+    for label, f, xs, ref in cases:
+        title = f"{name} on a batch of {batch} through {label}"
+        got = call(batched_jacobian_sum, f, xs.clone(), name=title)
+        _sum_trick_shape(got, title, batch, n_out, n_in)
+        _expect_tensor(got, title, xs, (batch, n_out, n_in), hint)
+        _compare(got, ref, title, xs.dtype, hint, variants={
+            "the outputs were averaged over the batch (.mean(0)): every Jacobian is divided by the batch size; "
+            "sum them": ref / batch})
+    g = _no_batch_loop(batched_jacobian_sum, name, normed_layer(n_out, n_in, seed=seed + 1, device="cpu"), n_in,
+                       seed, lambda f, x: _course_row_loop(_single(f), x),
+                       fix="One Jacobian of the outputs summed over the batch does every sample at once.")
+    ok(f"{name} equals the float64 formula for every sample ({batch} x {n_out} x {n_in}, seed {seed}), BatchNorm "
+       f"layer included, with no loop over the batch: it {g.text('samples')}")
 
 
 def check_batched_hessian(batched_hessian: Callable, *, seed: int = 0, batch: int = 6, n: int = 9,
