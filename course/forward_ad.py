@@ -10,7 +10,7 @@ closed form, so that references need no autodiff at all.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -25,7 +25,7 @@ from course.quiet import load_forward_ad_quietly
 load_forward_ad_quietly()  # the first forward-mode call would show TorchScript's deprecation (torch 2.14+)
 
 __all__ = ["ForwardOnlyTanh", "ModeNotAllowed", "ReverseOnlyTanh", "WideFunction", "mlp",
-           "plot_jacobian_sweep", "transform_in_use", "wide_function"]
+           "plot_jacobian_sweep", "tall_jacobian_planted", "transform_in_use", "wide_function"]
 
 
 class ModeNotAllowed(RuntimeError):
@@ -128,6 +128,14 @@ def wide_function(k: int, m: int, hidden: int, *, seed: int, mode: str = "both",
     """A :class:`WideFunction` that crosses the grader's process boundary as how it was built (a
     check hands it to the learner's function, whose process builds the same one)."""
     return WideFunction(k, m, hidden, seed=seed, mode=mode, dtype=dtype, device=device)
+
+
+def tall_jacobian_planted(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Exercise 6's planted slow block: the full Jacobian by the legacy
+    ``torch.autograd.functional.jacobian``, called as most code calls it, with its defaults
+    (``strategy="reverse-mode"``, ``vectorize=False``): one backward pass per output, in a
+    Python loop. On a tall function (few inputs, many outputs) the wrong mode, unbatched."""
+    return torch.autograd.functional.jacobian(f, x)
 
 
 @recipe

@@ -57,8 +57,8 @@ def test_solutions_pass_every_check(fad):
     C.check_param_jvp_func(s.param_jvp_func, seed=2, sizes=(3, 5, 2), norm=False)
     C.check_sinc(s.Sinc, seed=9, n=200)
     C.check_jacobians(s.jacobian_fwd, s.jacobian_rev, seed=6, k=3, m=11, hidden=7)
-    report = C.check_jacobian_speed(s.jacobian_fwd, s.jacobian_rev, bars=BARS, **SPEED)
-    assert report.names == ["reverse (m VJPs)", "forward (k JVPs)"]
+    report = C.check_jacobian_speed(s.tall_jacobian, bars=BARS, **SPEED)
+    assert report.names == ["reverse (m VJPs)", "your tall_jacobian"]
 
 
 @pytest.mark.parametrize("check", [
@@ -67,7 +67,7 @@ def test_solutions_pass_every_check(fad):
     lambda s: C.check_param_jvp_func(s.param_jvp_func),
     lambda s: C.check_sinc(s.Sinc),
     lambda s: C.check_jacobians(s.jacobian_fwd, s.jacobian_rev),
-    lambda s: C.check_jacobian_speed(s.jacobian_fwd, s.jacobian_rev, bars=BARS, **SPEED),
+    lambda s: C.check_jacobian_speed(s.tall_jacobian, bars=BARS, **SPEED),
 ], ids=["dual", "param_jvp", "param_jvp_func", "sinc", "jacobians", "speed"])
 def test_untouched_student_version_fails_with_a_friendly_message(check, untouched):
     with pytest.raises(AssertionError, match="not written yet"):
@@ -193,21 +193,20 @@ def test_all_parameters_made_dual_fails_only_when_some_are_constants(mutate4):
 def test_speed_check_fails_when_forward_mode_is_not_faster(fad):
     with pytest.raises(AssertionError, match="bar on this device is 1.50x"):
         # "forward" that is really reverse mode done twice: clearly slower, so no noise can pass it
-        C.check_jacobian_speed(lambda f, x: (fad.jacobian_rev(f, x), fad.jacobian_rev(f, x))[1], fad.jacobian_rev,
-                               bars=BARS, attempts=2, **SPEED)
+        C.check_jacobian_speed(lambda f, x: (fad.jacobian_rev(f, x), fad.jacobian_rev(f, x))[1], bars=BARS,
+                               attempts=2, **SPEED)
 
 
 def test_speed_check_verifies_every_output_it_times(fad):
     with pytest.raises(AssertionError, match="on the function it is timed on"):
-        C.check_jacobian_speed(lambda f, x: fad.jacobian_fwd(f, x) * 1.01, fad.jacobian_rev,
-                               bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
+        C.check_jacobian_speed(lambda f, x: fad.jacobian_fwd(f, x) * 1.01, bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
     calls = iter(range(10**6))  # right once, where the check looks first; wrong where it is timed
 
     def right_once(f, x):
         return fad.jacobian_fwd(f, x) * (1.0 if next(calls) == 0 else 1.01)
 
     with pytest.raises(AssertionError, match="the output of a timed call differs from reverse"):
-        C.check_jacobian_speed(right_once, fad.jacobian_rev, bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
+        C.check_jacobian_speed(right_once, bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
 
 
 # -- the helpers and the references ------------------------------------------------------------
@@ -274,3 +273,16 @@ def test_plot_jacobian_sweep_draws_two_lines():
     assert len(ax.get_lines()) == 3  # two curves and the m = k line
     with pytest.raises(ValueError, match="one entry per output size"):
         FA.plot_jacobian_sweep([4, 16], [1e-3], [1e-3, 2e-3], k=4)
+
+
+def test_the_planted_legacy_jacobian_fails_the_bar_and_its_forward_knob_passes():
+    """Exercise 6: torch.autograd.functional.jacobian with its defaults (reverse mode, a loop) and with
+    vectorize=True alone (still reverse) fall far below the bar; strategy='forward-mode' clears it."""
+    from torch.autograd.functional import jacobian
+
+    from course.forward_ad import tall_jacobian_planted
+
+    for slow in (tall_jacobian_planted, lambda f, x: jacobian(f, x, vectorize=True)):
+        with pytest.raises(AssertionError, match="bar on this device is 1.50x"):
+            C.check_jacobian_speed(slow, bars=BARS, attempts=1, **SPEED)
+    C.check_jacobian_speed(lambda f, x: jacobian(f, x, vectorize=True, strategy="forward-mode"), bars=BARS, **SPEED)

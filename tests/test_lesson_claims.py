@@ -881,3 +881,24 @@ def test_lesson_6_kl_div_has_no_batching_rule_and_the_warning_can_be_made_an_err
     assert torch.isnan(zero * zero.log()).all() and torch.equal(torch.xlogy(zero, zero), zero)
     text = " ".join(prose("06_vmap_ensembles").split())
     assert "implemented the batching rule for aten::..." in text and "`torch.xlogy(a, b)`" in text
+
+
+def test_lesson_4_the_legacy_jacobian_defaults_to_reverse_mode_in_a_loop():
+    """Exercise 6's planted block: torch.autograd.functional.jacobian defaults to reverse mode,
+    unvectorised; forward mode without vectorize=True raises; the planted call is that default."""
+    import inspect
+
+    from torch.autograd.functional import jacobian
+
+    from course.forward_ad import WideFunction, tall_jacobian_planted
+
+    defaults = {k: p.default for k, p in inspect.signature(jacobian).parameters.items()}
+    assert defaults["strategy"] == "reverse-mode" and defaults["vectorize"] is False
+    f, x = WideFunction(3, 40, 8, seed=0, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="vectorize=True"):
+        jacobian(f, x, strategy="forward-mode")
+    assert torch.allclose(jacobian(f, x, strategy="forward-mode", vectorize=True), f.jacobian(x))
+    assert torch.allclose(tall_jacobian_planted(f, x), f.jacobian(x))
+    text = prose("04_forward_ad")
+    assert 'Its defaults are `strategy="reverse-mode"` and `vectorize=False`' in text
+    assert '`strategy="forward-mode"` needs `vectorize=True` too (without it, PyTorch raises)' in text

@@ -528,32 +528,35 @@ def _reverse_jacobian(f: WideFunction, x: torch.Tensor) -> torch.Tensor:
     return torch.func.jacrev(f)(x)
 
 
-def check_jacobian_speed(jacobian_fwd: Callable, jacobian_rev: Callable, *, bars: Mapping[str, float], k: int,
-                         m: int, hidden: int, seed: int = 0, threads: int | None = None, rounds: int = 7,
-                         min_run_time: float = 0.1, attempts: int = 3, device=None) -> SpeedReport:
-    """For ``f: R^k -> R^m`` with few inputs and many outputs, the full Jacobian by forward mode
-    (``jacobian_fwd``) beats reverse mode by the device's bar, in float32. The baseline is the
-    course's reverse mode (``torch.func.jacrev``), never the learner's own ``jacobian_rev``, which a
-    submission could slow down or share a cache with. Measured by
-    :func:`course.timing.compare_served`: every call on a fresh point from an unpredictable seed,
-    every timed output checked against the baseline's on the same point, the two sides never at
-    once (under the grader, in two processes: the learner's is stopped while the baseline runs).
-    On a shared machine a measurement below the bar is repeated (up to ``attempts``), best one judged."""
+def check_jacobian_speed(tall_jacobian: Callable, *, bars: Mapping[str, float], k: int, m: int, hidden: int,
+                         seed: int = 0, threads: int | None = None, rounds: int = 7, min_run_time: float = 0.1,
+                         attempts: int = 3, device=None) -> SpeedReport:
+    """For ``f: R^k -> R^m`` with few inputs and many outputs, the learner's ``tall_jacobian`` (the
+    planted ``course.forward_ad.tall_jacobian_planted`` repaired: forward mode) beats reverse mode
+    by the device's bar, in float32. The baseline is the course's reverse mode
+    (``torch.func.jacrev``, the ``m`` VJPs already batched), code a submission can neither slow down
+    nor share a cache with. Measured by :func:`course.timing.compare_served`: every call on a fresh
+    point from an unpredictable seed, every timed output checked against the baseline's on the same
+    point, the two sides never at once (under the grader, in two processes: the learner's is stopped
+    while the baseline runs). On a shared machine a measurement below the bar is repeated (up to
+    ``attempts``), best one judged."""
     dev = pick_device(device)
     x = randn(k, seed=seed + 100, device=dev)
-    for fn, label in ((jacobian_fwd, "jacobian_fwd"), (jacobian_rev, "jacobian_rev")):
-        got, _ = _jacobian_of(fn, label, wide_function(k, m, hidden, seed=seed, dtype=torch.float32, device=dev), x)
-        if got is None or tuple(got.shape) != (m, k):
-            raise AssertionError(f"{label}(f, x) returned {describe(got)}; expected the ({m}, {k}) Jacobian.")
-        expected = WideFunction(k, m, hidden, seed=seed, dtype=torch.float32, device=dev).jacobian(x)
-        assert_close(got.double(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()),
-                     name=f"{label}(f, x) on the function it is timed on",
-                     hint="the timed function must be right before it is fast.")
-    return served_speedup(("reverse (m VJPs)", _reverse_jacobian), ("forward (k JVPs)", jacobian_fwd),
+    got, _ = _jacobian_of(tall_jacobian, "tall_jacobian", wide_function(k, m, hidden, seed=seed, dtype=torch.float32,
+                                                                         device=dev), x)
+    if got is None or tuple(got.shape) != (m, k):
+        raise AssertionError(f"tall_jacobian(f, x) returned {describe(got)}; expected the ({m}, {k}) Jacobian.")
+    expected = WideFunction(k, m, hidden, seed=seed, dtype=torch.float32, device=dev).jacobian(x)
+    assert_close(got.double(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()),
+                 name="tall_jacobian(f, x) on the function it is timed on",
+                 hint="the timed function must be right before it is fast.")
+    return served_speedup(("reverse (m VJPs)", _reverse_jacobian), ("your tall_jacobian", tall_jacobian),
                           factory=jacobian_speed_inputs, sizes=dict(k=k, m=m, hidden=hidden, f_seed=seed), bars=bars,
                           device=dev, num_threads=threads, rounds=rounds, min_run_time=min_run_time,
                           attempts=attempts, grad=True, rtol=1e-3,
                           explain="course.references.explain.jacobian_fwd",
                           hint=f"with k={k} inputs and m={m} outputs, forward mode needs {k} JVPs and reverse mode "
-                               f"{m} VJPs: check that jacobian_fwd vmaps over the {k} input directions (not the "
-                               "outputs).")
+                               f"{m} VJPs. torch.autograd.functional.jacobian's defaults are reverse mode, one "
+                               "backward pass per output in a Python loop, and vectorize=True alone stays in reverse "
+                               "mode: forward mode is strategy='forward-mode' (with vectorize=True), or "
+                               "torch.func.jacfwd.")
