@@ -622,7 +622,10 @@ def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int, per_sample:
                    fix: str = "Wrap the per-sample transform in vmap instead.") -> _Growth:
     """``per_sample(f, x)`` is the course's lean answer for one sample; its loop over the samples is
     the yardstick under the grader."""
-    g = _growth(fn, name, lambda b, fresh=0: (f, randn(b, n_in, seed=seed + b + fresh, device="cpu")), (2, 8), (4, 128),
+    # 512 samples: the course's loop takes about 120 ms, far more than a crossing of the boundary
+    # (on a machine busy with other work, a right answer's 0.5 ms call took 35 ms to cross; beside a
+    # 30 ms loop of 128 samples that read as a loop)
+    g = _growth(fn, name, lambda b, fresh=0: (f, randn(b, n_in, seed=seed + b + fresh, device="cpu")), (2, 8), (4, 512),
                 loop=lambda f, xs: torch.stack([per_sample(f, x) for x in xs]))
     _expect_no_loop(g, f"{name} {g.text('samples')}",
                     f": a Python loop over the samples. {fix}")
