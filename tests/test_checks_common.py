@@ -42,3 +42,30 @@ def test_name_mistake_compares_other_data_with_the_callers_own_equality():
     with pytest.raises(AssertionError, match="looks as if it counted twice"):
         name_mistake("table", twice, want, {"it counted twice": twice}, same=same)
     name_mistake("table", {"aten::add": (1, 1.0)}, want, {"it counted twice": twice}, same=same)
+
+
+@pytest.mark.parametrize("readings, want, taken", [
+    # a loop whose course-side loop was slowed in the first readings: in the gap (0.77), refined
+    # until both sides' best show the loop (1.0); before, three readings ended undecided
+    ([(1.0, 1.3)] * 3 + [(1.0, 1.0)], (1.0, 1.0), 4),
+    # a batched answer stops as soon as the second reading shows it
+    ([(0.1, 1.0)] * 6, (0.1, 1.0), 2),
+    # a clear loop stops after the usual readings
+    ([(1.0, 1.0)] * 6, (1.0, 1.0), 3),
+    # still in the gap after twice the readings: undecided is then the honest answer
+    ([(0.6, 1.0)] * 8, (0.6, 1.0), 6),
+])
+def test_a_clock_reading_in_the_gap_is_refined_before_it_is_left_undecided(monkeypatch, readings, want, taken):
+    from course import timing
+    from course.checks.common import clock_against_loop
+
+    calls = iter(readings)
+    seen = []
+
+    def fake_best_times(pairs, held, check):
+        seen.append(1)
+        return list(next(calls))
+
+    monkeypatch.setattr(timing, "best_times", fake_best_times)
+    assert clock_against_loop(lambda: None, "fn", lambda seed: (), lambda: None, attempts=3) == want
+    assert len(seen) == taken
