@@ -104,14 +104,6 @@ class NormedLayer:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, norm: torch.nn.BatchNorm1d):
         self.weight, self.bias, self.norm = weight, bias, norm.eval()
 
-    @property
-    def n_out(self) -> int:
-        return self.weight.shape[0]
-
-    @property
-    def n_in(self) -> int:
-        return self.weight.shape[1]
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.norm(F.linear(x, self.weight, self.bias)))
 
@@ -131,7 +123,8 @@ class NormedLayer:
                            copy.deepcopy(self.norm).to(*args, **kwargs))
 
     def __repr__(self) -> str:
-        return (f"NormedLayer({self.n_out} outputs x {self.n_in} inputs, BatchNorm1d in eval mode, "
+        n_out, n_in = self.weight.shape
+        return (f"NormedLayer({n_out} outputs x {n_in} inputs, BatchNorm1d in eval mode, "
                 f"{self.weight.dtype}, {self.weight.device})")
 
 

@@ -48,13 +48,13 @@ from course.guard import reference
 from course.remote import is_remote, mirrored, recipe
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
-SERVED = ("check_row_jacobian", "check_largest_chunk", "check_pick_jacobian",
-          "check_batched_jacobian_sum",
-          "check_parameter_jacobians",
-          "check_picker_speed", "check_batched_jacobian", "check_batched_hessian", "check_hvp")
+SERVED = ("check_row_jacobian", "check_largest_chunk", "check_pick_jacobian", "check_picker_speed",
+          "check_parameter_jacobians", "check_batched_jacobian", "check_batched_hessian",
+          "check_batched_jacobian_sum", "check_hvp")
 
-__all__ = ["check_batched_hessian", "check_batched_jacobian", "check_batched_jacobian_sum", "check_hvp", "check_largest_chunk",
-           "check_parameter_jacobians", "check_pick_jacobian", "check_picker_speed", "check_row_jacobian"]
+__all__ = ["check_batched_hessian", "check_batched_jacobian", "check_batched_jacobian_sum", "check_hvp",
+           "check_largest_chunk", "check_parameter_jacobians", "check_pick_jacobian", "check_picker_speed",
+           "check_row_jacobian"]
 
 F64 = torch.float64
 # float32 results against a float64 formula: a few float32 roundings of values of order 1
