@@ -6,7 +6,10 @@
 
 Implementations are the instructor notebook's own solutions: the original model (eval mode), the
 FX-fused model (``fuse``) and ``torch.compile`` with Inductor's freezing (``compile_frozen``),
-each on the same seeded ``course.models.small_resnet`` without a tap (every pair is legal).
+each on the same seeded ``course.models.small_resnet`` without a tap (every pair is legal); and
+Exercise 6's pair: the same model as an exporter hands it back (``course.models.exported_resnet``:
+every BatchNorm written out as four elementwise ops on constants) and that model after
+``fold_affine``, reported against the exported model as well.
 Inference (no_grad) is timed with course.timing.compare: interleaved rounds after warm-up, fresh
 inputs per round, every output checked against the original, CUDA synchronised. Results are
 printed and written as JSON and Markdown under benchmarks/results/, with the machine named.
@@ -31,7 +34,7 @@ import course  # noqa: E402
 from course.doctor import machine_name as machine  # noqa: E402
 from autograder.solution_code import load_solution, solution_source  # noqa: E402
 from course.devices import threads as pinned_threads  # noqa: E402
-from course.models import small_resnet  # noqa: E402
+from course.models import exported_resnet, small_resnet  # noqa: E402
 from course.numerics import assert_close  # noqa: E402
 from course.timing import compare  # noqa: E402
 
@@ -64,6 +67,8 @@ def main(argv=None) -> int:
 
     model = small_resnet(seed=0, width=S["width"], blocks=S["blocks"], device=dev)
     fused = sol.fuse(model)
+    exported = exported_resnet(seed=0, width=S["width"], blocks=S["blocks"], device=dev)
+    folded = sol.fold_affine(exported)
     results = {"machine": machine(), "device": str(dev), "torch": torch.__version__, "size": size,
                "width": S["width"], "blocks": list(S["blocks"]), "threads": n_threads or torch.get_num_threads(),
                "date": dt.date.today().isoformat(), "rounds": args.rounds, "shapes": {}}
@@ -75,7 +80,7 @@ def main(argv=None) -> int:
             ref = model(*a)
             assert_close(out, ref, atol=1e-5 * float(ref.abs().max()), rtol=0, name=f"{name} output")
 
-        impls = {"original": model, "FX fused": fused}
+        impls = {"original": model, "FX fused": fused, "exported": exported, "exported, folded": folded}
         row = {}
         with torch.no_grad(), pinned_threads(n_threads):
             if not args.no_compile:
@@ -90,6 +95,8 @@ def main(argv=None) -> int:
         row["impls"] = {n: {"median_ms": round(rep.median(n) * 1e3, 4), "vs_original": round(rep.speedup(n).median, 3),
                             "vs_original_iqr": [round(rep.speedup(n).low, 3), round(rep.speedup(n).high, 3)]}
                         for n in rep.names}
+        vs = rep.speedup("exported, folded", over="exported")
+        row["folded_vs_exported"] = {"median": round(vs.median, 3), "iqr": [round(vs.low, 3), round(vs.high, 3)]}
         results["shapes"][f"{batch}x{image}"] = row
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -104,6 +111,10 @@ def main(argv=None) -> int:
             comp = f"{row['compile_s']} s" if n.startswith("compile") and "compile_s" in row else ""
             lines.append(f"| {shape} | {n} | {r['median_ms']} ms | {r['vs_original']}x "
                          f"({r['vs_original_iqr'][0]}-{r['vs_original_iqr'][1]}) | {comp} |")
+    lines += ["", "Exercise 6: the exported model after `fold_affine`, against the exported model (median of "
+              "per-round ratios, IQR):", ""]
+    lines += [f"- {shape}: {row['folded_vs_exported']['median']}x ({row['folded_vs_exported']['iqr'][0]}-"
+              f"{row['folded_vs_exported']['iqr'][1]})" for shape, row in results["shapes"].items()]
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out / stem}.json and .md")
     return 0

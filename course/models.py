@@ -123,3 +123,48 @@ def small_resnet_channels(*, seed: int, in_channels: int, width: int = 16, devic
 
 
 __all__ += ["small_resnet_channels"]
+
+
+#: How ``exported_resnet`` writes out one BatchNorm: (constant, operation), in order.
+EXPORTED_BN = (("mean", "sub"), ("inv_std", "mul"), ("weight", "mul"), ("bias", "add"))
+
+
+@recipe
+def exported_resnet(*, seed: int, width: int = 16, blocks: tuple[int, ...] = (1, 1, 1), tap: bool = False,
+                    device=None, dtype: torch.dtype = torch.float32) -> torch.fx.GraphModule:
+    """``small_resnet(seed=seed, ...)`` as an exporter hands it back (lesson 2, Exercise 6): a
+    ``GraphModule`` in which every eval-mode BatchNorm is written out as its arithmetic,
+    ``(x - mean) * inv_std * weight + bias``: four elementwise operations, each with a
+    per-channel constant of shape ``(C, 1, 1)`` read by a ``get_attr`` node (named
+    ``<bn path with _>_<constant>``). The weight's multiply puts the constant first in every
+    other BatchNorm (``weight * x``), as exporters do not promise an order. Equal to the model
+    (float64: to rounding)."""
+    import operator
+
+    from torch import fx
+
+    ops = {"sub": operator.sub, "mul": operator.mul, "add": operator.add}
+    model = small_resnet(seed=seed, width=width, blocks=blocks, tap=tap, device="cpu", dtype=torch.float64)
+    gm = fx.symbolic_trace(model)
+    graph = gm.graph
+    bns = [n for n in graph.nodes if n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.BatchNorm2d)]
+    for i, node in enumerate(bns):
+        bn = gm.get_submodule(node.target)
+        constants = {"mean": bn.running_mean, "inv_std": torch.rsqrt(bn.running_var + bn.eps),
+                     "weight": bn.weight.detach(), "bias": bn.bias.detach()}
+        prefix, value = node.target.replace(".", "_"), node.args[0]
+        with graph.inserting_before(node):
+            for name, op in EXPORTED_BN:
+                gm.register_buffer(f"{prefix}_{name}", constants[name].reshape(-1, 1, 1).to(dtype).clone())
+                constant = graph.get_attr(f"{prefix}_{name}")
+                flipped = name == "weight" and i % 2 == 1
+                value = graph.call_function(ops[op], (constant, value) if flipped else (value, constant))
+        node.replace_all_uses_with(value)
+        graph.erase_node(node)
+    gm.delete_all_unused_submodules()
+    graph.lint()
+    gm.recompile()
+    return gm.to(pick_device(device), dtype).eval()
+
+
+__all__ += ["EXPORTED_BN", "exported_resnet"]

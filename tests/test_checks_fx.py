@@ -2,6 +2,9 @@
 untouched student stub and on a planted mistake aimed at it. Solutions and mistakes come from
 the instructor notebook itself, so these tests follow it when it changes."""
 
+import copy
+import operator
+
 import pytest
 import torch
 
@@ -48,7 +51,9 @@ def test_solutions_pass_every_check(fx_solution):
     C.check_fold_conv_bn(s.fold_conv_bn, bias=False, groups=5, c_in=5, eps=1e-3)
     C.check_fuse(s.fuse)
     C.check_profiler(s.ProfilingInterpreter)
-    C.check_fusion_speed(s.fuse, bars={"cpu": 0.5, "cuda": 0.5}, rounds=3, min_run_time=0.02, **SPEED)
+    C.check_fold_affine(s.fold_affine)
+    C.check_fold_affine(s.fold_affine, seed=7, width=6, blocks=(1, 2), batch=3, image=20)
+    C.check_fusion_speed(s.fold_affine, bars={"cpu": 0.5, "cuda": 0.5}, rounds=3, min_run_time=0.02, **SPEED)
 
 
 def test_compile_check_passes_and_catches_freezing_left_off(fx_solution, fx_mutate):
@@ -66,7 +71,7 @@ def test_compile_check_passes_and_catches_freezing_left_off(fx_solution, fx_muta
 
 
 @pytest.mark.parametrize("check", [C.check_op_type, C.check_conv_bn_pairs, C.check_fold_conv_bn, C.check_fuse,
-                                   C.check_compile_frozen])
+                                   C.check_fold_affine, C.check_compile_frozen])
 def test_untouched_stub_fails_with_a_friendly_message(check):
     with pytest.raises(AssertionError, match="not written yet"):
         check(stub)
@@ -91,6 +96,8 @@ def test_untouched_profiler_and_speed_fail(fx_solution):
         C.check_profiler(None)
     with pytest.raises(AssertionError, match="not written yet"):
         C.check_fusion_speed(stub, bars={"cpu": 1.1, "cuda": 1.05}, **SPEED)
+    with pytest.raises(AssertionError, match="fold_affine\\(model\\) should return a torch.fx.GraphModule"):
+        C.check_fusion_speed(lambda gm: None, bars={"cpu": 1.1, "cuda": 1.05}, **SPEED)
 
 
 # (check, anchor in the solution, planted mistake, what the message must say)
@@ -124,6 +131,32 @@ MISTAKES = {
         "fuse", "        gm.graph.erase_node(bn_node)\n", "", "still in the graph"),
     "fuse: BatchNorm removed but not folded": (
         "fuse", "replace_submodule(gm, conv_node.target, fused)", "pass", "does not match"),
+    "affine: the tap's other user ignored": (
+        "affine", "while len(last.users) == 1:\n            nxt = next(iter(last.users))",
+        "while last.users:\n            nxt = min(last.users, key=lambda u: u.op != 'call_function')",
+        "had to stay: that conv's output has another user"),
+    "affine: the chain left in the graph": (
+        "affine", "        for n in reversed(chain):\n            graph.erase_node(n)\n    graph.eliminate_dead_code()",
+        "    pass", "still in the graph, though folding them was legal"),
+    "affine: a subtraction folded as an addition": (
+        "affine", "                b = b - c", "                b = b + c", "was folded as `\\+ c`"),
+    "affine: the conv's own bias dropped": (
+        "affine", "folded.bias = nn.Parameter(bias * a + b)", "folded.bias = nn.Parameter(b)",
+        "'stem.0' does not match its chain: the conv's own bias was left out"),
+    "affine: the conv's own bias not scaled": (
+        "affine", "folded.bias = nn.Parameter(bias * a + b)", "folded.bias = nn.Parameter(bias + b)",
+        "own bias was not scaled"),
+    "affine: a multiply that leaves the shift alone": (
+        "affine", "                a, b = a * c, b * c", "                a = a * c", "scaled a but not b"),
+    "affine: the weight not scaled": (
+        "affine", "folded.weight = nn.Parameter(conv.weight.detach() * a.reshape(-1, 1, 1, 1))",
+        "folded.weight = nn.Parameter(conv.weight.detach())", "weight was not scaled"),
+    "affine: the given graph changed": (
+        "affine", "    gm = copy.deepcopy(gm)\n    graph = gm.graph", "    graph = gm.graph",
+        "changed the original model"),
+    "affine: the scale on the input channels": (
+        "affine", "conv.weight.detach() * a.reshape(-1, 1, 1, 1)", "conv.weight.detach() * a.reshape(1, -1, 1, 1)",
+        "reshape\\(-1, 1, 1, 1\\) against a conv weight's output channels"),
     "profiler: only the last run kept": (
         "profiler", "self.times[n.name].append(time.perf_counter() - start)",
         "self.times[n.name] = [time.perf_counter() - start]", "mean over"),
@@ -164,6 +197,8 @@ def run_check(kind, m):
         C.check_fuse(m.fuse)
     elif kind == "profiler":
         C.check_profiler(m.ProfilingInterpreter)
+    elif kind == "affine":
+        C.check_fold_affine(m.fold_affine)
 
 
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
@@ -196,14 +231,70 @@ def convs_twice(gm):
     return gm
 
 
-def test_speed_check_fails_a_fused_model_that_is_slower(fx_solution):
+def test_speed_check_fails_a_folded_model_that_is_slower(fx_solution, monkeypatch):
     """Slower in the graph itself (every convolution run twice, the copy unused): the graph timed is
-    the one fuse returned, rebuilt from its description, so it carries the extra work."""
-    def slow_fuse(model):
-        return convs_twice(fx_solution.fuse(model))
+    the one fold_affine returned, rebuilt from its description, so it carries the extra work. The
+    structure check refuses this graph first (it runs more ops than a fold leaves); with it out of
+    the way, the clock alone must fail it too."""
+    def slow_fold(gm):
+        return convs_twice(fx_solution.fold_affine(gm))
 
+    with pytest.raises(AssertionError, match="the graph runs .* ops, and folding every legal chain leaves"):
+        C.check_fusion_speed(slow_fold, bars={"cpu": 1.1, "cuda": 1.05}, rounds=3, min_run_time=0.02, **SPEED)
+    monkeypatch.setattr(C, "_check_folded_graph", lambda *args: (0, 0))
     with pytest.raises(AssertionError, match="bar on this device is 1.10x"):
-        C.check_fusion_speed(slow_fuse, bars={"cpu": 1.1, "cuda": 1.05}, rounds=3, min_run_time=0.02, **SPEED)
+        C.check_fusion_speed(slow_fold, bars={"cpu": 1.1, "cuda": 1.05}, rounds=3, min_run_time=0.02, **SPEED)
+
+
+def test_speed_check_fails_constants_renamed_instead_of_folded(fx_solution):
+    """Each constant copied under a new name the structure check has not seen: the chains stay, and
+    so does their cost. The count of elementwise ops on constants catches it in the structure check."""
+    def renamed(gm):
+        gm = copy.deepcopy(gm)
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                gm.register_buffer(node.target + "_x", getattr(gm, node.target).clone())
+                node.target = node.target + "_x"
+        gm.recompile()
+        return gm
+
+    with pytest.raises(AssertionError, match="elementwise op\\(s\\) on constants are left"):
+        C.check_fold_affine(renamed)
+    with pytest.raises(AssertionError, match="36 elementwise op\\(s\\) on constants are left"):
+        C.check_fusion_speed(renamed, bars={"cpu": 1.1, "cuda": 1.05}, rounds=3, min_run_time=0.02, **SPEED)
+
+
+def test_a_chain_turned_into_another_op_is_not_a_fold(fx_solution):
+    """Each chain replaced by one F.batch_norm call on its constants: one op instead of four, equal
+    outputs, and perhaps fast enough, but not folded: the structure check counts the ops the graph runs."""
+    def as_batch_norm(gm):
+        gm = copy.deepcopy(gm)
+        graph = gm.graph
+        for node in list(graph.nodes):
+            if node.op == "call_function" and node.target is operator.sub:
+                mean = node.args[1]
+                prefix = mean.target[:-len("_mean")]
+                mul1 = next(iter(node.users))
+                mul2 = next(iter(mul1.users))
+                add = next(iter(mul2.users))
+                gm.register_buffer(prefix + "_var", 1 / getattr(gm, prefix + "_inv_std").reshape(-1) ** 2)
+                for k in ("mean", "weight", "bias"):
+                    gm.register_buffer(f"{prefix}_{k}_flat", getattr(gm, f"{prefix}_{k}").reshape(-1).clone())
+                with graph.inserting_before(add):
+                    args = [graph.get_attr(f"{prefix}_{k}") for k in ("mean_flat", "var", "weight_flat", "bias_flat")]
+                    bn = graph.call_function(torch.nn.functional.batch_norm, (node.args[0], *args),
+                                             {"training": False, "eps": 0.0})
+                add.replace_all_uses_with(bn)
+                for n in (add, mul2, mul1, node):
+                    graph.erase_node(n)
+        graph.eliminate_dead_code()
+        gm.recompile()
+        return gm
+
+    with pytest.raises(AssertionError, match="the graph runs .* ops, and folding every legal chain leaves"):
+        C.check_fold_affine(as_batch_norm)
+    with pytest.raises(AssertionError, match="the graph runs .* ops, and folding every legal chain leaves"):
+        C.check_fusion_speed(as_batch_norm, bars={"cpu": 1.1, "cuda": 1.05}, rounds=3, min_run_time=0.02, **SPEED)
 
 
 def test_what_the_checks_judge_is_the_graph_fuse_returned_not_its_python_object(fx_solution):
@@ -234,15 +325,15 @@ def test_what_the_checks_judge_is_the_graph_fuse_returned_not_its_python_object(
 
 
 def test_speed_check_verifies_every_output_it_times(fx_mutate):
-    wrong = fx_mutate(*MISTAKES["fold: mean not subtracted"][1:3])
+    wrong = fx_mutate(*MISTAKES["affine: a subtraction folded as an addition"][1:3])
     with pytest.raises(AssertionError, match="output while timing"):
-        C.check_fusion_speed(wrong.fuse, bars={"cpu": 0.5, "cuda": 0.5}, rounds=2, min_run_time=0.01, **SPEED)
+        C.check_fusion_speed(wrong.fold_affine, bars={"cpu": 0.5, "cuda": 0.5}, rounds=2, min_run_time=0.01, **SPEED)
 
 
-def test_speed_check_refuses_an_unfused_model(fx_mutate):
-    m = fx_mutate(*MISTAKES["fuse: BatchNorm nodes left in the graph"][1:3])
-    with pytest.raises(AssertionError, match="left .* BatchNorm"):
-        C.check_fusion_speed(m.fuse, bars={"cpu": 0.5, "cuda": 0.5}, rounds=2, min_run_time=0.01, **SPEED)
+def test_speed_check_refuses_an_unfolded_model(fx_mutate):
+    m = fx_mutate(*MISTAKES["affine: the chain left in the graph"][1:3])
+    with pytest.raises(AssertionError, match="are still in the graph, though folding them was legal"):
+        C.check_fusion_speed(m.fold_affine, bars={"cpu": 0.5, "cuda": 0.5}, rounds=2, min_run_time=0.01, **SPEED)
 
 
 def test_profile_helpers_print_and_plot(fx_solution, capsys):

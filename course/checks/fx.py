@@ -18,6 +18,7 @@ generated) are that process's word."""
 from __future__ import annotations
 
 import copy
+import operator
 import time
 from typing import Any, Callable, Mapping
 
@@ -31,7 +32,7 @@ from course.devices import pick_device
 from course.devices import threads
 from course.fx import capture_inductor_code
 from course.grading import expect_compiled, expect_speedup, speed_bar
-from course.models import small_resnet
+from course.models import exported_resnet, small_resnet
 from course.numerics import assert_close, describe
 from course.remote import mirrored, probe, prober
 from course.timing import SpeedReport, compare, machine_to_itself
@@ -39,9 +40,9 @@ from course.guard import reference
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
 SERVED = ("check_op_type", "check_conv_bn_pairs", "check_fold_conv_bn", "check_fuse", "check_profiler",
-          "check_compile_frozen", "check_fusion_speed")
+          "check_compile_frozen", "check_fold_affine", "check_fusion_speed")
 
-__all__ = ["check_compile_frozen", "check_conv_bn_pairs", "check_fold_conv_bn", "check_fuse",
+__all__ = ["check_compile_frozen", "check_conv_bn_pairs", "check_fold_affine", "check_fold_conv_bn", "check_fuse",
            "check_fusion_speed", "check_op_type", "check_profiler", "compile_frozen_case", "conv_bn_pairs_case",
            "fuse_case", "op_type_cases", "profiler_case"]
 
@@ -279,31 +280,33 @@ def _check_fused_graph(fused: fx.GraphModule, gm_ref: fx.GraphModule, label: str
 
 
 @prober
-def fuse_case(fuse: Callable, model: nn.Module) -> dict:
-    """The learner's side of :func:`check_fuse` and :func:`check_fusion_speed`: ``fuse(model)``,
+def fuse_case(fuse: Callable, model: nn.Module, name: str = "fuse") -> dict:
+    """The learner's side of :func:`check_fuse`, :func:`check_fold_affine` and
+    :func:`check_fusion_speed`: ``fuse(model)`` (``name``: the learner's function, for messages),
     checked to be a new GraphModule that left the model alone, sent back as a description
     (:func:`course.graph_wire.describe`)."""
+    name = str(name)[:40]
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    fused = _expect_graph_module(call(fuse, model, name="fuse"), "fuse(model)")
+    fused = _expect_graph_module(call(fuse, model, name=name), f"{name}(model)")
     changed = [k for k, v in model.state_dict().items() if k not in state or not torch.equal(v, state[k])]
     if changed or len(state) != len(model.state_dict()):
-        raise AssertionError(f"fuse changed the original model ({', '.join(changed[:4]) or 'its modules'}). "
-                             "Work on a copy: copy.deepcopy(model) before tracing.")
+        raise AssertionError(f"{name} changed the original model ({', '.join(changed[:4]) or 'its modules'}). "
+                             "Work on a copy: copy.deepcopy(model) first.")
     if fused is model:
-        raise AssertionError("fuse returned the model it was given; return a new GraphModule.")
+        raise AssertionError(f"{name} returned the model it was given; return a new GraphModule.")
     try:
         return graph_wire.describe(fused)
     except graph_wire.GraphError as exc:
-        raise AssertionError(f"fuse(model) returned a graph the grader cannot rebuild: {exc}.") from None
+        raise AssertionError(f"{name}(model) returned a graph the grader cannot rebuild: {exc}.") from None
 
 
-def _fused(fuse: Callable, model: nn.Module, device) -> fx.GraphModule:
+def _fused(fuse: Callable, model: nn.Module, device, name: str = "fuse") -> fx.GraphModule:
     """What ``fuse(model)`` made, rebuilt here from its description: the graph the checks judge."""
-    desc = probe(fuse, fuse_case, model)
+    desc = probe(fuse, fuse_case, model, name)
     try:
         return graph_wire.rebuild(desc, device)
     except graph_wire.GraphError as exc:
-        raise AssertionError(f"fuse(model) returned a graph the grader cannot rebuild: {exc}.") from None
+        raise AssertionError(f"{name}(model) returned a graph the grader cannot rebuild: {exc}.") from None
 
 
 def check_fuse(fuse: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1), batch: int = 2,
@@ -330,6 +333,188 @@ def check_fuse(fuse: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1), 
         _check_fused_graph(fused, gm_ref, f"fuse(model) with {train_bn} in training mode")
     ok(f"fuse folds all {legal} legal BatchNorms, keeps the {kept} that must stay (and one in training mode), "
        f"and equals the model in float64 and float32 (width {width}, blocks {tuple(blocks)}, seed {seed})")
+
+
+# ---------------------------------------------------------------- Exercise 6: the exported model
+
+_ELEMENTWISE = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+                torch.add: "+", torch.sub: "-", torch.mul: "*", torch.div: "/"}
+_ELEMENTWISE_METHODS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+AFFINE_HINT = ("follow each conv's output through its chain of elementwise ops on constants and keep one "
+               "affine map per output channel, y = a * conv(x) + b, starting from a = 1, b = 0: `- c` gives "
+               "b - c; `* c` (either order) gives a * c and b * c; `+ c` gives b + c. Then w' = w * "
+               "a.reshape(-1, 1, 1, 1) and b' = bias * a + b (bias = 0 when the conv has none).")
+
+
+def _constant_ops(gm: fx.GraphModule) -> list[tuple[fx.Node, str]]:
+    """Every elementwise node (``+ - * /``, as an operator, a torch function or a method) with an
+    operand read by a ``get_attr`` node, with that constant's name."""
+    out = []
+    for n in gm.graph.nodes:
+        if not ((n.op == "call_function" and n.target in _ELEMENTWISE)
+                or (n.op == "call_method" and n.target in _ELEMENTWISE_METHODS)):
+            continue
+        consts = [a.target for a in n.args if isinstance(a, fx.Node) and a.op == "get_attr"]
+        if consts:
+            out.append((n, str(consts[0])))
+    return out
+
+
+def _calls(gm: fx.GraphModule) -> int:
+    """How many ops ``gm`` runs: its call nodes."""
+    return sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
+
+
+@reference
+def _affine_chains(gm: fx.GraphModule) -> tuple[dict[str, str], dict[str, str]]:
+    """The exported graph's constants, split into those whose chain may be folded into the conv
+    before it and those whose chain must stay; each maps to its conv's path. A chain may be folded
+    when it starts at a Conv2d module's output and every node on it, the conv included, has one
+    user."""
+    on_chain = {n for n, _ in _constant_ops(gm)}
+    fold, stay = {}, {}
+    for node, const in _constant_ops(gm):
+        src, legal = node, True
+        while src in on_chain:
+            src = next(a for a in src.args if isinstance(a, fx.Node) and a.op != "get_attr")
+            legal = legal and len(src.users) == 1
+        conv = src.op == "call_module" and isinstance(gm.get_submodule(src.target), nn.Conv2d)
+        (fold if conv and legal else stay)[const] = str(src.target)
+    return fold, stay
+
+
+def _check_folded_graph(folded: fx.GraphModule, exported: fx.GraphModule, label: str) -> tuple[int, int]:
+    fold, stay = _affine_chains(exported)
+    left_ops = _constant_ops(folded)
+    left = {c for _, c in left_ops}
+    wrongly_left = sorted({fold[c] for c in left & set(fold)})
+    if wrongly_left:
+        raise AssertionError(f"{label}: the elementwise ops after conv(s) {wrongly_left} are still in the graph, "
+                             "though folding them was legal.\n  Hint: after folding a chain, point its last node's "
+                             "users at the conv (last.replace_all_uses_with(conv_node)), erase the chain's nodes, "
+                             "last first, and call gm.recompile().")
+    expected = sum(1 for _, c in _constant_ops(exported) if c in stay)
+    if len(left_ops) > expected:
+        raise AssertionError(f"{label}: {len(left_ops)} elementwise op(s) on constants are left in the graph; the "
+                             f"chains that must stay have {expected}. A folded chain leaves no op behind, and a "
+                             "constant copied under another name is still a constant.")
+    runs = _calls(folded)
+    leaves = _calls(exported) - sum(1 for _, c in _constant_ops(exported) if c in fold)
+    if runs > leaves:
+        raise AssertionError(f"{label}: the graph runs {runs} ops, and folding every legal chain leaves {leaves}. "
+                             "A folded chain becomes the conv's new weight and bias, not another op (a BatchNorm, "
+                             "a 1x1 conv, a function on the constants).")
+    removed = sorted({stay[c] for c in set(stay) - left})
+    if removed and len(left_ops) < expected:
+        raise AssertionError(f"{label}: the chain after {removed} was folded, but it had to stay: that conv's "
+                             "output has another user, which would then see the folded values.\n  Hint: fold only "
+                             "when the conv's output, and every node of the chain, has exactly one user.")
+    return len(set(fold.values())), len(set(stay.values()))
+
+
+#: Plausible slips in folding a chain, with what each computes differently (see :func:`_affine_fold`).
+AFFINE_SLIPS = {
+    "sub_as_add": "a `- c` was folded as `+ c`: x - c shifts b to b - c",
+    "shift_unscaled": "a `* c` scaled a but not b: a multiply after a shift scales the shift too (b * c)",
+    "bias_dropped": "the conv's own bias was left out: b' = bias * a + b",
+    "bias_unscaled": "the conv's own bias was not scaled: b' = bias * a + b, not bias + b",
+    "weight_unscaled": "the conv's weight was not scaled: w' = w * a.reshape(-1, 1, 1, 1)",
+}
+
+
+def _chain_after(gm: fx.GraphModule, conv_node: fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
+    """The legal chain after ``conv_node``: (symbol, constant as a vector, constant first) per op."""
+    fold, _ = _affine_chains(gm)
+    ops = dict((n, c) for n, c in _constant_ops(gm))
+    chain, last = [], conv_node
+    while len(last.users) == 1 and next(iter(last.users)) in ops and ops[next(iter(last.users))] in fold:
+        node = next(iter(last.users))
+        symbol = _ELEMENTWISE.get(node.target) if node.op == "call_function" else _ELEMENTWISE_METHODS[node.target]
+        const = getattr(gm, ops[node]) if "." not in ops[node] else gm.get_buffer(ops[node])
+        chain.append((symbol, const.reshape(-1), node.args[0] is not last))
+        last = node
+    return chain
+
+
+@reference
+def _affine_fold(w: torch.Tensor, bias: torch.Tensor | None, chain, slip: str | None = None):
+    """``(w', b')`` for a conv with ``chain`` folded in; ``slip`` names one of :data:`AFFINE_SLIPS`."""
+    a = torch.ones(w.shape[0], dtype=w.dtype, device=w.device)
+    b = torch.zeros_like(a)
+    for symbol, c, first in chain:
+        if symbol == "+":
+            b = b + c
+        elif symbol == "-":
+            a, b = (-a, c - b) if first else (a, b + c if slip == "sub_as_add" else b - c)
+        elif symbol == "*":
+            a, b = a * c, (b if slip == "shift_unscaled" else b * c)
+        else:
+            a, b = a / c, b / c
+    bias = torch.zeros_like(a) if bias is None else bias
+    w2 = w if slip == "weight_unscaled" else w * a.reshape(-1, *([1] * (w.dim() - 1)))
+    b2 = b if slip == "bias_dropped" else (bias + b if slip == "bias_unscaled" else bias * a + b)
+    return w2, b2
+
+
+def _diagnose_fold(folded: fx.GraphModule, exported: fx.GraphModule, label: str) -> None:
+    """Compares each folded conv with its fold in float64 (convs matched in graph order, when the
+    folded graph calls Conv2d modules as the exported one does) and raises, naming the conv and
+    the slip, for the first one that equals a slip's result; silent when it cannot tell."""
+    def convs(gm):
+        return [n for n in gm.graph.nodes
+                if n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.Conv2d)]
+
+    mine, theirs = convs(exported), convs(folded)
+    if len(mine) != len(theirs):
+        return
+    for ref_node, node in zip(mine, theirs):
+        chain = _chain_after(exported, ref_node)
+        ref, got = exported.get_submodule(ref_node.target), folded.get_submodule(node.target)
+        if not chain or got.weight.shape != ref.weight.shape:
+            continue
+        w, b = (t.detach().double() for t in (ref.weight, ref.bias if ref.bias is not None else torch.zeros(0)))
+        chain = [(sym, c.double(), first) for sym, c, first in chain]
+        got_b = got.bias.detach().double() if got.bias is not None else torch.zeros_like(w[:, 0, 0, 0])
+        got_w = got.weight.detach().double()
+
+        def same(pair):
+            return (torch.allclose(got_w, pair[0], rtol=1e-6, atol=1e-9)
+                    and torch.allclose(got_b, pair[1], rtol=1e-6, atol=1e-9))
+
+        bias = b if ref.bias is not None else None
+        if same(_affine_fold(w, bias, chain)):
+            continue
+        for slip, why in AFFINE_SLIPS.items():
+            if same(_affine_fold(w, bias, chain, slip)):
+                raise AssertionError(f"{label}: the conv folded from {ref_node.target!r} does not match its chain: "
+                                     f"{why}.\n  Hint: {AFFINE_HINT}")
+        return
+
+
+def check_fold_affine(fold_affine: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1), batch: int = 2,
+                      image: int = 16, device=None) -> None:
+    """``fold_affine(gm) -> GraphModule``: every chain of per-channel elementwise ops after a conv
+    in an exported model (:func:`course.models.exported_resnet`, with a tap: one conv whose output
+    has another user) folded into the conv, the tap's chain kept, the given graph untouched;
+    equal to the exported model in float64 (to 1e-10 of the output's scale) and float32 (1e-5),
+    on inputs drawn from ``seed``."""
+    dev = pick_device(device)
+    with torch.no_grad():
+        for dtype, rel in ((F64, 1e-10), (torch.float32, 1e-5)):
+            exported = exported_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=True, dtype=dtype,
+                                       device=dev)
+            folded = _fused(fold_affine, exported, dev, "fold_affine")
+            chains, kept = _check_folded_graph(folded, exported, "fold_affine(gm)")
+            _diagnose_fold(folded, exported, "fold_affine(gm)")
+            for s in (seed + 21, seed + 22):
+                x = randn(batch, 3, image, image, seed=s, device=dev, dtype=dtype)
+                ref = exported(x)
+                assert_close(folded(x), ref, atol=_scaled_tol(ref, rel), rtol=0,
+                             name=f"fold_affine(gm)(x) vs gm(x) in {str(dtype).replace('torch.', '')}",
+                             hint=AFFINE_HINT)
+    ok(f"fold_affine folds all {chains} legal chains of constants into their convs, keeps the {kept} that must "
+       f"stay, and equals the exported model in float64 and float32 (width {width}, blocks {tuple(blocks)}, "
+       f"seed {seed})")
 
 
 class SlowOp(nn.Module):
@@ -511,38 +696,36 @@ def check_compile_frozen(compile_frozen: Callable, *, seed: int = 0, batch: int 
        f"{generated} generated kernels) and the result equals the model (seed {seed})")
 
 
-def check_fusion_speed(fuse: Callable, *, bars: Mapping[str, float], batch: int, image: int, width: int,
+def check_fusion_speed(fold_affine: Callable, *, bars: Mapping[str, float], batch: int, image: int, width: int,
                        blocks=(1, 1, 1), num_threads: int | None = None, seed: int = 0, rounds: int = 9,
                        min_run_time: float = 0.1, device=None, extra: Mapping[str, Callable] | None = None
                        ) -> SpeedReport:
-    """The FX-fused model is at least ``bars[device]`` times as fast as the original, measured side
-    by side (interleaved rounds after warm-up, fresh inputs every round, every output compared
-    with the original). ``num_threads`` pins the CPU thread count while timing. The fused model
-    timed is the graph ``fuse`` returned, rebuilt here from its description (under the grader, in
-    the judge: nothing of the learner's process runs while the clock does)."""
+    """``fold_affine(exported)`` is at least ``bars[device]`` times as fast as the exported model
+    (:func:`course.models.exported_resnet`, every chain legal), measured side by side (interleaved
+    rounds after warm-up, fresh inputs every round, every output compared with the exported
+    model's). ``num_threads`` pins the CPU thread count while timing. The folded model timed is the
+    graph ``fold_affine`` returned, rebuilt here from its description (under the grader, in the
+    judge: nothing of the learner's process runs while the clock does)."""
     dev = pick_device(device)
-    model = small_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=False, device=dev)
+    exported = exported_resnet(seed=seed, width=width, blocks=tuple(blocks), device=dev)
     with torch.no_grad():
-        fused = _fused(fuse, model, dev)
-        left = _bn_nodes(fused)
-        if left:
-            raise AssertionError(f"fuse(model) left {len(left)} BatchNorm node(s) in a model where every pair "
-                                 "is legal; the speed check times the fused model, so fuse it first.")
+        folded = _fused(fold_affine, exported, dev, "fold_affine")
+        _check_folded_graph(folded, exported, "fold_affine(gm), in the model the speed check times")
         counter = iter(range(10**9))
 
         def inputs():
             return (randn(batch, 3, image, image, seed=seed + 101 * next(counter), device=dev),)
 
         def check(name, out, args):
-            ref = model(*args)
+            ref = exported(*args)
             assert_close(out, ref, atol=_scaled_tol(ref, 1e-5), rtol=0, name=f"{name} output while timing")
 
-        candidates = {"original": model, "FX fused": fused, **(extra or {})}
+        candidates = {"exported": exported, "folded": folded, **(extra or {})}
         with threads(num_threads if dev.type == "cpu" else None):
             report = compare(candidates, inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time,
-                             device=dev, until=("FX fused", "original", speed_bar(bars, dev)))
+                             device=dev, until=("folded", "exported", speed_bar(bars, dev)))
     report.show()
-    expect_speedup(report, "FX fused", over="original", bars=bars,
-                   hint="fold every legal BatchNorm into its conv and erase the BN nodes; the fused model "
-                        "must run fewer ops than the original. If the machine is busy, run the cell again.")
+    expect_speedup(report, "folded", over="exported", bars=bars,
+                   hint="fold every legal chain into its conv and erase its nodes; the folded model must run "
+                        "fewer ops than the exported one. If the machine is busy, run the cell again.")
     return report

@@ -79,7 +79,9 @@ HINTS: list[tuple[str, re.Pattern, str]] = [(name, re.compile(pattern, re.S), hi
     ("shapes do not broadcast",
      r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at non-singleton dimension",
      "the shapes do not broadcast (compare them from the right: each pair of sizes must be equal or 1). "
-     "A batch dimension is probably missing or in another place: unsqueeze it, or check vmap's in_dims."),
+     "Print both shapes. A per-channel vector needs its axis in place: reshape(-1, 1, 1) against an "
+     "(N, C, H, W) activation, reshape(-1, 1, 1, 1) against a conv weight's output channels. A batch "
+     "dimension may be missing or in another place: unsqueeze it, or check vmap's in_dims."),
 ]]
 
 _EMPTY_UNPACK = re.compile(r"not enough values to unpack \(expected \d+, got 0\)")
