@@ -65,6 +65,8 @@ WRONG = {
     "autograd.grad of a non-scalar": (lambda a: torch.autograd.grad(a * 2, a), (leaf,)),
     "autograd: the graph was freed": (lambda a: [torch.autograd.grad(y, a) for y in [(a * a).sum()] * 2], (leaf,)),
     "shapes do not broadcast": (lambda a: a + torch.randn(5), (torch.randn(3, 4),)),
+    "vmap: a random op in randomness error mode": (lambda a: vmap(lambda r: torch.nn.functional.dropout(r, 0.5))(a),
+                                                   (x,)),
     "autograd.grad: the input needs a gradient": (lambda a: torch.autograd.grad((a * a).sum(), a), (x,)),
     "scatter: the index's dimensions": (lambda a: torch.zeros(4, 3).scatter_reduce(0, torch.tensor([0, 1, 1]), a,
                                                                                   reduce="amax"), (x,)),

@@ -33,8 +33,6 @@ SIZES = {
     "course.checks.forward_ad.jacobian_speed_inputs": dict(k=16, m=1024, hidden=256, f_seed=0),
     "course.checks.vmap.member_kl_inputs": dict(n=256, batch=64, features=128, hidden=128, classes=10,
                                                 model_seed=0),
-    "course.checks.vmap.per_sample_timing_inputs": dict(batch=64, size=28, channels=(32, 64), classes=10,
-                                                        model_seed=0),
     "course.profiling.attention_inputs": dict(batch=8, heads=16, length=2048, dim=64),
     "course.fastpath.masked_attention_inputs": dict(batch=8, heads=16, length=2048, dim=64, valid=0.6),
     "course.fastpath.ragged_batch": dict(batch=32, length=1024, dim=512, valid=0.5),

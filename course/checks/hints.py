@@ -76,6 +76,11 @@ HINTS: list[tuple[str, re.Pattern, str]] = [(name, re.compile(pattern, re.S), hi
      r"a leaf Variable that requires grad is being used in an in-place operation",
      "an in-place op (index_add_, +=, [...] =) wrote into an input that requires a gradient. Write into a new "
      "tensor made for the output (values.new_zeros(...)), or use the out-of-place form (index_add)."),
+    ("vmap: a random op in randomness error mode",
+     r"vmap: called random operation while in randomness error mode",
+     "a random op (dropout, randn) ran under vmap, which refuses by default so that nobody gets one of the two "
+     "meanings by accident: pass randomness='different' (every slice its own draw, as a loop would) or "
+     "randomness='same' (one draw shared by every slice) to vmap."),
     ("shapes do not broadcast",
      r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at non-singleton dimension",
      "the shapes do not broadcast (compare them from the right: each pair of sizes must be equal or 1). "

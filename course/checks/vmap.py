@@ -2,7 +2,7 @@
 ``vmap`` (a different minibatch per model, and one minibatch for all), the members' KL divergence
 with no op that ``vmap`` runs member by member (and its speed over the planted ``F.kl_div``), one
 SGD step for every member, per-sample gradients by a loop, by ``vmap(grad(loss))`` and by Opacus,
-one DP-SGD step, and the measured per-sample speedup.
+one DP-SGD step, and members that keep their dropout on (``randomness=``).
 
 Models and data come from ``seed`` (``course.vmap``), so the learner chooses none of the inputs.
 Under the grader every check here runs in the judge (``SERVED``): models cross as recipes (the
@@ -38,22 +38,21 @@ from course.grading import expect_constant_work
 from course.numerics import assert_close, describe
 from course.remote import factory, is_remote, mirrored, prober
 from course.timing import SpeedReport, format_time
-from course.vmap import (ForwardWatch, member_kl_planted, meta_copy, mlp_ensemble, small_cnn, toy_features, toy_images,
-                         vmap_fallbacks)
+from course.vmap import (ForwardWatch, dropout_ensemble, member_kl_planted, meta_copy, meta_dropout_mlp, mlp_ensemble,
+                         small_cnn, toy_features, toy_images, vmap_fallbacks)
 from course.guard import reference
 from course.wire import ModuleState
 
 __all__ = ["check_dp_sgd_step", "check_ensemble_predict", "check_ensemble_sgd_step", "check_member_kl",
            "check_member_kl_speed", "check_opacus_grads",
-           "check_per_sample_grads", "check_per_sample_grads_loop", "check_per_sample_speed",
+           "check_per_sample_grads", "check_per_sample_grads_loop", "check_predict_dropout",
            "check_stack_ensemble", "dp_sgd_reference", "loop_member_kl", "loop_predictions", "loop_sgd_step",
            "per_sample_norms",
            "reference_per_sample_grads"]
 
-SERVED = ("check_stack_ensemble", "check_ensemble_predict", "check_member_kl", "check_member_kl_speed",
-          "check_ensemble_sgd_step",
-          "check_per_sample_grads_loop",
-          "check_per_sample_grads", "check_opacus_grads", "check_per_sample_speed", "check_dp_sgd_step")
+SERVED = ("check_stack_ensemble", "check_ensemble_predict", "check_predict_dropout", "check_member_kl",
+          "check_member_kl_speed", "check_ensemble_sgd_step", "check_per_sample_grads_loop",
+          "check_per_sample_grads", "check_opacus_grads", "check_dp_sgd_step")
 
 #: Sizes at which the judge's clock asks "a loop or not": enough models or samples that a loop's
 #: per-item cost dominates, small enough to take well under a second.
@@ -280,6 +279,105 @@ def _ensemble_clock(fn: Callable, label: str, same: bool, seed: int) -> str:
         text = _expect_no_loop_by_clock(fn, label, make, loop, count=CLOCK_MEMBERS, unit="model",
                                         key=("ensemble", same))
     return f"{label} {text}"
+
+
+# -- dropout in an ensemble: randomness= ----------------------------------------------------------
+
+#: Two members whose masks agree on more units than this share one (with p = 0.5, independent masks
+#: agree on about half; the check also asks for five binomial sigmas above that).
+SAME_MASKS = 0.85
+
+
+@reference
+def _kept_units(members, x: torch.Tensor, got: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What each member's dropout did, read back from its output (float64): ``(z, h, scaled)``,
+    each ``(n, batch, hidden)``. ``h`` is the hidden layer before dropout, ``scaled`` what a kept
+    unit passes on (``h / (1 - p)``), and ``z`` what the output says reached the last layer: it
+    is square and invertible in the check's models, so ``z = (out - b) W^-T``."""
+    zs, hs, scaled = [], [], []
+    for model, out in zip(members, got.double()):
+        h = model[2](model[1](model[0](x)))
+        last = model[4]
+        zs.append(torch.linalg.solve(last.weight.double(), (out - last.bias.double()).T).T)
+        hs.append(h)
+        scaled.append(h / (1 - model[3].p))
+    return torch.stack(zs), torch.stack(hs), torch.stack(scaled)
+
+
+def check_predict_dropout(predict_all_dropout: Callable, *, seed: int = 0, n: int = 4, batch: int = 32,
+                          features: int = 12, hidden: int = 16, p: float = 0.5, device=None) -> None:
+    """``predict_all_dropout(params, buffers, base, x)``: every member of an ensemble trained with
+    dropout (:func:`course.vmap.dropout_mlp`, training mode) on the one minibatch ``x``, each
+    member drawing its own dropout mask, as a loop over the members would: ``(n, batch, hidden)``.
+
+    The check reads every member's mask back from its output (its last layer is square and
+    invertible here) and asks: is each output the member's own with some units dropped and the
+    rest scaled by ``1 / (1 - p)``; is the share dropped near ``p``; do the members' masks differ
+    (``randomness='same'`` shares one). In the learner's own process it also watches the base
+    model: one call, under ``vmap``."""
+    dev = pick_device(device)
+    members = dropout_ensemble(n, seed=seed, features=features, hidden=hidden, classes=hidden, p=p, device=dev,
+                               dtype=torch.float64)
+    params, buffers = stack_module_state(members)
+    base = meta_dropout_mlp(features=features, hidden=hidden, classes=hidden, p=p, dtype=torch.float64)
+    x = toy_features(batch, features, seed=seed + 5, device=dev, dtype=torch.float64)
+    label = "predict_all_dropout"
+    with torch.no_grad(), ForwardWatch(base) as watch:
+        got = _call_stacked(predict_all_dropout, params, buffers, base, x.clone(), name=label)
+    shape = (n, batch, hidden)
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape:
+        raise AssertionError(f"{label} should return a tensor of shape {shape} (member, row, output), got "
+                             f"{describe(got)}.")
+    if not is_remote(predict_all_dropout):
+        _expect_vmapped(watch, label, n, "model")
+    with torch.no_grad():
+        z, h, scaled = _kept_units(members, x, got)
+        for m in members:
+            m.eval()
+        plain = torch.stack([m(x) for m in members])
+    if torch.allclose(got.double(), plain, **TIGHT):
+        raise AssertionError(f"{label}: no unit was dropped: every member's output is its output in eval mode. "
+                             "The base model comes in training mode; run it as it is (no base.eval()), so that "
+                             "its Dropout draws a mask.")
+    live = h > 1e-9 * float(h.abs().max())                   # a unit at 0 says nothing about its mask
+    dropped = z.abs() <= 1e-7 * scaled.abs().amax()
+    kept = (z - scaled).abs() <= 1e-7 * scaled.abs().amax()
+    odd = live & ~dropped & ~kept
+    if odd.any():
+        i, row, unit = (int(v) for v in odd.nonzero()[0])
+        raise AssertionError(f"{label}: member {i}'s output is not its own model with some units dropped: hidden "
+                             f"unit {unit} of row {row} reached the last layer as {float(z[i, row, unit]):.6g}, but "
+                             f"dropout passes 0 or h / (1 - p) = {float(scaled[i, row, unit]):.6g}.\n  Hint: row i of "
+                             "the result is member i on x: functional_call(base, (p, b), (x,)) under vmap with "
+                             "in_dims=(0, 0, None).")
+    with torch.no_grad():  # the outputs again, from the masks read back: the comparison the grader re-checks
+        through = torch.where(kept & live, scaled, torch.zeros_like(scaled))
+        rebuilt = torch.stack([t @ m[4].weight.T + m[4].bias for t, m in zip(through, members)])
+    assert_close(got.double(), rebuilt, rtol=1e-6, atol=1e-9 * float(rebuilt.abs().max()),
+                 name=f"{label}: each member's output, rebuilt from the mask read back from it")
+    share = float(dropped[live].double().mean())
+    spread = 5 * (p * (1 - p) / max(int(live.sum()), 1)) ** 0.5 + 0.02  # five binomial sigmas
+    near_p = abs(share - p) <= spread
+    if not near_p:
+        raise AssertionError(f"{label}: {share:.0%} of the units were dropped; dropout with p = {p} drops about "
+                             f"{p:.0%}. Run the base model as it is, once per member.")
+    chance = p * p + (1 - p) * (1 - p)  # two independent masks agree on a unit
+    agree, common = [], []
+    for i in range(n):
+        for j in range(i + 1, n):
+            both = live[i] & live[j]
+            agree.append(float((dropped[i] == dropped[j])[both].double().mean()))
+            common.append(int(both.sum()))
+    bar = max(SAME_MASKS, chance + 5 * (chance * (1 - chance) / max(min(common, default=1), 1)) ** 0.5)
+    shared = bool(agree) and min(agree) > bar
+    if shared:
+        raise AssertionError(f"{label}: every member dropped the same units (between any two members, at least "
+                             f"{min(agree):.0%} of the units agree; independent masks agree on about {chance:.0%}). "
+                             "randomness='same' draws one mask and shares it across the members; a loop over the "
+                             "members draws one each: randomness='different'.")
+    record([near_p, not shared], [True, True], f"{label}: the share dropped is near p; the members' masks differ")
+    ok(f"{label}: every member's output is its own with a mask of its own ({share:.0%} of the units dropped, "
+       f"p = {p}; two members agree on {sum(agree) / max(len(agree), 1):.0%} of them) (n={n}, seed {seed})")
 
 
 # -- an op without a batching rule, repaired -----------------------------------------------------
@@ -744,45 +842,6 @@ def check_opacus_grads(opacus_per_sample_grads: Callable, *, seed: int = 0, batc
     if is_remote(opacus_per_sample_grads):
         clock = " and " + _per_sample_clock(opacus_per_sample_grads, "opacus_per_sample_grads")
     ok(f"opacus_per_sample_grads equals the loop in float64 and float32{clock} (batch={batch}, seed {seed})")
-
-
-@functools.lru_cache(maxsize=4)
-def _timing_cnn(size: int, channels: tuple, classes: int, model_seed: int, device: str) -> nn.Module:
-    return small_cnn(seed=model_seed, channels=channels, size=size, classes=classes, device=device)
-
-
-@factory
-def per_sample_timing_inputs(seed: int, *, device: str, batch: int, size: int, channels: tuple, classes: int,
-                             model_seed: int) -> tuple:
-    """Fresh ``(model, x, y)`` for one timed call of the per-sample speed check: the model from
-    ``model_seed`` (the same in every call), the batch from ``seed``."""
-    model = _timing_cnn(size, tuple(channels), classes, model_seed, device)
-    return (model, *toy_images(batch, seed=seed, size=size, classes=classes, device=device, draw_on_device=True))
-
-
-def check_per_sample_speed(per_sample_grads: Callable, *, bars: Mapping[str, float], batch: int, size: int,
-                           channels=(8, 16), classes: int = 10, num_threads: int | None = None, seed: int = 0,
-                           rounds: int = 7, min_run_time: float = 0.2, attempts: int = 3,
-                           device=None) -> SpeedReport:
-    """``per_sample_grads`` (vmap) is at least ``bars[device]`` times as fast as the loop of
-    single-sample backward passes, measured side by side by :func:`course.timing.compare_served`
-    on fresh batches from unpredictable seeds, every timed output checked against the loop's.
-    ``num_threads`` pins the CPU thread count. A measurement below the bar is repeated
-    (``attempts`` in all) and the best one judged."""
-    dev = pick_device(device)
-    sizes = dict(batch=batch, size=size, channels=tuple(channels), classes=classes, model_seed=seed)
-    model, x, y = per_sample_timing_inputs(seed + 17, device=str(dev), **sizes)
-    got = call(per_sample_grads, model, x, y, name="per_sample_grads")
-    _expect_grad_dict(got, model, batch, "per_sample_grads")
-    for k, e in reference_per_sample_grads(model, x, y).items():
-        assert_close(got[k], e, name=f"per_sample_grads on the batch it is timed on [{k!r}]",
-                     **_float32_tolerance(dev), hint="the timed function must be right before it is fast.")
-    return served_speedup(("loop", reference_per_sample_grads), ("vmap", per_sample_grads),
-                          factory=per_sample_timing_inputs, sizes=sizes, bars=bars, device=dev,
-                          num_threads=num_threads, rounds=rounds, min_run_time=min_run_time, attempts=attempts,
-                          grad=True, explain="course.references.explain.per_sample_grads",
-                          hint="one vmap(grad(...)) call for the whole batch. If the machine is busy, run the cell "
-                               "again.")
 
 
 # -- DP-SGD --------------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, grad, jacfwd, vmap
+from torch.func import functional_call, jacfwd, vmap
 
 __all__ = ["attention", "coord_conv", "gradient_penalty", "jacobian_fwd", "jagged_token_mlp", "member_kl",
-           "per_sample_grads", "sdpa_attention", "sq_dists_identity", "segment_sum"]
+           "sdpa_attention", "sq_dists_identity", "segment_sum"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
@@ -51,16 +51,6 @@ def member_kl(params, buffers, base, x, target):
         return (torch.xlogy(target, target) - target * log_q).sum(-1).mean()
 
     return vmap(one)(params, buffers)
-
-
-def per_sample_grads(model, x, y):
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    buffers = dict(model.named_buffers())
-
-    def loss(p, xi, yi):
-        return F.cross_entropy(functional_call(model, (p, buffers), (xi[None],)), yi[None])
-
-    return vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
