@@ -19,7 +19,7 @@ from course.devices import pick_device
 from course.remote import factory
 
 __all__ = ["LSTMWeights", "compiled_kernels", "layer_norm_params",
-           "lstm_weights", "make_lstm", "torchscript_ops"]
+           "lstm_weights", "make_lstm", "masked_rnn_layer", "torchscript_ops"]
 
 
 class LSTMWeights(NamedTuple):
@@ -68,6 +68,24 @@ def layer_norm_params(input_size: int, hidden_size: int, *, seed: int, device=No
     }
     dev = pick_device(device)
     return {k_: v.to(dev, dtype) for k_, v in p.items()}
+
+
+def masked_rnn_layer(x: Tensor, lengths: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor,
+                     b: Tensor) -> tuple[Tensor, Tensor]:
+    """A plain (Elman) RNN layer over a padded batch, masked as lesson 1's LSTM layer is:
+    ``h' = tanh(x_t W_ih^T + b + h W_hh^T)`` where ``t < lengths``, the old ``h`` kept (and 0 in
+    ``out``) past each sequence's end. ``x`` is ``(T, B, I)``; returns ``(out (T, B, H), h_n)``.
+    Lesson 1's serving check compiles it (it is not an answer to any exercise: the learner's
+    ``serve_bucketed`` must work with any masked layer)."""
+    h = h0
+    projected = x @ w_ih.t() + b
+    outs = []
+    for t in range(x.shape[0]):
+        new = torch.tanh(projected[t] + h @ w_hh.t())
+        alive = (t < lengths)[:, None]
+        h = torch.where(alive, new, h)
+        outs.append(torch.where(alive, new, torch.zeros_like(new)))
+    return torch.stack(outs), h
 
 
 @factory

@@ -25,10 +25,12 @@ def test_solutions_pass_every_check(rnn_solution):
     C.check_masked_lstm_layer(s.masked_lstm_layer)
     C.check_lstm_layer(s.fast_lstm_layer, label="fast_lstm_layer")
     C.check_compiled_layer(torch.compile(s.fast_lstm_layer, backend="eager"), **SMALL)
+    C.check_bucketed(s.serve_bucketed)
+    C.check_bucketed(s.serve_bucketed, seed=4, bucket=8, lengths=(3, 7, 8, 12, 16, 2, 11), batch=3)
 
 
 @pytest.mark.parametrize("check", [C.check_lstm_cell, C.check_lstm_layer, C.check_layer_norm_cell,
-                                   C.check_stacked_lstm, C.check_masked_lstm_layer])
+                                   C.check_stacked_lstm, C.check_masked_lstm_layer, C.check_bucketed])
 def test_untouched_stub_fails_with_a_friendly_message(check):
     with pytest.raises(AssertionError, match="not written yet"):
         check(stub)
@@ -39,8 +41,6 @@ def test_unwritten_objects_fail_the_structure_checks():
         C.check_scripted_layer(None)
     with pytest.raises(AssertionError, match="torch.compile"):
         C.check_compiled_layer(stub, **SMALL)
-    with pytest.raises(AssertionError, match="torch.compile"):
-        C.check_layer_speed(stub, stub, bars={"cpu": 1.0, "cuda": 2.0}, **SMALL)
 
 
 # (check, anchor in the solution, planted mistake, what the message must say)
@@ -123,25 +123,55 @@ def test_compiled_check_catches_wrong_numbers(mutate):
         C.check_compiled_layer(torch.compile(m.fast_lstm_layer, backend="eager"), **SMALL)
 
 
-def test_speed_check_fails_a_compiled_layer_that_is_slower(rnn_solution):
-    s = rnn_solution
+SERVE = "    out, state = layer(padded, lengths, *rest)\n    return out[:T], state"
+BUCKETS = {
+    "serve: no padding": (
+        "    padded = torch.cat([x, x.new_zeros(steps - T, *x.shape[1:])])", "    padded = x",
+        "gave the layer the batch as it came, 3 steps: every new length would compile a graph of its own"),
+    "serve: padded to a fixed 16 whatever the bucket": (
+        "    steps = -(-T // bucket) * bucket", "    steps = -(-T // 16) * 16", "gave the layer 16 steps for a batch of 3"),
+    "serve: a whole bucket more": (
+        "    steps = -(-T // bucket) * bucket", "    steps = (T // bucket + 1) * bucket",
+        "gave the layer 16 steps for a batch of 8"),
+    "serve: out not cut back": (SERVE, "    return layer(padded, lengths, *rest)", "return out\\[:T\\]"),
+    "serve: the padded length as everyone's length": (
+        SERVE, "    out, state = layer(padded, torch.full_like(lengths, steps), *rest)\n    return out[:T], state",
+        "the padded steps reached the state"),
+    "serve: the layer run twice": (
+        SERVE, "    layer(padded, lengths, *rest)\n" + SERVE, "called the layer 2 times for one batch"),
+}
 
-    def thrice(*args):
-        s.lstm_layer(*args)
-        s.lstm_layer(*args)
-        return s.lstm_layer(*args)
 
-    slow = torch.compile(thrice, backend="eager")
-    # One thread: on a 2-core machine shared with other work, two threads make timings erratic.
-    with course.threads(1), pytest.raises(AssertionError, match="bar on this device is 1.10x"):
-        C.check_layer_speed(slow, s.lstm_layer, bars={"cpu": 1.1, "cuda": 2.0}, rounds=5, min_run_time=0.05, **SMALL)
+@pytest.mark.parametrize("mistake", sorted(BUCKETS))
+def test_the_bucket_check_names_each_planted_mistake(mistake, mutate):
+    old, new, says = BUCKETS[mistake]
+    m = mutate(old, new)
+    with pytest.raises(AssertionError, match=says):
+        C.check_bucketed(m.serve_bucketed, bucket=8, lengths=(3, 5, 8, 12))
 
 
-def test_speed_check_verifies_every_output_it_times(rnn_solution, mutate):
-    wrong = mutate(*MISTAKES["fast layer: one bias folded in"][1:3])
-    with pytest.raises(AssertionError, match="the output of a timed call differs"):
-        C.check_layer_speed(torch.compile(wrong.fast_lstm_layer, backend="eager"), rnn_solution.lstm_layer,
-                            bars={"cpu": 1.0, "cuda": 2.0}, rounds=2, min_run_time=0.01, **SMALL)
+def test_the_bucket_check_counts_the_graphs_and_wants_the_layers_own_output(rnn_solution):
+    """A server that pads right but makes batches compile anew (here: the lengths in another dtype
+    every other call) is caught by the graph count; one that calls the layer and returns something else by the output it returns."""
+    calls = []
+
+    def recompiling(layer, x, lengths, *rest, bucket=16):  # lengths as float32, then float64: a new graph
+        calls.append(1)
+        T = x.shape[0]
+        steps = -(-T // bucket) * bucket
+        padded = torch.cat([x, x.new_zeros(steps - T, *x.shape[1:])])
+        out, state = layer(padded, lengths.to(torch.float64 if len(calls) % 2 else torch.float32), *rest)
+        return out[:T], state
+
+    def own_answer(layer, x, lengths, *rest, bucket=16):
+        rnn_solution.serve_bucketed(layer, x, lengths, *rest, bucket=bucket)
+        return course.rnn.masked_rnn_layer(x, lengths, *rest)
+
+    with pytest.raises(AssertionError, match="compile 4 graphs for batches of 4 lengths that fall in 2 buckets"):
+        C.check_bucketed(recompiling, lengths=(5, 9, 21, 27))
+    C.check_bucketed(own_answer)  # the same numbers, computed eagerly beside the layer: right, if wasteful
+    with pytest.raises(AssertionError, match="what serve_bucketed returned vs what the layer gave it"):
+        C.check_bucketed(lambda *a, **k: tuple(t * (1 + 1e-6) for t in own_answer(*a, **k)))
 
 
 def test_a_crash_in_learner_code_becomes_a_message_naming_the_function():

@@ -150,7 +150,7 @@ def test_lesson_1_a_traced_layer_silently_keeps_the_examples_length(rnn_solution
 @pytest.mark.parametrize("lesson_id, variable", [
     ("04_forward_ad", "speed_bars"), ("05_jacobians_hessians", "mode_bars"),
     ("06_vmap_ensembles", "kl_bars"), ("03_channels_last", "coord_bars"),
-    ("01_custom_rnns", "speed_bars"), ("02_fx_transforms", "speed_bars"),
+    ("02_fx_transforms", "speed_bars"),
     ("07_broadcasting_indexing_higher_order", "distance_bars"), ("07_broadcasting_indexing_higher_order", "segment_bars"),
     ("07_broadcasting_indexing_higher_order", "penalty_bars"), ("08_profiling_trace_diff", "attention_bars"),
 ])

@@ -157,13 +157,24 @@ def slow_notebook(src: Path) -> str:
     return text.replace(old, new)
 
 
+#: Served checks of PATCHED_LESSON that rest partly on the learner's process's word (a course probe runs
+#: there, and reports what it saw): once the patching is found, their cells are set aside too.
+PROBING = ("check_bucketed(",)
+
+
+def _judged_alone(text: str) -> bool:
+    """A served cell whose verdict the judge reaches without the learner's process's word."""
+    from autograder.program import is_served
+
+    return is_served(text) and not any(p in text for p in PROBING)
+
+
 def patched(src: Path) -> tuple[dict, float]:
     """The planted mistake, with the checks' comparisons patched away in the same cell. The seal
     marks everything from that cell on: a check that runs in the learner's process earns nothing
-    from there; a served one (run in the judge, which the patching cannot reach) is judged as
-    usual: the mistake's own check fails, the others pass."""
-    from autograder.program import is_served
-
+    from there, nor does a served one that uses a probe (the patched process reports to it); a
+    served one judged in the judge alone (which the patching cannot reach) is judged as usual: the
+    mistake's own check fails, the others pass."""
     old, new, broken = PLANTED[PATCHED_LESSON]
     nb = json.loads(src.read_text())
     earned, seen = 0.0, False
@@ -173,7 +184,7 @@ def patched(src: Path) -> tuple[dict, float]:
         if old in text:
             cell["source"] = text.replace(old, new) + "\n" + ATTACK
             seen = True
-        elif meta.get("grade") and (not seen or (is_served(text) and meta["grade_id"] not in broken)):
+        elif meta.get("grade") and (not seen or (_judged_alone(text) and meta["grade_id"] not in broken)):
             earned += meta["points"]
     assert seen
     return nb, earned
@@ -181,8 +192,6 @@ def patched(src: Path) -> tuple[dict, float]:
 
 def patched_points(nb: dict) -> dict[str, float]:
     """Per graded cell of ``patched``'s notebook, the points it earns (see there)."""
-    from autograder.program import is_served
-
     old, new, broken = PLANTED[PATCHED_LESSON]
     out, seen = {}, False
     for cell in nb["cells"]:
@@ -191,7 +200,7 @@ def patched_points(nb: dict) -> dict[str, float]:
         if new in text and ATTACK in text:
             seen = True
         if meta.get("grade"):
-            keeps = not seen or (is_served(text) and meta["grade_id"] not in broken)
+            keeps = not seen or (_judged_alone(text) and meta["grade_id"] not in broken)
             out[meta["grade_id"]] = float(meta["points"]) if keeps else 0.0
     return out
 

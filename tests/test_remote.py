@@ -268,7 +268,7 @@ def test_a_desynchronised_learner_stream_is_a_failed_check_not_a_crash():
 def test_lesson_1_routes_its_served_checks_and_the_trusted_set_up_to_the_judge():
     program = prog.instructor_program("01_custom_rnns", ROOT / "solutions/01_custom_rnns/01_custom_rnns.ipynb")
     assert all(c.served for c in program.graded)  # every graded cell of lesson 1 is judged outside
-    assert set(SERVED) >= {"check_lstm_cell", "check_masked_lstm_layer", "check_layer_speed"}
+    assert set(SERVED) >= {"check_lstm_cell", "check_masked_lstm_layer", "check_bucketed"}
     setup = "\n".join(program.judge_setup)
     assert "from course.checks.rnn import" in setup and "S = course.sizes(" in setup
     # nothing that reads a learner's name (demos on the answers, benchmarks) runs in the judge
@@ -451,16 +451,30 @@ def test_without_the_grader_references_the_visible_check_uses_data(monkeypatch, 
         C.check_layer_norm_cell(_right_layer_norm_cell, seed=3)
 
 
-def test_without_the_grader_references_the_speed_baseline_is_the_learners_own(monkeypatch):
+def _serve(layer, x, lengths, *rest, bucket=16, pad=True):
+    T = x.shape[0]
+    steps = -(-T // bucket) * bucket if pad else T
+    out, state = layer(torch.cat([x, x.new_zeros(steps - T, *x.shape[1:])]), lengths, *rest)
+    return out[:T], state
+
+
+def test_the_bucket_check_across_the_boundary(capsys):
+    """The compiled, counted layer is built in the learner's process (a layer cannot cross); the
+    answers come back and are checked in the judge against its own layer on the unpadded batches."""
+    from served_helpers import served
+
     import course.checks.rnn as C
 
-    seen = []
-    monkeypatch.setattr(C, "_grader_references", lambda: None)
-    monkeypatch.setattr("course.timing.compare_served", lambda baseline, candidate, **kw: seen.append(baseline) or 1 / 0)
-    with pytest.raises(ZeroDivisionError):
-        C.check_layer_speed(torch.compile(lstm_layer, backend="eager"), lstm_layer, bars={"cpu": 1.0, "cuda": 1.0},
-                            **{k: v for k, v in SIZES.items()}, attempts=1)
-    assert seen and seen[0] == ("eager", lstm_layer)
+    for learner in served({"serve_bucketed": _serve, "unpadded": lambda *a, **k: _serve(*a, **k, pad=False),
+                           "shifted": lambda *a, **k: tuple(t + 1e-3 for t in _serve(*a, **k))}):
+        C.check_bucketed(learner("serve_bucketed"), bucket=8, lengths=(3, 5, 8, 12))
+        assert "2 graph(s) compiled" in capsys.readouterr().out
+        with pytest.raises(AssertionError, match="gave the layer the batch as it came"):
+            C.check_bucketed(learner("unpadded"), bucket=8, lengths=(3, 5, 8, 12))
+        with pytest.raises(AssertionError, match="vs the layer on the unpadded batch"):
+            C.check_bucketed(learner("shifted"), bucket=8, lengths=(3, 5, 8, 12))
+        with pytest.raises(AssertionError, match="nope is not defined in your notebook"):
+            C.check_bucketed(learner("nope"))
 
 
 def test_a_result_too_large_to_cross_is_the_learners_error_and_the_channel_goes_on(monkeypatch):

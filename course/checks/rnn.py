@@ -5,27 +5,25 @@ gradients w.r.t. inputs, initial states and every weight."""
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Mapping
+from typing import Callable
 
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from course.checks.common import (call, expect_grads, grader_references, name_mistake, ok, served_speedup,
-                                  stored_answers)
+from course.checks.common import call, expect_grads, grader_references, name_mistake, ok, record, stored_answers
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
 from course.grading import expect_compiled, expect_scripted, graph_ops
-from course.numerics import assert_close
-from course.remote import local_script
-from course.rnn import layer_norm_params, lstm_weights, make_lstm, timing_inputs
-from course.timing import SpeedReport
+from course.numerics import assert_close, describe
+from course.remote import local_script, probe, prober
+from course.rnn import layer_norm_params, lstm_weights, make_lstm, masked_rnn_layer
 
-__all__ = ["check_compiled_layer", "check_layer_norm_cell", "check_layer_speed", "check_lstm_cell",
+__all__ = ["bucketed_case", "check_bucketed", "check_compiled_layer", "check_layer_norm_cell", "check_lstm_cell",
            "check_lstm_layer", "check_masked_lstm_layer", "check_scripted_layer", "check_stacked_lstm"]
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
 SERVED = ("check_lstm_cell", "check_lstm_layer", "check_scripted_layer", "check_layer_norm_cell",
-          "check_stacked_lstm", "check_masked_lstm_layer", "check_compiled_layer", "check_layer_speed")
+          "check_stacked_lstm", "check_masked_lstm_layer", "check_compiled_layer", "check_bucketed")
 
 F64 = torch.float64
 GATE_HINT = ("PyTorch's gate order is input, forget, cell (g), output: gates.chunk(4, dim=1); "
@@ -170,32 +168,116 @@ def check_compiled_layer(compiled_layer, *, seed: int = 0, seq_len: int, batch: 
        f"I={input_size}, H={hidden_size}, seed {seed})")
 
 
-def check_layer_speed(compiled_layer, lstm_layer, *, bars: Mapping[str, float], seq_len: int, batch: int,
-                      input_size: int, hidden_size: int, seed: int = 0, rounds: int = 7,
-                      min_run_time: float = 0.2, attempts: int = 3, device=None) -> SpeedReport:
-    """``compiled_layer`` beats an eager layer by the device's bar. The eager baseline is the
-    grader's own (``course.references.rnn.eager_lstm_layer``, the same per-step ops as the lesson's
-    ``lstm_layer``), never the learner's; ``lstm_layer`` must still run. (In a learner's copy of
-    the course, without the grader's references, the learner's ``lstm_layer`` is the baseline.) Measured by
-    :func:`course.timing.compare_served`: fresh inputs from unpredictable seeds in every call,
-    every timed output checked against the baseline's on the same inputs, the two sides never at
-    once (under the grader, in two processes: the learner's is stopped while the baseline runs).
-    A measurement below the bar is repeated (``attempts`` in all) and the best one judged."""
-    expect_compiled(compiled_layer, "compiled_layer")
-    refs = _grader_references()
-    # Without the grader's eager layer (a learner's copy of the course), the learner's own is the baseline.
-    baseline = refs.eager_lstm_layer if refs is not None else lstm_layer
-    dev = pick_device(device)
-    lstm = make_lstm(input_size, hidden_size, seed=seed, device=dev)
-    w = tuple(p.detach() for p in lstm_weights(lstm))
-    sizes = dict(seq_len=seq_len, batch=batch, input_size=input_size, hidden_size=hidden_size)
+# -- serving every length: buckets ----------------------------------------------------------------
+
+def _fresh(fn: Callable) -> Callable:
+    """``fn`` with a code object of its own: Dynamo keeps compiled graphs on the code object, so a
+    fresh one starts with none (and leaves the learner's other compiled functions alone)."""
+    import types
+
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+@prober
+def bucketed_case(serve_bucketed: Callable, batches: list, weights: tuple, bucket: int) -> dict:
+    """The learner's side of :func:`check_bucketed`: ``serve_bucketed`` given the course's masked
+    RNN layer compiled with a backend that counts the graphs Dynamo makes, one batch after another
+    (under no_grad). What comes back: each batch's answer, the steps and output of each call of
+    the layer, and the number of graphs (that process's word; the answers are checked in the judge)."""
+    graphs: list[int] = []
+
+    def counting(gm, example_inputs):
+        graphs.append(len(graphs))
+        return gm.forward
+
+    compiled = torch.compile(_fresh(masked_rnn_layer), backend=counting)
+    seen: list[list] = []
+
+    def layer(x, lengths, *rest):
+        out = compiled(x, lengths, *rest)
+        seen[-1].append([int(x.shape[0]), out[0].detach().clone()])
+        return out
+
+    answers = []
     with torch.no_grad():
-        call(lstm_layer, *timing_inputs(seed, device=str(dev), **sizes), *w, name="lstm_layer")
-        return served_speedup(("eager", baseline), ("torch.compile", compiled_layer), factory=timing_inputs,
-                              sizes=sizes, constants=w, bars=bars, device=dev, rounds=rounds,
-                              min_run_time=min_run_time, attempts=attempts,
-                              hint="compile the whole layer (the loop over time too), precompute the input "
-                                   "projection in one matmul, and keep the time loop free of Python-side work.")
+        for x, lengths, h0 in batches:
+            seen.append([])
+            answers.append(call(serve_bucketed, layer, x, lengths, h0, *weights, bucket=int(bucket),
+                                name="serve_bucketed"))
+    return {"answers": answers, "seen": seen, "graphs": len(graphs)}
+
+
+def _padded(T: int, bucket: int) -> int:
+    return -(-T // bucket) * bucket
+
+
+def check_bucketed(serve_bucketed: Callable, *, seed: int = 0, bucket: int = 16,
+                   lengths: tuple = (5, 9, 14, 21, 27, 32, 3, 17), batch: int = 4, input_size: int = 5,
+                   hidden_size: int = 6, device=None) -> None:
+    """``serve_bucketed(layer, x, lengths, *rest, bucket=16) -> (out, state)`` runs a masked layer
+    on ``x`` padded with zeros up to the next multiple of ``bucket`` steps and returns ``out`` for
+    ``x``'s own steps with the state. The check gives it the course's masked RNN layer
+    (:func:`course.rnn.masked_rnn_layer`, compiled with a backend that counts graphs) and batches
+    whose longest sequences are ``lengths``: every answer must equal the layer on the unpadded
+    batch, each batch must call the layer once, on the bucket's length, and return what that call
+    gave; and the stream may compile no more graphs than it has buckets."""
+    dev = pick_device(device)
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(hidden_size, input_size, generator=g) * 0.5,
+         torch.randn(hidden_size, hidden_size, generator=g) * 0.3, torch.randn(hidden_size, generator=g) * 0.1)
+    w = tuple(t.to(dev) for t in w)
+    batches = []
+    for k, T in enumerate(lengths):
+        seq = random_lengths(batch, T, seed=seed + 31 * k)
+        seq[int(torch.randint(batch, (1,), generator=g))] = T  # the longest is T
+        batches.append((torch.randn(T, batch, input_size, generator=g).to(dev), seq.to(dev),
+                        (torch.randn(batch, hidden_size, generator=g) * 0.5).to(dev)))
+    reply = probe(serve_bucketed, bucketed_case, batches, w, bucket)
+    hint = (f"pad x's time dimension with zeros up to the next multiple of bucket, -(-T // bucket) * bucket steps "
+            "(torch.cat([x, x.new_zeros(steps - T, *x.shape[1:])])), call layer(padded, lengths, *rest) once with the "
+            "true lengths, and return (out[:T], state).")
+    for (x, seq, h0), got, calls in zip(batches, reply["answers"], reply["seen"]):
+        T, want = int(x.shape[0]), _padded(int(x.shape[0]), bucket)
+        with torch.no_grad():
+            ref = masked_rnn_layer(x, seq, h0, *w)
+        if not calls:
+            raise AssertionError(f"serve_bucketed never called the layer it was given (a batch of {T} steps). "
+                                 f"Hint: {hint}")
+        if len(calls) > 1:
+            raise AssertionError(f"serve_bucketed called the layer {len(calls)} times for one batch of {T} steps; "
+                                 f"once is the whole point. Hint: {hint}")
+        steps, out = calls[0]
+        if steps == T != want:
+            raise AssertionError(f"serve_bucketed gave the layer the batch as it came, {T} steps: every new length "
+                                 f"would compile a graph of its own. With bucket={bucket}, pad it to {want} steps. "
+                                 f"Hint: {hint}")
+        if steps != want:
+            raise AssertionError(f"serve_bucketed gave the layer {steps} steps for a batch of {T}: with bucket={bucket} "
+                                 f"that is {want}, the next multiple of bucket (fewer would lose steps, more waste "
+                                 f"them; the grader may pass another bucket). Hint: {hint}")
+        if not (isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], torch.Tensor)):
+            raise AssertionError(f"serve_bucketed should return (out, state), as the layer does, with out of x's own "
+                                 f"{T} steps; it returned {describe(got)}.")
+        if tuple(got[0].shape) == tuple(out.shape) and steps != T:
+            raise AssertionError(f"serve_bucketed returned all {steps} padded steps of out for a batch of {T}: "
+                                 "the padding is the server's business, return out[:T].")
+        with torch.no_grad():
+            padded_lengths = masked_rnn_layer(torch.cat([x, x.new_zeros(want - T, *x.shape[1:])]),
+                                              torch.full_like(seq, want), h0, *w)
+        name_mistake("serve_bucketed", tuple(got), (ref[0], ref[1]), {
+            "the padded steps reached the state: lengths were set to the padded length. Pass the true lengths: "
+            "the masked layer keeps each state where t >= its length": (padded_lengths[0][:T], padded_lengths[1]),
+        }, rtol=1e-4, atol=1e-5)
+        assert_close(tuple(got), ref, rtol=1e-4, atol=1e-5,
+                     name=f"serve_bucketed(layer, x, ...) vs the layer on the unpadded batch of {T} steps", hint=hint)
+        assert_close(got[0], out[:T], rtol=0, atol=0, name="what serve_bucketed returned vs what the layer gave it")
+    buckets = len({_padded(int(x.shape[0]), bucket) for x, _, _ in batches})
+    if reply["graphs"] > buckets:
+        raise AssertionError(f"serve_bucketed made the compiled layer compile {reply['graphs']} graphs for batches of "
+                             f"{len(batches)} lengths that fall in {buckets} buckets. Hint: {hint}")
+    record([reply["graphs"] <= buckets], [True], "serve_bucketed: graphs compiled, at most one per bucket")
+    ok(f"serve_bucketed pads {len(batches)} batches of lengths {list(lengths)} to {buckets} buckets of {bucket}, "
+       f"{reply['graphs']} graph(s) compiled, each answer equal to the layer on the unpadded batch (seed {seed})")
 
 
 def layer_norm_case(*, seed: int = 0, batch: int = 4, input_size: int = 6, hidden_size: int = 5,
