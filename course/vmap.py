@@ -5,8 +5,7 @@ explained.
 - :func:`mlp` / :func:`mlp_ensemble`: small classifiers with *buffers* as well as parameters
   (a :class:`Standardize` layer holds a per-feature shift and scale), so that stacking an
   ensemble has both to stack and forgetting the buffers shows;
-- :func:`dropout_mlp` / :func:`dropout_ensemble` / :func:`meta_dropout_mlp`: the same with a
-  ``Dropout`` after the hidden layer, in training mode (a random op under ``vmap``);
+  (with ``dropout=p``, a ``Dropout`` before the last layer: a random op under ``vmap``);
 - :func:`small_cnn`: a two-convolution classifier for single-channel images, small enough for a
   2-core CPU, smooth (SiLU, average pooling: see :class:`SmallCNN`), with no BatchNorm (a
   per-sample gradient is not defined through batch statistics: each sample's output would depend
@@ -37,8 +36,8 @@ from course.data import device_generator
 from course.devices import pick_device
 from course.remote import recipe
 
-__all__ = ["ForwardWatch", "SmallCNN", "Standardize", "dropout_ensemble", "dropout_mlp", "member_kl_planted",
-           "meta_copy", "meta_dropout_mlp", "meta_mlp", "mlp", "mlp_ensemble",
+__all__ = ["ForwardWatch", "SmallCNN", "Standardize", "member_kl_planted", "meta_copy", "meta_mlp", "mlp",
+           "mlp_ensemble",
            "plot_speedup_by_batch", "quiet_opacus", "small_cnn", "teacher_task", "toy_features", "toy_images",
            "transforms_active", "vmap_fallbacks"]
 
@@ -64,18 +63,23 @@ def _seeded(seed: int, build):
         return build()
 
 
-def _mlp_layers(features: int, hidden: int, classes: int) -> nn.Sequential:
-    return nn.Sequential(Standardize(features), nn.Linear(features, hidden), nn.ReLU(),
-                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+def _mlp_layers(features: int, hidden: int, classes: int, dropout: float | None = None) -> nn.Sequential:
+    layers = [Standardize(features), nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+              nn.Linear(hidden, classes)]
+    if dropout is not None:  # before the last layer, as an ensemble trained with dropout has it
+        layers.insert(-1, nn.Dropout(dropout))
+    return nn.Sequential(*layers)
 
 
 @recipe
-def mlp(*, seed: int, features: int = 64, hidden: int = 64, classes: int = 10, device=None,
-        dtype: torch.dtype = torch.float32) -> nn.Sequential:
+def mlp(*, seed: int, features: int = 64, hidden: int = 64, classes: int = 10, dropout: float | None = None,
+        device=None, dtype: torch.dtype = torch.float32) -> nn.Sequential:
     """``Standardize -> Linear -> ReLU -> Linear -> ReLU -> Linear``, seeded; the standardisation
-    buffers are drawn too (a fresh one would be the identity, and hide a forgotten buffer)."""
+    buffers are drawn too (a fresh one would be the identity, and hide a forgotten buffer). With
+    ``dropout=p``, a ``Dropout(p)`` before the last layer (the model comes in training mode, so it
+    drops: a random op under ``vmap``, lesson 6's Exercise 4)."""
     def build():
-        model = _mlp_layers(features, hidden, classes)
+        model = _mlp_layers(features, hidden, classes, dropout)
         model[0].shift.copy_(torch.randn(features) * 0.3)
         model[0].scale.copy_(torch.rand(features) + 0.5)
         return model
@@ -138,43 +142,11 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 
 @recipe
-def meta_mlp(*, features: int, hidden: int, classes: int, dtype: torch.dtype = torch.float32) -> nn.Sequential:
-    """The :func:`mlp` architecture on the ``meta`` device, with no state."""
+def meta_mlp(*, features: int, hidden: int, classes: int, dropout: float | None = None,
+             dtype: torch.dtype = torch.float32) -> nn.Sequential:
+    """The :func:`mlp` architecture on the ``meta`` device, with no state (in training mode)."""
     with torch.device("meta"):
-        return _mlp_layers(features, hidden, classes).to(dtype)
-
-
-def _dropout_layers(features: int, hidden: int, classes: int, p: float) -> nn.Sequential:
-    return nn.Sequential(Standardize(features), nn.Linear(features, hidden), nn.ReLU(), nn.Dropout(p),
-                         nn.Linear(hidden, classes))
-
-
-@recipe
-def dropout_mlp(*, seed: int, features: int = 64, hidden: int = 64, classes: int = 10, p: float = 0.5,
-                device=None, dtype: torch.dtype = torch.float32) -> nn.Sequential:
-    """``Standardize -> Linear -> ReLU -> Dropout(p) -> Linear``, seeded (buffers drawn too), in
-    training mode: a member of an ensemble trained with dropout (lesson 6, Exercise 4)."""
-    def build():
-        model = _dropout_layers(features, hidden, classes, p)
-        model[0].shift.copy_(torch.randn(features) * 0.3)
-        model[0].scale.copy_(torch.rand(features) + 0.5)
-        return model
-    return _seeded(seed, build).to(pick_device(device), dtype)
-
-
-@recipe
-def meta_dropout_mlp(*, features: int, hidden: int, classes: int, p: float = 0.5,
-                     dtype: torch.dtype = torch.float32) -> nn.Sequential:
-    """The :func:`dropout_mlp` architecture on the ``meta`` device, with no state, in training mode."""
-    with torch.device("meta"):
-        return _dropout_layers(features, hidden, classes, p).to(dtype)
-
-
-def dropout_ensemble(n: int, *, seed: int, **kwargs: Any) -> list[nn.Sequential]:
-    """``n`` :func:`dropout_mlp` members (member ``i`` is ``dropout_mlp(seed=1000 * seed + i)``)."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"an ensemble needs at least one model, got n={n!r}.")
-    return [dropout_mlp(seed=1000 * seed + i, **kwargs) for i in range(n)]
+        return _mlp_layers(features, hidden, classes, dropout).to(dtype)
 
 
 # -- data --------------------------------------------------------------------------------------

@@ -422,10 +422,11 @@ AFFINE_SLIPS = {
 }
 
 
-def _chain_after(gm: fx.GraphModule, conv_node: fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
-    """The legal chain after ``conv_node``: (symbol, constant as a vector, constant first) per op."""
-    fold, _ = _affine_chains(gm)
-    ops = dict((n, c) for n, c in _constant_ops(gm))
+def _chain_after(gm: fx.GraphModule, conv_node: fx.Node, fold: Mapping[str, str],
+                 ops: Mapping[fx.Node, str]) -> list[tuple[str, torch.Tensor, bool]]:
+    """The legal chain after ``conv_node`` (``fold``: the foldable constants, ``ops``: every
+    elementwise node on a constant, with its constant): (symbol, constant as a vector, constant
+    first) per op."""
     chain, last = [], conv_node
     while len(last.users) == 1 and next(iter(last.users)) in ops and ops[next(iter(last.users))] in fold:
         node = next(iter(last.users))
@@ -467,8 +468,10 @@ def _diagnose_fold(folded: fx.GraphModule, exported: fx.GraphModule, label: str)
     mine, theirs = convs(exported), convs(folded)
     if len(mine) != len(theirs):
         return
+    fold, _ = _affine_chains(exported)
+    ops = dict(_constant_ops(exported))
     for ref_node, node in zip(mine, theirs):
-        chain = _chain_after(exported, ref_node)
+        chain = _chain_after(exported, ref_node, fold, ops)
         ref, got = exported.get_submodule(ref_node.target), folded.get_submodule(node.target)
         if not chain or got.weight.shape != ref.weight.shape:
             continue

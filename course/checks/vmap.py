@@ -38,8 +38,8 @@ from course.grading import expect_constant_work
 from course.numerics import assert_close, describe
 from course.remote import factory, is_remote, mirrored, prober
 from course.timing import SpeedReport, format_time
-from course.vmap import (ForwardWatch, dropout_ensemble, member_kl_planted, meta_copy, meta_dropout_mlp, mlp_ensemble,
-                         small_cnn, toy_features, toy_images, vmap_fallbacks)
+from course.vmap import (ForwardWatch, member_kl_planted, meta_copy, meta_mlp, mlp_ensemble, small_cnn, toy_features,
+                         toy_images, vmap_fallbacks)
 from course.guard import reference
 from course.wire import ModuleState
 
@@ -296,18 +296,17 @@ def _kept_units(members, x: torch.Tensor, got: torch.Tensor) -> tuple[torch.Tens
     is square and invertible in the check's models, so ``z = (out - b) W^-T``."""
     zs, hs, scaled = [], [], []
     for model, out in zip(members, got.double()):
-        h = model[2](model[1](model[0](x)))
-        last = model[4]
+        h, dropout, last = model[:-2](x), model[-2], model[-1]
         zs.append(torch.linalg.solve(last.weight.double(), (out - last.bias.double()).T).T)
         hs.append(h)
-        scaled.append(h / (1 - model[3].p))
+        scaled.append(h / (1 - dropout.p))
     return torch.stack(zs), torch.stack(hs), torch.stack(scaled)
 
 
 def check_predict_dropout(predict_all_dropout: Callable, *, seed: int = 0, n: int = 4, batch: int = 32,
                           features: int = 12, hidden: int = 16, p: float = 0.5, device=None) -> None:
     """``predict_all_dropout(params, buffers, base, x)``: every member of an ensemble trained with
-    dropout (:func:`course.vmap.dropout_mlp`, training mode) on the one minibatch ``x``, each
+    dropout (:func:`course.vmap.mlp` with ``dropout=p``, training mode) on the one minibatch ``x``, each
     member drawing its own dropout mask, as a loop over the members would: ``(n, batch, hidden)``.
 
     The check reads every member's mask back from its output (its last layer is square and
@@ -316,10 +315,10 @@ def check_predict_dropout(predict_all_dropout: Callable, *, seed: int = 0, n: in
     (``randomness='same'`` shares one). In the learner's own process it also watches the base
     model: one call, under ``vmap``."""
     dev = pick_device(device)
-    members = dropout_ensemble(n, seed=seed, features=features, hidden=hidden, classes=hidden, p=p, device=dev,
-                               dtype=torch.float64)
+    members = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=hidden, dropout=p, device=dev,
+                           dtype=torch.float64)
     params, buffers = stack_module_state(members)
-    base = meta_dropout_mlp(features=features, hidden=hidden, classes=hidden, p=p, dtype=torch.float64)
+    base = meta_mlp(features=features, hidden=hidden, classes=hidden, dropout=p, dtype=torch.float64)
     x = toy_features(batch, features, seed=seed + 5, device=dev, dtype=torch.float64)
     label = "predict_all_dropout"
     with torch.no_grad(), ForwardWatch(base) as watch:
@@ -352,7 +351,7 @@ def check_predict_dropout(predict_all_dropout: Callable, *, seed: int = 0, n: in
                              "in_dims=(0, 0, None).")
     with torch.no_grad():  # the outputs again, from the masks read back: the comparison the grader re-checks
         through = torch.where(kept & live, scaled, torch.zeros_like(scaled))
-        rebuilt = torch.stack([t @ m[4].weight.T + m[4].bias for t, m in zip(through, members)])
+        rebuilt = torch.stack([t @ m[-1].weight.T + m[-1].bias for t, m in zip(through, members)])
     assert_close(got.double(), rebuilt, rtol=1e-6, atol=1e-9 * float(rebuilt.abs().max()),
                  name=f"{label}: each member's output, rebuilt from the mask read back from it")
     share = float(dropped[live].double().mean())
