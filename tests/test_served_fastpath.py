@@ -94,10 +94,14 @@ def timed_learner():
 
 
 def test_the_fused_and_the_jagged_answers_pass_their_speed_checks(timed_learner):
+    """A right answer is measured as the lesson's cells measure it: three attempts, not QUICK's two.
+    (With two, the jagged MLP, 1.57x on a quiet machine, was left undecided once in a full CI run:
+    1.43x, its 99% bound 1.17x against the 1.2x bar.)"""
     from course.checks.fastpath import check_jagged_speed, check_sdpa_speed
-    report = check_sdpa_speed(timed_learner("sdpa"), bars={"cpu": 1.2, "cuda": 1.2}, **SDPA_SIZES, **QUICK)
+    lesson_like = dict(QUICK, attempts=3)
+    report = check_sdpa_speed(timed_learner("sdpa"), bars={"cpu": 1.2, "cuda": 1.2}, **SDPA_SIZES, **lesson_like)
     assert report.names == ["naive", "sdpa"]
-    check_jagged_speed(timed_learner("jagged"), bars={"cpu": 1.2, "cuda": 1.2}, **JAGGED_SIZES, **QUICK)
+    check_jagged_speed(timed_learner("jagged"), bars={"cpu": 1.2, "cuda": 1.2}, **JAGGED_SIZES, **lesson_like)
 
 
 def test_the_baselines_own_code_never_passes_a_speed_check(timed_learner):
