@@ -37,8 +37,27 @@ def largest_chunk_data() -> dict:
     return chunk_reference_data(0)
 
 
-FILES = {"01_layer_norm_cell.pt": layer_norm_cell_data, "05_largest_chunk.pt": largest_chunk_data,
-         "09_masked_attention.pt": masked_attention_data}
+def _all_files() -> dict:
+    """The files above, and those each module of :mod:`course.references` declares in its own
+    ``DATA_FILES`` (``{file name: function returning what to store}``)."""
+    import importlib
+    import pkgutil
+
+    import course.references as package
+
+    files = {"01_layer_norm_cell.pt": layer_norm_cell_data, "05_largest_chunk.pt": largest_chunk_data,
+             "09_masked_attention.pt": masked_attention_data}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        declared = getattr(importlib.import_module(f"course.references.{info.name}"), "DATA_FILES", {})
+        clash = set(declared) & set(files)
+        assert not clash, f"course.references.{info.name} declares {sorted(clash)} again"
+        files.update(declared)
+    return files
+
+
+FILES = _all_files()
 
 
 def main() -> None:
