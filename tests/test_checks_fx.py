@@ -355,3 +355,63 @@ def test_profile_helpers_print_and_plot(fx_solution, capsys):
     with pytest.raises(ValueError, match="positive int"):
         with course.fx.threads(0):
             pass
+
+
+# -- a learner's copy of the course: no grader references, stored answers ---------------------------
+
+#: The planted mistakes the lesson's own visible calls catch (default arguments, and bias=False).
+VISIBLE = sorted(m for m, (kind, *_) in MISTAKES.items() if kind in ("op_type", "pairs", "fold", "fold_nobias",
+                                                                     "fuse", "affine"))
+
+
+@pytest.fixture
+def learners_copy(monkeypatch):
+    """What a learner's copy has: no course.references (the checks fall back on the stored answers)."""
+    monkeypatch.setattr(C, "grader_references", lambda name: None)
+
+
+def test_without_the_grader_references_the_visible_checks_use_stored_answers(fx_solution, learners_copy, capsys):
+    """The visible calls pass the instructor's solutions on the stored answers alone, and other
+    arguments are refused honestly: those are the grader's to check."""
+    s = fx_solution
+    C.check_op_type(s.op_type)
+    C.check_conv_bn_pairs(s.conv_bn_pairs)
+    C.check_fold_conv_bn(s.fold_conv_bn)
+    C.check_fold_conv_bn(s.fold_conv_bn, bias=False)
+    C.check_fuse(s.fuse)
+    C.check_fold_affine(s.fold_affine)
+    C.check_fusion_speed(s.fold_affine, bars={"cpu": 0.5, "cuda": 0.5}, rounds=3, min_run_time=0.02, **SPEED)
+    assert capsys.readouterr().out.count("ok: ") == 7  # six checks, and the speed report
+    for check, args in ((C.check_op_type, dict(seed=404)), (C.check_conv_bn_pairs, dict(train_bn="stem.1")),
+                        (C.check_fold_conv_bn, dict(c_in=4)), (C.check_fuse, dict(width=6)),
+                        (C.check_fold_affine, dict(blocks=(1, 2)))):
+        with pytest.raises(AssertionError, match="reference data for the lesson's own calls only"):
+            check(getattr(s, check.__name__.removeprefix("check_")), **args)
+
+
+@pytest.mark.parametrize("mistake", VISIBLE)
+def test_without_the_grader_references_a_planted_mistake_fails_for_the_same_reason(mistake, fx_mutate,
+                                                                                    learners_copy):
+    kind, old, new, says = MISTAKES[mistake]
+    with pytest.raises(AssertionError, match=says):
+        run_check(kind, fx_mutate(old, new))
+
+
+def test_the_stored_answers_cover_the_speed_checks_sizes_on_every_device():
+    """The speed check runs at the sizes of the lesson's `S = course.sizes(...)` cell: a CPU's or a GPU's."""
+    import ast
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from course.checks.common import stored_answers
+
+    notebook = Path(__file__).resolve().parents[1] / f"solutions/{LESSON}/{LESSON}.ipynb"
+    cell = next("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]
+                if "S = course.sizes(" in "".join(c["source"]))
+    call = next(n.value for n in ast.parse(cell).body if isinstance(n, ast.Assign) and n.targets[0].id == "S")
+    sizes = eval(compile(ast.Expression(call), "S", "eval"), {"course": SimpleNamespace(sizes=dict)})
+    stored = stored_answers(C.DATA_FILE)
+    for device in ("cpu", "cuda"):
+        args = dict(seed=0, width=sizes[device]["width"], blocks=sizes[device]["blocks"], tap=False)
+        assert C.case_key("affine_chains", args) in stored, device

@@ -13,7 +13,11 @@ description (:mod:`course.graph_wire`: nodes, tensor operations and ``torch.nn``
 lists, the learner's weights) and is rebuilt in the judge, which looks for BatchNorms left, runs it
 against its own model and times it against the original, all in its own process. Facts only the
 learner's process can see (the graph was left unchanged, the profiler's times, what Inductor
-generated) are that process's word."""
+generated) are that process's word.
+
+What a check compares with is the grader's (:mod:`course.references.fx`: which pairs are legal, the
+folds and what each slip folds instead), reached through :func:`_answer`; a learner's copy of the
+course has the same answers for the lesson's own visible calls only (``course/reference_data/02_fx.pt``)."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import torch
 from torch import fx, nn
 
 from course import graph_wire
-from course.checks.common import call, name_mistake, ok, record
+from course.checks.common import call, grader_references, name_mistake, ok, record, stored_answers
 from course.data import generator, randn
 from course.devices import pick_device
 from course.devices import threads
@@ -36,7 +40,6 @@ from course.models import exported_resnet, small_resnet
 from course.numerics import assert_close, describe
 from course.remote import mirrored, probe, prober
 from course.timing import SpeedReport, compare, machine_to_itself
-from course.guard import reference
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
 SERVED = ("check_op_type", "check_conv_bn_pairs", "check_fold_conv_bn", "check_fuse", "check_profiler",
@@ -52,62 +55,43 @@ FOLD_HINT = ("scale = gamma / sqrt(var + eps) has one value per output channel: 
              "b' = (b - mean) * scale + beta, with b = 0 when the conv has no bias.")
 
 
-# ---------------------------------------------------------------- trusted references
+# ---------------------------------------------------------------- the grader's answers
 
-@reference
-def _op_type(gm: fx.GraphModule, node: fx.Node) -> str:
-    kinds = {"call_module": lambda t: type(gm.get_submodule(t)).__name__,
-             "call_function": lambda t: getattr(t, "__name__", str(t)), "call_method": str}
-    return kinds[node.op](node.target) if node.op in kinds else node.op
+#: What a learner's copy compares the visible calls with (``python -m course.references`` writes it).
+DATA_FILE = "02_fx.pt"
 
 
-@reference
-def _reasons(gm: fx.GraphModule, bn_node: fx.Node) -> str | None:
-    """Why the BatchNorm at ``bn_node`` may not be folded (None: it may)."""
-    bn = gm.get_submodule(bn_node.target)
-    if bn.training:
-        return "the BatchNorm is in training mode (it normalises with the batch's statistics)"
-    src = bn_node.args[0] if len(bn_node.args) == 1 and not bn_node.kwargs else None
-    if not (isinstance(src, fx.Node) and src.op == "call_module"
-            and isinstance(gm.get_submodule(src.target), nn.Conv2d)):
-        return "its input is not a Conv2d module"
-    if len(src.users) != 1:
-        return f"the conv's output has {len(src.users)} users: folding would change what the others see"
-    return None
+def case_key(kind: str, args: Mapping[str, Any]) -> str:
+    """How an answer is stored: its kind and the check's arguments, e.g.
+    ``"op_types(blocks=(1, 1), seed=0, width=8)"``."""
+    norm = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
+    return f"{kind}({', '.join(f'{k}={norm[k]!r}' for k in sorted(norm))})"
 
 
-def _bn_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+def _answer(kind: str, **args: Any) -> Any:
+    """The grader's answer of kind ``kind`` for a check's arguments
+    (:func:`course.references.fx.answer`); in a learner's copy, where the grader's references are
+    not, the answer stored for the lesson's own call, and a refusal for other arguments."""
+    refs = grader_references("fx")
+    if refs is not None:
+        return refs.answer(kind, **args)
+    key = case_key(kind, args)
+    data = stored_answers(DATA_FILE)
+    if key not in data:
+        raise AssertionError(f"This check has reference data for the lesson's own calls only; the grader checks "
+                             f"others (asked for {key}).")
+    return data[key]
+
+
+def bn_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The BatchNorm module nodes of ``gm``, in graph order."""
     return [n for n in gm.graph.nodes if n.op == "call_module"
             and isinstance(gm.get_submodule(n.target), nn.modules.batchnorm._BatchNorm)]
 
 
-@reference
-def _legal_pairs(gm: fx.GraphModule) -> set[tuple[str, str]]:
-    return {(str(n.args[0].target), str(n.target)) for n in _bn_nodes(gm) if _reasons(gm, n) is None}
-
-
-@reference
-def _fold_reference(w, b, mean, var, gamma, beta, eps):
-    scale = gamma / torch.sqrt(var + eps)
-    b = torch.zeros_like(mean) if b is None else b
-    return w * scale.reshape(-1, *([1] * (w.dim() - 1))), (b - mean) * scale + beta
-
-
-def _fold_variants(w, b, mean, var, gamma, beta, eps) -> dict:
-    """What plausible mistakes of folding return, ``(w', b')`` each."""
-    b0 = torch.zeros_like(mean) if b is None else b
-    scale = gamma / torch.sqrt(var + eps)
-    shape = (-1, *([1] * (w.dim() - 1)))
-    right_w, right_b = w * scale.reshape(shape), (b0 - mean) * scale + beta
-    out = {"eps was left out of the scale: gamma / sqrt(var + eps)": _fold_reference(w, b, mean, var, gamma, beta, 0.0),
-           "the mean was not subtracted: b' = (b - mean) * scale + beta": (right_w, b0 * scale + beta),
-           "the scale divides by var, not by its square root: gamma / sqrt(var + eps)":
-               (w * (gamma / (var + eps)).reshape(shape), (b0 - mean) * (gamma / (var + eps)) + beta),
-           "beta was left out: b' = (b - mean) * scale + beta": (right_w, (b0 - mean) * scale)}
-    if w.shape[0] == w.shape[1]:  # only then does the other axis broadcast at all
-        out["the scale multiplied the input channels (dim 1); each output channel (dim 0) has its own: "
-            "scale.reshape(-1, 1, 1, 1)"] = (w * scale.reshape(1, -1, *([1] * (w.dim() - 2))), right_b)
-    return out
+def conv_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The Conv2d module nodes of ``gm``, in graph order."""
+    return [n for n in gm.graph.nodes if n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.Conv2d)]
 
 
 # ---------------------------------------------------------------- helpers
@@ -150,9 +134,10 @@ def check_op_type(op_type: Callable, *, seed: int = 0, width: int = 8, blocks=(1
     if not (isinstance(answers, list) and all(isinstance(a, tuple) and len(a) == 2 for a in answers)):
         raise AssertionError("op_type: the answers came back malformed.")
     by_name = dict(answers)
+    expected = dict(_answer("op_types", seed=seed, width=width, blocks=blocks))
     seen, gots, wants = set(), [], []
     for node in gm.graph.nodes:
-        want = _op_type(gm, node)
+        want = expected[node.name]
         got = by_name.get(node.name)
         gots.append(got)
         wants.append(want)
@@ -189,19 +174,19 @@ def check_conv_bn_pairs(conv_bn_pairs: Callable, *, seed: int = 0, width: int = 
     model, in graph order: a Conv2d module node feeding an eval-mode BatchNorm module node as its
     only input, with no other user of the conv's output. ``train_bn`` puts one BatchNorm in
     training mode."""
-    model, gm = _traced(seed, width, blocks, tap=True, train_bn=train_bn)
+    model, _ = _traced(seed, width, blocks, tap=True, train_bn=train_bn)
     reply = probe(conv_bn_pairs, conv_bn_pairs_case, model)
     if not (isinstance(reply, tuple) and len(reply) == 2 and isinstance(reply[0], list) and type(reply[1]) is bool
             and all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(t, str) for t in p) for p in reply[0])):
         raise AssertionError("conv_bn_pairs: the answer came back malformed.")
     got, changed = reply
     got_set = set(got)
-    want = _legal_pairs(gm)
+    legality = _answer("conv_bn_legality", seed=seed, width=width, blocks=blocks, train_bn=train_bn)
+    want, reasons = set(legality["pairs"]), legality["reasons"]
     extra = sorted(got_set - want)
     if extra:
-        by_target = {str(n.target): n for n in gm.graph.nodes}
-        why = "; ".join(f"{c} -> {b}: " + (_reasons(gm, by_target[b]) or "not a conv feeding that BatchNorm")
-                        if b in by_target else f"{c} -> {b}: not a BatchNorm node" for c, b in extra)
+        why = "; ".join(f"{c} -> {b}: " + (reasons[b] or "not a conv feeding that BatchNorm")
+                        if b in reasons else f"{c} -> {b}: not a BatchNorm node" for c, b in extra)
         raise AssertionError(f"conv_bn_pairs lists pairs that must not be fused: {why}.\n"
                              "  Hint: check bn.training, that the BN's only argument is a Conv2d call_module "
                              "node, and len(conv_node.users) == 1.")
@@ -216,15 +201,14 @@ def check_conv_bn_pairs(conv_bn_pairs: Callable, *, seed: int = 0, width: int = 
     if changed:
         raise AssertionError("conv_bn_pairs changed the graph: it should only look.")
     record(sorted([list(p) for p in got_set]), sorted([list(p) for p in want]), "conv_bn_pairs (conv, bn) targets")
-    left = len(_bn_nodes(gm)) - len(want)
+    left = len(reasons) - len(want)
     ok(f"conv_bn_pairs finds all {len(want)} legal pairs and leaves the other {left} BatchNorm(s) alone "
        f"(seed {seed}{', ' + train_bn + ' in training mode' if train_bn else ''})")
 
 
-def check_fold_conv_bn(fold_conv_bn: Callable, *, seed: int = 0, c_in: int = 3, c_out: int = 5, kernel: int = 3,
-                       bias: bool = True, eps: float = 1e-5, groups: int = 1) -> None:
-    """``fold_conv_bn(w, b, mean, var, gamma, beta, eps) -> (w', b')`` in float64: equal to the
-    folding formula, and conv(x, w', b') equals BatchNorm(conv(x, w, b)) on a random input."""
+def fold_case(*, seed: int, c_in: int, c_out: int, kernel: int, bias: bool, eps: float, groups: int) -> tuple:
+    """:func:`check_fold_conv_bn`'s arguments of ``fold_conv_bn``, drawn from ``seed`` in float64 on
+    the CPU: ``(w, b or None, mean, var, gamma, beta, eps)``."""
     g = generator(seed)
 
     def r(*shape, lo=-1.0, hi=1.0):
@@ -234,7 +218,15 @@ def check_fold_conv_bn(fold_conv_bn: Callable, *, seed: int = 0, c_in: int = 3, 
     b = r(c_out) if bias else None
     mean, var = r(c_out, lo=-0.5, hi=0.5), r(c_out, lo=0.3, hi=2.0)
     gamma, beta = r(c_out, lo=0.5, hi=1.5), r(c_out, lo=-0.5, hi=0.5)
-    args = (w, b, mean, var, gamma, beta, eps)
+    return w, b, mean, var, gamma, beta, eps
+
+
+def check_fold_conv_bn(fold_conv_bn: Callable, *, seed: int = 0, c_in: int = 3, c_out: int = 5, kernel: int = 3,
+                       bias: bool = True, eps: float = 1e-5, groups: int = 1) -> None:
+    """``fold_conv_bn(w, b, mean, var, gamma, beta, eps) -> (w', b')`` in float64: equal to the
+    folding formula, and conv(x, w', b') equals BatchNorm(conv(x, w, b)) on a random input."""
+    args = fold_case(seed=seed, c_in=c_in, c_out=c_out, kernel=kernel, bias=bias, eps=eps, groups=groups)
+    w, b, mean, var, gamma, beta, _ = args
     copies = [None if t is None else t.clone() for t in args[:6]]
     with mirrored(fold_conv_bn):  # across the boundary, what it did to its inputs comes back
         got = call(fold_conv_bn, *args, name="fold_conv_bn")
@@ -247,9 +239,11 @@ def check_fold_conv_bn(fold_conv_bn: Callable, *, seed: int = 0, c_in: int = 3, 
     if got[1] is None:
         raise AssertionError("fold_conv_bn returned b' = None. The fused conv always needs a bias: "
                              "with no conv bias, b' = (0 - mean) * scale + beta.")
-    want = _fold_reference(*args)
+    answers = _answer("fold_conv_bn", seed=seed, c_in=c_in, c_out=c_out, kernel=kernel, bias=bias, eps=eps,
+                      groups=groups)
+    want = answers["want"]
     label = f"fold_conv_bn(...) [conv {'with' if bias else 'without'} bias, eps={eps:g}]"
-    name_mistake(label, tuple(got), want, _fold_variants(*args))
+    name_mistake(label, tuple(got), want, answers["variants"])
     assert_close(tuple(got), want, name=label + " -> (w', b')", hint=FOLD_HINT)
     x = randn(2, c_in, 7, 6, seed=seed + 1, dtype=F64, device="cpu")  # where the weights above are
     pad = kernel // 2
@@ -261,10 +255,13 @@ def check_fold_conv_bn(fold_conv_bn: Callable, *, seed: int = 0, c_in: int = 3, 
        f"({c_out}x{c_in // groups}x{kernel}x{kernel}, {'with' if bias else 'no'} bias, eps={eps:g}, seed {seed})")
 
 
-def _check_fused_graph(fused: fx.GraphModule, gm_ref: fx.GraphModule, label: str) -> tuple[int, int]:
-    left = {str(n.target) for n in _bn_nodes(fused)}
-    legal = {bn for _, bn in _legal_pairs(gm_ref)}
-    must_stay = {str(n.target) for n in _bn_nodes(gm_ref)} - legal
+def _check_fused_graph(fused: fx.GraphModule, legality: Mapping[str, Any], label: str) -> tuple[int, int]:
+    """The BatchNorms left in ``fused`` against ``legality`` (the grader's ``conv_bn_legality``
+    answer for the model it came from): every legal one gone, every other one kept."""
+    left = {str(n.target) for n in bn_nodes(fused)}
+    reasons = legality["reasons"]
+    legal = {bn for _, bn in legality["pairs"]}
+    must_stay = set(reasons) - legal
     wrongly_left = sorted(left & legal)
     if wrongly_left:
         raise AssertionError(f"{label}: BatchNorm node(s) {wrongly_left} are still in the graph, though fusing "
@@ -272,8 +269,7 @@ def _check_fused_graph(fused: fx.GraphModule, gm_ref: fx.GraphModule, label: str
                              "gm.graph.erase_node(bn_node), and gm.recompile() at the end.")
     removed = sorted(must_stay - left)
     if removed:
-        by_target = {str(n.target): n for n in gm_ref.graph.nodes}
-        why = "; ".join(f"{t}: {_reasons(gm_ref, by_target[t])}" for t in removed)
+        why = "; ".join(f"{t}: {reasons[t]}" for t in removed)
         raise AssertionError(f"{label}: BatchNorm node(s) were removed that had to stay: {why}.\n"
                              "  Hint: fuse only the pairs conv_bn_pairs returns.")
     return len(legal), len(must_stay)
@@ -309,6 +305,10 @@ def _fused(fuse: Callable, model: nn.Module, device, name: str = "fuse") -> fx.G
         raise AssertionError(f"{name}(model) returned a graph the grader cannot rebuild: {exc}.") from None
 
 
+#: The BatchNorm :func:`check_fuse` puts in training mode: its conv must keep it.
+FUSE_TRAIN_BN = "stages.0.second.bn"
+
+
 def check_fuse(fuse: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1), batch: int = 2,
                image: int = 16, device=None) -> None:
     """``fuse(model) -> GraphModule``: BatchNorm folded into every legal conv, nothing else
@@ -316,43 +316,45 @@ def check_fuse(fuse: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1), 
     the output's scale, float32 to 1e-5), on inputs drawn from ``seed``."""
     dev = pick_device(device)
     hint = "fold with fold_conv_bn into a copy of the conv; keep the conv's stride, padding and groups."
+    legality = _answer("conv_bn_legality", seed=seed, width=width, blocks=blocks, train_bn=None)
     with torch.no_grad():
         for dtype, rel in ((F64, 1e-10), (torch.float32, 1e-5)):
-            model, gm_ref = _traced(seed, width, blocks, tap=True, dtype=dtype, device=dev)
+            model, _ = _traced(seed, width, blocks, tap=True, dtype=dtype, device=dev)
             fused = _fused(fuse, model, dev)
-            legal, kept = _check_fused_graph(fused, gm_ref, "fuse(model)")
+            legal, kept = _check_fused_graph(fused, legality, "fuse(model)")
             for s in (seed + 11, seed + 12):
                 x = randn(batch, 3, image, image, seed=s, device=dev, dtype=dtype)
                 ref = model(x)
                 assert_close(fused(x), ref, atol=_scaled_tol(ref, rel), rtol=0,
                              name=f"fuse(model)(x) vs model(x) in {str(dtype).replace('torch.', '')}", hint=hint)
         # a BatchNorm in training mode must stay
-        train_bn = "stages.0.second.bn"
-        model, gm_ref = _traced(seed, width, blocks, tap=True, train_bn=train_bn, device=dev)
+        model, _ = _traced(seed, width, blocks, tap=True, train_bn=FUSE_TRAIN_BN, device=dev)
         fused = _fused(fuse, model, dev)
-        _check_fused_graph(fused, gm_ref, f"fuse(model) with {train_bn} in training mode")
+        _check_fused_graph(fused, _answer("conv_bn_legality", seed=seed, width=width, blocks=blocks,
+                                          train_bn=FUSE_TRAIN_BN),
+                           f"fuse(model) with {FUSE_TRAIN_BN} in training mode")
     ok(f"fuse folds all {legal} legal BatchNorms, keeps the {kept} that must stay (and one in training mode), "
        f"and equals the model in float64 and float32 (width {width}, blocks {tuple(blocks)}, seed {seed})")
 
 
 # ---------------------------------------------------------------- Exercise 6: the exported model
 
-_ELEMENTWISE = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
-                torch.add: "+", torch.sub: "-", torch.mul: "*", torch.div: "/"}
-_ELEMENTWISE_METHODS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+ELEMENTWISE = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+               torch.add: "+", torch.sub: "-", torch.mul: "*", torch.div: "/"}
+ELEMENTWISE_METHODS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 AFFINE_HINT = ("follow each conv's output through its chain of elementwise ops on constants and keep one "
                "affine map per output channel, y = a * conv(x) + b, starting from a = 1, b = 0: `- c` gives "
                "b - c; `* c` (either order) gives a * c and b * c; `+ c` gives b + c. Then w' = w * "
                "a.reshape(-1, 1, 1, 1) and b' = bias * a + b (bias = 0 when the conv has none).")
 
 
-def _constant_ops(gm: fx.GraphModule) -> list[tuple[fx.Node, str]]:
+def constant_ops(gm: fx.GraphModule) -> list[tuple[fx.Node, str]]:
     """Every elementwise node (``+ - * /``, as an operator, a torch function or a method) with an
     operand read by a ``get_attr`` node, with that constant's name."""
     out = []
     for n in gm.graph.nodes:
-        if not ((n.op == "call_function" and n.target in _ELEMENTWISE)
-                or (n.op == "call_method" and n.target in _ELEMENTWISE_METHODS)):
+        if not ((n.op == "call_function" and n.target in ELEMENTWISE)
+                or (n.op == "call_method" and n.target in ELEMENTWISE_METHODS)):
             continue
         consts = [a.target for a in n.args if isinstance(a, fx.Node) and a.op == "get_attr"]
         if consts:
@@ -365,27 +367,12 @@ def _calls(gm: fx.GraphModule) -> int:
     return sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
 
 
-@reference
-def _affine_chains(gm: fx.GraphModule) -> tuple[dict[str, str], dict[str, str]]:
-    """The exported graph's constants, split into those whose chain may be folded into the conv
-    before it and those whose chain must stay; each maps to its conv's path. A chain may be folded
-    when it starts at a Conv2d module's output and every node on it, the conv included, has one
-    user."""
-    on_chain = {n for n, _ in _constant_ops(gm)}
-    fold, stay = {}, {}
-    for node, const in _constant_ops(gm):
-        src, legal = node, True
-        while src in on_chain:
-            src = next(a for a in src.args if isinstance(a, fx.Node) and a.op != "get_attr")
-            legal = legal and len(src.users) == 1
-        conv = src.op == "call_module" and isinstance(gm.get_submodule(src.target), nn.Conv2d)
-        (fold if conv and legal else stay)[const] = str(src.target)
-    return fold, stay
-
-
-def _check_folded_graph(folded: fx.GraphModule, exported: fx.GraphModule, label: str) -> tuple[int, int]:
-    fold, stay = _affine_chains(exported)
-    left_ops = _constant_ops(folded)
+def _check_folded_graph(folded: fx.GraphModule, exported: fx.GraphModule, chains: Mapping[str, Any],
+                        label: str) -> tuple[int, int]:
+    """What is left of ``exported``'s chains in ``folded``, against ``chains`` (the grader's
+    ``affine_chains`` answer: ``{"fold": {constant: conv}, "stay": {constant: conv}}``)."""
+    fold, stay = chains["fold"], chains["stay"]
+    left_ops = constant_ops(folded)
     left = {c for _, c in left_ops}
     wrongly_left = sorted({fold[c] for c in left & set(fold)})
     if wrongly_left:
@@ -393,13 +380,13 @@ def _check_folded_graph(folded: fx.GraphModule, exported: fx.GraphModule, label:
                              "though folding them was legal.\n  Hint: after folding a chain, point its last node's "
                              "users at the conv (last.replace_all_uses_with(conv_node)), erase the chain's nodes, "
                              "last first, and call gm.recompile().")
-    expected = sum(1 for _, c in _constant_ops(exported) if c in stay)
+    expected = sum(1 for _, c in constant_ops(exported) if c in stay)
     if len(left_ops) > expected:
         raise AssertionError(f"{label}: {len(left_ops)} elementwise op(s) on constants are left in the graph; the "
                              f"chains that must stay have {expected}. A folded chain leaves no op behind, and a "
                              "constant copied under another name is still a constant.")
     runs = _calls(folded)
-    leaves = _calls(exported) - sum(1 for _, c in _constant_ops(exported) if c in fold)
+    leaves = _calls(exported) - sum(1 for _, c in constant_ops(exported) if c in fold)
     if runs > leaves:
         raise AssertionError(f"{label}: the graph runs {runs} ops, and folding every legal chain leaves {leaves}. "
                              "A folded chain becomes the conv's new weight and bias, not another op (a BatchNorm, "
@@ -412,7 +399,8 @@ def _check_folded_graph(folded: fx.GraphModule, exported: fx.GraphModule, label:
     return len(set(fold.values())), len(set(stay.values()))
 
 
-#: Plausible slips in folding a chain, with what each computes differently (see :func:`_affine_fold`).
+#: Plausible slips in folding a chain, with what each computes differently (see
+#: :func:`course.references.fx.affine_fold`).
 AFFINE_SLIPS = {
     "sub_as_add": "a `- c` was folded as `+ c`: x - c shifts b to b - c",
     "shift_unscaled": "a `* c` scaled a but not b: a multiply after a shift scales the shift too (b * c)",
@@ -422,73 +410,29 @@ AFFINE_SLIPS = {
 }
 
 
-def _chain_after(gm: fx.GraphModule, conv_node: fx.Node, fold: Mapping[str, str],
-                 ops: Mapping[fx.Node, str]) -> list[tuple[str, torch.Tensor, bool]]:
-    """The legal chain after ``conv_node`` (``fold``: the foldable constants, ``ops``: every
-    elementwise node on a constant, with its constant): (symbol, constant as a vector, constant
-    first) per op."""
-    chain, last = [], conv_node
-    while len(last.users) == 1 and next(iter(last.users)) in ops and ops[next(iter(last.users))] in fold:
-        node = next(iter(last.users))
-        symbol = _ELEMENTWISE.get(node.target) if node.op == "call_function" else _ELEMENTWISE_METHODS[node.target]
-        const = getattr(gm, ops[node]) if "." not in ops[node] else gm.get_buffer(ops[node])
-        chain.append((symbol, const.reshape(-1), node.args[0] is not last))
-        last = node
-    return chain
-
-
-@reference
-def _affine_fold(w: torch.Tensor, bias: torch.Tensor | None, chain, slip: str | None = None):
-    """``(w', b')`` for a conv with ``chain`` folded in; ``slip`` names one of :data:`AFFINE_SLIPS`."""
-    a = torch.ones(w.shape[0], dtype=w.dtype, device=w.device)
-    b = torch.zeros_like(a)
-    for symbol, c, first in chain:
-        if symbol == "+":
-            b = b + c
-        elif symbol == "-":
-            a, b = (-a, c - b) if first else (a, b + c if slip == "sub_as_add" else b - c)
-        elif symbol == "*":
-            a, b = a * c, (b if slip == "shift_unscaled" else b * c)
-        else:
-            a, b = a / c, b / c
-    bias = torch.zeros_like(a) if bias is None else bias
-    w2 = w if slip == "weight_unscaled" else w * a.reshape(-1, *([1] * (w.dim() - 1)))
-    b2 = b if slip == "bias_dropped" else (bias + b if slip == "bias_unscaled" else bias * a + b)
-    return w2, b2
-
-
-def _diagnose_fold(folded: fx.GraphModule, exported: fx.GraphModule, label: str) -> None:
-    """Compares each folded conv with its fold in float64 (convs matched in graph order, when the
-    folded graph calls Conv2d modules as the exported one does) and raises, naming the conv and
-    the slip, for the first one that equals a slip's result; silent when it cannot tell."""
-    def convs(gm):
-        return [n for n in gm.graph.nodes
-                if n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.Conv2d)]
-
-    mine, theirs = convs(exported), convs(folded)
-    if len(mine) != len(theirs):
+def _diagnose_fold(folded: fx.GraphModule, exported: fx.GraphModule, folds: list, label: str) -> None:
+    """Compares each folded conv with its fold in float64 (``folds``: the grader's ``affine_folds``
+    answer, one entry per conv of ``exported`` in graph order; convs matched in graph order, when the
+    folded graph calls Conv2d modules as the exported one does) and raises, naming the conv and the
+    slip, for the first one that equals a slip's result; silent when it cannot tell."""
+    mine, theirs = conv_nodes(exported), conv_nodes(folded)
+    if not len(mine) == len(theirs) == len(folds):
         return
-    fold, _ = _affine_chains(exported)
-    ops = dict(_constant_ops(exported))
-    for ref_node, node in zip(mine, theirs):
-        chain = _chain_after(exported, ref_node, fold, ops)
-        ref, got = exported.get_submodule(ref_node.target), folded.get_submodule(node.target)
-        if not chain or got.weight.shape != ref.weight.shape:
+    for ref_node, node, answer in zip(mine, theirs, folds):
+        got = folded.get_submodule(node.target)
+        if answer is None or got.weight.shape != answer["right"][0].shape:
             continue
-        w, b = (t.detach().double() for t in (ref.weight, ref.bias if ref.bias is not None else torch.zeros(0)))
-        chain = [(sym, c.double(), first) for sym, c, first in chain]
-        got_b = got.bias.detach().double() if got.bias is not None else torch.zeros_like(w[:, 0, 0, 0])
-        got_w = got.weight.detach().double()
+        got_w = got.weight.detach().double().cpu()
+        got_b = got.bias.detach().double().cpu() if got.bias is not None else torch.zeros_like(got_w[:, 0, 0, 0])
 
         def same(pair):
             return (torch.allclose(got_w, pair[0], rtol=1e-6, atol=1e-9)
                     and torch.allclose(got_b, pair[1], rtol=1e-6, atol=1e-9))
 
-        bias = b if ref.bias is not None else None
-        if same(_affine_fold(w, bias, chain)):
+        if same(answer["right"]):
             continue
         for slip, why in AFFINE_SLIPS.items():
-            if same(_affine_fold(w, bias, chain, slip)):
+            if same(answer["slips"][slip]):
                 raise AssertionError(f"{label}: the conv folded from {ref_node.target!r} does not match its chain: "
                                      f"{why}.\n  Hint: {AFFINE_HINT}")
         return
@@ -502,13 +446,16 @@ def check_fold_affine(fold_affine: Callable, *, seed: int = 0, width: int = 8, b
     equal to the exported model in float64 (to 1e-10 of the output's scale) and float32 (1e-5),
     on inputs drawn from ``seed``."""
     dev = pick_device(device)
+    answers = _answer("affine_chains", seed=seed, width=width, blocks=blocks, tap=True)
     with torch.no_grad():
         for dtype, rel in ((F64, 1e-10), (torch.float32, 1e-5)):
             exported = exported_resnet(seed=seed, width=width, blocks=tuple(blocks), tap=True, dtype=dtype,
                                        device=dev)
             folded = _fused(fold_affine, exported, dev, "fold_affine")
-            chains, kept = _check_folded_graph(folded, exported, "fold_affine(gm)")
-            _diagnose_fold(folded, exported, "fold_affine(gm)")
+            chains, kept = _check_folded_graph(folded, exported, answers, "fold_affine(gm)")
+            if dtype == F64:  # a slip shows in float64 first; float32 then only repeats it, to its rounding
+                _diagnose_fold(folded, exported, _answer("affine_folds", seed=seed, width=width, blocks=blocks),
+                               "fold_affine(gm)")
             for s in (seed + 21, seed + 22):
                 x = randn(batch, 3, image, image, seed=s, device=dev, dtype=dtype)
                 ref = exported(x)
@@ -713,7 +660,8 @@ def check_fusion_speed(fold_affine: Callable, *, bars: Mapping[str, float], batc
     exported = exported_resnet(seed=seed, width=width, blocks=tuple(blocks), device=dev)
     with torch.no_grad():
         folded = _fused(fold_affine, exported, dev, "fold_affine")
-        _check_folded_graph(folded, exported, "fold_affine(gm), in the model the speed check times")
+        chains = _answer("affine_chains", seed=seed, width=width, blocks=blocks, tap=False)
+        _check_folded_graph(folded, exported, chains, "fold_affine(gm), in the model the speed check times")
         counter = iter(range(10**9))
 
         def inputs():
