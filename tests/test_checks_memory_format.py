@@ -2,6 +2,9 @@
 fails on the untouched student stub and on a planted mistake aimed at it. Solutions and mistakes
 come from the instructor notebook itself. Also: the lesson's helpers in course.memory_format."""
 
+import re
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -9,6 +12,7 @@ from torch import nn
 from autograder.solution_code import load_solution, solution_source
 from course import memory_format as MF
 from course.checks import memory_format as C
+from course.references.memory_format import FormatLossWatcher, format_losses
 
 LESSON = "03_channels_last"
 CL = torch.channels_last
@@ -124,13 +128,6 @@ MISTAKES = {
         "autocast", "with torch.inference_mode(), torch.autocast(device_type=x.device.type, dtype=dtype):\n"
                     "        return model(x)",
         "with torch.inference_mode():\n        return model.to(dtype)(x.to(dtype))", "without autocast"),
-    "coord_conv: the planes left NCHW (the planted op)": (
-        "coord", "    planes = torch.cat([ys, xs], dim=1).contiguous(memory_format=fmt)\n",
-        "    planes = torch.cat([ys, xs], dim=1)\n", "'torch.cat' turned a channels-last tensor into an NCHW one"),
-    "coord_conv: only the output converted": (
-        "coord", "    return F.conv2d(torch.cat([x, planes], dim=1), weight, bias)",
-        "    return F.conv2d(torch.cat([x, torch.cat([ys, xs], 1)], 1), weight, bias).contiguous(memory_format=fmt)",
-        "output is right, but on the way 'torch.cat'"),
     "coord_conv: everything made channels-last": (
         "coord", "    fmt = CL if x.is_contiguous(memory_format=CL) else torch.contiguous_format",
         "    fmt = CL\n    x = x.to(memory_format=CL)", "returned channels-last for an NCHW input"),
@@ -147,6 +144,21 @@ MISTAKES = {
         "coord", "    return F.conv2d(torch.cat([x, planes], dim=1), weight, bias)",
         "    return F.conv2d(torch.cat([x, planes], dim=1), weight)", "the bias is missing"),
 }
+
+
+#: Repairs that write NCHW on the way and convert back: right values, right output format (check_coord_conv
+#: passes them), and as slow as the planted block, so check_coord_conv_speed fails them and names the cause.
+SLOW_MISTAKES = {
+    "coord_conv: the planes left NCHW (the planted op)": (
+        "    planes = torch.cat([ys, xs], dim=1).contiguous(memory_format=fmt)\n",
+        "    planes = torch.cat([ys, xs], dim=1)\n"),
+    "coord_conv: only the output converted": (
+        "    return F.conv2d(torch.cat([x, planes], dim=1), weight, bias)",
+        "    return F.conv2d(torch.cat([x, torch.cat([ys, xs], 1)], 1), weight, bias).contiguous(memory_format=fmt)"),
+}
+#: The lesson's sizes on a CPU (one thread), and what check_coord_conv_speed says of a block that loses the format.
+LESSON_SPEED = dict(batch=8, channels=64, size=32, num_threads=1)
+TOO_SLOW = re.compile(r"the bar on this device is 1\.25x.*an op on the way turns channels-last into NCHW", re.S)
 
 
 def run_check(kind, m):
@@ -170,6 +182,32 @@ def test_each_check_catches_a_planted_mistake(mistake, mutate3):
     m = mutate3(old, new)
     with pytest.raises(AssertionError, match=says):
         run_check(kind, m)
+
+
+def test_without_the_grader_references_the_visible_checks_use_stored_answers(monkeypatch, cl_solution, mutate3,
+                                                                              capsys):
+    """A learner's copy has no course.references: the lesson's own calls of exercises 2 and 4 compare
+    with the stored cases and losses, exercise 6's check needs none (values against its float64
+    CoordConv, the output's format), each still names every planted mistake's cause as the grader's
+    path does, and the stored data refuse other arguments honestly."""
+    monkeypatch.setitem(sys.modules, "course.references.memory_format", None)  # importing it fails
+    assert C._grader_references() is None
+    C.check_is_channels_last_contiguous(cl_solution.is_channels_last_contiguous)
+    C.check_format_finder(cl_solution.find_format_loss)
+    C.check_coord_conv(cl_solution.coord_conv)
+    assert capsys.readouterr().out.count("ok: ") == 3
+    planted = [name for name, (kind, *_) in MISTAKES.items() if kind in ("is_cl", "finder", "coord")]
+    assert len(planted) == 11
+    for name in planted:
+        kind, old, new, says = MISTAKES[name]
+        with pytest.raises(AssertionError, match=says):
+            run_check(kind, mutate3(old, new))
+    with pytest.raises(AssertionError, match="reference data for seed 0 only"):
+        C.check_is_channels_last_contiguous(cl_solution.is_channels_last_contiguous, seed=77, cases=300)
+    with pytest.raises(AssertionError, match="reference data for cases 80 only"):
+        C.check_is_channels_last_contiguous(cl_solution.is_channels_last_contiguous, cases=300)
+    with pytest.raises(AssertionError, match="reference data for variant coords only"):
+        C.check_format_finder(cl_solution.find_format_loss, variant="permute", seed=3, width=8, size=24)
 
 
 def test_contiguous_conversion_fails_on_a_grayscale_model_for_the_input_too(mutate3):
@@ -199,26 +237,18 @@ def test_a_wrapped_or_replaced_model_is_not_a_conversion(cl_solution):
         C.check_to_channels_last(wrapped)
 
 
-def test_the_repaired_block_passes_the_lesson_bar_and_the_planted_one_never_does(cl_solution):
-    """The lesson's sizes on a CPU (one thread): the repair clears its bar; the planted block, and
-    the repair of the output alone (which keeps the lost format inside), are measured below it."""
-    sizes = dict(batch=8, channels=64, size=32, num_threads=1)
-    report = C.check_coord_conv_speed(cl_solution.coord_conv, bars=COORD_BARS, **sizes)
+def test_the_repaired_block_passes_the_lesson_bar_and_the_planted_one_never_does(cl_solution, mutate3):
+    """The lesson's sizes on a CPU (one thread): the repair clears its bar. The planted block and the
+    repairs that lose the format on the way and convert back (SLOW_MISTAKES) give the right values
+    in the right output format, so check_coord_conv passes them; check_coord_conv_speed measures
+    them below the bar and names the likely cause."""
+    report = C.check_coord_conv_speed(cl_solution.coord_conv, bars=COORD_BARS, **LESSON_SPEED)
     assert report.names == ["planted", "repaired"]
-
-    def outside_only(x, weight, bias):
-        return MF.coord_conv_planted(x, weight, bias).contiguous(memory_format=CL)
-
-    def hidden_from_the_watcher(x, weight, bias):
-        """The planted block with torch functions' modes off: the watcher (the learner's process's
-        word) sees nothing, so the values-and-format check passes; the clock does not."""
-        with torch._C.DisableTorchFunction():
-            return MF.coord_conv_planted(x, weight, bias)
-
-    C.check_coord_conv(hidden_from_the_watcher)
-    for slow in (MF.coord_conv_planted, outside_only, hidden_from_the_watcher):
-        with pytest.raises(AssertionError, match="the bar on this device is 1.25x"):
-            C.check_coord_conv_speed(slow, bars=COORD_BARS, attempts=2, **sizes)
+    slow_ones = [MF.coord_conv_planted] + [mutate3(old, new).coord_conv for old, new in SLOW_MISTAKES.values()]
+    for slow in slow_ones:
+        C.check_coord_conv(slow)
+        with pytest.raises(AssertionError, match=TOO_SLOW):
+            C.check_coord_conv_speed(slow, bars=COORD_BARS, attempts=2, **LESSON_SPEED)
 
 
 def test_another_repair_that_never_writes_nchw_passes(cl_solution):
@@ -247,7 +277,7 @@ def test_the_planted_block_loses_the_format_inside_and_not_outside():
     output is channels-last again (the 1x1 convolution follows its channels-last weight)."""
     x, w, b = MF.coord_conv_inputs(0, batch=2, channels=8, size=6)
     assert MF.memory_format_of(x) == CL and w.is_contiguous(memory_format=CL)
-    with torch.no_grad(), C._ReferenceWatcher() as watcher:
+    with torch.no_grad(), FormatLossWatcher() as watcher:
         out = MF.coord_conv_planted(x, w, b)
     assert watcher.losses == ["torch.cat"]
     assert MF.memory_format_of(out) == CL
@@ -305,13 +335,13 @@ PLANTED_LOSSES = {
 @pytest.mark.parametrize("seed", [0, 1])
 def test_planted_models_lose_the_format_where_planted(variant, seed):
     x = torch.randn(2, 3, 32, 32)
-    assert C.format_losses(MF.planted_model(variant, seed=seed, width=8), x) == PLANTED_LOSSES[variant]
+    assert format_losses(MF.planted_model(variant, seed=seed, width=8), x) == PLANTED_LOSSES[variant]
 
 
 def test_clean_models_keep_the_format():
     x = torch.randn(2, 3, 32, 32)
-    assert C.format_losses(MF.small_resnet(seed=0, width=8, tap=True), x) == []
-    assert C.format_losses(MF.small_resnet(seed=1, width=8, blocks=(2, 1, 1)), x) == []
+    assert format_losses(MF.small_resnet(seed=0, width=8, tap=True), x) == []
+    assert format_losses(MF.small_resnet(seed=1, width=8, blocks=(2, 1, 1)), x) == []
 
 
 def test_planted_model_names_its_variants():

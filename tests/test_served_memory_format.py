@@ -1,9 +1,9 @@
 """Lesson 3's checks across the judge/learner boundary: models cross as recipes and tensors with
 their exact strides, a converted model comes back as its state and is loaded into the judge's own
-copy of the architecture, the "by hand", autocast and lost-format facts come from the course's
-probes, and the speed check times the learner's repaired block in its process against the course's
-planted one in the judge. Every planted mistake of the in-process tests fails across the boundary
-with the same cause."""
+copy of the architecture, the "by hand" and autocast facts come from the course's probes, and the
+speed check times the learner's repaired block in its process against the course's planted one in
+the judge. Every planted mistake of the in-process tests fails across the boundary with the same
+cause; a repair that loses the format on the way fails on the judge's clock."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from course.checks import memory_format as C
 from course.memory_format import PLANTED_VARIANTS, planted_model
 from course.models import small_resnet, small_resnet_channels
 from served_helpers import served, untouched
-from test_checks_memory_format import MISTAKES
+from test_checks_memory_format import COORD_BARS, LESSON_SPEED, MISTAKES, SLOW_MISTAKES, TOO_SLOW
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = "03_channels_last"
@@ -160,6 +160,20 @@ def test_the_speed_check_times_the_learners_block_against_the_course_planted_one
             C.check_coord_conv_speed(learner("coord_conv"), bars={"cpu": 50.0, "cuda": 50.0}, attempts=1, **SPEED)
         with pytest.raises(AssertionError, match="checksum|differ"):
             C.check_coord_conv_speed(learner("bumped"), bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
+
+
+@pytest.mark.parametrize("mistake", sorted(SLOW_MISTAKES))
+def test_a_repair_that_loses_the_format_on_the_way_fails_on_the_judges_clock(mistake, source, tmp_path):
+    """Nothing asks the learner's process which op lost the format: check_coord_conv passes such a
+    block (right values, right output format), and check_coord_conv_speed, the judge's clock at the
+    lesson's sizes, fails it and names the likely cause, so the cell (test_coord_conv) loses its points."""
+    old, new = SLOW_MISTAKES[mistake]
+    name = f"cl_served_slow_{abs(hash(mistake))}"
+    module = load_solution(source.replace(old, new), tmp_path / f"{name}.py", name)
+    for learner in served(namespace(module)):
+        C.check_coord_conv(learner("coord_conv"))
+        with pytest.raises(AssertionError, match=TOO_SLOW):
+            C.check_coord_conv_speed(learner("coord_conv"), bars=COORD_BARS, attempts=2, **LESSON_SPEED)
 
 
 def test_only_registered_probes_run_on_the_learners_side(learner):

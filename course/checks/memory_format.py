@@ -15,8 +15,10 @@ repaired CoordConv in the learner's process against the course's planted one in 
 at once, on fresh inputs drawn from seeds on both sides (:func:`course.checks.common.served_speedup`).
 What only the learner's process can see runs there as the course's probes
 (:func:`course.remote.probe`): which torch functions a "by hand" answer called, whether autocast
-was on when the model ran, which op lost the format; those facts are that process's word, while
-every value (strides, booleans, outputs, their dtype and memory format) is compared here."""
+was on when the model ran; those facts are that process's word, while every value (strides,
+booleans, outputs, their dtype and memory format) is compared here. Whether the repaired CoordConv
+keeps the format on the way is not asked of that process at all: the judge's clock answers it (a
+block that writes NCHW inside and converts back is as slow as the planted one)."""
 
 from __future__ import annotations
 
@@ -29,17 +31,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from course.checks.common import call, ok, probed_names, record, served_speedup
+from course.checks.common import call, grader_references, ok, record, served_speedup, stored_answers
 from course.data import randn
 from course.devices import pick_device
 from course.memory_format import (PLANTED_VARIANTS, autocast_witness, channels_last_strides_of, coord_conv_inputs,
                                   coord_conv_planted, coordinate_planes, list_probe, memory_format_of, op_name,
-                                  planted_model, tensors_in)
+                                  planted_model)
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
 from course.remote import probe, prober
 from course.timing import SpeedReport
-from course.guard import reference
 from course.wire import ModuleState
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
@@ -51,6 +52,15 @@ __all__ = ["autocast_case", "by_hand_cases", "check_autocast_inference", "check_
 
 CL = torch.channels_last
 FIXED_SHAPES = [(1, 1, 1, 1), (2, 3, 4, 5), (8, 3, 224, 224), (4, 1, 8, 8), (4, 16, 1, 1), (1, 64, 7, 1)]
+
+#: What the lesson's own calls compare with in a learner's copy (``python -m course.references`` writes it).
+DATA_FILE = "03_memory_format.pt"
+
+
+def _grader_references():
+    """:mod:`course.references.memory_format`, where it exists: with the grader (the judge) and in the
+    tests, never in a learner's copy of the course or in the learner's process under the grader."""
+    return grader_references("memory_format")
 
 
 # -- stride arithmetic ---------------------------------------------------------------------
@@ -132,36 +142,13 @@ def check_strides(nchw_strides: Callable, nhwc_strides: Callable, *, seed: int =
     ok(f"nchw_strides and nhwc_strides match PyTorch on {len(FIXED_SHAPES) + cases} shapes (seed {seed})")
 
 
-@reference
-def _dense(shape, order):
-    strides, acc = [0] * 4, 1
-    for d in reversed(order):
-        strides[d] = acc
-        acc *= shape[d]
-    return strides
-
-
-def _stride_cases(seed: int, cases: int):
-    rng = random.Random(seed)
-    out = [((4, 1, 8, 8), [64, 64, 8, 1]), ((4, 16, 1, 1), [16, 1, 1, 1]), ((2, 3, 4, 5), [60, 20, 5, 1]),
-           ((2, 3, 4, 5), [60, 1, 15, 3]), ((1, 3, 4, 5), [7, 1, 15, 3]), ((2, 3, 4, 5), [60, 1, 3, 12])]
-    for _ in range(cases):
-        shape = tuple(rng.choice([1, 1, 2, 3, 4, 6]) for _ in range(4))
-        kind = rng.randrange(5)
-        if kind == 0:
-            strides = _dense(shape, [0, 1, 2, 3])
-        elif kind == 1:
-            strides = _dense(shape, [0, 2, 3, 1])
-        elif kind == 2:
-            strides = _dense(shape, rng.sample(range(4), 4))
-        elif kind == 3:  # a slice: one stride stretched
-            strides = _dense(shape, rng.choice([[0, 1, 2, 3], [0, 2, 3, 1]]))
-            strides[rng.randrange(4)] *= rng.choice([2, 3])
-        else:  # an odd stride: broadcast (0) or arbitrary
-            strides = _dense(shape, [0, 2, 3, 1])
-            strides[rng.randrange(4)] = rng.choice([0, 7])
-        out.append((shape, strides))
-    return out
+def _stride_cases(seed: int, cases: int) -> list:
+    """Exercise 2's ``(shape, strides)`` cases (:func:`course.references.memory_format.stride_cases`);
+    in a learner's copy, the stored ones of the lesson's own call."""
+    refs = _grader_references()
+    if refs is None:
+        return stored_answers(DATA_FILE, seed=seed, cases=cases)["stride_cases"]
+    return refs.stride_cases(seed, cases)
 
 
 def check_is_channels_last_contiguous(fn: Callable, *, seed: int = 0, cases: int = 80) -> None:
@@ -298,29 +285,6 @@ def check_to_channels_last(to_channels_last: Callable, *, seed: int = 0, width: 
 
 # -- the format checker ----------------------------------------------------------------------
 
-class _ReferenceWatcher(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.losses: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if CL in [memory_format_of(t) for t in tensors_in((args, kwargs))] and \
-                torch.contiguous_format in [memory_format_of(t) for t in tensors_in(out)]:
-            self.losses.append(op_name(func))
-        return out
-
-
-@reference
-def format_losses(model: nn.Module, x: torch.Tensor) -> list[str]:
-    """The ops that lose channels-last when ``model`` (converted, as is ``x``) runs, in order."""
-    model = model.to(memory_format=CL)
-    with torch.no_grad(), _ReferenceWatcher() as watcher:
-        model(x.to(memory_format=CL))
-    return watcher.losses
-
-
 #: Ops whose tensors arrive in a list or tuple: a watcher that reads only direct arguments misses them.
 LIST_OPS = {"cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "cartesian_prod",
             "block_diag", "broadcast_tensors", "meshgrid"}
@@ -330,12 +294,30 @@ def _same_op(got: str, expected: str) -> bool:
     return got == expected or expected.endswith("." + got)
 
 
-def _blind_to_lists(find_format_loss: Callable, x: torch.Tensor, dev: torch.device) -> bool:
+def finder_input(*, seed: int, batch: int, size: int, device=None) -> torch.Tensor:
+    """The input :func:`check_format_finder` runs the models on."""
+    return randn(batch, 3, size, size, seed=seed + 1, device=pick_device(device))
+
+
+def _finder_answers(x: torch.Tensor, *, variant: str, seed: int, width: int, batch: int,
+                    size: int) -> tuple[list[str], list[str]]:
+    """The ops that lose the format on ``x`` (:func:`finder_input`), in order, in the planted model and
+    in :func:`course.memory_format.list_probe` (:func:`course.references.memory_format.format_losses`);
+    in a learner's copy, the stored ones of the lesson's own call."""
+    refs = _grader_references()
+    if refs is None:
+        data = stored_answers(DATA_FILE, variant=variant, seed=seed, width=width, batch=batch, size=size)
+        return data["losses"], data["list_probe_losses"]
+    dev = x.device
+    return (refs.format_losses(planted_model(variant, seed=seed, width=width, device=dev), x),
+            refs.format_losses(list_probe(device=dev), x))
+
+
+def _blind_to_lists(find_format_loss: Callable, x: torch.Tensor, expected: str, dev: torch.device) -> bool:
     """Whether ``find_format_loss`` misses the loss of a model whose only loss is a ``torch.cat``
-    (:func:`course.memory_format.list_probe`); a finder that sees lists names the cat there."""
-    probe_model = list_probe(device=dev)
-    (expected,) = format_losses(list_probe(device=dev), x)
-    seen = call(find_format_loss, probe_model, x.clone(), name="find_format_loss")
+    (:func:`course.memory_format.list_probe`, where the course's watcher sees ``expected``); a
+    finder that sees lists names the cat there."""
+    seen = call(find_format_loss, list_probe(device=dev), x.clone(), name="find_format_loss")
     return not (isinstance(seen, str) and _same_op(seen, expected))
 
 
@@ -347,8 +329,8 @@ def check_format_finder(find_format_loss: Callable, *, variant: str = "coords", 
     if variant not in PLANTED_VARIANTS:
         raise ValueError(f"variant must be one of {PLANTED_VARIANTS}, got {variant!r}.")
     dev = pick_device(device)
-    x = randn(batch, 3, size, size, seed=seed + 1, device=dev)
-    losses = format_losses(planted_model(variant, seed=seed, width=width, device=dev), x)
+    x = finder_input(seed=seed, batch=batch, size=size, device=dev)
+    losses, (list_loss,) = _finder_answers(x, variant=variant, seed=seed, width=width, batch=batch, size=size)
     if not losses:  # pragma: no cover - a PyTorch that preserves the format everywhere
         raise RuntimeError(f"course bug: the planted model {variant!r} loses no format on {dev} "
                            f"with torch {torch.__version__}; please report it.")
@@ -364,7 +346,7 @@ def check_format_finder(find_format_loss: Callable, *, variant: str = "coords", 
     if not _same_op(got, losses[0]):
         later = any(_same_op(got, name) for name in losses[1:])
         listed = losses[0].rsplit(".", 1)[-1] in LIST_OPS
-        if later and listed and _blind_to_lists(find_format_loss, x, dev):  # the evidence: missed a listed op
+        if later and listed and _blind_to_lists(find_format_loss, x, list_loss, dev):  # the evidence: missed a listed op
             raise AssertionError(
                 f"find_format_loss named {got!r}, an op that loses the format later. The first one takes its "
                 "tensors in a list (as torch.cat does), and your watcher did not see them: it looks only at "
@@ -481,16 +463,6 @@ def check_autocast_inference(autocast_inference: Callable, *, seed: int = 0, wid
 
 # -- the op that costs the speed, repaired ------------------------------------------------------
 
-@prober
-def format_trace(coord_conv: Callable, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> list[str]:
-    """The ops that turned a channels-last tensor into an NCHW one while ``coord_conv`` ran, in
-    order: where the learner's function lives. Only a failed check's message uses it; the
-    verdict rests on the output's values and format, and on the judge's clock."""
-    with torch.no_grad(), _ReferenceWatcher() as watcher:
-        coord_conv(x, weight, bias)
-    return watcher.losses
-
-
 def _coord_cases(seed: int) -> list[tuple[tuple[int, int, int, int], bool]]:
     """Shapes ``(N, C, H, W)`` with C, H, W > 1 (formats that the strides can tell apart), and
     whether ``x`` is channels-last; the first case always is, one case is NCHW."""
@@ -518,11 +490,11 @@ def _coord_variants(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -
 def check_coord_conv(coord_conv: Callable, *, seed: int = 0, device=None) -> None:
     """``coord_conv(x, weight, bias)``: what :func:`course.memory_format.coord_conv_planted`
     computes (append the y and x coordinate planes after ``x``'s channels, then a 1x1 convolution),
-    returned in ``x``'s memory format: channels-last in, channels-last out, NCHW in, NCHW out, and
-    no op on the way turns channels-last into NCHW (the course's watcher, a probe in the learner's
-    process: that process's word, backed by the clock of :func:`check_coord_conv_speed`). On shapes
-    and formats drawn from ``seed``, against a float64 reference; a wrong value is matched against
-    the usual slips."""
+    returned in ``x``'s memory format: channels-last in, channels-last out, NCHW in, NCHW out. On
+    shapes and formats drawn from ``seed``, against a float64 reference; a wrong value is matched
+    against the usual slips. Whether an op on the way turned channels-last into NCHW (the output
+    may be channels-last again: a convolution with channels-last weights converts back) is for
+    :func:`check_coord_conv_speed` to tell: such a block is as slow as the planted one."""
     dev = pick_device(device)
     hint = ("make the two coordinate planes in x's memory format before the cat (torch.cat of a channels-last "
             "tensor and NCHW ones returns NCHW, and the convolution then reorders it): planes.contiguous("
@@ -556,13 +528,6 @@ def check_coord_conv(coord_conv: Callable, *, seed: int = 0, device=None) -> Non
             raise AssertionError(f"coord_conv returned channels-last for an NCHW input ({what}): keep the format "
                                  "you were given, as PyTorch's own ops do, rather than converting everything: "
                                  "ask x.is_contiguous(memory_format=torch.channels_last).")
-        if channels_last:  # the output may look right: a convolution with channels-last weights converts back
-            lost = probed_names(coord_conv, format_trace, *args, label="coord_conv")
-            if lost:
-                raise AssertionError(
-                    f"coord_conv's output is right, but on the way {lost[0]!r} turned a channels-last tensor into "
-                    f"an NCHW one ({what}): the convolution after it reorders the data back, which costs about "
-                    f"as much as the block's own work.\n  Hint: {hint}")
     record([True] * len(cases), [True] * len(cases), "coord_conv: values and memory format")
     ok(f"coord_conv equals the float64 CoordConv and keeps the input's memory format on {len(cases)} inputs "
        f"(seed {seed})")
@@ -574,12 +539,18 @@ def check_coord_conv_speed(coord_conv: Callable, *, bars: Mapping[str, float], b
     """The repaired CoordConv block (``coord_conv``) at least ``bars[device]`` times as fast as the
     planted one (:func:`course.memory_format.coord_conv_planted`) on channels-last activations and
     weights, side by side on fresh inputs, every output checked (:func:`served_speedup`); under the
-    grader the learner's side runs in its process, the baseline in the judge's, never at once."""
+    grader the learner's side runs in its process, the baseline in the judge's, never at once.
+    A block that writes NCHW on the way and converts back, whose output :func:`check_coord_conv`
+    accepts, fails here: it does the planted block's extra reorder, so it is as slow."""
     dev = pick_device(device)
     call(coord_conv, *coord_conv_inputs(0, device=str(dev), batch=1, channels=4, size=4), name="coord_conv")
     return served_speedup(("planted", coord_conv_planted), ("repaired", coord_conv), factory=coord_conv_inputs,
                           sizes=dict(batch=batch, channels=channels, size=size), bars=bars, device=dev,
                           num_threads=num_threads, rounds=rounds, min_run_time=min_run_time, attempts=attempts,
                           explain="course.references.explain.coord_conv",
-                          hint="the coordinate planes in x's memory format, so that the cat and the convolution "
-                               "stay channels-last; if the machine is busy, run the cell again.")
+                          hint="most likely an op on the way turns channels-last into NCHW, and the convolution "
+                               "after it reorders the data back, which costs about as much as the block's own work: "
+                               "torch.cat of the channels-last x with coordinate planes in the default format "
+                               "(it writes NCHW when its inputs disagree), or a .contiguous() without "
+                               "memory_format. Make the planes in x's memory format, so that the cat and the "
+                               "convolution stay channels-last; if the machine is busy, run the cell again.")
