@@ -42,6 +42,7 @@ from autograder.solution_code import load_solution, solution_source  # noqa: E40
 from course.forward_ad import WideFunction, mlp  # noqa: E402
 from course.devices import threads as pinned_threads  # noqa: E402
 from course.numerics import assert_close  # noqa: E402
+from course.references.forward_ad import wide_jacobian  # noqa: E402
 from course.timing import compare  # noqa: E402
 
 SIZES = {
@@ -76,7 +77,7 @@ def jacobians(sol, S, dev, args) -> dict:
         }
 
         def check(name, got, a):
-            ref = f.jacobian(a[0])
+            ref = wide_jacobian(f, a[0])
             assert_close(got.double(), ref, rtol=1e-3, atol=1e-4 * float(ref.abs().max()), name=f"{name} (m={m})")
 
         rep = compare(impls, inputs=lambda: (torch.randn(k, device=dev),), check=check, rounds=args.rounds,

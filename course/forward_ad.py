@@ -3,8 +3,9 @@ allow only one mode of differentiation, and a chart of Jacobian times as the out
 
 None of this is an exercise. The one-mode functions exist so that a check can tell *how* a
 Jacobian was computed: a function whose backward raises can only be differentiated in forward
-mode, one whose ``jvp`` raises only in reverse mode. The wide function knows its own Jacobian in
-closed form, so that references need no autodiff at all.
+mode, one whose ``jvp`` raises only in reverse mode. The wide function's Jacobian has a closed
+form, so the grader's reference needs no autodiff at all; that reference answers an exercise, so it
+lives with the grader's (``course.references.forward_ad.wide_jacobian``), not here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import torch
 from torch import nn
 
 from course.devices import pick_device
-from course.guard import reference
 from course.remote import recipe
 
 
@@ -87,9 +87,8 @@ class WideFunction:
     """``f(x) = W2 @ tanh(W1 @ x + b1) + b2`` from R^k to R^m, with ``hidden`` units.
 
     ``mode`` picks which differentiation modes it allows: ``"both"``, ``"forward"`` or
-    ``"reverse"``. ``jacobian(x)`` is the Jacobian in closed form, ``W2 diag(1 - tanh^2) W1``,
-    a reference that uses no autodiff. ``calls`` counts the Python calls (a vmapped Jacobian
-    calls ``f`` once; a loop over basis vectors calls it once per vector)."""
+    ``"reverse"``. ``calls`` counts the Python calls (a vmapped Jacobian calls ``f`` once; a loop
+    over basis vectors calls it once per vector)."""
 
     def __init__(self, k: int, m: int, hidden: int, *, seed: int, mode: str = "both",
                  dtype: torch.dtype = torch.float32, device=None):
@@ -110,13 +109,6 @@ class WideFunction:
         if x.shape[-1:] != (self.k,):
             raise ValueError(f"this function takes a vector of {self.k} numbers, got shape {tuple(x.shape)}.")
         return self.W2 @ _TANH[self.mode](self.W1 @ x + self.b1) + self.b2
-
-    @reference
-    def jacobian(self, x: torch.Tensor) -> torch.Tensor:
-        """The (m, k) Jacobian at ``x``, in float64, in closed form."""
-        W1, b1, W2 = (t.to(torch.float64) for t in (self.W1, self.b1, self.W2))
-        y = torch.tanh(W1 @ x.to(W1) + b1)
-        return (W2 * (1 - y * y)) @ W1
 
     def __repr__(self) -> str:
         return f"WideFunction(R^{self.k} -> R^{self.m}, hidden={self.hidden}, mode={self.mode!r})"

@@ -1,10 +1,13 @@
 """Lesson 4's checks (forward-mode AD): the instructor's solutions pass every one, and every one
 fails on the untouched student version and on a planted mistake aimed at it. Solutions, the
 student version and the mistakes all come from the instructor notebook itself. Also: the lesson's
-helpers in course.forward_ad and the references the checks trust."""
+helpers in course.forward_ad and the references the checks trust (the grader's, in
+course.references.forward_ad), and the checks of a learner's copy, which has none of them."""
 
+import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ import torch
 from autograder.solution_code import load_solution, solution_source
 from course import forward_ad as FA
 from course.checks import forward_ad as C
+from course.references import forward_ad as R
 
 LESSON = "04_forward_ad"
 SPEED = dict(k=4, m=2048, hidden=128, threads=1, rounds=3, min_run_time=0.02)
@@ -214,7 +218,8 @@ def test_speed_check_verifies_every_output_it_times(fad):
 def test_wide_function_closed_form_jacobian_matches_autograd():
     f = FA.WideFunction(3, 5, 7, seed=1, dtype=torch.float64)
     x = torch.randn(3, dtype=torch.float64)
-    torch.testing.assert_close(f.jacobian(x), torch.autograd.functional.jacobian(f, x))
+    torch.testing.assert_close(R.wide_jacobian(f, x), torch.autograd.functional.jacobian(f, x))
+    torch.testing.assert_close(R.central_differences(f, x), R.wide_jacobian(f, x), rtol=1e-6, atol=1e-8)
     assert f.calls > 0 and "R^3 -> R^5" in repr(f)
     with pytest.raises(ValueError, match="vector of 3"):
         f(torch.randn(4, dtype=torch.float64))
@@ -224,8 +229,8 @@ def test_one_mode_functions_refuse_the_other_mode():
     x = torch.randn(3, dtype=torch.float64)
     fwd = FA.WideFunction(3, 4, 5, seed=0, mode="forward", dtype=torch.float64)
     rev = FA.WideFunction(3, 4, 5, seed=0, mode="reverse", dtype=torch.float64)
-    torch.testing.assert_close(torch.func.jacfwd(fwd)(x), fwd.jacobian(x))
-    torch.testing.assert_close(torch.func.jacrev(rev)(x), rev.jacobian(x))
+    torch.testing.assert_close(torch.func.jacfwd(fwd)(x), R.wide_jacobian(fwd, x))
+    torch.testing.assert_close(torch.func.jacrev(rev)(x), R.wide_jacobian(rev, x))
     with pytest.raises(FA.ModeNotAllowed):
         torch.func.jacrev(fwd)(x)
     with pytest.raises(FA.ModeNotAllowed):
@@ -257,13 +262,13 @@ def test_mlp_is_seeded_and_smooth():
 
 def test_sinc_references_agree_with_torch_and_the_series():
     x = torch.tensor([-20.0, -3.0, -0.7, 0.5, 0.6, 1.0, 2.0, 7.5], dtype=torch.float64)
-    torch.testing.assert_close(C.sinc_reference(x), torch.sinc(x / math.pi), rtol=1e-14, atol=1e-15)
+    torch.testing.assert_close(R.sinc_reference(x), torch.sinc(x / math.pi), rtol=1e-14, atol=1e-15)
     closed = (x * torch.cos(x) - torch.sin(x)) / (x * x)
-    torch.testing.assert_close(C.sinc_derivative_reference(x), closed, rtol=1e-13, atol=1e-15)
+    torch.testing.assert_close(R.sinc_derivative_reference(x), closed, rtol=1e-13, atol=1e-15)
     tiny = torch.tensor([0.0, 1e-300, 1e-9, -1e-4, 0.01, -0.03], dtype=torch.float64)
-    torch.testing.assert_close(C.sinc_reference(tiny), 1 - tiny**2 / 6 + tiny**4 / 120 - tiny**6 / 5040 + tiny**8 / 362880,
+    torch.testing.assert_close(R.sinc_reference(tiny), 1 - tiny**2 / 6 + tiny**4 / 120 - tiny**6 / 5040 + tiny**8 / 362880,
                                rtol=1e-15, atol=0.0)
-    torch.testing.assert_close(C.sinc_derivative_reference(tiny),
+    torch.testing.assert_close(R.sinc_derivative_reference(tiny),
                                -tiny / 3 + tiny**3 / 30 - tiny**5 / 840 + tiny**7 / 45360 - tiny**9 / 3991680,
                                rtol=1e-14, atol=0.0)
 
@@ -286,3 +291,80 @@ def test_the_planted_legacy_jacobian_fails_the_bar_and_its_forward_knob_passes()
         with pytest.raises(AssertionError, match="bar on this device is 1.50x"):
             C.check_jacobian_speed(slow, bars=BARS, attempts=1, **SPEED)
     C.check_jacobian_speed(lambda f, x: jacobian(f, x, vectorize=True, strategy="forward-mode"), bars=BARS, **SPEED)
+
+
+# -- a learner's copy of the course: no grader references, stored answers ---------------------------
+
+@pytest.fixture
+def learners_copy(monkeypatch):
+    """The checks as in a learner's copy: course.references is not there to ask."""
+    monkeypatch.setattr(C, "_grader_references", lambda: None)
+
+
+def test_without_the_grader_references_the_visible_checks_use_stored_answers(learners_copy, fad, capsys):
+    """The visible calls (the defaults) compare with the stored float64 answers; other arguments
+    are refused honestly (the grader checks those)."""
+    C.check_param_jvp(fad.param_jvp)
+    C.check_param_jvp_func(fad.param_jvp_func)
+    C.check_sinc(fad.Sinc)
+    C.check_jacobians(fad.jacobian_fwd, fad.jacobian_rev)
+    assert capsys.readouterr().out.count("ok: ") == 4
+    for refused in (lambda: C.check_param_jvp(fad.param_jvp, seed=2), lambda: C.check_sinc(fad.Sinc, n=200),
+                    lambda: C.check_jacobians(fad.jacobian_fwd, fad.jacobian_rev, k=3),
+                    lambda: C.check_param_jvp_func(fad.param_jvp_func, subset=True)):
+        with pytest.raises(AssertionError, match="reference data for .* only"):
+            refused()
+
+
+@pytest.mark.parametrize("mistake", sorted(m for m in MISTAKES if MISTAKES[m][0] != "dual"))
+def test_without_the_grader_references_a_planted_mistake_fails_with_its_cause(mistake, learners_copy, mutate4):
+    """Each planted mistake fails the visible call with the message the grader's references give
+    (the Dual check needs none: torch.func.jvp of the same expression is its reference)."""
+    kind, old, new, says = MISTAKES[mistake]
+    with pytest.raises(AssertionError, match=re.compile(says, re.S)):
+        run_check(kind, mutate4(old, new))
+
+
+def test_without_the_grader_references_a_wrong_jacobian_of_the_right_shape_fails(learners_copy, mutate4):
+    m = mutate4("    basis = torch.eye(x.numel(), dtype=x.dtype, device=x.device)\n",
+                "    basis = torch.eye(x.numel(), dtype=x.dtype, device=x.device).flip(0)\n")
+    with pytest.raises(AssertionError, match=r"jacobian_fwd\(f, x\) \(vs the closed-form Jacobian\)"):
+        C.check_jacobians(m.jacobian_fwd, m.jacobian_rev)
+
+
+def test_without_the_grader_references_the_speed_baseline_is_the_learners_jacobian_rev(learners_copy, fad,
+                                                                                      monkeypatch):
+    sizes = dict(k=3, m=40, hidden=8)
+    with pytest.raises(AssertionError, match="needs your jacobian_rev"):
+        C.check_jacobian_speed(fad.tall_jacobian, bars=BARS, **sizes)
+    with pytest.raises(AssertionError, match="on the function it is timed on"):
+        C.check_jacobian_speed(lambda f, x: fad.tall_jacobian(f, x) * 1.01, fad.jacobian_rev, bars=BARS, **sizes)
+    seen = []
+    monkeypatch.setattr(C, "served_speedup", lambda baseline, candidate, **kw: seen.append(baseline))
+    C.check_jacobian_speed(fad.tall_jacobian, fad.jacobian_rev, bars=BARS, **sizes)
+    assert seen == [("reverse (m VJPs)", fad.jacobian_rev)]
+
+
+def test_with_the_grader_references_the_speed_baseline_is_the_graders(fad, monkeypatch):
+    seen = []
+    monkeypatch.setattr(C, "served_speedup", lambda baseline, candidate, **kw: seen.append(baseline))
+    C.check_jacobian_speed(fad.tall_jacobian, fad.jacobian_rev, bars=BARS, k=3, m=40, hidden=8)
+    assert seen == [("reverse (m VJPs)", R.reverse_jacobian)]
+
+
+def test_the_stored_answers_are_for_the_visible_calls():
+    """What reference_data stores is what the checks' defaults ask, on the lesson's own call."""
+    data = C.reference_data()
+    for check in (C.check_param_jvp, C.check_param_jvp_func, C.check_sinc, C.check_jacobians):
+        for name, default in C._visible_call(check).items():
+            assert data[name] == (tuple(default) if name == "sizes" else default), (check.__name__, name)
+    assert R.DATA_FILES == {C.DATA_FILE: R.forward_ad_data}
+
+
+def test_no_lesson_cell_uses_the_grader_references():
+    """The lesson's own cells run in the learner's process, where course.references does not exist."""
+    nb = json.loads((Path(__file__).resolve().parents[1] / "solutions" / LESSON / f"{LESSON}.ipynb").read_text())
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"
+             and not c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+    for name in ("course.references", *R.__all__):
+        assert not any(name in cell for cell in cells), name

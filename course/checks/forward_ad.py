@@ -10,6 +10,11 @@ differences, for the JVPs; a power series and the closed form for sinc; a closed
 for the wide function. Structure checks use one-mode functions (``course.forward_ad``): a
 function whose backward raises proves forward mode, and the other way round.
 
+The references that answer an exercise are the grader's (:mod:`course.references.forward_ad`).
+In a learner's copy of the course there are none: the visible calls (the defaults) compare with
+the answers stored for them (``course/reference_data/04_forward_ad.pt``), other arguments are
+refused (the grader checks those), and the speed check times the learner's own ``jacobian_rev``.
+
 Under the grader these checks run in the judge (``SERVED``): inputs and references are the
 judge's, models and wide functions cross as recipes, and what a plain call cannot do (build
 Duals of the learner's class, run the learner's ``autograd.Function`` forward and backward, watch
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import math
 import random
 from typing import Callable, Mapping
@@ -30,26 +36,33 @@ from typing import Callable, Mapping
 import torch
 import torch.autograd.forward_ad as fwAD
 from torch.autograd.gradcheck import GradcheckError
-from torch.func import functional_call
 
-from course.checks.common import call, ok, served_speedup
+from course.checks.common import call, grader_references, ok, served_speedup, stored_answers
 from course.data import generator, randn
 from course.devices import pick_device
 from course.forward_ad import ModeNotAllowed, WideFunction, mlp, transform_in_use, wide_function
 from course.numerics import assert_close, describe
 from course.remote import factory, is_remote, probe, prober
 from course.timing import SpeedReport
-from course.guard import reference
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
 SERVED = ("check_dual", "check_param_jvp", "check_param_jvp_func", "check_sinc", "check_jacobians",
           "check_jacobian_speed")
 
 __all__ = ["check_dual", "check_jacobian_speed", "check_jacobians", "check_param_jvp", "check_param_jvp_func",
-           "check_sinc", "dual_case", "jacobian_case", "jacobian_speed_inputs", "param_jvp_case", "sinc_derivative_reference",
-           "sinc_gradcheck", "sinc_gradient", "sinc_reference", "sinc_tangents", "sinc_value"]
+           "check_sinc", "dual_case", "jacobian_case", "jacobian_speed_inputs", "param_jvp_case", "reference_data",
+           "sinc_gradcheck", "sinc_gradient", "sinc_tangents", "sinc_value"]
 
 F64 = torch.float64
+
+#: What the visible checks compare with in a learner's copy (``python -m course.references`` writes it).
+DATA_FILE = "04_forward_ad.pt"
+
+
+def _grader_references():
+    """:mod:`course.references.forward_ad`, where it exists: with the grader (the judge) and in the
+    tests, never in a learner's copy of the course or in the learner's process under the grader."""
+    return grader_references("forward_ad")
 
 
 # -- dual numbers ------------------------------------------------------------------------------
@@ -144,27 +157,6 @@ def check_dual(Dual: type, *, seed: int = 0, shape: tuple[int, ...] = (64,), dev
 
 # -- JVPs with respect to a module's parameters ---------------------------------------------------
 
-def _reference_param_jvp(model, x, tangents, h: float = 1e-6):
-    """(output, J @ v with J from reverse mode in float64, central finite differences)."""
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    names = list(tangents)
-    shapes = [params[n].shape for n in names]
-    sizes = [params[n].numel() for n in names]
-    flat = torch.cat([params[n].reshape(-1) for n in names])
-    v = torch.cat([tangents[n].reshape(-1) for n in names])
-
-    def f(flat_params):
-        chunks = flat_params.split(sizes)
-        return functional_call(model, {**params, **{n: c.view(s) for n, c, s in zip(names, chunks, shapes)}}, (x,))
-
-    with torch.no_grad():
-        out = f(flat)
-        fd = (f(flat + h * v) - f(flat - h * v)) / (2 * h)
-    jac = torch.autograd.functional.jacobian(f, flat)
-    jv = (jac.reshape(-1, flat.numel()) @ v).reshape(out.shape)
-    return out, jv, fd
-
-
 def _attr(model, dotted: str):
     obj = model
     for part in dotted.split("."):
@@ -243,9 +235,9 @@ def _why_no_tangent(seen: list, tangents: dict) -> str:
             "must be called inside the `with fwAD.dual_level():` block (outside it, every tangent is gone).")
 
 
-def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: int, norm: bool, subset: bool,
-               device) -> None:
-    dev = pick_device(device)
+def _param_jvp_inputs(seed: int, sizes, batch: int, norm: bool, subset: bool, dev) -> tuple:
+    """``(model, x, tangents)`` of a parameter-JVP check: a seeded MLP, a batch, and a tangent for
+    every parameter (with ``subset``, for a random half of them)."""
     model = mlp(sizes, seed=seed, norm=norm, dtype=F64, device=dev)
     x = randn(batch, sizes[0], seed=seed + 1, dtype=F64, device=dev)
     names = [n for n, _ in model.named_parameters()]
@@ -254,18 +246,37 @@ def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: i
         names = sorted(rng.sample(names, max(1, len(names) // 2)), key=names.index)
     tangents = {n: randn(*model.get_parameter(n).shape, seed=seed + 10 + i, dtype=F64, device=dev)
                 for i, n in enumerate(names)}
-    ref_out, ref_jv, ref_fd = _reference_param_jvp(copy.deepcopy(model), x, tangents)
+    return model, x, tangents
+
+
+def _param_jvp_answers(seed: int, sizes, batch: int, norm: bool, subset: bool, model, x, tangents) -> tuple:
+    """(output, J @ v, central differences or None): the grader's reference on these inputs, or in a
+    learner's copy the answers stored for the visible call (no finite differences there)."""
+    refs = _grader_references()
+    if refs is not None:
+        return refs.param_jvp_reference(copy.deepcopy(model), x, tangents)
+    data = stored_answers(DATA_FILE, seed=seed, sizes=tuple(sizes), batch=batch, norm=norm, subset=subset)
+    return data["param_jvp"]["out"].to(x.device), data["param_jvp"]["jv"].to(x.device), None
+
+
+def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: int, norm: bool, subset: bool,
+               device) -> None:
+    dev = pick_device(device)
+    model, x, tangents = _param_jvp_inputs(seed, sizes, batch, norm, subset, dev)
+    ref_out, ref_jv, ref_fd = _param_jvp_answers(seed, sizes, batch, norm, subset, model, x, tangents)
     out, out_tangent = probe(fn, param_jvp_case, label, api, model, x, tangents)
     hint = ("the tangents are per parameter name; parameters not named in `tangents` are constants (tangent 0)."
             if subset else None)
     assert_close(out, ref_out, name=f"{label}: the output", hint="the first item is model(x) itself.")
     assert_close(out_tangent, ref_jv, name=f"{label}: the output tangent (vs J @ v, J from reverse mode in float64)",
                  hint=hint or "make_dual each parameter with its own tangent (same name), then unpack the output.")
-    assert_close(out_tangent, ref_fd, rtol=1e-5, atol=1e-7,
-                 name=f"{label}: the output tangent (vs central finite differences)", hint=hint)
+    if ref_fd is not None:
+        assert_close(out_tangent, ref_fd, rtol=1e-5, atol=1e-7,
+                     name=f"{label}: the output tangent (vs central finite differences)", hint=hint)
     n_params = len(list(model.parameters()))
     which = f"{len(tangents)} of {n_params} parameters" if subset else f"all {n_params} parameters"
-    ok(f"{label}: output and tangent equal J @ v (float64 reference Jacobian) and central differences; one "
+    also = " and central differences" if ref_fd is not None else ""
+    ok(f"{label}: output and tangent equal J @ v (float64 reference Jacobian){also}; one "
        f"forward pass with {which} carrying tangents (sizes {tuple(sizes)}, seed {seed})")
 
 
@@ -288,36 +299,6 @@ def check_param_jvp_func(param_jvp_func: Callable, *, seed: int = 0, sizes=(6, 1
 
 # -- sinc, a custom autograd.Function ----------------------------------------------------------------
 
-_SERIES_TERMS = 14
-
-
-@reference
-def sinc_reference(x: torch.Tensor) -> torch.Tensor:
-    """sin(x)/x in float64: a power series below |x| = 0.5 (no division), the quotient above."""
-    x = x.to(F64)
-    x2 = x * x
-    series = torch.zeros_like(x)
-    for n in reversed(range(_SERIES_TERMS)):  # Horner: sum of (-1)^n x^(2n) / (2n+1)!
-        series = series * x2 + ((-1) ** n) / math.factorial(2 * n + 1)
-    big = x.abs() >= 0.5
-    safe = torch.where(big, x, torch.ones_like(x))
-    return torch.where(big, torch.sin(safe) / safe, series)
-
-
-@reference
-def sinc_derivative_reference(x: torch.Tensor) -> torch.Tensor:
-    """d/dx sin(x)/x in float64: the series' derivative below |x| = 0.5, (x cos x - sin x)/x^2 above."""
-    x = x.to(F64)
-    x2 = x * x
-    series = torch.zeros_like(x)
-    for n in reversed(range(1, _SERIES_TERMS)):
-        series = series * x2 + ((-1) ** n) * 2 * n / math.factorial(2 * n + 1)
-    series = series * x
-    big = x.abs() >= 0.5
-    safe = torch.where(big, x, torch.ones_like(x))
-    return torch.where(big, (safe * torch.cos(safe) - torch.sin(safe)) / (safe * safe), series)
-
-
 FIXED_SINC_POINTS = [0.0, 1e-300, 1e-12, -1e-9, 3e-8, 1e-6, -1e-4, 1e-3, -9.9e-3, 1e-2, 0.0101, -0.1, 0.5, 1.0,
                      -math.pi, 4.493409457909064, 10.0, -123.4, 1e3]
 _SINC_HINT = ("near 0, sin(x)/x and (cos(x) - sin(x)/x)/x lose every digit to cancellation (and give nan at "
@@ -330,6 +311,16 @@ def _sinc_points(seed: int, n: int, dev) -> torch.Tensor:
     mags = 10 ** (torch.rand(n, generator=g, dtype=F64) * 14 - 11)   # 1e-11 .. 1e3
     signs = torch.where(torch.rand(n, generator=g, dtype=F64) < 0.5, -1.0, 1.0)
     return torch.cat([torch.tensor(FIXED_SINC_POINTS, dtype=F64), signs * mags]).to(dev)
+
+
+def _sinc_answers(seed: int, n: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sinc, sinc') at the points ``x`` of ``(seed, n)``, in float64: the grader's references, or in
+    a learner's copy the answers stored for the visible call."""
+    refs = _grader_references()
+    if refs is not None:
+        return refs.sinc_reference(x), refs.sinc_derivative_reference(x)
+    data = stored_answers(DATA_FILE, seed=seed, n=n)["sinc"]
+    return data["value"].to(x.device), data["derivative"].to(x.device)
 
 
 def _expect_function(Sinc) -> None:
@@ -403,9 +394,9 @@ def check_sinc(Sinc: type, *, seed: int = 0, n: int = 64, device=None) -> None:
         _expect_function(Sinc)
     dev = pick_device(device)
     x = _sinc_points(seed, n, dev)
+    value, derivative = _sinc_answers(seed, n, x)
     tol = dict(rtol=1e-9, atol=1e-15)
-    assert_close(probe(Sinc, sinc_value, x), sinc_reference(x), name="Sinc.apply(x) (the value)", hint=_SINC_HINT,
-                 **tol)
+    assert_close(probe(Sinc, sinc_value, x), value, name="Sinc.apply(x) (the value)", hint=_SINC_HINT, **tol)
 
     xc = randn(12, seed=seed + 3, dtype=F64, device=dev, scale=3.0)
     failed = probe(Sinc, sinc_gradcheck, torch.cat([xc, xc[:4] * 1e-3]))
@@ -415,14 +406,13 @@ def check_sinc(Sinc: type, *, seed: int = 0, n: int = 64, device=None) -> None:
                              "  Hint: backward returns grad_output * sinc'(x), jvp returns x_tangent * sinc'(x); "
                              "both read x from ctx (save_for_backward, save_for_forward).")
     w = randn(x.numel(), seed=seed + 1, dtype=F64, device=dev)
-    assert_close(probe(Sinc, sinc_gradient, x, w), w * sinc_derivative_reference(x),
+    assert_close(probe(Sinc, sinc_gradient, x, w), w * derivative,
                  name="the gradient of Sinc (backward)", hint=_SINC_HINT, **tol)
 
     t = randn(x.numel(), seed=seed + 2, dtype=F64, device=dev)
     by_dual, by_func = probe(Sinc, sinc_tangents, x, t)
-    assert_close(by_dual, t * sinc_derivative_reference(x), name="the tangent of Sinc (jvp, forward_ad)",
-                 hint=_SINC_HINT, **tol)
-    assert_close(by_func, t * sinc_derivative_reference(x), name="the tangent of Sinc (torch.func.jvp)",
+    assert_close(by_dual, t * derivative, name="the tangent of Sinc (jvp, forward_ad)", hint=_SINC_HINT, **tol)
+    assert_close(by_func, t * derivative, name="the tangent of Sinc (torch.func.jvp)",
                  hint=_SINC_HINT, **tol)
 
     ok(f"Sinc passes gradcheck (backward and forward AD, float64); value, gradient and JVP equal the reference "
@@ -430,12 +420,6 @@ def check_sinc(Sinc: type, *, seed: int = 0, n: int = 64, device=None) -> None:
 
 
 # -- full Jacobians by forward and by reverse mode ------------------------------------------------
-
-def _central_differences(f: Callable, x: torch.Tensor, h: float = 1e-6) -> torch.Tensor:
-    eye = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
-    with torch.no_grad():
-        return torch.stack([(f(x + h * e) - f(x - h * e)) / (2 * h) for e in eye], dim=1)
-
 
 @prober
 def jacobian_case(fn: Callable, label: str, f: WideFunction, x: torch.Tensor) -> dict:
@@ -466,9 +450,24 @@ def _jacobian_of(fn: Callable, label: str, f: WideFunction, x: torch.Tensor) -> 
     return jac, calls if type(calls) is int else -1
 
 
-def _one_jacobian(fn: Callable, label: str, mode: str, *, seed: int, k: int, m: int, hidden: int, dev) -> None:
+def _jacobian_answers(seed: int, k: int, m: int, hidden: int, x: torch.Tensor) -> list[tuple[str, torch.Tensor, dict]]:
+    """``(what, Jacobian, tolerance)`` of the wide function of ``(seed, k, m, hidden)`` at ``x``, the
+    closed form first: with the grader's references, also reverse-mode autograd in float64 and
+    central differences; in a learner's copy, the closed form stored for the visible call."""
+    refs = _grader_references()
+    if refs is None:
+        data = stored_answers(DATA_FILE, seed=seed, k=k, m=m, hidden=hidden)
+        return [("the closed-form Jacobian", data["jacobians"]["jacobian"].to(x.device), {})]
+    f = WideFunction(k, m, hidden, seed=seed, dtype=F64, device=x.device)
+    return [("the closed-form Jacobian", refs.wide_jacobian(f, x), {}),
+            ("torch.autograd.functional.jacobian in float64", torch.autograd.functional.jacobian(f, x), {}),
+            ("central finite differences", refs.central_differences(f, x), dict(rtol=1e-5, atol=1e-7))]
+
+
+def _one_jacobian(fn: Callable, label: str, mode: str, *, seed: int, k: int, m: int, hidden: int, x: torch.Tensor,
+                  answers: list[tuple[str, torch.Tensor, dict]]) -> None:
     other = "reverse" if mode == "forward" else "forward"
-    x = randn(k, seed=seed + 1, dtype=F64, device=dev)
+    dev = x.device
     got, calls = _jacobian_of(fn, label, wide_function(k, m, hidden, seed=seed, dtype=F64, device=dev), x)
     if got is None:
         raise AssertionError(f"{label}(f, x) raised ModeNotAllowed on a function that allows both modes.")
@@ -479,12 +478,8 @@ def _one_jacobian(fn: Callable, label: str, mode: str, *, seed: int, k: int, m: 
         raise AssertionError(f"{label} called f {calls} times; a vmapped Jacobian calls it once.\n  Hint: "
                              f"{'vmap over the k basis vectors of the input' if mode == 'forward' else 'one vjp, then vmap its pullback over the m basis vectors of the output'}"
                              " instead of a Python loop.")
-    ref = WideFunction(k, m, hidden, seed=seed, dtype=F64, device=dev)
-    assert_close(got, ref.jacobian(x), name=f"{label}(f, x) (vs the closed-form Jacobian)")
-    assert_close(got, torch.autograd.functional.jacobian(ref, x),
-                 name=f"{label}(f, x) (vs torch.autograd.functional.jacobian in float64)")
-    assert_close(got, _central_differences(ref, x), rtol=1e-5, atol=1e-7,
-                 name=f"{label}(f, x) (vs central finite differences)")
+    for what, want, tol in answers:
+        assert_close(got, want, name=f"{label}(f, x) (vs {what})", **tol)
     got, _ = _jacobian_of(fn, label, wide_function(k, m, hidden, seed=seed, mode=mode, dtype=F64, device=dev), x)
     if got is None:
         raise AssertionError(
@@ -492,7 +487,7 @@ def _one_jacobian(fn: Callable, label: str, mode: str, *, seed: int, k: int, m: 
             ("torch.func.jvp(f, (x,), (v,)) pushes a tangent v forward; vmap it over the rows of torch.eye(k)."
              if mode == "forward" else
              "out, pullback = torch.func.vjp(f, x); vmap(pullback) over the rows of torch.eye(m)."))
-    assert_close(got, ref.jacobian(x), name=f"{label}(f, x) on a {mode}-mode-only function")
+    assert_close(got, answers[0][1], name=f"{label}(f, x) on a {mode}-mode-only function")
 
 
 def check_jacobians(jacobian_fwd: Callable, jacobian_rev: Callable, *, seed: int = 0, k: int = 5, m: int = 7,
@@ -502,10 +497,13 @@ def check_jacobians(jacobian_fwd: Callable, jacobian_rev: Callable, *, seed: int
     in float64 and to central differences; ``f`` is called once; and each works on a function that
     allows only its own mode."""
     dev = pick_device(device)
-    _one_jacobian(jacobian_fwd, "jacobian_fwd", "forward", seed=seed, k=k, m=m, hidden=hidden, dev=dev)
-    _one_jacobian(jacobian_rev, "jacobian_rev", "reverse", seed=seed, k=k, m=m, hidden=hidden, dev=dev)
-    ok(f"jacobian_fwd (forward mode) and jacobian_rev (reverse mode) equal the float64 reference Jacobian and "
-       f"central differences, calling f once (R^{k} -> R^{m}, seed {seed})")
+    x = randn(k, seed=seed + 1, dtype=F64, device=dev)
+    answers = _jacobian_answers(seed, k, m, hidden, x)
+    for fn, label, mode in ((jacobian_fwd, "jacobian_fwd", "forward"), (jacobian_rev, "jacobian_rev", "reverse")):
+        _one_jacobian(fn, label, mode, seed=seed, k=k, m=m, hidden=hidden, x=x, answers=answers)
+    also = " and central differences" if len(answers) > 1 else ""
+    ok(f"jacobian_fwd (forward mode) and jacobian_rev (reverse mode) equal the float64 reference Jacobian{also}, "
+       f"calling f once (R^{k} -> R^{m}, seed {seed})")
 
 
 @functools.lru_cache(maxsize=4)
@@ -522,35 +520,47 @@ def jacobian_speed_inputs(seed: int, *, device: str, k: int, m: int, hidden: int
     return _timed_function(k, m, hidden, f_seed, device), randn(k, seed=seed, device=device)
 
 
-@reference
-def _reverse_jacobian(f: WideFunction, x: torch.Tensor) -> torch.Tensor:
-    """The course's reverse mode (the baseline): ``torch.func.jacrev``, m VJPs vmapped."""
-    return torch.func.jacrev(f)(x)
+def _speed_baseline(jacobian_rev: Callable | None, f: WideFunction, x: torch.Tensor) -> tuple[Callable, torch.Tensor]:
+    """(reverse mode, its float64 Jacobian of ``f`` at ``x``): the grader's ``torch.func.jacrev`` and
+    closed form; in a learner's copy (no grader references), the learner's own ``jacobian_rev``."""
+    refs = _grader_references()
+    if refs is not None:
+        return refs.reverse_jacobian, refs.wide_jacobian(f, x)
+    if jacobian_rev is None:
+        raise AssertionError("check_jacobian_speed needs your jacobian_rev as the baseline here (the grader uses its "
+                             "own): check_jacobian_speed(tall_jacobian, jacobian_rev, bars=..., ...).")
+    expected, _ = _jacobian_of(jacobian_rev, "jacobian_rev", f, x)
+    if expected is None or tuple(expected.shape) != (f.m, f.k):
+        raise AssertionError(f"jacobian_rev(f, x), the baseline here, returned {describe(expected)}; expected the "
+                             f"({f.m}, {f.k}) Jacobian (check_jacobians tells what is wrong with it).")
+    return jacobian_rev, expected.double()
 
 
-def check_jacobian_speed(tall_jacobian: Callable, *, bars: Mapping[str, float], k: int, m: int, hidden: int,
-                         seed: int = 0, threads: int | None = None, rounds: int = 7, min_run_time: float = 0.1,
-                         attempts: int = 3, device=None) -> SpeedReport:
+def check_jacobian_speed(tall_jacobian: Callable, jacobian_rev: Callable | None = None, *, bars: Mapping[str, float],
+                         k: int, m: int, hidden: int, seed: int = 0, threads: int | None = None, rounds: int = 7,
+                         min_run_time: float = 0.1, attempts: int = 3, device=None) -> SpeedReport:
     """For ``f: R^k -> R^m`` with few inputs and many outputs, the learner's ``tall_jacobian`` (the
     planted ``course.forward_ad.tall_jacobian_planted`` repaired: forward mode) beats reverse mode
     by the device's bar, in float32. The baseline is the course's reverse mode
     (``torch.func.jacrev``, the ``m`` VJPs already batched), code a submission can neither slow down
-    nor share a cache with. Measured by :func:`course.timing.compare_served`: every call on a fresh
-    point from an unpredictable seed, every timed output checked against the baseline's on the same
-    point, the two sides never at once (under the grader, in two processes: the learner's is stopped
-    while the baseline runs). On a shared machine a measurement below the bar is repeated (up to
-    ``attempts``), best one judged."""
+    nor share a cache with; in a learner's copy of the course (no grader references) it is the
+    learner's ``jacobian_rev`` (Exercise 5), the same computation. Measured by
+    :func:`course.timing.compare_served`: every call on a fresh point from an unpredictable seed,
+    every timed output checked against the baseline's on the same point, the two sides never at once
+    (under the grader, in two processes: the learner's is stopped while the baseline runs). On a
+    shared machine a measurement below the bar is repeated (up to ``attempts``), best one judged."""
     dev = pick_device(device)
     x = randn(k, seed=seed + 100, device=dev)
     got, _ = _jacobian_of(tall_jacobian, "tall_jacobian", wide_function(k, m, hidden, seed=seed, dtype=torch.float32,
                                                                          device=dev), x)
     if got is None or tuple(got.shape) != (m, k):
         raise AssertionError(f"tall_jacobian(f, x) returned {describe(got)}; expected the ({m}, {k}) Jacobian.")
-    expected = WideFunction(k, m, hidden, seed=seed, dtype=torch.float32, device=dev).jacobian(x)
+    baseline, expected = _speed_baseline(jacobian_rev, wide_function(k, m, hidden, seed=seed, dtype=torch.float32,
+                                                                      device=dev), x)
     assert_close(got.double(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()),
                  name="tall_jacobian(f, x) on the function it is timed on",
                  hint="the timed function must be right before it is fast.")
-    return served_speedup(("reverse (m VJPs)", _reverse_jacobian), ("your tall_jacobian", tall_jacobian),
+    return served_speedup(("reverse (m VJPs)", baseline), ("your tall_jacobian", tall_jacobian),
                           factory=jacobian_speed_inputs, sizes=dict(k=k, m=m, hidden=hidden, f_seed=seed), bars=bars,
                           device=dev, num_threads=threads, rounds=rounds, min_run_time=min_run_time,
                           attempts=attempts, grad=True, rtol=1e-3,
@@ -560,3 +570,32 @@ def check_jacobian_speed(tall_jacobian: Callable, *, bars: Mapping[str, float], 
                                "backward pass per output in a Python loop, and vectorize=True alone stays in reverse "
                                "mode: forward mode is strategy='forward-mode' (with vectorize=True), or "
                                "torch.func.jacfwd.")
+
+
+# -- what a learner's copy compares with -----------------------------------------------------------
+
+def _visible_call(check: Callable) -> dict:
+    """The arguments of a check's visible call in the lesson: its defaults (the device aside)."""
+    return {n: p.default for n, p in inspect.signature(check).parameters.items()
+            if p.default is not inspect.Parameter.empty and n != "device"}
+
+
+def reference_data() -> dict:
+    """The grader's answers at the visible calls of the parameter-JVP checks, of ``check_sinc`` and of
+    ``check_jacobians`` (their defaults, which this stores too), on the CPU in float64: what the
+    checks compare with in a learner's copy of the course (``python -m course.references``)."""
+    from course.references import forward_ad as refs
+
+    cpu = torch.device("cpu")
+    jvp_args, sinc_args, jac_args = (_visible_call(c) for c in (check_param_jvp, check_sinc, check_jacobians))
+    assert jvp_args == _visible_call(check_param_jvp_func), "the two parameter-JVP checks share their stored answers"
+    jvp_args["sizes"] = tuple(jvp_args["sizes"])
+    model, x, tangents = _param_jvp_inputs(**jvp_args, dev=cpu)
+    out, jv, _ = refs.param_jvp_reference(model, x, tangents)
+    points = _sinc_points(sinc_args["seed"], sinc_args["n"], cpu)
+    seed, k, m, hidden = (jac_args[n] for n in ("seed", "k", "m", "hidden"))
+    f = WideFunction(k, m, hidden, seed=seed, dtype=F64)
+    return {**jvp_args, **sinc_args, **jac_args,
+            "param_jvp": {"out": out, "jv": jv},
+            "sinc": {"value": refs.sinc_reference(points), "derivative": refs.sinc_derivative_reference(points)},
+            "jacobians": {"jacobian": refs.wide_jacobian(f, randn(k, seed=seed + 1, dtype=F64))}}
