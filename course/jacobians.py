@@ -1,8 +1,10 @@
 """Lesson 5's helpers (Jacobians, Hessians, HVPs): the functions the lesson differentiates, a
 watcher that counts ops and finds the largest tensor a call creates, and two pictures.
 
-The functions come with their derivatives worked out by hand, so that the checks compare the
-learner's autodiff results with formulas evaluated in float64, not with another autodiff run:
+Their derivatives are worked out by hand, so that the checks compare the learner's autodiff
+results with formulas evaluated in float64, not with another autodiff run; the formulas answer the
+lesson's exercises, so they live with the grader (:mod:`course.references.jacobians`), not here,
+where a learner's process builds these functions too:
 
 - :class:`TanhLayer` ``y = tanh(W x + b)``: its Jacobian is ``diag(1 - y**2) @ W``
   (:func:`tanh_layer` draws a dense ``W``, :func:`banded_layer` a banded one whose Jacobian
@@ -12,7 +14,8 @@ learner's autodiff results with formulas evaluated in float64, not with another 
 - :class:`Energy`, a scalar ``f(x) = sum(softplus(A x + c)) + sum(d * cos(x)) + sum(x[:-1] * x[1:])``
   with ``A`` of only ``k`` rows: its Hessian ``A^T diag(s) A - diag(d cos x) + (ones beside the
   diagonal)`` is dense, yet a Hessian-vector product needs only vectors and ``k x n`` matrices.
-  That gap (``n * n`` numbers against ``k * n``) is what the HVP exercise is about.
+  That gap (``n * n`` numbers against ``k * n``) is what the HVP exercise is about. Its gradient
+  (``Energy.gradient``) is here: an input the lesson differentiates, not an answer.
 
 :class:`TensorWatch` is a ``TorchDispatchMode``: it sees every ATen op that runs, below autograd
 and below ``vmap`` (so it sees the real, batched tensors), which makes it a fair judge of two
@@ -33,7 +36,6 @@ from torch.utils._pytree import tree_leaves
 
 from course.data import randn
 from course.devices import pick_device
-from course.guard import reference
 from course.remote import recipe
 
 
@@ -72,21 +74,6 @@ class TanhLayer:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(F.linear(x, self.weight, self.bias))
 
-    @reference
-    def jacobian(self, x: torch.Tensor) -> torch.Tensor:
-        """The Jacobian by hand, ``diag(1 - y**2) @ W`` (``(n_out, n_in)``; no autograd)."""
-        y = self(x)
-        return (1 - y * y)[:, None] * self.weight
-
-    @reference
-    def parameter_jacobians(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Jacobians with respect to the weight and the bias, by hand: output ``i`` reads only
-        row ``i`` of ``W`` and ``b[i]``, so ``dy_i/dW_jk = (1 - y_i**2) [i == j] x_k`` (shape
-        ``(n_out, n_out, n_in)``) and ``dy_i/db_j = (1 - y_i**2) [i == j]`` (``(n_out, n_out)``)."""
-        d = 1 - self(x) ** 2
-        eye = torch.eye(self.n_out, dtype=d.dtype, device=d.device)
-        return d[:, None, None] * eye[:, :, None] * x[None, None, :], d[:, None] * eye
-
     def to(self, *args, **kwargs) -> "TanhLayer":
         return TanhLayer(self.weight.to(*args, **kwargs), self.bias.to(*args, **kwargs))
 
@@ -106,15 +93,6 @@ class NormedLayer:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.norm(F.linear(x, self.weight, self.bias)))
-
-    @reference
-    def batched_jacobian(self, xs: torch.Tensor) -> torch.Tensor:
-        """The Jacobian of every sample of ``xs`` ``(B, n_in)`` by hand: ``(B, n_out, n_in)``."""
-        n = self.norm
-        with torch.no_grad():
-            scaled = (n.weight / torch.sqrt(n.running_var + n.eps))[:, None] * self.weight
-            y = self(xs)
-            return (1 - y * y)[:, :, None] * scaled[None]
 
     def to(self, *args, **kwargs) -> "NormedLayer":
         import copy
@@ -172,8 +150,9 @@ class Energy:
 
         f(x) = sum(softplus(A x + c)) + sum(d * cos(x)) + sum(x[:-1] * x[1:])
 
-    ``A`` has ``k`` rows (``k`` much smaller than ``n``). Gradient, Hessian and Hessian-vector
-    product are written out by hand below (torch ops, so they also run on ``meta``)."""
+    ``A`` has ``k`` rows (``k`` much smaller than ``n``). Its gradient is written out by hand below
+    (torch ops, so it also runs on ``meta``); its Hessian and Hessian-vector product, the answers of
+    the lesson's exercises, are the grader's (:mod:`course.references.jacobians`)."""
 
     def __init__(self, A: torch.Tensor, c: torch.Tensor, d: torch.Tensor):
         self.A, self.c, self.d = A, c, d
@@ -196,24 +175,6 @@ class Energy:
     def gradient(self, x: torch.Tensor) -> torch.Tensor:  # not a reference: lesson 5 differentiates it
         """``A^T sigmoid(A x + c) - d sin(x) + T x`` (a function of ``x`` you can differentiate too)."""
         return self.A.T @ torch.sigmoid(self.A @ x + self.c) - self.d * torch.sin(x) + self._neighbours(x)
-
-    def _curvature(self, x: torch.Tensor) -> torch.Tensor:
-        s = torch.sigmoid(self.A @ x + self.c)
-        return s * (1 - s)
-
-    @reference
-    def hessian(self, x: torch.Tensor) -> torch.Tensor:
-        """The whole ``n x n`` Hessian ``A^T diag(s) A - diag(d cos x) + T`` (small ``n`` only)."""
-        h = self.A.T @ (self._curvature(x)[:, None] * self.A) - torch.diag(self.d * torch.cos(x))
-        i = torch.arange(self.n - 1, device=x.device)
-        h[i, i + 1] += 1
-        h[i + 1, i] += 1
-        return h
-
-    @reference
-    def hvp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """``H(x) @ v`` from the formula, with vectors and ``k x n`` matrices only."""
-        return self.A.T @ (self._curvature(x) * (self.A @ v)) - self.d * torch.cos(x) * v + self._neighbours(v)
 
     def to(self, *args, **kwargs) -> "Energy":
         return Energy(self.A.to(*args, **kwargs), self.c.to(*args, **kwargs), self.d.to(*args, **kwargs))

@@ -1,7 +1,11 @@
 """Lesson 5's checks (Jacobians, Hessians, HVPs): the instructor's solutions pass every one, and
 every one fails on the untouched student stub and on a planted mistake aimed at it. Solutions and
-mistakes come from the instructor notebook itself. Also: the hand-written derivatives and the op
-watcher in course.jacobians, which the checks trust."""
+mistakes come from the instructor notebook itself. Also: the hand-written derivatives of the
+grader's references (course.references.jacobians) and the op watcher in course.jacobians, which
+the checks trust; and, without the references (a learner's copy), the visible checks on the
+answers stored for them."""
+
+import sys
 
 import pytest
 import torch
@@ -10,6 +14,7 @@ from torch.func import grad, hessian, jacfwd, jacrev
 from autograder.solution_code import load_solution, solution_source
 from course import jacobians as J
 from course.checks import jacobians as C
+from course.references import jacobians as R
 
 LESSON = "05_jacobians_hessians"
 F64 = torch.float64
@@ -48,8 +53,30 @@ def stub(*args, **kwargs):
 def test_tanh_layer_jacobian_formula_matches_autograd():
     for layer in (J.tanh_layer(7, 5, seed=1, dtype=F64), J.banded_layer(9, width=3, seed=2, dtype=F64)):
         x = torch.randn(layer.n_in, dtype=F64)
-        torch.testing.assert_close(layer.jacobian(x), jacrev(layer)(x))
-        torch.testing.assert_close(layer.jacobian(x), jacfwd(layer)(x))
+        torch.testing.assert_close(R.tanh_jacobian(layer, x), jacrev(layer)(x))
+        torch.testing.assert_close(R.tanh_jacobian(layer, x), jacfwd(layer)(x))
+
+
+def test_normed_layer_jacobian_formula_matches_autograd():
+    norm = J.normed_layer(5, 7, seed=3, dtype=F64)
+    xs = torch.randn(4, 7, dtype=F64)
+    per_sample = torch.stack([jacrev(lambda x: norm(x[None])[0])(x) for x in xs])
+    torch.testing.assert_close(R.normed_batched_jacobian(norm, xs), per_sample)
+
+
+def test_the_course_row_loops_are_the_jacobian_and_the_hessian():
+    layer, e = J.tanh_layer(6, 4, seed=1, dtype=F64), J.energy(5, seed=2, dtype=F64)
+    x, x_e = torch.randn(4, dtype=F64), torch.randn(5, dtype=F64)
+    torch.testing.assert_close(R.row_loop_jacobian(layer, x), jacrev(layer)(x))
+    torch.testing.assert_close(R.row_loop_hessian(e, x_e), hessian(e)(x_e))
+
+
+def test_the_functions_carry_no_derivative_a_learner_could_call():
+    """Built in the learner's process too (they cross as recipes): only the gradient, an input, stays."""
+    assert not any(hasattr(J.TanhLayer, m) for m in ("jacobian", "parameter_jacobians"))
+    assert not hasattr(J.NormedLayer, "batched_jacobian")
+    assert not any(hasattr(J.Energy, m) for m in ("hessian", "hvp")) and hasattr(J.Energy, "gradient")
+    assert not any(hasattr(C, m) for m in ("_course_row_loop", "_course_hessian"))
 
 
 def test_banded_layer_is_banded():
@@ -63,9 +90,9 @@ def test_energy_derivative_formulas_match_autograd():
     e = J.energy(13, k=3, seed=4, dtype=F64)
     x, v = torch.randn(13, dtype=F64), torch.randn(13, dtype=F64)
     torch.testing.assert_close(e.gradient(x), grad(e)(x))
-    torch.testing.assert_close(e.hessian(x), hessian(e)(x))
-    torch.testing.assert_close(e.hvp(x, v), hessian(e)(x) @ v)
-    torch.testing.assert_close(jacrev(e.gradient)(x), e.hessian(x))
+    torch.testing.assert_close(R.energy_hessian(e, x), hessian(e)(x))
+    torch.testing.assert_close(R.energy_hvp(e, x, v), hessian(e)(x) @ v)
+    torch.testing.assert_close(jacrev(e.gradient)(x), R.energy_hessian(e, x))
 
 
 def test_makers_are_seeded_and_reject_bad_sizes():
@@ -292,8 +319,71 @@ def test_each_check_catches_a_planted_mistake(mistake, mutate5):
 def test_parameter_jacobians_formula_matches_autograd():
     layer = J.tanh_layer(4, 3, seed=2, dtype=F64)
     x = torch.randn(3, dtype=F64)
-    j_w, j_b = layer.parameter_jacobians(x)
+    j_w, j_b = R.tanh_parameter_jacobians(layer, x)
     ref_w, ref_b = jacrev(lambda w, b: torch.tanh(torch.nn.functional.linear(x, w, b)), argnums=(0, 1))(
         layer.weight, layer.bias)
     assert torch.allclose(j_w, ref_w) and torch.allclose(j_b, ref_b)
     assert j_w.shape == (4, 4, 3) and j_b.shape == (4, 4)
+
+
+# -- a learner's copy: no references, the visible checks on stored answers ----------------------------
+
+@pytest.fixture
+def no_references(monkeypatch):
+    """As in a learner's copy (or the learner's process under the grader): course.references.jacobians
+    cannot be imported, so any use of it on the checks' way fails."""
+    monkeypatch.setitem(sys.modules, "course.references.jacobians", None)
+    assert C._grader_references() is None
+
+
+def test_without_the_grader_references_the_visible_checks_use_stored_answers(no_references, jac_solution, capsys):
+    s = jac_solution
+    C.check_row_jacobian(s.jacobian_rows)
+    C.check_largest_chunk(s.largest_chunk)
+    C.check_pick_jacobian(s.pick_jacobian)
+    C.check_parameter_jacobians(s.parameter_jacobians)
+    C.check_batched_jacobian(s.batched_jacobian)
+    C.check_batched_hessian(s.batched_hessian)
+    C.check_batched_jacobian_sum(s.batched_jacobian_sum)
+    C.check_hvp(s.hvp_fwd_rev, s.hvp_rev_rev)
+    assert capsys.readouterr().out.count("ok: ") == 8
+    with pytest.raises(AssertionError, match="reference data for seed 0 only"):
+        C.check_row_jacobian(s.jacobian_rows, seed=17, n_out=7, n_in=13)
+    with pytest.raises(AssertionError, match=r"reference data for \{'n': 50\} only"):
+        C.check_hvp(s.hvp_fwd_rev, s.hvp_rev_rev, n=17)
+
+
+def test_without_the_grader_references_the_picker_speed_check_compares_with_autodiff(no_references, jac_solution):
+    """Its Jacobians are torch.func's own, timed in the checker: float64 reverse mode is their witness."""
+    reports = C.check_picker_speed(jac_solution.pick_jacobian, bars={"cpu": 2.0, "cuda": 2.0}, tall=(2048, 32),
+                                   wide=(32, 2048), **QUICK)
+    assert set(reports) == {"tall", "wide"}
+
+
+#: Planted mistakes whose numbers the stored answers must catch, and name, as the references do.
+STORED_MISTAKES = {
+    **{name: MISTAKES[name] for name in (
+        "rows: sign flipped", "rows: gradients stacked as columns", "sum: averaged over the batch",
+        "argnums: bias and weight swapped", "argnums: the Jacobian with respect to x",
+        "argnums: a gradient instead of a Jacobian", "hvp rev-rev: v forgotten", "hvp fwd-rev: the gradient instead",
+        "chunk: one past the largest")},
+    "rows: the float32 Jacobian 0.1% off": (
+        "rows", "    return torch.stack(rows)\n",
+        "    return torch.stack(rows) * (1 + 1e-3 * (x.dtype == torch.float32))\n",
+        "jacobian_rows on a .* tanh layer \\(float32\\)"),
+    "batched jacobian: halved": (
+        "bjac", "return vmap(jacrev(f))(xs)", "return vmap(jacrev(f))(xs) * 0.5", "batched_jacobian on a batch of 6"),
+    "batched hessian: the sign": (
+        "bhes", "return vmap(hessian(f))(xs)", "return -vmap(hessian(f))(xs)", "the opposite sign"),
+    "sum: wrong on the BatchNorm layer only": (
+        "bsum", "    return by_output.movedim(1, 0)\n",
+        "    return by_output.movedim(1, 0) * (0.5 if type(f).__name__ == 'NormedLayer' else 1.0)\n",
+        "through a 4x6 layer with a BatchNorm1d"),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(STORED_MISTAKES))
+def test_without_the_grader_references_a_planted_mistake_fails_with_its_cause(mistake, mutate5, no_references):
+    kind, old, new, says = STORED_MISTAKES[mistake]
+    with pytest.raises(AssertionError, match=says):
+        run_check(kind, mutate5(old, new))

@@ -3,9 +3,13 @@ largest ``chunk_size`` within a memory budget; a picker between ``jacfwd`` and `
 choice measured; batched Jacobians and Hessians, by ``vmap`` and by the summation trick;
 Hessian-vector products that never build the Hessian.
 
-Every numeric result is compared with a formula evaluated in float64 (``course.jacobians``
-writes the derivatives of its functions out by hand), on functions and points drawn from
-``seed``. Two structural questions are answered by ``course.jacobians.TensorWatch``, a
+Every numeric result is compared with a formula evaluated in float64, on functions and points
+drawn from ``seed``. The formulas (the derivatives of ``course.jacobians``' functions, written out
+by hand) answer the exercises, so they are the grader's alone (:mod:`course.references.jacobians`,
+which the learner's process never has); a learner's copy of the course has no references either,
+and there the visible checks (the lesson's own calls) compare with the float64 answers stored for
+those calls (``course/reference_data/05_jacobians.pt``, written by ``python -m course.references``).
+Two structural questions are answered by ``course.jacobians.TensorWatch``, a
 ``TorchDispatchMode`` that sees every ATen op:
 
 - *was there a Python loop?* The op count of a loop grows with the number of rows (or samples);
@@ -24,12 +28,14 @@ take at least ten times as long for 128 times the rows (a vmap measured about 3;
 fails, and in between is undecided); a batched Jacobian (``vmap``, or the summation trick) and an
 HVP must take at most a third of the time of the course's own loop (or Hessian) on the same work,
 timed beside it while the learner's process is stopped: a loop that sleeps to look flat is still
-no faster than a loop.
+no faster than a loop. The course's row loop answers exercise 1, so it is the grader's too; the
+Hessian times v (``torch.func.hessian``, which the HVP exercise forbids) is no answer to hide.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -44,7 +50,6 @@ from course.grading import best_of, expect_speedup, speed_bar
 from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, format_bytes, normed_layer, tanh_layer
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, best_times, compare, format_time
-from course.guard import reference
 from course.remote import is_remote, mirrored, recipe
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
@@ -66,6 +71,53 @@ def _tol(dtype: torch.dtype) -> dict:
     return TOL64 if dtype == F64 else TOL32
 
 
+# -- what the checks compare with -----------------------------------------------------------------
+
+def _grader_references():
+    """:mod:`course.references.jacobians`, where it exists: with the grader (the judge) and in the
+    tests, never in a learner's copy of the course or in the learner's process under the grader."""
+    return grader_references("jacobians")
+
+
+#: The float64 answers of the visible checks, for a learner's copy (``python -m course.references``).
+DATA_FILE = "05_jacobians.pt"
+
+
+def _answers(answers: Callable[..., list], seed: int, **sizes: int) -> list:
+    """``answers(refs, seed, **sizes)``: a check's float64 answers, on the CPU, by the grader's
+    references; in a learner's copy (none there), those stored for the lesson's own call, refused
+    for other arguments (the grader checks others)."""
+    refs = _grader_references()
+    if refs is not None:
+        return answers(refs, seed, **sizes)
+    stored = stored_answers(DATA_FILE, seed=seed)[answers.__name__]
+    if stored["sizes"] != sizes:
+        raise AssertionError(f"This check has reference data for {stored['sizes']} only (the lesson's own call); "
+                             f"the grader checks others ({sizes} asked for here).")
+    return stored["answers"]
+
+
+def reference_data(seed: int = 0) -> dict:
+    """What :func:`_answers` reads in a learner's copy: every visible check's float64 answers on
+    ``seed`` at the check's default sizes, by the grader's references:
+    ``{"seed", answers' name: {"sizes", "answers"}}``."""
+    from course.references import jacobians as refs
+
+    data: dict = {"seed": seed}
+    for check, answers in _VISIBLE.items():
+        taken = inspect.signature(answers).parameters
+        sizes = {k: p.default for k, p in inspect.signature(check).parameters.items() if k in taken and k != "seed"}
+        data[answers.__name__] = {"sizes": sizes, "answers": answers(refs, seed, **sizes)}
+    return data
+
+
+def _course_loop(name: str) -> Callable:
+    """The course's loop ``name`` (:mod:`course.references.jacobians`), looked up when it runs: it is
+    the clock's yardstick across the boundary only, in the judge, which has the references (in the
+    learner's own notebook op counts answer, and no loop of the course's runs)."""
+    return lambda *args: getattr(_grader_references(), name)(*args)
+
+
 def _expect_tensor(got, name: str, x: torch.Tensor, shape: tuple[int, ...], hint: str) -> None:
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{name} should return a tensor of shape {shape}, got {describe(got)}.\n  Hint: {hint}")
@@ -78,8 +130,9 @@ def _expect_tensor(got, name: str, x: torch.Tensor, shape: tuple[int, ...], hint
 
 def _compare(got, ref64: torch.Tensor, name: str, dtype: torch.dtype, hint: str,
              variants: Mapping[str, torch.Tensor] | None = None) -> None:
+    """``got`` against the float64 answer ``ref64`` (on the CPU when stored), naming a known mistake."""
     ref = ref64.to(got.device)
-    named = {"the result has the opposite sign": -ref, **(variants or {})}
+    named = {"the result has the opposite sign": -ref, **{k: v.to(got.device) for k, v in (variants or {}).items()}}
     if ref.dim() == 2 and ref.shape[0] == ref.shape[1]:
         named["the result is transposed: row i is output i, column j is input j"] = ref.T
     name_mistake(name, got, ref, named, **_tol(dtype))
@@ -88,23 +141,37 @@ def _compare(got, ref64: torch.Tensor, name: str, dtype: torch.dtype, hint: str,
 
 # -- the Jacobian cases -------------------------------------------------------------------------
 
+DTYPES = (F64, torch.float32)
+
+
+def _tanh_exact(layer: TanhLayer, x: torch.Tensor) -> Callable:
+    return lambda refs: refs.tanh_jacobian(layer.to(F64), x.to(F64))
+
+
 def _jacobian_cases(seed: int, n_out: int, n_in: int, device):
-    """(label, f, x, reference Jacobian in float64): a dense layer in float64 and float32, a
-    banded layer, and the hand-written gradient of an Energy (whose Jacobian is its Hessian)."""
+    """(label, f, x, exact): a dense layer in float64 and float32, a banded layer, and the
+    hand-written gradient of an Energy (whose Jacobian is its Hessian); ``exact(refs)`` is the
+    Jacobian in float64 by the grader's formula."""
     dev = pick_device(device)
     cases = []
-    for dtype in (F64, torch.float32):
+    for dtype in DTYPES:
         layer = tanh_layer(n_out, n_in, seed=seed, device=dev, dtype=dtype)
         x = randn(n_in, seed=seed + 10, device=dev, dtype=dtype)
-        ref = layer.to(F64).jacobian(x.to(F64))
-        cases.append((f"a {n_out}x{n_in} tanh layer ({str(dtype).replace('torch.', '')})", layer, x, ref))
+        cases.append((f"a {n_out}x{n_in} tanh layer ({str(dtype).replace('torch.', '')})", layer, x,
+                      _tanh_exact(layer, x)))
     band = banded_layer(n_in, seed=seed + 3, device=dev, dtype=torch.float32)
     x = randn(n_in, seed=seed + 11, device=dev)
-    cases.append((f"a banded {n_in}x{n_in} layer (float32)", band, x, band.to(F64).jacobian(x.to(F64))))
+    cases.append((f"a banded {n_in}x{n_in} layer (float32)", band, x, _tanh_exact(band, x)))
     e = energy(max(n_in, 2), seed=seed + 5, device=dev, dtype=F64)
-    x = randn(e.n, seed=seed + 12, device=dev, dtype=F64)
-    cases.append((f"the gradient of an Energy of {e.n} variables (float64)", e.gradient, x, e.hessian(x)))
+    x_e = randn(e.n, seed=seed + 12, device=dev, dtype=F64)
+    cases.append((f"the gradient of an Energy of {e.n} variables (float64)", e.gradient, x_e,
+                  lambda refs: refs.energy_hessian(e, x_e)))
     return cases
+
+
+def _row_answers(refs, seed: int, *, n_out: int, n_in: int) -> list:
+    """The float64 Jacobian of each of :func:`_jacobian_cases`."""
+    return [exact(refs) for *_, exact in _jacobian_cases(seed, n_out, n_in, "cpu")]
 
 
 @dataclass
@@ -208,26 +275,6 @@ def _clock_growth(fn, name: str, make: Callable[..., tuple], time_sizes: tuple[i
     return g
 
 
-@reference
-def _course_hessian(f: Callable, x: torch.Tensor) -> torch.Tensor:
-    """The Hessian of a scalar ``f`` by the course's row loop over its gradient (one backward pass
-    per row): the yardstick for a loop over samples of Hessians."""
-    def gradient(z):
-        return torch.autograd.grad(f(z), z, create_graph=True)[0]
-
-    return _course_row_loop(gradient, x)
-
-
-@reference
-def _course_row_loop(f: Callable, x: torch.Tensor) -> torch.Tensor:
-    """The course's own loop over rows, the yardstick of 'no loop': one backward pass per row of
-    the identity (as lean as a loop gets: no indexing of the output)."""
-    leaf = x.detach().clone().requires_grad_(True)
-    out = f(leaf).reshape(-1)
-    basis = torch.eye(out.numel(), dtype=out.dtype, device=out.device)
-    return torch.stack([torch.autograd.grad(out, leaf, row, retain_graph=True)[0] for row in basis])
-
-
 def _rows_growth(fn: Callable, name: str, seed: int) -> _Growth:
     """On layers with 8 and 40 outputs (op counts) or 8 and 1024 (time: enough rows that the work, not
     the crossing of the boundary, dominates), 16 inputs, on the CPU."""
@@ -238,7 +285,8 @@ def _rows_growth(fn: Callable, name: str, seed: int) -> _Growth:
 
 def _jacobian_numerics(fn: Callable, name: str, seed: int, n_out: int, n_in: int, device, hint: str) -> int:
     cases = _jacobian_cases(seed, n_out, n_in, device)
-    for label, f, x, ref in cases:
+    answers = _answers(_row_answers, seed, n_out=n_out, n_in=n_in)
+    for (label, f, x, _), ref in zip(cases, answers):
         x_in = x.clone()
         with mirrored(fn):  # across the boundary, what it did to x comes back
             got = call(fn, f, x_in, name=name)
@@ -362,7 +410,7 @@ def check_largest_chunk(largest_chunk: Callable, *, seed: int = 0) -> None:
     compared with the grader's own search (in a learner's copy, with the answers stored for the
     visible call), and what the learner's chunk makes is measured by the checker's TensorWatch:
     outputs on inputs the grader chose, nothing taken on trust from the learner's process."""
-    refs = grader_references("jacobians")
+    refs = _grader_references()
     answers = (chunk_reference_data(seed) if refs is not None else stored_answers(CHUNK_DATA, seed=seed))["cases"]
     cases = _chunk_cases(seed)
     gots, wants = [], []  # the answers (0: ValueError), for the grading parent to compare again
@@ -493,12 +541,25 @@ def check_pick_jacobian(pick_jacobian: Callable, *, seed: int = 0) -> None:
     ok(f"pick_jacobian chooses right on {len(cases)} shapes (tall, wide, square, and not vectors)")
 
 
-def _parameter_mistake(got, layer: TanhLayer, x: torch.Tensor, j_w: torch.Tensor, j_b: torch.Tensor) -> str | None:
+def _parameter_case(seed: int, n_out: int, n_in: int, device, dtype: torch.dtype) -> tuple[TanhLayer, torch.Tensor]:
+    return (tanh_layer(n_out, n_in, seed=seed, device=device, dtype=dtype),
+            randn(n_in, seed=seed + 10, device=device, dtype=dtype))
+
+
+def _parameter_answers(refs, seed: int, *, n_out: int, n_in: int) -> list:
+    """Per dtype, in float64: ``(J_w, J_b, J_x)``, the last (with respect to x) to name a mistake."""
+    out = []
+    for dtype in DTYPES:
+        layer, x = (a.to(F64) for a in _parameter_case(seed, n_out, n_in, "cpu", dtype))
+        out.append((*refs.tanh_parameter_jacobians(layer, x), refs.tanh_jacobian(layer, x)))
+    return out
+
+
+def _parameter_mistake(got, j_w: torch.Tensor, j_b: torch.Tensor, j_x: torch.Tensor) -> str | None:
     """What a wrong answer of ``parameter_jacobians`` is, where its result gives it away."""
     def same(a, b) -> bool:
         return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.to(b), b, rtol=1e-5, atol=1e-7)
 
-    j_x = layer.to(F64).jacobian(x.to(F64))
     grad_w = j_w.sum(0)
     if isinstance(got, torch.Tensor):
         if same(got, j_w):
@@ -530,15 +591,15 @@ def check_parameter_jacobians(parameter_jacobians: Callable, *, seed: int = 0, n
                               device=None) -> None:
     """``parameter_jacobians(weight, bias, x) -> (J_w, J_b)``: the Jacobians of
     ``tanh(F.linear(x, weight, bias))`` with respect to the weight, ``(n_out, n_out, n_in)``, and
-    the bias, ``(n_out, n_out)``, equal to the formula (:meth:`TanhLayer.parameter_jacobians`) in
-    float64 and float32; the inputs left alone."""
+    the bias, ``(n_out, n_out)``, equal to the formula
+    (:func:`course.references.jacobians.tanh_parameter_jacobians`) in float64 and float32; the
+    inputs left alone."""
     dev = pick_device(device)
     hint = ("def predict(weight, bias, x): return torch.tanh(F.linear(x, weight, bias)); then "
             "jacrev(predict, argnums=(0, 1))(weight, bias, x) returns (J_w, J_b).")
-    for dtype in (F64, torch.float32):
-        layer = tanh_layer(n_out, n_in, seed=seed, device=dev, dtype=dtype)
-        x = randn(n_in, seed=seed + 10, device=dev, dtype=dtype)
-        j_w, j_b = layer.to(F64).parameter_jacobians(x.to(F64))
+    answers = _answers(_parameter_answers, seed, n_out=n_out, n_in=n_in)
+    for dtype, (j_w, j_b, j_x) in zip(DTYPES, answers):
+        layer, x = _parameter_case(seed, n_out, n_in, dev, dtype)
         args = (layer.weight.clone(), layer.bias.clone(), x.clone())
         with mirrored(parameter_jacobians):
             got = call(parameter_jacobians, *args, name="parameter_jacobians")
@@ -546,7 +607,7 @@ def check_parameter_jacobians(parameter_jacobians: Callable, *, seed: int = 0, n
             if not torch.equal(before, after):
                 raise AssertionError(f"parameter_jacobians changed its input {what} in place; leave the inputs "
                                      "alone.")
-        mistake = _parameter_mistake(got, layer, x, j_w, j_b)
+        mistake = _parameter_mistake(got, j_w, j_b, j_x)
         if mistake:
             raise AssertionError(f"parameter_jacobians is wrong: {mistake}.\n  Hint: {hint}")
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
@@ -568,8 +629,11 @@ def check_picker_speed(pick_jacobian: Callable, *, bars: Mapping[str, float], ta
                        min_run_time: float = 0.1, attempts: int = 3, device=None) -> dict[str, SpeedReport]:
     """On a tall layer (``tall = (outputs, inputs)``, more outputs) and a wide one, the transform
     ``pick_jacobian`` chooses is the right one, and is faster than the other by the device's bar,
-    timed side by side, every Jacobian compared with the float64 formula."""
+    timed side by side, every Jacobian compared with the float64 formula (in a learner's copy, which has
+    none, with torch's own reverse mode in float64: what is timed is torch.func, not the learner's code)."""
     dev = pick_device(device)
+    refs = _grader_references()
+    exact_jacobian = refs.tanh_jacobian if refs is not None else lambda f, x: jacrev(f)(x)
     if not tall[0] > tall[1] or not wide[0] < wide[1]:
         raise ValueError(f"tall must have more outputs than inputs and wide fewer, got tall={tall}, wide={wide}.")
     reports = {}
@@ -591,7 +655,7 @@ def check_picker_speed(pick_jacobian: Callable, *, bars: Mapping[str, float], ta
             return (randn(n, seed=seed + 200 + next(counter), device=dev),)
 
         def check(name, out, args, exact=exact, label=label):
-            _compare(out, exact.jacobian(args[0].to(F64)), f"{name} on the {label} layer while timing",
+            _compare(out, exact_jacobian(exact, args[0].to(F64)), f"{name} on the {label} layer while timing",
                      torch.float32, "both modes compute the same Jacobian.")
 
         print(f"{label} layer: {m} outputs x {n} inputs")
@@ -606,15 +670,25 @@ def check_picker_speed(pick_jacobian: Callable, *, bars: Mapping[str, float], ta
 
 # -- batched Jacobians and Hessians ---------------------------------------------------------------
 
-def _batched_numerics(fn: Callable, name: str, make, seed: int, batch: int, device, hint: str) -> None:
+def _batch(seed: int, batch: int, n_in: int, device, dtype: torch.dtype) -> torch.Tensor:
+    return randn(batch, n_in, seed=seed + 20, device=device, dtype=dtype)
+
+
+def _per_sample(exact: Callable, f, xs: torch.Tensor) -> torch.Tensor:
+    """``exact(f, x)`` (a formula of the references) for every sample of ``xs``, in float64."""
+    f64 = f.to(F64)
+    return torch.stack([exact(f64, x) for x in xs.to(F64)])
+
+
+def _batched_numerics(fn: Callable, name: str, make: Callable, n_in: int, answers: list, seed: int, batch: int,
+                      device, hint: str) -> None:
+    """``fn(make(dtype, device), xs)`` against ``answers``, one per dtype of :data:`DTYPES`."""
     dev = pick_device(device)
-    for dtype in (F64, torch.float32):
-        f, n_in, per_sample, shape = make(dtype, dev)
-        xs = randn(batch, n_in, seed=seed + 20, device=dev, dtype=dtype)
-        ref = torch.stack([per_sample(x.to(F64)) for x in xs])
-        got = call(fn, f, xs.clone(), name=name)
+    for dtype, ref in zip(DTYPES, answers):
+        xs = _batch(seed, batch, n_in, dev, dtype)
+        got = call(fn, make(dtype, dev), xs.clone(), name=name)
         label = f"{name} on a batch of {batch} ({str(dtype).replace('torch.', '')})"
-        _expect_tensor(got, label, xs, (batch,) + shape, hint)
+        _expect_tensor(got, label, xs, tuple(ref.shape), hint)
         _compare(got, ref, label, dtype, hint)
 
 
@@ -632,19 +706,23 @@ def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int, per_sample:
     return g
 
 
+def _batched_jacobian_answers(refs, seed: int, *, batch: int, n_out: int, n_in: int) -> list:
+    """Per dtype, the ``(B, m, n)`` Jacobians of :func:`check_batched_jacobian`'s batch, in float64."""
+    return [_per_sample(refs.tanh_jacobian, tanh_layer(n_out, n_in, seed=seed, device="cpu", dtype=dtype),
+                        _batch(seed, batch, n_in, "cpu", dtype)) for dtype in DTYPES]
+
+
 def check_batched_jacobian(batched_jacobian: Callable, *, seed: int = 0, batch: int = 6, n_out: int = 5,
                            n_in: int = 7, device=None) -> None:
     """``batched_jacobian(f, xs)``: for a batch ``xs`` of shape ``(B, n)``, the Jacobian of ``f``
     at every sample, ``(B, m, n)``, with ``vmap`` (no loop over the samples)."""
     hint = "vmap(jacrev(f))(xs): jacrev(f) takes one sample, vmap maps it over the batch dimension."
-
-    def make(dtype, dev):
-        layer = tanh_layer(n_out, n_in, seed=seed, device=dev, dtype=dtype)
-        return layer, n_in, layer.to(F64).jacobian, (n_out, n_in)
-
-    _batched_numerics(batched_jacobian, "batched_jacobian", make, seed, batch, device, hint)
+    answers = _answers(_batched_jacobian_answers, seed, batch=batch, n_out=n_out, n_in=n_in)
+    _batched_numerics(batched_jacobian, "batched_jacobian",
+                      lambda dtype, dev: tanh_layer(n_out, n_in, seed=seed, device=dev, dtype=dtype), n_in, answers,
+                      seed, batch, device, hint)
     g = _no_batch_loop(batched_jacobian, "batched_jacobian", tanh_layer(n_out, n_in, seed=seed, device="cpu"), n_in,
-                       seed, _course_row_loop)
+                       seed, _course_loop("row_loop_jacobian"))
     ok(f"batched_jacobian equals the float64 formula for every sample ({batch} x {n_out} x {n_in}, seed {seed}), "
        f"with no loop over the batch: it {g.text('samples')}")
 
@@ -678,6 +756,25 @@ def _single(f: Callable) -> Callable:
     return lambda x: f(x[None])[0]
 
 
+def _sum_cases(seed: int, batch: int, n_out: int, n_in: int, device) -> list[tuple[str, Callable, torch.Tensor]]:
+    """(label, f, xs): a tanh layer in float64 and float32, and a layer with a BatchNorm1d in eval mode."""
+    dev = pick_device(device)
+    cases = [(f"a {n_out}x{n_in} tanh layer ({str(dtype).replace('torch.', '')})",
+              tanh_layer(n_out, n_in, seed=seed, device=dev, dtype=dtype), _batch(seed, batch, n_in, dev, dtype))
+             for dtype in DTYPES]
+    cases.append((f"a {n_out}x{n_in} layer with a BatchNorm1d in eval mode (float64)",
+                  normed_layer(n_out, n_in, seed=seed + 1, device=dev, dtype=F64),
+                  randn(batch, n_in, seed=seed + 21, device=dev, dtype=F64)))
+    return cases
+
+
+def _sum_answers(refs, seed: int, *, batch: int, n_out: int, n_in: int) -> list:
+    """The ``(B, m, n)`` Jacobians of each of :func:`_sum_cases`, in float64."""
+    (_, layer64, xs64), (_, layer32, xs32), (_, normed, xs) = _sum_cases(seed, batch, n_out, n_in, "cpu")
+    return [_per_sample(refs.tanh_jacobian, layer64, xs64), _per_sample(refs.tanh_jacobian, layer32, xs32),
+            refs.normed_batched_jacobian(normed, xs)]
+
+
 def check_batched_jacobian_sum(batched_jacobian_sum: Callable, *, seed: int = 0, batch: int = 5, n_out: int = 4,
                                n_in: int = 6, device=None) -> None:
     """``batched_jacobian_sum(f, xs)``: for ``f`` a function of a batch whose samples do not mix,
@@ -685,22 +782,12 @@ def check_batched_jacobian_sum(batched_jacobian_sum: Callable, *, seed: int = 0,
     outputs summed over the batch. The cases: a tanh layer in float64 and float32, and a layer
     with a ``BatchNorm1d`` in eval mode, which refuses a single sample (``vmap`` cannot run it);
     no loop over the samples (op counts, or the grader's clock)."""
-    dev = pick_device(device)
     name = "batched_jacobian_sum"
     hint = ("take one Jacobian, of the outputs summed over the batch (f(xs).sum(0)) with respect to xs; it comes "
             "back as (outputs, batch, inputs): move the batch dimension to the front.")
-    cases = []
-    for dtype in (F64, torch.float32):
-        layer = tanh_layer(n_out, n_in, seed=seed, device=dev, dtype=dtype)
-        xs = randn(batch, n_in, seed=seed + 20, device=dev, dtype=dtype)
-        exact = layer.to(F64)
-        cases.append((f"a {n_out}x{n_in} tanh layer ({str(dtype).replace('torch.', '')})", layer, xs,
-                      torch.stack([exact.jacobian(x) for x in xs.to(F64)])))
-    normed = normed_layer(n_out, n_in, seed=seed + 1, device=dev, dtype=F64)
-    xs = randn(batch, n_in, seed=seed + 21, device=dev, dtype=F64)
-    cases.append((f"a {n_out}x{n_in} layer with a BatchNorm1d in eval mode (float64)", normed, xs,
-                  normed.batched_jacobian(xs)))
-    for label, f, xs, ref in cases:
+    cases = _sum_cases(seed, batch, n_out, n_in, device)
+    answers = _answers(_sum_answers, seed, batch=batch, n_out=n_out, n_in=n_in)
+    for (label, f, xs), ref in zip(cases, answers):
         title = f"{name} on a batch of {batch} through {label}"
         got = call(batched_jacobian_sum, f, xs.clone(), name=title)
         _sum_trick_shape(got, title, batch, n_out, n_in)
@@ -709,10 +796,16 @@ def check_batched_jacobian_sum(batched_jacobian_sum: Callable, *, seed: int = 0,
             "the outputs were averaged over the batch (.mean(0)): every Jacobian is divided by the batch size; "
             "sum them": ref / batch})
     g = _no_batch_loop(batched_jacobian_sum, name, normed_layer(n_out, n_in, seed=seed + 1, device="cpu"), n_in,
-                       seed, lambda f, x: _course_row_loop(_single(f), x),
+                       seed, lambda f, x: _course_loop("row_loop_jacobian")(_single(f), x),
                        fix="One Jacobian of the outputs summed over the batch does every sample at once.")
     ok(f"{name} equals the float64 formula for every sample ({batch} x {n_out} x {n_in}, seed {seed}), BatchNorm "
        f"layer included, with no loop over the batch: it {g.text('samples')}")
+
+
+def _batched_hessian_answers(refs, seed: int, *, batch: int, n: int) -> list:
+    """Per dtype, the ``(B, n, n)`` Hessians of :func:`check_batched_hessian`'s batch, in float64."""
+    return [_per_sample(refs.energy_hessian, energy(n, seed=seed, device="cpu", dtype=dtype),
+                        _batch(seed, batch, n, "cpu", dtype)) for dtype in DTYPES]
 
 
 def check_batched_hessian(batched_hessian: Callable, *, seed: int = 0, batch: int = 6, n: int = 9,
@@ -720,19 +813,32 @@ def check_batched_hessian(batched_hessian: Callable, *, seed: int = 0, batch: in
     """``batched_hessian(f, xs)``: for a scalar ``f`` and a batch ``xs`` of shape ``(B, n)``, the
     Hessian at every sample, ``(B, n, n)``, with ``vmap`` (no loop over the samples)."""
     hint = "vmap(hessian(f))(xs), where hessian(f) = jacfwd(jacrev(f)) takes one sample."
-
-    def make(dtype, dev):
-        e = energy(n, seed=seed, device=dev, dtype=dtype)
-        return e, n, e.to(F64).hessian, (n, n)
-
-    _batched_numerics(batched_hessian, "batched_hessian", make, seed, batch, device, hint)
+    answers = _answers(_batched_hessian_answers, seed, batch=batch, n=n)
+    _batched_numerics(batched_hessian, "batched_hessian",
+                      lambda dtype, dev: energy(n, seed=seed, device=dev, dtype=dtype), n, answers, seed, batch,
+                      device, hint)
     g = _no_batch_loop(batched_hessian, "batched_hessian", energy(n, seed=seed, device="cpu"), n, seed,
-                       _course_hessian)
+                       _course_loop("row_loop_hessian"))
     ok(f"batched_hessian equals the float64 formula for every sample ({batch} x {n} x {n}, seed {seed}), "
        f"with no loop over the batch: it {g.text('samples')}")
 
 
 # -- Hessian-vector products ----------------------------------------------------------------------
+
+def _hvp_case(seed: int, n: int, device, dtype: torch.dtype) -> tuple:
+    """(energy, x, v) of :func:`check_hvp`."""
+    return (energy(n, seed=seed, device=device, dtype=dtype), randn(n, seed=seed + 30, device=device, dtype=dtype),
+            randn(n, seed=seed + 31, device=device, dtype=dtype))
+
+
+def _hvp_answers(refs, seed: int, *, n: int) -> list:
+    """Per dtype, in float64: ``H(x) @ v``, and ``H(x) @ ones`` (what an HVP that lost v returns)."""
+    out = []
+    for dtype in DTYPES:
+        e, x, v = (a.to(F64) for a in _hvp_case(seed, n, "cpu", dtype))
+        out.append((refs.energy_hvp(e, x, v), refs.energy_hvp(e, x, torch.ones_like(x))))
+    return out
+
 
 def check_hvp(hvp_fwd_rev: Callable, hvp_rev_rev: Callable, *, seed: int = 0, n: int = 50, big_n: int = 40_000,
               device=None) -> None:
@@ -740,26 +846,21 @@ def check_hvp(hvp_fwd_rev: Callable, hvp_rev_rev: Callable, *, seed: int = 0, n:
     equal to the float64 formula (float64 and float32), and, run at ``n = big_n`` in float64 on
     the ``meta`` device, never creating a tensor anywhere near ``n x n``."""
     dev = pick_device(device)
+    answers = _answers(_hvp_answers, seed, n=n)
     for fn, name, hint in (
             (hvp_fwd_rev, "hvp_fwd_rev", "forward over reverse: torch.func.jvp(grad(f), (x,), (v,)) returns "
                                          "(gradient, H @ v); take the second."),
             (hvp_rev_rev, "hvp_rev_rev", "reverse over reverse: the gradient of x -> dot(grad(f)(x), v) is H @ v "
                                          "(H is symmetric): grad(lambda x: torch.dot(grad(f)(x), v))(x).")):
-        for dtype in (F64, torch.float32):
-            e = energy(n, seed=seed, device=dev, dtype=dtype)
-            x = randn(n, seed=seed + 30, device=dev, dtype=dtype)
-            v = randn(n, seed=seed + 31, device=dev, dtype=dtype)
-            ref = e.to(F64).hvp(x.to(F64), v.to(F64))
+        for dtype, (ref, hv_ones) in zip(DTYPES, answers):
+            e, x, v = _hvp_case(seed, n, dev, dtype)
             got = call(fn, e, x.clone(), v.clone(), name=name)
             label = f"{name} on an Energy of {n} variables ({str(dtype).replace('torch.', '')})"
             _expect_tensor(got, label, x, (n,), "H(x) @ v has the shape of x.")
-            x64 = x.to(F64)
-            e64 = e.to(F64)
             _compare(got, ref, label, dtype, hint, variants={
                 "it returned the gradient (jvp's first output is grad f(x); H @ v is the second)":
-                    torch.func.grad(e64)(x64),
-                "v never reached the result (it is H(x) @ ones, the gradient of grad(f)(x).sum())":
-                    e64.hvp(x64, torch.ones_like(x64))})
+                    torch.func.grad(e.to(F64))(x.to(F64)),
+                "v never reached the result (it is H(x) @ ones, the gradient of grad(f)(x).sum())": hv_ones})
         if is_remote(fn):
             _hvp_growth(fn, name, seed)
         else:
@@ -771,6 +872,12 @@ def check_hvp(hvp_fwd_rev: Callable, hvp_rev_rev: Callable, *, seed: int = 0, n:
     full = big_n * big_n * 8
     ok(f"hvp_fwd_rev and hvp_rev_rev equal the float64 formula (n={n}, seed {seed}); at n={big_n:,} in float64 "
        f"(a Hessian of {format_bytes(full)}) neither builds anything near n x n")
+
+
+#: Each visible check with stored answers, and the function of its answers (:func:`reference_data`).
+_VISIBLE = {check_row_jacobian: _row_answers, check_parameter_jacobians: _parameter_answers,
+            check_batched_jacobian: _batched_jacobian_answers, check_batched_hessian: _batched_hessian_answers,
+            check_batched_jacobian_sum: _sum_answers, check_hvp: _hvp_answers}
 
 
 #: The size at which the grader times a learner's HVP (float64), beside the Hessian built and

@@ -1,15 +1,101 @@
-"""Lesson 5's search for the largest ``chunk_size`` under a memory budget: the answer to its
-exercise 3, so the grader's alone (see :mod:`course.references`). In a learner's copy the check
-uses the answers stored for its visible call (``course/reference_data/05_largest_chunk.pt``)."""
+"""Lesson 5's references, the grader's alone (see :mod:`course.references`): the derivatives of the
+lesson's functions worked out by hand (the answers of its exercises, in float64), the row loops
+that answer exercise 1 (and are the yardstick of "no loop" under the grader), and the search for
+the largest ``chunk_size`` under a memory budget (exercise 2).
+
+The functions themselves (``course.jacobians``' layers and energies) are built in the learner's
+process too, so they carry no derivative beyond ``Energy.gradient``, an input the lesson
+differentiates. In a learner's copy the visible checks use the answers stored for their own calls
+(``course/reference_data/05_jacobians.pt`` and ``05_largest_chunk.pt``)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
 from course.guard import reference
+from course.jacobians import Energy, NormedLayer, TanhLayer
 
-__all__ = ["largest_fitting_chunk"]
+__all__ = ["energy_hessian", "energy_hvp", "largest_fitting_chunk", "normed_batched_jacobian", "row_loop_hessian",
+           "row_loop_jacobian", "tanh_jacobian", "tanh_parameter_jacobians"]
 
+
+# -- the derivatives by hand --------------------------------------------------------------------
+
+@reference
+def tanh_jacobian(layer: TanhLayer, x: torch.Tensor) -> torch.Tensor:
+    """The Jacobian of ``tanh(W x + b)``, ``diag(1 - y**2) @ W`` (``(n_out, n_in)``; no autograd)."""
+    y = layer(x)
+    return (1 - y * y)[:, None] * layer.weight
+
+
+@reference
+def tanh_parameter_jacobians(layer: TanhLayer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Jacobians with respect to the weight and the bias, by hand: output ``i`` reads only row
+    ``i`` of ``W`` and ``b[i]``, so ``dy_i/dW_jk = (1 - y_i**2) [i == j] x_k`` (shape
+    ``(n_out, n_out, n_in)``) and ``dy_i/db_j = (1 - y_i**2) [i == j]`` (``(n_out, n_out)``)."""
+    d = 1 - layer(x) ** 2
+    eye = torch.eye(layer.n_out, dtype=d.dtype, device=d.device)
+    return d[:, None, None] * eye[:, :, None] * x[None, None, :], d[:, None] * eye
+
+
+@reference
+def normed_batched_jacobian(layer: NormedLayer, xs: torch.Tensor) -> torch.Tensor:
+    """The Jacobian of every sample of ``xs`` ``(B, n_in)`` through ``tanh(BatchNorm1d(W x + b))`` in
+    eval mode, by hand: ``diag(1 - y**2) diag(gamma / sqrt(var + eps)) W``, ``(B, n_out, n_in)``."""
+    n = layer.norm
+    with torch.no_grad():
+        scaled = (n.weight / torch.sqrt(n.running_var + n.eps))[:, None] * layer.weight
+        y = layer(xs)
+        return (1 - y * y)[:, :, None] * scaled[None]
+
+
+def _curvature(e: Energy, x: torch.Tensor) -> torch.Tensor:
+    """``s (1 - s)`` with ``s = sigmoid(A x + c)``: softplus's second derivative, one per row of ``A``."""
+    s = torch.sigmoid(e.A @ x + e.c)
+    return s * (1 - s)
+
+
+@reference
+def energy_hessian(e: Energy, x: torch.Tensor) -> torch.Tensor:
+    """The whole ``n x n`` Hessian ``A^T diag(s) A - diag(d cos x) + T`` (small ``n`` only)."""
+    h = e.A.T @ (_curvature(e, x)[:, None] * e.A) - torch.diag(e.d * torch.cos(x))
+    i = torch.arange(e.n - 1, device=x.device)
+    h[i, i + 1] += 1
+    h[i + 1, i] += 1
+    return h
+
+
+@reference
+def energy_hvp(e: Energy, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``H(x) @ v`` from the formula, with vectors and ``k x n`` matrices only."""
+    return e.A.T @ (_curvature(e, x) * (e.A @ v)) - e.d * torch.cos(x) * v + Energy._neighbours(v)
+
+
+# -- the course's loops -------------------------------------------------------------------------
+
+@reference
+def row_loop_jacobian(f: Callable, x: torch.Tensor) -> torch.Tensor:
+    """The course's own loop over rows (exercise 1's answer), the yardstick of 'no loop': one backward
+    pass per row of the identity (as lean as a loop gets: no indexing of the output)."""
+    leaf = x.detach().clone().requires_grad_(True)
+    out = f(leaf).reshape(-1)
+    basis = torch.eye(out.numel(), dtype=out.dtype, device=out.device)
+    return torch.stack([torch.autograd.grad(out, leaf, row, retain_graph=True)[0] for row in basis])
+
+
+@reference
+def row_loop_hessian(f: Callable, x: torch.Tensor) -> torch.Tensor:
+    """The Hessian of a scalar ``f`` by the course's row loop over its gradient (one backward pass
+    per row): the yardstick for a loop over samples of Hessians."""
+    def gradient(z):
+        return torch.autograd.grad(f(z), z, create_graph=True)[0]
+
+    return row_loop_jacobian(gradient, x)
+
+
+# -- chunk_size under a memory budget -------------------------------------------------------------
 
 @reference
 def largest_fitting_chunk(peak_bytes: Callable[[int], int], m: int, budget: int) -> int | None:
@@ -25,3 +111,14 @@ def largest_fitting_chunk(peak_bytes: Callable[[int], int], m: int, budget: int)
         else:
             over = middle
     return fits
+
+
+def jacobians_data() -> dict:
+    """Lesson 5's visible checks at their own calls (seed 0, default sizes): every float64 answer."""
+    from course.checks.jacobians import reference_data
+
+    return reference_data(0)
+
+
+#: Written by ``python -m course.references``; the chunk answers stay in 05_largest_chunk.pt.
+DATA_FILES = {"05_jacobians.pt": jacobians_data}
