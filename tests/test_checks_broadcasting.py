@@ -2,7 +2,9 @@
 distances, segment sums and maxima, gradient penalties, a twice-differentiable autograd.Function):
 the instructor's solutions pass every one, at the notebook's visible and hidden seeds and sizes;
 every one fails on the untouched student stub; a catalogue of plausible wrong answers each fails
-with its cause named; and a speed check fails a slow answer that is right. Solutions and most
+with its cause named, as the grader checks (with its references) and as a learner's copy does
+(with the answers stored for the lesson's own calls); and a speed check fails a slow answer that is
+right. Solutions and most
 mistakes come from the instructor notebook itself (a mistake is planted by replacing an anchor
 string of the solution source); the rest are written here."""
 
@@ -52,6 +54,23 @@ def mutate(base_source, tmp_path_factory):
 
 def stub(*args, **kwargs):
     raise NotImplementedError()
+
+
+def without_the_references(monkeypatch):
+    """As in a learner's copy of the course: no grader references, so the stored answers; and the
+    references' answers made unreachable, to show the checks no longer need them."""
+    import course.references.broadcasting as R
+
+    monkeypatch.setattr(C, "_grader_references", lambda: None)
+    monkeypatch.setattr(R, "answers", stub)
+
+
+@pytest.fixture(params=["grader", "learner's copy"])
+def where(request, monkeypatch):
+    """Each check as the grader runs it (its references), then as a learner's copy does (stored answers)."""
+    if request.param == "learner's copy":
+        without_the_references(monkeypatch)
+    return request.param
 
 
 class StubSoftplus(torch.autograd.Function):
@@ -130,6 +149,42 @@ def test_untouched_stub_fails_with_a_friendly_message(check):
         check()
 
 
+# -- a learner's copy of the course: no grader references, stored answers ---------------------------
+
+def test_without_the_grader_references_the_visible_checks_use_stored_answers(sol, monkeypatch, capsys):
+    """A learner's copy has no course.references: the lesson's own calls (seed 0, default sizes)
+    compare with the stored answers, and refuse other seeds and sizes honestly. That the stored
+    answers still fail wrong ones, with their causes named, the catalogue below shows (``where``)."""
+    without_the_references(monkeypatch)
+    C.check_broadcast_shape(sol.broadcast_shape)
+    C.check_mse(sol.mse)
+    C.check_pairwise_sq_dists(sol.pairwise_sq_dists)
+    C.check_segment_sum(sol.segment_sum)
+    C.check_segment_max(sol.segment_max)
+    C.check_gradient_penalty(sol.gradient_penalty)
+    C.check_penalty_func(sol.gradient_penalty_func)
+    C.check_softplus(sol.Softplus)
+    assert capsys.readouterr().out.count("ok: ") == 8
+    with pytest.raises(AssertionError, match="reference data for seed 0 only"):
+        C.check_mse(sol.mse, seed=3, n=1)
+    with pytest.raises(AssertionError, match=r"reference data for n=12, m=9, d=5 only .* \(n=30, m=2, d=17 asked"):
+        C.check_pairwise_sq_dists(sol.pairwise_sq_dists, n=30, m=2, d=17)
+    with pytest.raises(AssertionError, match="reference data for n=6, features=4, hidden=8 only"):
+        C.check_penalty_func(sol.gradient_penalty_func, n=5, features=6, hidden=3)
+
+
+def test_the_references_are_the_graders_alone():
+    """What reproduces an exercise's answer lives in course.references (out of a learner's copy and
+    of the learner's process), guarded; the checks module keeps none of it."""
+    import course.references.broadcasting as R
+
+    for name in ("broadcast_shape_reference", "mse_reference", "sq_dists_reference", "segment_sum_reference",
+                 "segment_max_reference", "penalty_reference", "softplus_reference"):
+        assert getattr(getattr(R, name), "__course_reference__", False), name
+        assert not hasattr(C, name), name
+    assert not any(hasattr(C, old) for old in ("_expected_shape", "_weight_grads", "_softplus64"))
+
+
 # -- a catalogue of plausible wrong answers, each named ------------------------------------------
 
 PAD = "    a = (1,) * (n - len(a)) + tuple(a)\n    b = (1,) * (n - len(b)) + tuple(b)\n"
@@ -165,11 +220,17 @@ PLANTED = {
                              "carries no gradient back to pred"),
     "pairwise: no clamp": ("pairwise", CLAMP, "    return sq", "negative values"),
     "pairwise: detached": ("pairwise", CLAMP, "    return sq.clamp_min(0).detach()", "carries no gradient to a and b"),
+    "pairwise: right values, doubled gradients": (
+        "pairwise", CLAMP, "    return (sq + (sq - sq.detach())).clamp_min(0)",
+        "the gradient of pairwise_sq_dists .* w.r.t. a"),
     "segment_sum: out[index] += values": ("segment_sum", SEG_ADD, "    out[index] += values\n    return out",
                                           "holds just one of its values"),
     "segment_sum: under no_grad": ("segment_sum", SEG_ADD, "    with torch.no_grad():\n"
                                                            "        return out.index_add_(0, index, values)",
                                    "carries no gradient to values"),
+    "segment_sum: right values, doubled gradient": (
+        "segment_sum", SEG_ADD, "    out = out.index_add(0, index, values)\n    return out + (out - out.detach())",
+        "the gradient of segment_sum w.r.t. values"),
     "segment_sum: as many segments as the largest index": (
         "segment_sum", SEG_OUT, SEG_OUT.replace("(num_segments,", "(int(index.max()) + 1,"),
         "including segments with no value"),
@@ -179,6 +240,10 @@ PLANTED = {
         "segment_max", MAX_OUT, MAX_OUT.replace("values.new_zeros((num_segments, *values.shape[1:]))",
                                                 'values.new_full((num_segments, *values.shape[1:]), float("-inf"))'),
         r"-inf \(or inf\) for segments with no value"),
+    "segment_max: right values, doubled gradient": (
+        "segment_max", MAX_REDUCE,
+        MAX_REDUCE.replace("    return out", "    out = out") + "\n    return out + (out - out.detach())",
+        "the gradient of segment_max w.r.t. values"),
     "segment_max: under no_grad": ("segment_max", MAX_REDUCE, "    with torch.no_grad():\n    " + MAX_REDUCE,
                                    "carries no gradient to values"),
     "penalty: no create_graph": ("penalty", PEN_GRAD, PEN_GRAD.replace(", create_graph=True", ""),
@@ -187,6 +252,11 @@ PLANTED = {
                                             r"\*mean\* score"),
     "penalty: one norm over the batch": ("penalty", PEN_RETURN, PEN_RETURN.replace(*ONE_NORM),
                                          "one norm was taken over the whole batch"),
+    "penalty: right value, doubled weight gradients": (
+        "penalty", PEN_RETURN, PEN_RETURN.replace("    return ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()",
+                                                  "    p = ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()\n"
+                                                  "    return p + (p - p.detach())"),
+        "the gradient of gradient_penalty w.r.t. the critic's weights"),
     "penalty: squared norm": ("penalty", PEN_RETURN, PEN_RETURN.replace("norm(dim=1) - 1", "norm(dim=1) ** 2 - 1"),
                               "the squared norm was used"),
     "penalty: summed over the batch": ("penalty", PEN_RETURN, PEN_RETURN.replace("** 2).mean()", "** 2).sum()"),
@@ -213,6 +283,9 @@ PLANTED = {
                                            "backward is not differentiable"),
     "softplus: backward under no_grad": ("softplus", SP_BACKWARD, "        with torch.no_grad():\n    " + SP_BACKWARD,
                                          "backward is not differentiable"),
+    "softplus: backward with the wrong second derivative": (
+        "softplus", SP_BACKWARD, "        return grad_out * (torch.sigmoid(x.detach()) + (x - x.detach()))",
+        "the second derivative through Softplus's backward"),
     "softplus: backward gives exp(x)": ("softplus", SP_BACKWARD, SP_BACKWARD.replace("sigmoid", "exp"),
                                         r"Hint: backward returns grad_output \* sigmoid\(x\)"),
 }
@@ -291,7 +364,7 @@ def test_the_catalogue_covers_every_exercise():
 
 
 @pytest.mark.parametrize("mistake", sorted(PLANTED))
-def test_each_planted_mistake_is_named(mistake, mutate):
+def test_each_planted_mistake_is_named(mistake, mutate, where):
     exercise, old, new, says = PLANTED[mistake]
     m = mutate(old, new)
     with pytest.raises(AssertionError, match=says):
@@ -299,7 +372,7 @@ def test_each_planted_mistake_is_named(mistake, mutate):
 
 
 @pytest.mark.parametrize("mistake", sorted(WRITTEN))
-def test_each_written_mistake_is_named(mistake):
+def test_each_written_mistake_is_named(mistake, where):
     exercise, answer, says = WRITTEN[mistake]
     with pytest.raises(AssertionError, match=says):
         CHECK[exercise](answer)
@@ -313,7 +386,7 @@ def shape_left_aligned_max(a, b):
 
 
 @pytest.mark.parametrize("kind", ["raises", "never raises"])
-def test_broadcast_shape_aligned_from_the_left_is_named(kind, mutate):
+def test_broadcast_shape_aligned_from_the_left_is_named(kind, mutate, where):
     answer = mutate(PAD, PAD_RIGHT).broadcast_shape if kind == "raises" else shape_left_aligned_max
     with pytest.raises(AssertionError, match=r"from the \*left\*"):
         C.check_broadcast_shape(answer)
@@ -346,7 +419,7 @@ def test_the_unclamped_identity_is_caught_on_any_seed(seed):
         C.check_pairwise_sq_dists(unclamped, seed=seed, device="cpu")
 
 
-def test_a_max_of_sizes_is_told_that_one_against_zero_gives_zero():
+def test_a_max_of_sizes_is_told_that_one_against_zero_gives_zero(where):
     def max_sizes(a, b):
         n = max(len(a), len(b))
         a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)

@@ -12,6 +12,11 @@ recipe). Where a gradient matters the judge takes it itself, through the learner
 which live in the learner's process: that one a course probe computes there, and the judge compares
 it with its own reference. A wrong answer that matches a known mistake is named
 (``course.checks.common.name_mistake``).
+
+The right answers come from the grader's references (:mod:`course.references.broadcasting`,
+through :func:`_answers`), computed on the same inputs as the check draws (the ``*_case``
+functions here). A learner's copy has no references: there the visible checks (the lesson's own
+calls) compare with the answers stored for them, and refuse other seeds and sizes.
 """
 
 from __future__ import annotations
@@ -22,21 +27,20 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from course.broadcasting import (_timing_critic, critic, loop_penalty, loop_segment_sum, naive_sq_dists, points,
                                  random_graph, with_copies)
-from course.checks.common import call, name_mistake, ok, record, same_values, served_speedup
+from course.checks.common import (call, grader_references, name_mistake, ok, record, same_values, served_speedup,
+                                  stored_answers)
 from course.data import device_generator, generator
 from course.devices import pick_device
-from course.guard import reference
 from course.numerics import assert_close, describe
 from course.remote import factory, is_remote, mirrored, probe, prober
 from course.timing import SpeedReport
 
 __all__ = ["check_broadcast_shape", "check_distance_speed", "check_gradient_penalty", "check_mse",
            "check_pairwise_sq_dists", "check_penalty_func", "check_penalty_speed", "check_segment_max",
-           "check_segment_speed", "check_segment_sum", "check_softplus", "penalty_reference", "segment_max_reference"]
+           "check_segment_speed", "check_segment_sum", "check_softplus"]
 
 SERVED = ("check_broadcast_shape", "check_mse", "check_pairwise_sq_dists", "check_distance_speed",
           "check_segment_sum", "check_segment_speed", "check_segment_max", "check_gradient_penalty",
@@ -44,6 +48,43 @@ SERVED = ("check_broadcast_shape", "check_mse", "check_pairwise_sq_dists", "chec
 
 F64 = torch.float64
 TIGHT = dict(rtol=1e-9, atol=1e-12)
+
+
+#: What the visible checks compare with in a learner's copy (``python -m course.references`` writes it).
+DATA_FILE = "07_broadcasting.pt"
+
+
+def _grader_references():
+    """:mod:`course.references.broadcasting`, where it exists: with the grader (the judge) and in the
+    tests, never in a learner's copy of the course or in the learner's process under the grader."""
+    return grader_references("broadcasting")
+
+
+def _on(x: Any, dev: torch.device) -> Any:
+    """``x`` (tensors, in dicts and lists) on ``dev``: answers are computed and stored on the CPU."""
+    if isinstance(x, torch.Tensor):
+        return x.to(dev)
+    if isinstance(x, dict):
+        return {k: _on(v, dev) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_on(v, dev) for v in x]
+    return x
+
+
+def _answers(exercise: str, seed: int, dev: torch.device, **sizes: int) -> dict:
+    """The right answers of ``exercise``'s check on the inputs it draws from ``seed`` and ``sizes``
+    (on ``dev``): the grader's references compute them; in a learner's copy, the answers stored for
+    the lesson's own call, refused for any other (the grader checks those)."""
+    refs = _grader_references()
+    if refs is not None:
+        return _on(refs.answers(exercise, seed, **sizes), dev)
+    stored = stored_answers(DATA_FILE, seed=seed)[exercise]
+    if stored["sizes"] != sizes:
+        mine = ", ".join(f"{k}={v}" for k, v in stored["sizes"].items())
+        asked = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        raise AssertionError(f"This check has reference data for {mine} only (the lesson's own call); the grader "
+                             f"checks others ({asked} asked for here).")
+    return _on(stored["answers"], dev)
 
 
 def _close(a: Any, b: torch.Tensor, **tol) -> bool:
@@ -100,11 +141,9 @@ def _random_pairs(seed: int, n: int) -> list[tuple[tuple, tuple]]:
     return pairs
 
 
-def _expected_shape(a: tuple, b: tuple) -> tuple | None:
-    try:
-        return tuple(torch.broadcast_shapes(a, b))
-    except RuntimeError:
-        return None
+def shape_pairs(seed: int, n: int) -> list[tuple[tuple, tuple]]:
+    """Exercise 1's pairs of shapes: the fixed ones, then ``n`` drawn from ``seed``."""
+    return FIXED_PAIRS + _random_pairs(seed, n)
 
 
 def _library_prefixes() -> tuple[str, ...]:
@@ -178,14 +217,14 @@ def check_broadcast_shape(broadcast_shape: Callable, *, seed: int = 0, n: int = 
     must be the learner's own: a call into torch or NumPy while it runs (``torch.broadcast_shapes``,
     tensors, meta tensors, ``np.broadcast_shapes``) fails the check."""
     label = "broadcast_shape"
-    pairs = FIXED_PAIRS + _random_pairs(seed, n)
+    pairs = shape_pairs(seed, n)
+    shapes = _answers("broadcast_shape", seed, torch.device("cpu"), n=n)["shapes"]
     report = probe(broadcast_shape, shapes_by_hand, [[list(a), list(b)] for a, b in pairs])
     outcomes = report.get("outcomes") if isinstance(report, dict) else None
     if not isinstance(outcomes, list) or len(outcomes) != len(pairs):
         raise AssertionError(f"{label}: the learner's process did not report one outcome per pair.")
     agreed = 0
-    for (a, b), outcome in zip(pairs, outcomes):
-        want = _expected_shape(a, b)
+    for (a, b), outcome, want in zip(pairs, outcomes, shapes):
         case = f"{label}({a}, {b})"
         if not isinstance(outcome, dict):
             raise AssertionError(f"{case}: the learner's process sent no outcome for this pair.")
@@ -225,6 +264,12 @@ def check_broadcast_shape(broadcast_shape: Callable, *, seed: int = 0, n: int = 
 
 # -- 2. the (N, 1) against (N,) loss ---------------------------------------------------------------
 
+def mse_case(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 2's ``(pred, target)``: ``n`` of each, float64, on the CPU."""
+    g = generator(seed)
+    return torch.randn(n, generator=g, dtype=F64), torch.randn(n, generator=g, dtype=F64)
+
+
 def check_mse(mse: Callable, *, seed: int = 0, n: int = 7, device=None) -> None:
     """``mse(pred, target)``: the mean squared error of ``n`` predictions, where either of
     ``pred`` and ``target`` may have shape ``(n,)`` or ``(n, 1)``; a scalar that equals
@@ -232,10 +277,9 @@ def check_mse(mse: Callable, *, seed: int = 0, n: int = 7, device=None) -> None:
     shapes (which would broadcast into something else, or not at all) raises ``ValueError``."""
     dev = pick_device(device)
     label = "mse"
-    g = generator(seed)
-    pred64 = torch.randn(n, generator=g, dtype=F64).to(dev)
-    target64 = torch.randn(n, generator=g, dtype=F64).to(dev)
-    want = ((pred64 - target64) ** 2).mean()
+    pred64, target64 = (t.to(dev) for t in mse_case(seed, n))
+    answers = _answers("mse", seed, dev, n=n)
+    want = answers["value"]
     for p_shape, t_shape in (((n, 1), (n,)), ((n,), (n,)), ((n, 1), (n, 1)), ((n,), (n, 1))):
         p = pred64.reshape(p_shape).clone().requires_grad_()
         t = target64.reshape(t_shape).clone()
@@ -255,7 +299,7 @@ def check_mse(mse: Callable, *, seed: int = 0, n: int = 7, device=None) -> None:
             raise AssertionError(f"{case} carries no gradient back to pred: compute it with tensor operations "
                                  "(no .item(), .detach() or torch.no_grad()).")
         dp, = torch.autograd.grad(got, p)
-        assert_close(dp, (2 * (pred64 - target64) / n).reshape(p_shape), name=f"the gradient of {case}", **TIGHT)
+        assert_close(dp, answers["grad"].reshape(p_shape), name=f"the gradient of {case}", **TIGHT)
     def interpretable(shape: tuple) -> bool:
         return shape == (n,) or shape == (n, 1)
 
@@ -275,11 +319,22 @@ def check_mse(mse: Callable, *, seed: int = 0, n: int = 7, device=None) -> None:
 
 # -- 3. pairwise squared distances -----------------------------------------------------------------
 
-@reference
-def sq_dists_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``|a_i - b_j|^2`` in float64, from the differences (no cancellation)."""
-    a, b = a.to(F64), b.to(F64)
-    return ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)
+def distance_cases(seed: int, n: int, m: int, d: int, dev: torch.device) -> list[dict]:
+    """Exercise 3's cases: points ``a`` and ``b`` (some pairs at distance exactly 0) in float64 and
+    float32, near the origin and 20 from it, their dtype's ``eps``, and the float64 weights ``w`` of
+    the sum whose gradient is checked."""
+    shapes = [(dtype, eps, offset, n, m, 3) for dtype, eps in ((F64, 2.0 ** -52), (torch.float32, 2.0 ** -23))
+              for offset in (0.0, 20.0)]
+    # and every point of b a copy of one of a's, far from the origin: an identity without a clamp goes
+    # below 0 somewhere here on every seed tried
+    shapes.append((torch.float32, 2.0 ** -23, 20.0, 32, 32, 1))
+    cases = []
+    for dtype, eps, offset, rows, cols, every in shapes:
+        a = points(rows, d, seed=seed, offset=offset, device=dev, dtype=dtype)
+        b = with_copies(a, points(cols, d, seed=seed + 1, offset=offset, device=dev, dtype=dtype), every=every)
+        w = torch.randn(rows, cols, generator=generator(seed + 2), dtype=F64).to(dev)
+        cases.append(dict(a=a, b=b, w=w, dtype=dtype, eps=eps, offset=offset))
+    return cases
 
 
 def _dist_tolerance(a: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
@@ -298,15 +353,11 @@ def check_pairwise_sq_dists(pairwise_sq_dists: Callable, *, seed: int = 0, n: in
     ``|a_i|^2 + |b_j|^2``. Any method passes here; Exercise 4 times it."""
     dev = pick_device(device)
     label = "pairwise_sq_dists"
-    cases = [(dtype, eps, offset, n, m, 3) for dtype, eps in ((F64, 2.0 ** -52), (torch.float32, 2.0 ** -23))
-             for offset in (0.0, 20.0)]
-    # and every point of b a copy of one of a's, far from the origin: an identity without a clamp goes
-    # below 0 somewhere here on every seed tried
-    cases.append((torch.float32, 2.0 ** -23, 20.0, 32, 32, 1))
-    for dtype, eps, offset, rows, cols, every in cases:
-        a = points(rows, d, seed=seed, offset=offset, device=dev, dtype=dtype)
-        b = with_copies(a, points(cols, d, seed=seed + 1, offset=offset, device=dev, dtype=dtype), every=every)
-        want = sq_dists_reference(a, b)
+    answers = _answers("pairwise_sq_dists", seed, dev, n=n, m=m, d=d)["cases"]
+    for case, answer in zip(distance_cases(seed, n, m, d, dev), answers):
+        a, b, w, dtype, eps, offset = (case[k] for k in ("a", "b", "w", "dtype", "eps", "offset"))
+        rows, cols = a.shape[0], b.shape[0]
+        want = answer["value"]
         name = f"{label} ({str(dtype).replace('torch.', '')}, points {offset:g} from the origin)"
         ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
         with mirrored(pairwise_sq_dists):
@@ -335,12 +386,10 @@ def check_pairwise_sq_dists(pairwise_sq_dists: Callable, *, seed: int = 0, n: in
         assert_close(got.detach().to(F64), want, name=name, rtol=0, atol=float(allowed.max()))
         if not got.requires_grad:
             raise AssertionError(f"{name} carries no gradient to a and b: use tensor operations only.")
-        w = torch.randn(rows, cols, generator=generator(seed + 2), dtype=F64).to(dev)
         ga, gb = torch.autograd.grad((got.to(F64) * w).sum(), (ag, bg), allow_unused=True)
         if ga is None or gb is None:
             raise AssertionError(f"{name}: no gradient reaches {'a' if ga is None else 'b'}.")
-        a64, b64 = a.to(F64).requires_grad_(), b.to(F64).requires_grad_()
-        ra, rb = torch.autograd.grad((sq_dists_reference(a64, b64) * w).sum(), (a64, b64))
+        ra, rb = answer["grad_a"], answer["grad_b"]
         grad_tol = dict(rtol=1e-9, atol=1e-9) if dtype == F64 else dict(rtol=1e-3, atol=1e-3 * (1 + offset))
         assert_close(ga.to(F64), ra, name=f"the gradient of {name} w.r.t. a", **grad_tol)
         assert_close(gb.to(F64), rb, name=f"the gradient of {name} w.r.t. b", **grad_tol)
@@ -376,13 +425,16 @@ def check_distance_speed(pairwise_sq_dists: Callable, *, bars: Mapping[str, floa
 
 # -- 4. segment sums and maxima ----------------------------------------------------------------------
 
-def _graph_values(seed: int, nodes: int, edges: int, d: int, dev, dtype=F64):
+def segment_case(seed: int, nodes: int, edges: int, d: int, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """Exercises 5 and 7's ``(values, index, w)``: float64 values on the edges of a random graph,
+    their target nodes, and the weights of the sum whose gradient is checked."""
     _, target = random_graph(nodes, edges, seed=seed, device=dev)
     values = torch.randn(edges, d, generator=generator(seed + 1), dtype=F64)
     # a few segments whose every value is negative (where a max that starts from 0 goes wrong)
     negative = target.cpu() % 3 == 0
     values[negative] = -values[negative].abs() - 0.1
-    return values.to(dev, dtype), target
+    w = torch.randn(nodes, d, generator=generator(seed + 5), dtype=F64)
+    return values.to(dev), target, w.to(dev)
 
 
 def _check_untouched(label: str, values, values_before, index, index_before) -> None:
@@ -415,8 +467,9 @@ def check_segment_sum(segment_sum: Callable, *, seed: int = 0, nodes: int = 9, e
     none; the gradient reaches every value; the inputs are left alone."""
     dev = pick_device(device)
     label = "segment_sum"
-    values, index = _graph_values(seed, nodes, edges, d, dev)
-    want = torch.zeros(nodes, d, dtype=F64, device=dev).index_add_(0, index, values)
+    values, index, w = segment_case(seed, nodes, edges, d, dev)
+    answers = _answers("segment_sum", seed, dev, nodes=nodes, edges=edges, d=d)
+    want = answers["value"]
     v, i = values.clone().requires_grad_(), index.clone()
     with mirrored(segment_sum):
         got = call(segment_sum, v, i, nodes, name=label)
@@ -430,12 +483,11 @@ def check_segment_sum(segment_sum: Callable, *, seed: int = 0, nodes: int = 9, e
             "every value.")
     assert_close(got, want, name=label, **TIGHT, hint="out = values.new_zeros(num_segments, *values.shape[1:]), "
                  "then out.index_add_(0, index, values).")
-    w = torch.randn(nodes, d, generator=generator(seed + 5), dtype=F64).to(dev)
     if not got.requires_grad:
         raise AssertionError(f"{label} carries no gradient to values: use tensor operations (index_add, not "
                              "index_add_ on a tensor made under no_grad).")
     gv, = torch.autograd.grad((got * w).sum(), v)
-    assert_close(gv, w[index], name=f"the gradient of {label} w.r.t. values", **TIGHT)
+    assert_close(gv, answers["grad"], name=f"the gradient of {label} w.r.t. values", **TIGHT)
     f32 = call(segment_sum, values.float(), index, nodes, name=f"{label} (float32)")
     _expect_segments(f"{label} (float32)", f32, nodes, values.float())
     assert_close(f32.to(F64), want, name=f"{label} (float32)", rtol=1e-5, atol=1e-5)
@@ -469,17 +521,6 @@ def check_segment_speed(segment_sum: Callable, *, bars: Mapping[str, float], nod
                           hint="one index_add_ over all the edges: no Python loop, no .item() per edge.")
 
 
-@reference
-def segment_max_reference(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
-    """Row ``s``: the elementwise maximum of the values of segment ``s``; 0 for an empty segment."""
-    out = values.new_zeros((num_segments, *values.shape[1:]))
-    for s in range(num_segments):
-        rows = values[index == s]
-        if rows.shape[0]:
-            out[s] = rows.amax(0)
-    return out
-
-
 def check_segment_max(segment_max: Callable, *, seed: int = 0, nodes: int = 9, edges: int = 30, d: int = 3,
                       device=None) -> None:
     """``segment_max(values, index, num_segments)``: row ``s`` is the elementwise maximum of the
@@ -487,8 +528,9 @@ def check_segment_max(segment_max: Callable, *, seed: int = 0, nodes: int = 9, e
     maxima; the inputs are left alone."""
     dev = pick_device(device)
     label = "segment_max"
-    values, index = _graph_values(seed, nodes, edges, d, dev)
-    want = segment_max_reference(values, index, nodes)
+    values, index, w = segment_case(seed, nodes, edges, d, dev)
+    answers = _answers("segment_max", seed, dev, nodes=nodes, edges=edges, d=d)
+    want = answers["value"]
     v, i = values.clone().requires_grad_(), index.clone()
     with mirrored(segment_max):
         got = call(segment_max, v, i, nodes, name=label)
@@ -507,25 +549,19 @@ def check_segment_max(segment_max: Callable, *, seed: int = 0, nodes: int = 9, e
                       "values), values, reduce='amax', include_self=False).")
     if not got.requires_grad:
         raise AssertionError(f"{label} carries no gradient to values: use tensor operations.")
-    w = torch.randn(nodes, d, generator=generator(seed + 5), dtype=F64).to(dev)
     gv, = torch.autograd.grad((got * w).sum(), v)
-    v64 = values.clone().requires_grad_()
-    rv, = torch.autograd.grad((segment_max_reference(v64, index, nodes) * w).sum(), v64)
-    assert_close(gv, rv, name=f"the gradient of {label} w.r.t. values (it goes to each segment's maximum)", **TIGHT)
+    assert_close(gv, answers["grad"], name=f"the gradient of {label} w.r.t. values (it goes to each segment's maximum)",
+                 **TIGHT)
     ok(f"{label} gives each segment's maximum, all-negative segments included, 0 for empty ones, and the gradient "
        f"reaches the maxima ({edges} values into {nodes} segments, seed {seed})")
 
 
 # -- 5. gradient penalties ---------------------------------------------------------------------------
 
-@reference
-def penalty_reference(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``mean_i (|grad_x model(x)_i|_2 - 1)^2`` from the full Jacobian of the batch's scores with
-    respect to the batch (``jacrev``, small batches only): sample ``i``'s own input gradient is its
-    diagonal block ``[i, i]``; differentiable with respect to the model's weights."""
-    jac = torch.func.jacrev(lambda inp: functional_call(model, dict(model.named_parameters()), (inp,)))(x)
-    own = torch.diagonal(jac.reshape(x.shape[0], x.shape[0], -1), dim1=0, dim2=1).transpose(0, 1)
-    return (torch.linalg.vector_norm(own, dim=1).sub(1.0) ** 2).mean()
+def penalty_case(seed: int, n: int, features: int, hidden: int, dev: torch.device) -> tuple[nn.Module, torch.Tensor]:
+    """Exercises 8 and 10's ``(critic, x)``: a float64 critic from ``seed`` and a batch of ``n``."""
+    model = critic(seed, features, hidden, "float64", str(dev))
+    return model, torch.randn(n, features, generator=generator(seed + 1), dtype=F64).to(dev)
 
 
 def _penalty_variants(model: nn.Module, x: torch.Tensor) -> dict:
@@ -540,14 +576,6 @@ def _penalty_variants(model: nn.Module, x: torch.Tensor) -> dict:
         "(g.flatten(1).norm(dim=1))": (g.norm() - 1) ** 2,
         "the squared norm was used; the penalty is (|g| - 1)^2 with the norm itself": ((norms ** 2 - 1) ** 2).mean(),
         "the terms were summed over the batch, not averaged": ((norms - 1) ** 2).sum()}
-
-
-def _weight_grads(model: nn.Module, x: torch.Tensor) -> dict:
-    """The reference penalty's gradient w.r.t. each weight it depends on (the last layer's bias
-    moves every score by the same amount and never reaches the input gradient: it has none)."""
-    named = list(model.named_parameters())
-    grads = torch.autograd.grad(penalty_reference(model, x), [p for _, p in named], allow_unused=True)
-    return {k: g for (k, _), g in zip(named, grads) if g is not None}
 
 
 @prober
@@ -578,20 +606,20 @@ def check_gradient_penalty(gradient_penalty: Callable, *, seed: int = 0, n: int 
     respect to every weight equal the reference's, in float64."""
     dev = pick_device(device)
     label = "gradient_penalty"
-    model = critic(seed, features, hidden, "float64", str(dev))
-    x = torch.randn(n, features, generator=generator(seed + 1), dtype=F64).to(dev)
+    model, x = penalty_case(seed, n, features, hidden, dev)
+    answers = _answers("penalty", seed, dev, n=n, features=features, hidden=hidden)
     got = probe(gradient_penalty, penalty_weight_grads, model, x)
     if not isinstance(got, dict) or not isinstance(got.get("value"), torch.Tensor):
         raise AssertionError(f"{label}: the learner's side sent {describe(got)} instead of a result.")
     value, grads = got["value"], got.get("grads", {})
-    want = penalty_reference(model, x)
+    want = answers["value"]
     name_mistake(label, value, want, _penalty_variants(model, x))
     assert_close(value, want, name=f"{label} (the value)", **TIGHT,
                  hint="x = x.detach().requires_grad_(); g = autograd.grad(critic(x).sum(), x, create_graph=True)[0]; "
                       "((g.flatten(1).norm(dim=1) - 1) ** 2).mean().")
     if not grads:
         raise AssertionError(f"{label}: {_NO_WEIGHT_GRAD}")
-    expected = _weight_grads(model, x)
+    expected = answers["grads"]
     missing = [k for k in expected if k not in grads]
     if missing:
         raise AssertionError(f"{label}: no gradient reaches the critic's {missing[0]}. {_NO_WEIGHT_GRAD}")
@@ -609,13 +637,13 @@ def check_penalty_func(gradient_penalty_func: Callable, *, seed: int = 0, n: int
     to ``params`` (taken by the judge, through the learner's function), equal the reference's."""
     dev = pick_device(device)
     label = "gradient_penalty_func"
-    model = critic(seed, features, hidden, "float64", str(dev))
-    x = torch.randn(n, features, generator=generator(seed + 1), dtype=F64).to(dev)
+    model, x = penalty_case(seed, n, features, hidden, dev)
+    answers = _answers("penalty", seed, dev, n=n, features=features, hidden=hidden)
     params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
     got = call(gradient_penalty_func, model, params, x.clone(), name=label)
     if not isinstance(got, torch.Tensor) or got.dim() != 0:
         raise AssertionError(f"{label} should return a scalar tensor, got {describe(got)}.")
-    want = penalty_reference(model, x)
+    want = answers["value"]
     name_mistake(label, got, want, _penalty_variants(model, x))
     assert_close(got, want, name=f"{label} (the value)", **TIGHT,
                  hint="score(p, xi) = functional_call(model, p, (xi[None],))[0]; "
@@ -625,7 +653,7 @@ def check_penalty_func(gradient_penalty_func: Callable, *, seed: int = 0, n: int
                              "model's own weights, and not detached): functional_call(model, params, ...).")
     names = list(params)
     grads = torch.autograd.grad(got, [params[k] for k in names], allow_unused=True)
-    expected = _weight_grads(model, x)
+    expected = answers["grads"]
     for k, g in zip(names, grads):
         e = expected.get(k)
         if e is None:  # a weight the penalty does not depend on: no gradient, or a zero one
@@ -669,11 +697,17 @@ def check_penalty_speed(gradient_penalty: Callable, *, bars: Mapping[str, float]
 
 # -- 6. a Function whose backward is differentiable ------------------------------------------------
 
-def _softplus64(x: torch.Tensor) -> torch.Tensor:
-    return x.clamp_min(0) + torch.log1p(torch.exp(-x.abs()))
-
-
 FIXED_SOFTPLUS_POINTS = [0.0, -1e-8, 1e-8, 0.5, -2.0, 10.0, -30.0, 50.0, -200.0, 200.0, 800.0, -800.0]
+
+
+def softplus_points(seed: int, n: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exercise 11's ``(x, w, u)``, float64: the fixed points and ``n`` drawn ones, and the weights
+    of the first and second derivatives checked."""
+    g = generator(seed)
+    x = torch.cat([torch.tensor(FIXED_SOFTPLUS_POINTS, dtype=F64), torch.randn(n, generator=g, dtype=F64) * 6])
+    w = torch.randn(x.numel(), generator=g, dtype=F64)
+    u = torch.randn(x.numel(), generator=g, dtype=F64)
+    return x.to(dev), w.to(dev), u.to(dev)
 
 
 def _expect_function(Fn: Any, label: str) -> None:
@@ -727,11 +761,8 @@ def check_softplus(Softplus: type, *, seed: int = 0, n: int = 24, device=None) -
     if not is_remote(Softplus):
         _expect_function(Softplus, "Softplus")
     dev = pick_device(device)
-    g = generator(seed)
-    x = torch.cat([torch.tensor(FIXED_SOFTPLUS_POINTS, dtype=F64),
-                   torch.randn(n, generator=g, dtype=F64) * 6]).to(dev)
-    w = torch.randn(x.numel(), generator=g, dtype=F64).to(dev)
-    u = torch.randn(x.numel(), generator=g, dtype=F64).to(dev)
+    x, w, u = softplus_points(seed, n, dev)
+    answers = _answers("softplus", seed, dev, n=n)
     got = probe(Softplus, softplus_case, x, w, u)
     if not isinstance(got, dict) or not isinstance(got.get("value"), torch.Tensor):
         raise AssertionError(f"Softplus: the learner's side sent {describe(got)} instead of a result.")
@@ -740,13 +771,13 @@ def check_softplus(Softplus: type, *, seed: int = 0, n: int = 24, device=None) -
         bad = x[~torch.isfinite(value)]
         raise AssertionError(f"Softplus.apply(x) is not finite at x = {bad[:3].tolist()}: exp(x) overflows there. "
                              "Write it as x.clamp_min(0) + log1p(exp(-|x|)), which never overflows.")
-    assert_close(value, _softplus64(x), name="Softplus.apply(x) (the value)", rtol=1e-12, atol=1e-300,
+    assert_close(value, answers["value"], name="Softplus.apply(x) (the value)", rtol=1e-12, atol=1e-300,
                  hint="log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): exact everywhere, no overflow.")
     if not got.get("own"):
         raise AssertionError("Softplus.apply(x) does not come from Softplus's own backward (its grad_fn is "
                              "another). Is Softplus a torch.autograd.Function whose forward returns a new tensor?")
-    s = torch.sigmoid(x)
-    assert_close(got.get("grad"), w * s, name="the gradient of Softplus (its backward)", rtol=1e-10, atol=1e-300,
+    assert_close(got.get("grad"), w * answers["first"], name="the gradient of Softplus (its backward)", rtol=1e-10,
+                 atol=1e-300,
                  hint="backward returns grad_output * sigmoid(x), with x saved in forward (save_for_backward).")
     second = got.get("second")
     if second is None or not bool(second.abs().gt(0).any()):
@@ -757,7 +788,7 @@ def check_softplus(Softplus: type, *, seed: int = 0, n: int = 24, device=None) -
                "gradgradcheck says: " + got["gradgradcheck"] + ". " if got.get("gradgradcheck") else "")
             + "Compute it from the saved x with differentiable torch ops (torch.sigmoid(x)), not under "
               "torch.no_grad(), not from .detach()ed values, and without @once_differentiable.")
-    assert_close(second, w * u * s * (1 - s), name="the second derivative through Softplus's backward",
+    assert_close(second, w * u * answers["second"], name="the second derivative through Softplus's backward",
                  rtol=1e-9, atol=1e-300)
     for what in ("gradcheck", "gradgradcheck"):
         if got.get(what):
