@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import course  # noqa: E402
 from course.doctor import machine_name as machine  # noqa: E402
 from autograder.solution_code import load_solution, solution_source  # noqa: E402
-from course.checks.vmap import loop_predictions  # noqa: E402
+from course.references.vmap import loop_predictions  # noqa: E402
 from course.fx import threads  # noqa: E402
 from course.timing import compare  # noqa: E402
 from course.vmap import member_kl_planted, mlp_ensemble, quiet_opacus, small_cnn, toy_features, toy_images  # noqa: E402

@@ -1,9 +1,11 @@
 """Lesson 6's checks (vmap ensembles, per-sample gradients, DP-SGD): the instructor's solutions
 pass every one, and every one fails on the untouched student stub and on a planted mistake aimed
-at it. Solutions and mistakes come from the instructor notebook itself. Also: the lesson's
-helpers in course.vmap and the DP-SGD reference."""
+at it. Solutions and mistakes come from the instructor notebook itself. Also: the visible checks
+without the grader's references (a learner's copy), the lesson's helpers in course.vmap and the
+DP-SGD reference."""
 
 import copy
+import sys
 import warnings
 
 import pytest
@@ -13,6 +15,7 @@ from torch.func import grad, vmap
 from autograder.solution_code import load_solution, solution_source
 from course import vmap as V
 from course.checks import vmap as C
+from course.references import vmap as R
 
 LESSON = "06_vmap_ensembles"
 KL_SPEED = dict(n=64, batch=8, features=16, hidden=16, num_threads=1, rounds=3, min_run_time=0.02)
@@ -367,18 +370,81 @@ def test_per_sample_grads_summed_over_the_batch_get_a_shape_hint(sol):
         C.check_per_sample_grads(summed)
 
 
+# -- without the grader's references (a learner's copy) -------------------------------------------
+
+@pytest.fixture
+def learners_copy(monkeypatch):
+    """The course as a learner's copy has it: no course.references (the bundle leaves it out)."""
+    monkeypatch.setitem(sys.modules, "course.references", None)
+    monkeypatch.setitem(sys.modules, "course.references.vmap", None)
+    assert C._grader_references() is None
+
+
+def test_without_the_grader_references_the_visible_checks_use_stored_answers(sol, learners_copy, capsys):
+    """The lesson's own calls compare with the answers stored for them (course/reference_data/06_vmap.pt)."""
+    C.check_ensemble_predict(sol.predict_each, sol.predict_all)
+    C.check_member_kl(sol.member_kl)
+    C.check_ensemble_sgd_step(sol.ensemble_sgd_step)
+    C.check_per_sample_grads_loop(sol.per_sample_grads_loop)
+    C.check_per_sample_grads(sol.per_sample_grads)
+    C.check_opacus_grads(sol.opacus_per_sample_grads)
+    C.check_dp_sgd_step(sol.dp_sgd_step)
+    C.check_predict_dropout(sol.predict_all_dropout)
+    assert capsys.readouterr().out.count("ok: ") == 8
+
+
+def clip_after_averaging(params, grads, *, lr, max_norm, noise_multiplier, generator):
+    """DP-SGD with the clipping after the average: the batch's mean gradient clipped, not each sample's."""
+    batch = next(iter(grads.values())).shape[0]
+    mean = {k: g.mean(0) for k, g in grads.items()}
+    factor = min(1.0, max_norm / (float(torch.stack([m.norm() for m in mean.values()]).norm()) + 1e-6))
+    return {k: p - lr * (factor * mean[k] + noise_multiplier * max_norm / batch * torch.randn(
+        p.shape, generator=generator, device=p.device, dtype=p.dtype)) for k, p in params.items()}
+
+
+# a planted mistake of each stored answer, and what the message must say (as with the references)
+STORED_MISTAKES = ["predict: every model on the first minibatch", "kl: 0 * log 0", "kl: reduction 'mean'",
+                   "kl: the other direction", "ens: every member on the first minibatch", "ens: the members' losses averaged",
+                   "loop: gradients accumulate in p.grad", "vmap: loss divided by the batch size",
+                   "opacus: loss_reduction disagrees with the loss", "dp: each parameter clipped separately",
+                   "dp: small gradients scaled up", "dp: nothing clipped", "dp: summed, not averaged",
+                   "dp: noise std without max_norm", "dp: noise not averaged"]
+
+
+@pytest.mark.parametrize("mistake", STORED_MISTAKES)
+def test_without_the_grader_references_a_planted_mistake_is_named(mistake, mutate6, learners_copy):
+    kind, old, new, says = MISTAKES[mistake]
+    with pytest.raises(AssertionError, match=says):
+        run_check(kind, mutate6(old, new))
+
+
+def test_without_the_grader_references_wrong_answers_fail_and_other_calls_are_refused(sol, learners_copy):
+    with pytest.raises(AssertionError, match="dp_sgd_step without noise"):
+        C.check_dp_sgd_step(clip_after_averaging)
+    with pytest.raises(AssertionError, match="right before it is fast"):  # the planted op's values, here
+        C.check_member_kl_speed(lambda *a: sol.member_kl(*a) + 1e-3, bars={"cpu": 0.01, "cuda": 0.01}, **KL_SPEED)
+    C.check_member_kl_speed(sol.member_kl, bars={"cpu": 0.01, "cuda": 0.01}, **KL_SPEED)
+    for check in (lambda: C.check_ensemble_predict(sol.predict_each, sol.predict_all, seed=3),
+                  lambda: C.check_member_kl(sol.member_kl, n=3),
+                  lambda: C.check_ensemble_sgd_step(sol.ensemble_sgd_step, lr=0.1),
+                  lambda: C.check_per_sample_grads(sol.per_sample_grads, batch=5),
+                  lambda: C.check_dp_sgd_step(sol.dp_sgd_step, seed=2)):
+        with pytest.raises(AssertionError, match="reference data for .* only"):
+            check()
+
+
 # -- the DP-SGD reference ------------------------------------------------------------------------
 
 def _case(batch=6):
     model = V.small_cnn(seed=0, channels=(2, 3), size=8, classes=4, dtype=torch.float64)
     x, y = V.toy_images(batch, seed=1, size=8, classes=4, dtype=torch.float64)
     params = {k: p.detach() for k, p in model.named_parameters()}
-    return params, C.reference_per_sample_grads(model, x, y)
+    return params, R.reference_per_sample_grads(model, x, y)
 
 
 def test_dp_reference_without_clipping_or_noise_is_sgd_on_the_mean_gradient():
     params, grads = _case()
-    new = C.dp_sgd_reference(params, grads, lr=0.1, max_norm=1e9, noise_multiplier=0.0,
+    new = R.dp_sgd_reference(params, grads, lr=0.1, max_norm=1e9, noise_multiplier=0.0,
                              generator=torch.Generator().manual_seed(0))
     for k, p in params.items():
         torch.testing.assert_close(new[k], p - 0.1 * grads[k].mean(0), rtol=1e-12, atol=1e-14)
@@ -386,11 +452,11 @@ def test_dp_reference_without_clipping_or_noise_is_sgd_on_the_mean_gradient():
 
 def test_dp_reference_clips_every_sample_to_max_norm():
     params, grads = _case()
-    max_norm = float(C.per_sample_norms(grads).min()) / 2  # every sample is clipped
-    new = C.dp_sgd_reference(params, grads, lr=1.0, max_norm=max_norm, noise_multiplier=0.0,
+    max_norm = float(R.per_sample_norms(grads).min()) / 2  # every sample is clipped
+    new = R.dp_sgd_reference(params, grads, lr=1.0, max_norm=max_norm, noise_multiplier=0.0,
                              generator=torch.Generator().manual_seed(0))
     step = {k: (params[k] - new[k]) * 6 for k in params}  # the sum of the clipped gradients
-    norms = C.per_sample_norms(grads)
+    norms = R.per_sample_norms(grads)
     unit = {k: (g / norms.view(-1, *([1] * (g.dim() - 1)))).sum(0) * max_norm for k, g in grads.items()}
     for k in params:
         torch.testing.assert_close(step[k], unit[k], rtol=1e-5, atol=1e-12)
@@ -399,11 +465,11 @@ def test_dp_reference_clips_every_sample_to_max_norm():
 def test_dp_reference_noise_is_reproducible_and_scaled():
     params, grads = _case()
     kw = dict(lr=1.0, max_norm=2.0, noise_multiplier=3.0)
-    a = C.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(1), **kw)
-    b = C.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(1), **kw)
-    c = C.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(2), **kw)
+    a = R.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(1), **kw)
+    b = R.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(1), **kw)
+    c = R.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(2), **kw)
     assert all(torch.equal(a[k], b[k]) for k in a) and not torch.equal(a["fc.weight"], c["fc.weight"])
-    quiet = C.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(1), lr=1.0, max_norm=2.0,
+    quiet = R.dp_sgd_reference(params, grads, generator=torch.Generator().manual_seed(1), lr=1.0, max_norm=2.0,
                                noise_multiplier=0.0)
     noise = (quiet["fc.weight"] - a["fc.weight"]) * 6 / (3.0 * 2.0)  # back to standard normal
     assert 0.7 < float(noise.std()) < 1.3

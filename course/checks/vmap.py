@@ -16,12 +16,18 @@ member with no transform active; ``vmap`` calls it once, inside ``vmap``. Across
 those calls happen in the learner's process, so there "a loop or not" is the judge's clock: on
 work where a loop is slow (1,024 models, 256 samples), the answer must take at most a third of the
 course's own loop, timed beside it with the learner's process stopped.
+
+The references (the loops, the DP-SGD step) answer the exercises, so they are the grader's alone
+(:mod:`course.references.vmap`): the judge and the tests compute every answer with them; a
+learner's copy of the course has the answers of the lesson's own calls only (seed 0, the default
+sizes, ``course/reference_data/06_vmap.pt``), and refuses other arguments: the grader checks those.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import warnings
 from typing import Callable, Mapping
 
@@ -29,9 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import stack_module_state
+from torch.utils._pytree import tree_map
 
-from course.checks.common import (call, clock_against_loop, expect_loop_verdict, name_mistake, ok, probed_names, record,
-                                  same_values, served_speedup)
+from course.checks.common import (call, clock_against_loop, expect_loop_verdict, grader_references, name_mistake, ok,
+                                  probed_names, record, same_values, served_speedup, stored_answers)
 from course.data import device_generator
 from course.devices import pick_device
 from course.grading import expect_constant_work
@@ -40,15 +47,12 @@ from course.remote import factory, is_remote, mirrored, prober
 from course.timing import SpeedReport, format_time
 from course.vmap import (ForwardWatch, member_kl_planted, meta_copy, meta_mlp, mlp_ensemble, small_cnn, toy_features,
                          toy_images, vmap_fallbacks)
-from course.guard import reference
 from course.wire import ModuleState
 
 __all__ = ["check_dp_sgd_step", "check_ensemble_predict", "check_ensemble_sgd_step", "check_member_kl",
            "check_member_kl_speed", "check_opacus_grads",
            "check_per_sample_grads", "check_per_sample_grads_loop", "check_predict_dropout",
-           "check_stack_ensemble", "dp_sgd_reference", "loop_member_kl", "loop_predictions", "loop_sgd_step",
-           "per_sample_norms",
-           "reference_per_sample_grads"]
+           "check_stack_ensemble", "reference_data"]
 
 SERVED = ("check_stack_ensemble", "check_ensemble_predict", "check_predict_dropout", "check_member_kl",
           "check_member_kl_speed", "check_ensemble_sgd_step", "check_per_sample_grads_loop",
@@ -65,6 +69,34 @@ TIGHT = dict(rtol=1e-9, atol=1e-11)
 CLOSE64 = dict(rtol=1e-7, atol=1e-10)
 
 
+#: The two dtypes every value is checked in, by name (the stored answers' keys).
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+#: What the visible checks compare with in a learner's copy (``python -m course.references`` writes it).
+DATA_FILE = "06_vmap.pt"
+
+
+def _grader_references():
+    """:mod:`course.references.vmap`, where it exists: with the grader (the judge) and in the tests,
+    never in a learner's copy of the course or in the learner's process under the grader. The
+    judge's clocks (a learner's function across the boundary) run where it exists."""
+    return grader_references("vmap")
+
+
+def _answers(kind: str, dev: torch.device, **case) -> dict:
+    """The answers of one ``kind`` of check on ``case`` (its seed and sizes), on ``dev``: computed by
+    the grader's references where they exist, else the ones stored for the lesson's own call."""
+    refs = _grader_references()
+    if refs is not None:
+        return ANSWERS[kind](refs, dev, **case)
+    for entry in stored_answers(DATA_FILE)[kind]:
+        if entry["case"] == case:
+            return tree_map(lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t, entry["answers"])
+    lesson = " or ".join(str(entry["case"]) for entry in stored_answers(DATA_FILE)[kind])
+    raise AssertionError(f"This check has reference data for {lesson} only (the lesson's own call); the grader "
+                         f"checks others ({case} asked for here).")
+
+
 def _float32_tolerance(dev: torch.device) -> dict:
     """float32 against a float64 reference. On a CPU the errors measured in this lesson are below
     5e-7 for values of order 1 (a batched kernel adds in another order than a per-sample one);
@@ -74,14 +106,6 @@ def _float32_tolerance(dev: torch.device) -> dict:
 
 
 # -- ensembles -----------------------------------------------------------------------------------
-
-@reference
-def loop_predictions(models, x: torch.Tensor, *, same_minibatch: bool) -> torch.Tensor:
-    """The baseline: each model on its own minibatch ``x[i]``, or every model on ``x``."""
-    if same_minibatch:
-        return torch.stack([m(x) for m in models])
-    return torch.stack([m(xi) for m, xi in zip(models, x)])
-
 
 def _stacked(models):
     params, buffers = stack_module_state(models)
@@ -197,6 +221,27 @@ def _expect_vmapped(watch: ForwardWatch, what: str, loop_count: int, unit: str) 
                              "vmap call cover the whole batch.")
 
 
+def _predict_case(seed: int, n: int, batch: int, features: int, hidden: int, classes: int, dev: torch.device,
+                   dtype: torch.dtype) -> tuple:
+    """``(models, xs, x)``: exercise 2's ensemble, a minibatch per model and one for all."""
+    models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev, dtype=dtype)
+    return (models, toy_features(n, batch, features, seed=seed + 1, device=dev, dtype=dtype),
+            toy_features(batch, features, seed=seed + 2, device=dev, dtype=dtype))
+
+
+def _predict_answers(refs, dev: torch.device, **case) -> dict:
+    """Exercise 2's answers by the loop over the models, in either dtype: ``predict_each``,
+    ``predict_all``, and ``first`` (every model on ``xs[0]``: a slip's result)."""
+    out = {}
+    for name, dtype in DTYPES.items():
+        models, xs, x = _predict_case(**case, dev=dev, dtype=dtype)
+        with torch.no_grad():
+            out[name] = {"predict_each": refs.loop_predictions(models, xs, same_minibatch=False),
+                         "predict_all": refs.loop_predictions(models, x, same_minibatch=True),
+                         "first": refs.loop_predictions(models, xs[0], same_minibatch=True)}
+    return out
+
+
 def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, seed: int = 0, n: int = 5,
                            batch: int = 7, features: int = 12, hidden: int = 16, classes: int = 5,
                            device=None) -> None:
@@ -206,20 +251,18 @@ def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, see
     every model's output on that one minibatch, ``(n, batch, classes)``. Both equal the loop over
     the models, and both call the base model once, under ``vmap``."""
     dev = pick_device(device)
-    for dtype in (torch.float64, torch.float32):
+    case = dict(seed=seed, n=n, batch=batch, features=features, hidden=hidden, classes=classes)
+    answers = _answers("ensemble predictions", dev, **case)
+    for dtype_name, dtype in DTYPES.items():
         tol = TIGHT if dtype == torch.float64 else _float32_tolerance(dev)
-        models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev,
-                              dtype=dtype)
-        cases = (("predict_each", predict_each, toy_features(n, batch, features, seed=seed + 1, device=dev,
-                                                            dtype=dtype), False),
-                 ("predict_all", predict_all, toy_features(batch, features, seed=seed + 2, device=dev,
-                                                          dtype=dtype), True))
-        for label, fn, x, same in cases:
+        models, xs, x_all = _predict_case(**case, dev=dev, dtype=dtype)
+        want = answers[dtype_name]
+        for label, fn, x, same in (("predict_each", predict_each, xs, False),
+                                   ("predict_all", predict_all, x_all, True)):
             params, buffers, base = _stacked(models)
-            with torch.no_grad():
-                expected = loop_predictions(models, x, same_minibatch=same)
-                with ForwardWatch(base) as watch:
-                    got = _call_stacked(fn, params, buffers, base, x.clone(), name=label)
+            expected = want[label]
+            with torch.no_grad(), ForwardWatch(base) as watch:
+                got = _call_stacked(fn, params, buffers, base, x.clone(), name=label)
             if not isinstance(got, torch.Tensor):
                 raise AssertionError(f"{label} should return a tensor of shape {tuple(expected.shape)}, got "
                                      f"{describe(got)}.")
@@ -227,13 +270,12 @@ def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, see
             in_dims = "(0, 0, 0)" if not same else "(0, 0, None)"
             if not same:
                 with torch.no_grad():
-                    first = loop_predictions(models, x[0], same_minibatch=True)
-                name_mistake(label, got, expected, {
-                    "every model ran on the first minibatch xs[0]; model i takes its own xs[i] "
-                    "(in_dims=(0, 0, 0) over params, buffers and xs)": first,
-                    "model 0 ran on every minibatch; each model takes its own parameters (in_dims 0 over "
-                    "params and buffers)": torch.stack([models[0](x[i]) for i in range(len(models))]),
-                }, **tol)
+                    name_mistake(label, got, expected, {
+                        "every model ran on the first minibatch xs[0]; model i takes its own xs[i] "
+                        "(in_dims=(0, 0, 0) over params, buffers and xs)": want["first"],
+                        "model 0 ran on every minibatch; each model takes its own parameters (in_dims 0 over "
+                        "params and buffers)": torch.stack([models[0](x[i]) for i in range(len(models))]),
+                    }, **tol)
             assert_close(got, expected, name=f"{label} ({str(dtype).replace('torch.', '')})", **tol,
                          hint=f"row i is model i on {where}: vmap over (params, buffers, x) with "
                               f"in_dims={in_dims}.")
@@ -266,6 +308,7 @@ def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, see
 
 def _ensemble_clock(fn: Callable, label: str, same: bool, seed: int) -> str:
     """The judge's clock on ``CLOCK_MEMBERS`` small models (on the CPU), against the course's loop."""
+    loop_predictions = _grader_references().loop_predictions
     members, params, buffers, base = _clock_ensemble(seed)
 
     def make(fresh):
@@ -288,7 +331,6 @@ def _ensemble_clock(fn: Callable, label: str, same: bool, seed: int) -> str:
 SAME_MASKS = 0.85
 
 
-@reference
 def _kept_units(members, x: torch.Tensor, got: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What each member's dropout did, read back from its output (float64): ``(z, h, scaled)``,
     each ``(n, batch, hidden)``. ``h`` is the hidden layer before dropout, ``scaled`` what a kept
@@ -381,14 +423,6 @@ def check_predict_dropout(predict_all_dropout: Callable, *, seed: int = 0, n: in
 
 # -- an op without a batching rule, repaired -----------------------------------------------------
 
-@reference
-def loop_member_kl(models, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The reference: member ``i``'s ``KL(target || member)`` on ``x``, averaged over the
-    minibatch, model by model (``xlogy``: a target of 0 adds 0)."""
-    terms = torch.xlogy(target, target)
-    return torch.stack([(terms - target * F.log_softmax(m(x), dim=-1)).sum(-1).mean() for m in models])
-
-
 def _kl_target(batch: int, classes: int, seed: int, dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """``(batch, classes)`` probabilities from ``seed``, with exact zeros as real targets have
     them: row 0 is one-hot (a hard label), row 1 has one class at 0; the others are a softmax."""
@@ -403,25 +437,30 @@ def _kl_target(batch: int, classes: int, seed: int, dev: torch.device, dtype: to
     return t.to(dev, dtype)
 
 
-def _kl_variants(logits: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
-    """What the usual slips compute from every member's outputs ``(N, batch, classes)``, to name
-    the one a wrong answer matches."""
-    log_q = F.log_softmax(logits, dim=-1)
-    per_row = (torch.xlogy(target, target) - target * log_q).sum(-1)  # (N, batch)
-    classes = target.shape[-1]
-    return {
-        "it was averaged over the classes too (F.kl_div's reduction='mean' divides by every element, batch x "
-        "classes): a KL divergence sums over the classes, then this one averages over the minibatch "
-        "(reduction='batchmean')": per_row.mean(-1) / classes,
-        "it was summed over the minibatch: average over it (reduction='batchmean')": per_row.sum(-1),
-        "the members' raw outputs (logits) stood where log-probabilities belong: log_softmax them first":
-            (torch.xlogy(target, target) - target * logits).sum(-1).mean(-1),
-        "the divergence runs the other way round, KL(member || target): the lesson's is KL(target || member), "
-        "sum over classes of target * (log target - log member)":
-            (log_q.exp() * (log_q - target.log())).sum(-1).mean(-1),
-        "it is one number for the whole ensemble, repeated: each member gets its own divergence":
-            per_row.mean().expand(logits.shape[0]),
-    }
+def _smoothed(target: torch.Tensor) -> torch.Tensor:
+    """``target`` without zeros: the same question, where ``0 * log 0`` cannot arise."""
+    return (target + 0.05) / (1 + 0.05 * target.shape[-1])
+
+
+def _kl_case(seed: int, n: int, batch: int, features: int, hidden: int, classes: int, dev: torch.device,
+             dtype: torch.dtype) -> tuple:
+    """``(models, x, target)``: exercise 3's ensemble, minibatch and target probabilities."""
+    models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev, dtype=dtype)
+    return (models, toy_features(batch, features, seed=seed + 5, device=dev, dtype=dtype),
+            _kl_target(batch, classes, seed, dev, dtype))
+
+
+def _kl_answers(refs, dev: torch.device, **case) -> dict:
+    """Exercise 3's answers by the loop over the members, in either dtype: on the target
+    (``expected``), on the target without zeros (``smooth``), and the usual slips' (``mistakes``)."""
+    out = {}
+    for name, dtype in DTYPES.items():
+        models, x, target = _kl_case(**case, dev=dev, dtype=dtype)
+        with torch.no_grad():
+            out[name] = {"expected": refs.loop_member_kl(models, x, target),
+                         "smooth": refs.loop_member_kl(models, x, _smoothed(target)),
+                         "mistakes": refs.kl_mistakes(models, x, target)}
+    return out
 
 
 @prober
@@ -442,15 +481,14 @@ def check_member_kl(member_kl: Callable, *, seed: int = 0, n: int = 5, batch: in
     no op may fall back to a loop under ``vmap`` (PyTorch's warning, seen by a probe in the
     learner's process: that process's word, backed by the clock of :func:`check_member_kl_speed`)."""
     dev = pick_device(device)
-    for dtype in (torch.float64, torch.float32):
+    case = dict(seed=seed, n=n, batch=batch, features=features, hidden=hidden, classes=classes)
+    answers = _answers("member KL", dev, **case)
+    for dtype_name, dtype in DTYPES.items():
         tol = TIGHT if dtype == torch.float64 else _float32_tolerance(dev)
-        models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev,
-                              dtype=dtype)
+        models, x, target = _kl_case(**case, dev=dev, dtype=dtype)
         params, buffers, base = _stacked(models)
-        x = toy_features(batch, features, seed=seed + 5, device=dev, dtype=dtype)
-        target = _kl_target(batch, classes, seed, dev, dtype)
+        expected = answers[dtype_name]["expected"]
         with torch.no_grad():
-            expected = loop_member_kl(models, x, target)
             got = _call_stacked(member_kl, params, buffers, base, x.clone(), target.clone(), name="member_kl")
         members = f"{n} member{'s' if n != 1 else ''}"
         label = f"member_kl ({str(dtype).replace('torch.', '')}, {members})"
@@ -458,18 +496,15 @@ def check_member_kl(member_kl: Callable, *, seed: int = 0, n: int = 5, batch: in
             raise AssertionError(f"{label} returned {describe(got)}; expected a tensor of shape ({n},): one "
                                  "divergence per member, each averaged over the minibatch.")
         if bool(torch.isnan(got).any()):
-            smooth = (target + 0.05) / (1 + 0.05 * classes)  # the same question without zeros
             with torch.no_grad():
-                fine = _call_stacked(member_kl, params, buffers, base, x.clone(), smooth, name="member_kl")
-            if isinstance(fine, torch.Tensor) and same_values(fine, loop_member_kl(models, x, smooth), **tol):
+                fine = _call_stacked(member_kl, params, buffers, base, x.clone(), _smoothed(target), name="member_kl")
+            if isinstance(fine, torch.Tensor) and same_values(fine, answers[dtype_name]["smooth"], **tol):
                 raise AssertionError(
                     f"{label} is NaN where a target probability is exactly 0 (this target has a one-hot row), "
                     "and right on a target without zeros: target * target.log() is 0 * -inf = NaN there, while "
                     "the KL divergence counts those terms as 0 (F.kl_div does).\n  Hint: torch.xlogy(target, "
                     "target) computes target * log(target), with 0 where target is 0.")
-        with torch.no_grad():
-            logits = torch.stack([m(x) for m in models])
-        name_mistake(label, got, expected, _kl_variants(logits, target), **tol)
+        name_mistake(label, got, expected, answers[dtype_name]["mistakes"], **tol)
         assert_close(got, expected, name=label, **tol,
                      hint="compute what course.vmap.member_kl_planted computes: for every member, the sum over "
                           "classes of target * (log target - log_softmax(output)), averaged over the minibatch.")
@@ -514,17 +549,23 @@ def check_member_kl_speed(member_kl: Callable, *, bars: Mapping[str, float], n: 
     (:func:`course.vmap.member_kl_planted`, whose ``F.kl_div`` vmap runs member by member), side by
     side without autograd on fresh minibatches and targets, every output checked
     (:func:`served_speedup`); under the grader the learner's side runs in its process, the
-    planted one in the judge's, never at once. ``num_threads`` pins the CPU thread count."""
+    planted one in the judge's, never at once. ``num_threads`` pins the CPU thread count. First,
+    its values on that ensemble must equal the loop over the members (in a learner's copy, which
+    has no references: the planted function's, the lesson's own definition of them)."""
     dev = pick_device(device)
     sizes = dict(n=n, batch=batch, features=features, hidden=hidden, classes=classes, model_seed=seed)
     models = _timing_ensemble(n, features, hidden, classes, seed, str(dev))[0]
     params, buffers, base, x, target = member_kl_inputs(seed + 31, device=str(dev), **sizes)
+    refs = _grader_references()
     with torch.no_grad():
         got = call(member_kl, params, buffers, base, x, target, name="member_kl")
-        assert_close(got, loop_member_kl(models, x, target), name="member_kl on the ensemble it is timed on",
-                     **_float32_tolerance(dev), hint="the timed function must be right before it is fast.")
     with warnings.catch_warnings():  # the planted op's warning is the lesson's, not the check's
         warnings.filterwarnings("ignore", message=".*batching rule.*")
+        with torch.no_grad():
+            want = (refs.loop_member_kl(models, x, target) if refs is not None
+                    else member_kl_planted(params, buffers, base, x, target))
+        assert_close(got, want, name="member_kl on the ensemble it is timed on", **_float32_tolerance(dev),
+                     hint="the timed function must be right before it is fast.")
         return served_speedup(("planted", member_kl_planted), ("repaired", member_kl), factory=member_kl_inputs,
                               sizes=sizes, bars=bars, device=dev, num_threads=num_threads, rounds=rounds,
                               min_run_time=min_run_time, attempts=attempts, explain="course.references.explain.member_kl",
@@ -535,27 +576,37 @@ def check_member_kl_speed(member_kl: Callable, *, bars: Mapping[str, float], n: 
 
 # -- training an ensemble ------------------------------------------------------------------------
 
-@reference
-def loop_sgd_step(models, xs: torch.Tensor, ys: torch.Tensor, lr: float) -> dict[str, torch.Tensor]:
-    """The baseline: model ``i`` takes one SGD step on its own minibatch's mean cross-entropy,
-    ``cross_entropy(models[i](xs[i]), ys[i])``; the new parameters stacked, ``{name: (n, *shape)}``."""
-    rows = []
-    for model, x, y in zip(models, xs, ys):
-        names, params = zip(*model.named_parameters())
-        grads = torch.autograd.grad(F.cross_entropy(model(x), y), params)
-        rows.append({k: (p - lr * g).detach() for k, p, g in zip(names, params, grads)})
-    return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
-
-
 def _labels(shape: tuple, classes: int, seed: int, dev: torch.device) -> torch.Tensor:
     return torch.randint(classes, shape, generator=torch.Generator().manual_seed(seed)).to(dev)
 
 
-def _step_variants(models, params, xs, ys, lr: float, expected) -> dict:
-    """Results of common mistakes in one ensemble step, to name the one a wrong answer matches."""
+def _sgd_case(seed: int, n: int, batch: int, features: int, hidden: int, classes: int, dev: torch.device,
+              dtype: torch.dtype) -> tuple:
+    """``(models, xs, ys)``: exercise 5's ensemble and a minibatch of features and labels per member."""
+    models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev, dtype=dtype)
+    return (models, toy_features(n, batch, features, seed=seed + 1, device=dev, dtype=dtype),
+            _labels((n, batch), classes, seed + 2, dev))
+
+
+def _sgd_answers(refs, dev: torch.device, *, lr: float, **case) -> dict:
+    """Exercise 5's answers by the loop over the members, in either dtype (``expected``), and in
+    float64 what training every member on the first minibatch gives (``first``: a slip's result)."""
+    out = {}
+    for name, dtype in DTYPES.items():
+        models, xs, ys = _sgd_case(**case, dev=dev, dtype=dtype)
+        out[name] = {"expected": refs.loop_sgd_step(models, xs, ys, lr)}
+        if dtype == torch.float64:
+            n, batch = ys.shape
+            first = (xs[:1].expand(n, *xs.shape[1:]), ys[:1].expand(n, batch))
+            out[name]["first"] = refs.loop_sgd_step(models, *first, lr)
+    return out
+
+
+def _step_variants(params, ys, lr: float, expected, first) -> dict:
+    """Results of common mistakes in one ensemble step, to name the one a wrong answer matches
+    (``first``: every member trained on the first minibatch)."""
     n, batch = ys.shape
     step = {k: params[k] - expected[k] for k in params}  # lr * each member's own gradient
-    first = loop_sgd_step(models, xs[:1].expand(n, *xs.shape[1:]), ys[:1].expand(n, batch), lr)
     out = {"the step went up the gradient (p + lr * g): a descent step is p - lr * g":
            {k: params[k] + step[k] for k in params},
            "it returned the gradients, not the updated parameters":
@@ -581,20 +632,19 @@ def check_ensemble_sgd_step(ensemble_sgd_step: Callable, *, seed: int = 0, n: in
     """``ensemble_sgd_step(params, buffers, base, xs, ys, lr)``: every member ``i`` of a stacked
     ensemble takes one SGD step on its own minibatch ``(xs[i], ys[i])`` (mean cross-entropy), all
     at once; returns the new stacked parameters, as new tensors, its inputs left alone. Equal to
-    the loop over the members (:func:`loop_sgd_step`) in float64 and float32; one vmapped call of
+    the loop over the members (``loop_sgd_step``) in float64 and float32; one vmapped call of
     the base model (across the boundary: the judge's clock on 1,024 members)."""
     dev = pick_device(device)
     label = "ensemble_sgd_step"
     across = is_remote(ensemble_sgd_step)
-    for dtype in (torch.float64, torch.float32):
+    case = dict(seed=seed, n=n, batch=batch, features=features, hidden=hidden, classes=classes)
+    answers = _answers("ensemble SGD step", dev, lr=lr, **case)
+    for dtype_name, dtype in DTYPES.items():
         tol = TIGHT if dtype == torch.float64 else _float32_tolerance(dev)
-        models = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=classes, device=dev,
-                              dtype=dtype)
+        models, xs, ys = _sgd_case(**case, dev=dev, dtype=dtype)
         params, buffers, base = _stacked(models)
         params = {k: v.detach() for k, v in params.items()}
-        xs = toy_features(n, batch, features, seed=seed + 1, device=dev, dtype=dtype)
-        ys = _labels((n, batch), classes, seed + 2, dev)
-        expected = loop_sgd_step(models, xs, ys, lr)
+        expected = answers[dtype_name]["expected"]
         inputs = ({k: v.clone() for k, v in params.items()}, {k: v.clone() for k, v in buffers.items()},
                   xs.clone(), ys.clone())
         with ForwardWatch(base) as watch, mirrored(ensemble_sgd_step):
@@ -613,7 +663,8 @@ def check_ensemble_sgd_step(ensemble_sgd_step: Callable, *, seed: int = 0, n: in
             raise AssertionError(f"{label} returned an input tensor itself; return the updated parameters.")
         name = f"{label} ({str(dtype).replace('torch.', '')})"
         if dtype == torch.float64:  # name_mistake leaves a right answer alone
-            name_mistake(name, dict(got), expected, _step_variants(models, params, xs, ys, lr, expected), **CLOSE64)
+            name_mistake(name, dict(got), expected,
+                         _step_variants(params, ys, lr, expected, answers[dtype_name]["first"]), **CLOSE64)
         assert_close(dict(got), expected, name=name, **tol,
                      hint="member i steps on its own loss, F.cross_entropy(functional_call(base, (p, b), (x,)), y) "
                           "with (p, b, x, y) the i-th slices: vmap(grad(member_loss)) over (params, buffers, xs, ys), "
@@ -638,6 +689,7 @@ def _sgd_clock(fn: Callable, label: str, seed: int, lr: float) -> str:
     1,024 members and fresh inputs on every timed call, float32 met such a member in about one
     grading in four (CI on 2e78c7d: the instructor's notebook lost the cell). Float64 rounding
     is 2**29 times finer; the clock's ratio is the same (the loop's cost is per-call overhead)."""
+    loop_sgd_step = _grader_references().loop_sgd_step
     members, params, buffers, base = _clock_ensemble(seed, torch.float64)
     params = {k: v.detach() for k, v in params.items()}
 
@@ -654,20 +706,16 @@ def _sgd_clock(fn: Callable, label: str, seed: int, lr: float) -> str:
 
 # -- per-sample gradients ------------------------------------------------------------------------
 
-@reference
-def reference_per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The trusted baseline: one backward pass per sample (cross-entropy of that sample alone),
-    gradients stacked into ``{name: (batch, *param.shape)}``."""
-    names, params = zip(*[(k, p) for k, p in model.named_parameters()])
-    per_sample = [torch.autograd.grad(F.cross_entropy(model(xi[None]), yi[None]), params)
-                  for xi, yi in zip(x, y)]
-    return {k: torch.stack(g) for k, g in zip(names, zip(*per_sample))}
-
-
 def _cnn_case(seed, batch, size, channels, classes, dev, dtype):
     model = small_cnn(seed=seed, channels=channels, size=size, classes=classes, device=dev, dtype=dtype)
     x, y = toy_images(batch, seed=seed + 1, size=size, classes=classes, device=dev, dtype=dtype)
     return model, x, y
+
+
+def _grads_answers(refs, dev: torch.device, **case) -> dict:
+    """Exercise 6's answer in float64, the loop of single-sample backward passes (``grads``): what
+    exercises 7 and 8 must equal too, and the input of exercise 9's check."""
+    return {"grads": refs.reference_per_sample_grads(*_cnn_case(**case, dev=dev, dtype=torch.float64))}
 
 
 def _expect_grad_dict(got, model: nn.Module, batch: int, label: str) -> None:
@@ -731,8 +779,9 @@ def check_per_sample_grads_loop(per_sample_grads_loop: Callable, *, seed: int = 
     """``per_sample_grads_loop(model, x, y)`` returns ``{name: (batch, *param.shape)}``, row ``i``
     being the gradient of sample ``i``'s cross-entropy alone, in float64 within rounding."""
     dev = pick_device(device)
-    model, x, y = _cnn_case(seed, batch, size, channels, classes, dev, torch.float64)
-    expected = reference_per_sample_grads(model, x, y)
+    case = dict(seed=seed, batch=batch, size=size, channels=tuple(channels), classes=classes)
+    model, x, y = _cnn_case(**case, dev=dev, dtype=torch.float64)
+    expected = _answers("per-sample gradients", dev, **case)["grads"]
     got = call(per_sample_grads_loop, model, x.clone(), y.clone(), name="per_sample_grads_loop")
     _expect_grad_dict(got, model, batch, "per_sample_grads_loop")
     if _accumulated(got, expected):
@@ -764,10 +813,11 @@ def check_per_sample_grads(per_sample_grads: Callable, *, seed: int = 0, batch: 
     (against the float64 reference), computed with ``vmap(grad(...))``: the model is called once,
     with ``vmap`` and ``grad`` active."""
     dev = pick_device(device)
-    for dtype in (torch.float64, torch.float32):
-        model, x, y = _cnn_case(seed, batch, size, channels, classes, dev, dtype)
-        ref_model, ref_x, _ = _cnn_case(seed, batch, size, channels, classes, dev, torch.float64)
-        expected = reference_per_sample_grads(ref_model, ref_x, y)
+    case = dict(seed=seed, batch=batch, size=size, channels=tuple(channels), classes=classes)
+    expected = _answers("per-sample gradients", dev, **case)["grads"]
+    for dtype in DTYPES.values():
+        model, x, y = _cnn_case(**case, dev=dev, dtype=dtype)
+        ref_model, ref_x, _ = _cnn_case(**case, dev=dev, dtype=torch.float64)
         with ForwardWatch(model) as watch:
             got = call(per_sample_grads, model, x.clone(), y.clone(), name="per_sample_grads")
         _expect_grad_dict(got, model, batch, "per_sample_grads")
@@ -799,7 +849,8 @@ def _per_sample_clock(fn: Callable, label: str) -> str:
     def make(fresh):
         return (model, *toy_images(CLOCK_SAMPLES, seed=fresh, size=8, classes=5, device="cpu"))
 
-    return _expect_no_loop_by_clock(fn, label, make, reference_per_sample_grads, count=CLOCK_SAMPLES,
+    loop = _grader_references().reference_per_sample_grads
+    return _expect_no_loop_by_clock(fn, label, make, loop, count=CLOCK_SAMPLES,
                                     unit="sample", key=("per-sample",))
 
 
@@ -809,10 +860,10 @@ def check_opacus_grads(opacus_per_sample_grads: Callable, *, seed: int = 0, batc
     cross-entropy's terms computed by Opacus's ``GradSampleModule`` from one batched forward and
     backward pass (no ``vmap``), keyed by the model's own parameter names, equal to the loop's."""
     dev = pick_device(device)
-    for dtype in (torch.float64, torch.float32):
-        model, x, y = _cnn_case(seed, batch, size, channels, classes, dev, dtype)
-        ref_model, ref_x, _ = _cnn_case(seed, batch, size, channels, classes, dev, torch.float64)
-        expected = reference_per_sample_grads(ref_model, ref_x, y)
+    case = dict(seed=seed, batch=batch, size=size, channels=tuple(channels), classes=classes)
+    expected = _answers("per-sample gradients", dev, **case)["grads"]
+    for dtype in DTYPES.values():
+        model, x, y = _cnn_case(**case, dev=dev, dtype=dtype)
         with ForwardWatch(model) as watch:
             got = call(opacus_per_sample_grads, model, x.clone(), y.clone(), name="opacus_per_sample_grads")
         _expect_grad_dict(got, model, batch, "opacus_per_sample_grads")
@@ -845,93 +896,70 @@ def check_opacus_grads(opacus_per_sample_grads: Callable, *, seed: int = 0, batc
 
 # -- DP-SGD --------------------------------------------------------------------------------------
 
-#: Added to every norm before dividing by it, as Opacus does, so that a zero gradient is no problem.
-EPS = 1e-6
+#: The steps the check takes: ``(noise_multiplier, lr)``, without noise and with it.
+DP_STEPS = ((0.0, 0.3), (1.1, 0.5))
 
 
-@reference
-def per_sample_norms(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of each sample's whole gradient (all parameters together): shape ``(batch,)``."""
-    return torch.stack([g.reshape(g.shape[0], -1).norm(dim=1) for g in grads.values()]).norm(dim=0)
-
-
-@reference
-def dp_sgd_reference(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor], *, lr: float,
-                     max_norm: float, noise_multiplier: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """One DP-SGD step, the lesson's conventions:
-
-    1. clip: sample ``i``'s gradient (all parameters) is scaled by ``min(1, max_norm / (norm_i + 1e-6))``;
-    2. sum the clipped gradients over the batch;
-    3. noise: for each parameter *in the order of* ``params``, draw
-       ``torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype)`` and add it
-       times ``noise_multiplier * max_norm``;
-    4. average: divide by the batch size;
-    5. update: ``p - lr * that``, as new tensors (the inputs are left alone).
-    """
-    norms = per_sample_norms(grads)
-    factor = (max_norm / (norms + EPS)).clamp(max=1.0)
-    batch = norms.shape[0]
-    out = {}
-    for name, p in params.items():
-        clipped_sum = torch.tensordot(factor, grads[name], dims=1)
-        noise = torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype)
-        out[name] = p - lr * (clipped_sum + noise_multiplier * max_norm * noise) / batch
-    return out
-
-
-def _dp_case(seed, batch, size, channels, classes, dev):
-    model, x, y = _cnn_case(seed, batch, size, channels, classes, dev, torch.float64)
-    grads = reference_per_sample_grads(model, x, y)
-    # vary the norms a lot, so that some samples are clipped and some are not
+def _dp_case(*, seed: int, batch: int, size: int, channels: tuple, classes: int, dev: torch.device) -> tuple:
+    """``(params, grads)``: the CNN's float64 parameters and its per-sample gradients (exercise 6's
+    answer on the same case), each sample's scaled so that their norms vary a lot: some samples
+    are clipped and some are not."""
+    model, _, _ = _cnn_case(seed, batch, size, channels, classes, dev, torch.float64)
+    grads = _answers("per-sample gradients", dev, seed=seed, batch=batch, size=size, channels=channels,
+                     classes=classes)["grads"]
     scale = torch.logspace(-1, 1, batch, dtype=torch.float64, device=dev)[torch.randperm(
         batch, generator=torch.Generator().manual_seed(seed)).to(dev)]
     grads = {k: g * scale.view(-1, *([1] * (g.dim() - 1))) for k, g in grads.items()}
-    params = {k: p.detach().clone() for k, p in model.named_parameters()}
-    max_norm = float(per_sample_norms(grads).median())
-    return params, grads, max_norm
+    return {k: p.detach().clone() for k, p in model.named_parameters()}, grads
 
 
-def _variants(params, grads, *, lr, max_norm, noise_multiplier, seed, dev):
-    """Results of common mistakes, to name the one a wrong answer matches."""
-    batch = next(iter(grads.values())).shape[0]
-    out = {}
-    quiet = dict(lr=lr, max_norm=1e30, noise_multiplier=0.0)  # nothing clipped, no noise: the sum as given
-    shape = lambda g: (-1,) + (1,) * (g.dim() - 1)  # noqa: E731 - broadcast a per-sample factor over g
-    if noise_multiplier == 0:
-        per_param = {k: g * (max_norm / (g.reshape(batch, -1).norm(dim=1) + EPS)).clamp(max=1.0).view(shape(g))
-                     for k, g in grads.items()}
-        out["each parameter's gradient was clipped on its own (clip a sample's whole gradient, all parameters "
-            "together)"] = dp_sgd_reference(params, per_param, generator=device_generator(seed, dev), **quiet)
-        norms = per_sample_norms(grads)
-        scaled = {k: g * (max_norm / (norms + EPS)).view(shape(g)) for k, g in grads.items()}
-        out["every sample's gradient was scaled to max_norm, the small ones too (the factor is min(1, ...))"] = (
-            dp_sgd_reference(params, scaled, generator=device_generator(seed, dev), **quiet))
-        out["nothing was clipped"] = dp_sgd_reference(params, grads, generator=device_generator(seed, dev), **quiet)
-    ref = dp_sgd_reference(params, grads, lr=lr, max_norm=max_norm, noise_multiplier=0.0,
-                           generator=device_generator(seed, dev))
+def _dp_answers(refs, dev: torch.device, **case) -> dict:
+    """Exercise 9's answers on :func:`_dp_case`: ``max_norm`` (the median of the samples' norms), and
+    for every step of :data:`DP_STEPS` the step without its noise (``quiet``; the check adds the
+    noise it draws from a generator on its own device) and what the usual slips in clipping
+    give (``mistakes``, for the noise-free step)."""
+    params, grads = _dp_case(**case, dev=dev)
+    max_norm = float(refs.per_sample_norms(grads).median())
+    quiet = [refs.dp_sgd_reference(params, grads, lr=lr, max_norm=max_norm, noise_multiplier=0.0,
+                                   generator=torch.Generator(device=dev)) for _, lr in DP_STEPS]
+    mistakes = [{} if noise_multiplier else refs.dp_clip_mistakes(params, grads, lr=lr, max_norm=max_norm)
+                for noise_multiplier, lr in DP_STEPS]
+    return {"max_norm": max_norm, "quiet": quiet, "mistakes": mistakes}
+
+
+def _dp_variants(params, quiet, noise, mistakes, *, batch: int, lr: float, max_norm: float,
+                 noise_multiplier: float) -> dict:
+    """Results of common mistakes, to name the one a wrong answer matches: the clipping slips
+    (``mistakes``), and from the step without noise (``quiet``) and the noise drawn, the scaling ones."""
+    out = dict(mistakes)
     out["the clipped gradients were summed, not averaged (divide by the batch size)"] = {
-        k: params[k] + (ref[k] - params[k]) * batch for k in params}
+        k: params[k] + (quiet[k] - params[k]) * batch for k in params}
     if noise_multiplier:
-        g = device_generator(seed, dev)
-        noise = {k: torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype) for k, p in params.items()}
         out["the noise's standard deviation was noise_multiplier alone (it is noise_multiplier * max_norm)"] = {
-            k: ref[k] - lr * noise_multiplier * noise[k] / batch for k in params}
+            k: quiet[k] - lr * noise_multiplier * noise[k] / batch for k in params}
         out["the noise was not divided by the batch size"] = {
-            k: ref[k] - lr * noise_multiplier * max_norm * noise[k] for k in params}
+            k: quiet[k] - lr * noise_multiplier * max_norm * noise[k] for k in params}
     return out
 
 
 def check_dp_sgd_step(dp_sgd_step: Callable, *, seed: int = 0, batch: int = 8, size: int = 8, channels=(3, 4),
                       classes: int = 5, device=None) -> None:
     """``dp_sgd_step(params, grads, lr=, max_norm=, noise_multiplier=, generator=)`` equals
-    :func:`dp_sgd_reference` without noise and, for a fixed seed, with noise; it draws its noise
-    from ``generator`` (exactly as many numbers as the parameters have) and leaves its inputs alone."""
+    the reference (``dp_sgd_reference``) without noise and, for a fixed seed, with noise; it draws
+    its noise from ``generator`` (exactly as many numbers as the parameters have) and leaves its
+    inputs alone. The noise is the lesson's convention, drawn here on the device: the reference
+    gives the step without it."""
     dev = pick_device(device)
-    params, grads, max_norm = _dp_case(seed, batch, size, channels, classes, dev)
-    for noise_multiplier, lr in ((0.0, 0.3), (1.1, 0.5)):
+    case = dict(seed=seed, batch=batch, size=size, channels=tuple(channels), classes=classes)
+    params, grads = _dp_case(**case, dev=dev)
+    answers = _answers("DP-SGD step", dev, **case)
+    max_norm = answers["max_norm"]
+    for (noise_multiplier, lr), quiet, mistakes in zip(DP_STEPS, answers["quiet"], answers["mistakes"]):
         kw = dict(lr=lr, max_norm=max_norm, noise_multiplier=noise_multiplier)
         expected_gen = device_generator(seed + 5, dev)
-        expected = dp_sgd_reference(params, grads, generator=expected_gen, **kw)
+        noise = {k: torch.randn(p.shape, generator=expected_gen, device=p.device, dtype=p.dtype)
+                 for k, p in params.items()}
+        expected = {k: quiet[k] - lr * noise_multiplier * max_norm * noise[k] / batch for k in params}
         p_in = {k: v.clone() for k, v in params.items()}
         g_in = {k: v.clone() for k, v in grads.items()}
         gen = device_generator(seed + 5, dev)
@@ -958,7 +986,8 @@ def check_dp_sgd_step(dp_sgd_step: Callable, *, seed: int = 0, batch: int = 8, s
                                  "dtype=p.dtype) per parameter, nothing else (draw in the parameter's dtype: a "
                                  "float32 draw uses the generator differently from a float64 one).")
         label = "dp_sgd_step" + (" without noise" if not noise_multiplier else f" with noise (seed {seed + 5})")
-        name_mistake(label, dict(got), expected, _variants(params, grads, seed=seed + 5, dev=dev, **kw), **CLOSE64)
+        name_mistake(label, dict(got), expected, _dp_variants(params, quiet, noise, mistakes, batch=batch, **kw),
+                     **CLOSE64)
         hint = ("clip each sample's whole gradient: factor_i = min(1, max_norm / (norm_i + 1e-6)), norm_i over "
                 "all parameters together; sum the clipped gradients; add noise_multiplier * max_norm * "
                 "torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) per parameter in "
@@ -967,3 +996,38 @@ def check_dp_sgd_step(dp_sgd_step: Callable, *, seed: int = 0, batch: int = 8, s
         assert_close(dict(got), expected, name=label, **TIGHT, hint=hint)
     ok(f"dp_sgd_step equals the reference with and without noise, draws its noise from the generator, and "
        f"leaves its inputs alone (batch={batch}, seed {seed})")
+
+
+# -- the answers, by the grader's references or stored -------------------------------------------
+
+#: Every kind of answer the checks compare with: ``kind -> fn(references, device, **case)``.
+ANSWERS = {"ensemble predictions": _predict_answers, "member KL": _kl_answers, "ensemble SGD step": _sgd_answers,
+           "per-sample gradients": _grads_answers, "DP-SGD step": _dp_answers}
+
+#: The visible checks that use each kind, at their own calls (their defaults): what a learner's copy stores.
+VISIBLE = {"ensemble predictions": (check_ensemble_predict,), "member KL": (check_member_kl,),
+           "ensemble SGD step": (check_ensemble_sgd_step,),
+           "per-sample gradients": (check_per_sample_grads_loop, check_per_sample_grads, check_opacus_grads,
+                                    check_dp_sgd_step),
+           "DP-SGD step": (check_dp_sgd_step,)}
+
+
+def _visible_case(check: Callable) -> dict:
+    """The seed and sizes of the lesson's own call of ``check``: its keyword defaults, less the device."""
+    return {name: p.default for name, p in inspect.signature(check).parameters.items()
+            if p.kind is p.KEYWORD_ONLY and name != "device"}
+
+
+def reference_data() -> dict:
+    """The answers of the visible checks' own calls, computed on the CPU by the grader's references:
+    ``{kind: [{"case": seed and sizes, "answers": ...}]}``, one entry per distinct case."""
+    refs = _grader_references()
+    data = {}
+    for kind, checks in VISIBLE.items():
+        cases = []
+        for check in checks:
+            case = _visible_case(check)
+            if case not in cases:
+                cases.append(case)
+        data[kind] = [{"case": case, "answers": ANSWERS[kind](refs, torch.device("cpu"), **case)} for case in cases]
+    return data
