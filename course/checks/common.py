@@ -278,7 +278,7 @@ def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callabl
 
 
 def probed_names(answer: Any, prober: Callable, *args: Any, label: str) -> list[str]:
-    """What a course probe that lists op names (``format_trace``, ``kl_fallbacks``) reported from
+    """What a course probe that lists op names (lesson 6's ``kl_fallbacks``) reported from
     where ``answer`` lives (:func:`course.remote.probe`): a list of strings, or a failed check
     naming ``label`` if that process sent anything else."""
     from course.remote import probe

@@ -21,7 +21,6 @@ course has the same answers for the lesson's own visible calls only (``course/re
 
 from __future__ import annotations
 
-import copy
 import operator
 import time
 from typing import Any, Callable, Mapping
