@@ -44,3 +44,20 @@ def mutate(tmp_path_factory):
         return load_module(base.replace(old, new), tmp_path_factory.mktemp("mut") / f"{name}.py", name)
 
     return make
+
+
+@pytest.fixture
+def learners_copy(monkeypatch):
+    """The checks as a learner's copy of the course runs them (the bundle, or the learner's process
+    under the grader): ``course.references`` and every module in it cannot be imported, so each
+    check falls back on the stored answers, and any use of a reference on its way fails."""
+    import pkgutil
+    import sys
+
+    import course.references as R
+    from course.checks.common import grader_references
+
+    hidden = {"course.references", *(f"course.references.{m.name}" for m in pkgutil.iter_modules(R.__path__))}
+    for name in hidden | {n for n in sys.modules if n.startswith("course.references.")}:
+        monkeypatch.setitem(sys.modules, name, None)
+    assert all(grader_references(name.rpartition(".")[2]) is None for name in hidden - {"course.references"})

@@ -67,13 +67,11 @@ def test_masked_attention_mistakes_fail_and_are_named(wrong, named):
 
 # -- a learner's copy of the course: no grader references, stored answers ---------------------------
 
-def test_without_the_grader_references_the_visible_checks_use_stored_answers(monkeypatch, capsys):
+def test_without_the_grader_references_the_visible_checks_use_stored_answers(learners_copy, capsys):
     """A learner's copy has no course.references: the visible calls (seed 0) compare with the stored
     float64 answers, still name a misreading of the masks, and refuse other seeds honestly."""
     import course.checks.fastpath as C
 
-    monkeypatch.setattr(C, "_grader_references", lambda: None)
-    monkeypatch.setattr(C, "reference_attention", stub)  # the grader's reference is not there to call
     C.check_masked_attention(masked)
     C.check_sdpa_attention(sdpa)
     assert capsys.readouterr().out.count("ok: ") == 2
@@ -87,11 +85,10 @@ def test_without_the_grader_references_the_visible_checks_use_stored_answers(mon
         C.check_masked_attention(masked, seed=2)
 
 
-def test_without_the_grader_references_the_speed_baseline_is_the_learners_own(monkeypatch):
+def test_without_the_grader_references_the_speed_baseline_is_the_learners_own(learners_copy, monkeypatch):
     import course.checks.fastpath as C
 
     seen = []
-    monkeypatch.setattr(C, "_grader_references", lambda: None)
     monkeypatch.setattr(C, "served_speedup", lambda baseline, candidate, **kw: seen.append(
         baseline[1](*C.masked_attention_inputs(0, batch=1, heads=1, length=8, dim=4), True)))
     with pytest.raises(AssertionError, match="needs your masked_attention"):

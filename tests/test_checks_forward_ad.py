@@ -15,6 +15,7 @@ import torch
 from autograder.solution_code import load_solution, solution_source
 from course import forward_ad as FA
 from course.checks import forward_ad as C
+from course.checks.common import visible_call
 from course.references import forward_ad as R
 
 LESSON = "04_forward_ad"
@@ -295,12 +296,6 @@ def test_the_planted_legacy_jacobian_fails_the_bar_and_its_forward_knob_passes()
 
 # -- a learner's copy of the course: no grader references, stored answers ---------------------------
 
-@pytest.fixture
-def learners_copy(monkeypatch):
-    """The checks as in a learner's copy: course.references is not there to ask."""
-    monkeypatch.setattr(C, "_grader_references", lambda: None)
-
-
 def test_without_the_grader_references_the_visible_checks_use_stored_answers(learners_copy, fad, capsys):
     """The visible calls (the defaults) compare with the stored float64 answers; other arguments
     are refused honestly (the grader checks those)."""
@@ -356,7 +351,7 @@ def test_the_stored_answers_are_for_the_visible_calls():
     """What reference_data stores is what the checks' defaults ask, on the lesson's own call."""
     data = C.reference_data()
     for check in (C.check_param_jvp, C.check_param_jvp_func, C.check_sinc, C.check_jacobians):
-        for name, default in C._visible_call(check).items():
+        for name, default in visible_call(check).items():
             assert data[name] == (tuple(default) if name == "sizes" else default), (check.__name__, name)
     assert R.DATA_FILES == {C.DATA_FILE: R.forward_ad_data}
 

@@ -5,7 +5,6 @@ grader's references (course.references.jacobians) and the op watcher in course.j
 the checks trust; and, without the references (a learner's copy), the visible checks on the
 answers stored for them."""
 
-import sys
 
 import pytest
 import torch
@@ -328,15 +327,7 @@ def test_parameter_jacobians_formula_matches_autograd():
 
 # -- a learner's copy: no references, the visible checks on stored answers ----------------------------
 
-@pytest.fixture
-def no_references(monkeypatch):
-    """As in a learner's copy (or the learner's process under the grader): course.references.jacobians
-    cannot be imported, so any use of it on the checks' way fails."""
-    monkeypatch.setitem(sys.modules, "course.references.jacobians", None)
-    assert C._grader_references() is None
-
-
-def test_without_the_grader_references_the_visible_checks_use_stored_answers(no_references, jac_solution, capsys):
+def test_without_the_grader_references_the_visible_checks_use_stored_answers(learners_copy, jac_solution, capsys):
     s = jac_solution
     C.check_row_jacobian(s.jacobian_rows)
     C.check_largest_chunk(s.largest_chunk)
@@ -353,7 +344,7 @@ def test_without_the_grader_references_the_visible_checks_use_stored_answers(no_
         C.check_hvp(s.hvp_fwd_rev, s.hvp_rev_rev, n=17)
 
 
-def test_without_the_grader_references_the_picker_speed_check_compares_with_autodiff(no_references, jac_solution):
+def test_without_the_grader_references_the_picker_speed_check_compares_with_autodiff(learners_copy, jac_solution):
     """Its Jacobians are torch.func's own, timed in the checker: float64 reverse mode is their witness."""
     reports = C.check_picker_speed(jac_solution.pick_jacobian, bars={"cpu": 2.0, "cuda": 2.0}, tall=(2048, 32),
                                    wide=(32, 2048), **QUICK)
@@ -383,7 +374,7 @@ STORED_MISTAKES = {
 
 
 @pytest.mark.parametrize("mistake", sorted(STORED_MISTAKES))
-def test_without_the_grader_references_a_planted_mistake_fails_with_its_cause(mistake, mutate5, no_references):
+def test_without_the_grader_references_a_planted_mistake_fails_with_its_cause(mistake, mutate5, learners_copy):
     kind, old, new, says = STORED_MISTAKES[mistake]
     with pytest.raises(AssertionError, match=says):
         run_check(kind, mutate5(old, new))

@@ -5,7 +5,6 @@ without the grader's references (a learner's copy), the lesson's helpers in cour
 DP-SGD reference."""
 
 import copy
-import sys
 import warnings
 
 import pytest
@@ -371,14 +370,6 @@ def test_per_sample_grads_summed_over_the_batch_get_a_shape_hint(sol):
 
 
 # -- without the grader's references (a learner's copy) -------------------------------------------
-
-@pytest.fixture
-def learners_copy(monkeypatch):
-    """The course as a learner's copy has it: no course.references (the bundle leaves it out)."""
-    monkeypatch.setitem(sys.modules, "course.references", None)
-    monkeypatch.setitem(sys.modules, "course.references.vmap", None)
-    assert C._grader_references() is None
-
 
 def test_without_the_grader_references_the_visible_checks_use_stored_answers(sol, learners_copy, capsys):
     """The lesson's own calls compare with the answers stored for them (course/reference_data/06_vmap.pt)."""

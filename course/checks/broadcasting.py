@@ -54,12 +54,6 @@ TIGHT = dict(rtol=1e-9, atol=1e-12)
 DATA_FILE = "07_broadcasting.pt"
 
 
-def _grader_references():
-    """:mod:`course.references.broadcasting`, where it exists: with the grader (the judge) and in the
-    tests, never in a learner's copy of the course or in the learner's process under the grader."""
-    return grader_references("broadcasting")
-
-
 def _on(x: Any, dev: torch.device) -> Any:
     """``x`` (tensors, in dicts and lists) on ``dev``: answers are computed and stored on the CPU."""
     if isinstance(x, torch.Tensor):
@@ -75,7 +69,7 @@ def _answers(exercise: str, seed: int, dev: torch.device, **sizes: int) -> dict:
     """The right answers of ``exercise``'s check on the inputs it draws from ``seed`` and ``sizes``
     (on ``dev``): the grader's references compute them; in a learner's copy, the answers stored for
     the lesson's own call, refused for any other (the grader checks those)."""
-    refs = _grader_references()
+    refs = grader_references("broadcasting")
     if refs is not None:
         return _on(refs.answers(exercise, seed, **sizes), dev)
     stored = stored_answers(DATA_FILE, seed=seed)[exercise]

@@ -3,7 +3,7 @@ comparing gradients."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -157,6 +157,16 @@ def grader_references(name: str):
         return importlib.import_module(f"course.references.{name}")
     except ImportError:
         return None
+
+
+def visible_call(check: Callable, leave_out: Iterable[str] = ("device",), only: Iterable[str] | None = None) -> dict:
+    """The arguments of the lesson's own call of ``check``: its defaults (what a learner's copy stores
+    answers for), less the names in ``leave_out``, and, where ``only`` is given, only those names."""
+    import inspect
+
+    leave_out, only = set(leave_out), None if only is None else set(only)
+    return {name: p.default for name, p in inspect.signature(check).parameters.items()
+            if p.default is not inspect.Parameter.empty and name not in leave_out and (only is None or name in only)}
 
 
 def stored_answers(file: str, **expected: Any) -> dict:

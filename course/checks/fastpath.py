@@ -40,12 +40,6 @@ F64 = torch.float64
 TIGHT = dict(rtol=1e-7, atol=1e-9)
 
 
-def _grader_references():
-    """:mod:`course.references.fastpath`, where it exists: with the grader (the judge) and in the tests,
-    never in a learner's copy of the course or in the learner's process under the grader."""
-    return grader_references("fastpath")
-
-
 def reference_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
     """:func:`course.references.fastpath.reference_attention`, imported where a check runs (the judge,
     or the tests): the module answers an exercise, so the learner's process never has it."""
@@ -149,7 +143,7 @@ def _check_masks(fn: Callable, name: str, seed: int, device, hint: str, attn_mas
     """Compare ``fn`` with the grader's float64 reference on every case, naming a known misreading
     of the masks; in a learner's copy (no grader references), with the stored answers for seed 0."""
     dev = pick_device(device)
-    stored = None if _grader_references() is not None else stored_answers(DATA_FILE, seed=seed)
+    stored = None if grader_references("fastpath") is not None else stored_answers(DATA_FILE, seed=seed)
     cases = _cases(seed, dev, attn_masks)
     for label, (q, k, v), masks in cases:
         want = reference_attention(q, k, v, **masks) if stored is None else stored["cases"][label].to(dev)
@@ -260,7 +254,7 @@ def check_sdpa_speed(sdpa_attention: Callable, masked_attention: Callable | None
     as the naive masked attention, side by side on fresh padded batches, every output checked. The
     baseline is the grader's own naive attention, never the learner's; in a learner's copy of the
     course (no grader references) it is the learner's ``masked_attention``, as in lesson 1."""
-    refs = _grader_references()
+    refs = grader_references("fastpath")
     if refs is not None:
         baseline = refs.naive_masked_attention
     elif masked_attention is None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 import math
 import random
 from typing import Callable, Mapping
@@ -37,7 +36,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch.autograd.gradcheck import GradcheckError
 
-from course.checks.common import call, grader_references, ok, served_speedup, stored_answers
+from course.checks.common import call, grader_references, ok, served_speedup, stored_answers, visible_call
 from course.data import generator, randn
 from course.devices import pick_device
 from course.forward_ad import ModeNotAllowed, WideFunction, mlp, transform_in_use, wide_function
@@ -57,12 +56,6 @@ F64 = torch.float64
 
 #: What the visible checks compare with in a learner's copy (``python -m course.references`` writes it).
 DATA_FILE = "04_forward_ad.pt"
-
-
-def _grader_references():
-    """:mod:`course.references.forward_ad`, where it exists: with the grader (the judge) and in the
-    tests, never in a learner's copy of the course or in the learner's process under the grader."""
-    return grader_references("forward_ad")
 
 
 # -- dual numbers ------------------------------------------------------------------------------
@@ -252,7 +245,7 @@ def _param_jvp_inputs(seed: int, sizes, batch: int, norm: bool, subset: bool, de
 def _param_jvp_answers(seed: int, sizes, batch: int, norm: bool, subset: bool, model, x, tangents) -> tuple:
     """(output, J @ v, central differences or None): the grader's reference on these inputs, or in a
     learner's copy the answers stored for the visible call (no finite differences there)."""
-    refs = _grader_references()
+    refs = grader_references("forward_ad")
     if refs is not None:
         return refs.param_jvp_reference(copy.deepcopy(model), x, tangents)
     data = stored_answers(DATA_FILE, seed=seed, sizes=tuple(sizes), batch=batch, norm=norm, subset=subset)
@@ -316,7 +309,7 @@ def _sinc_points(seed: int, n: int, dev) -> torch.Tensor:
 def _sinc_answers(seed: int, n: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sinc, sinc') at the points ``x`` of ``(seed, n)``, in float64: the grader's references, or in
     a learner's copy the answers stored for the visible call."""
-    refs = _grader_references()
+    refs = grader_references("forward_ad")
     if refs is not None:
         return refs.sinc_reference(x), refs.sinc_derivative_reference(x)
     data = stored_answers(DATA_FILE, seed=seed, n=n)["sinc"]
@@ -454,7 +447,7 @@ def _jacobian_answers(seed: int, k: int, m: int, hidden: int, x: torch.Tensor) -
     """``(what, Jacobian, tolerance)`` of the wide function of ``(seed, k, m, hidden)`` at ``x``, the
     closed form first: with the grader's references, also reverse-mode autograd in float64 and
     central differences; in a learner's copy, the closed form stored for the visible call."""
-    refs = _grader_references()
+    refs = grader_references("forward_ad")
     if refs is None:
         data = stored_answers(DATA_FILE, seed=seed, k=k, m=m, hidden=hidden)
         return [("the closed-form Jacobian", data["jacobians"]["jacobian"].to(x.device), {})]
@@ -523,7 +516,7 @@ def jacobian_speed_inputs(seed: int, *, device: str, k: int, m: int, hidden: int
 def _speed_baseline(jacobian_rev: Callable | None, f: WideFunction, x: torch.Tensor) -> tuple[Callable, torch.Tensor]:
     """(reverse mode, its float64 Jacobian of ``f`` at ``x``): the grader's ``torch.func.jacrev`` and
     closed form; in a learner's copy (no grader references), the learner's own ``jacobian_rev``."""
-    refs = _grader_references()
+    refs = grader_references("forward_ad")
     if refs is not None:
         return refs.reverse_jacobian, refs.wide_jacobian(f, x)
     if jacobian_rev is None:
@@ -574,12 +567,6 @@ def check_jacobian_speed(tall_jacobian: Callable, jacobian_rev: Callable | None 
 
 # -- what a learner's copy compares with -----------------------------------------------------------
 
-def _visible_call(check: Callable) -> dict:
-    """The arguments of a check's visible call in the lesson: its defaults (the device aside)."""
-    return {n: p.default for n, p in inspect.signature(check).parameters.items()
-            if p.default is not inspect.Parameter.empty and n != "device"}
-
-
 def reference_data() -> dict:
     """The grader's answers at the visible calls of the parameter-JVP checks, of ``check_sinc`` and of
     ``check_jacobians`` (their defaults, which this stores too), on the CPU in float64: what the
@@ -587,8 +574,8 @@ def reference_data() -> dict:
     from course.references import forward_ad as refs
 
     cpu = torch.device("cpu")
-    jvp_args, sinc_args, jac_args = (_visible_call(c) for c in (check_param_jvp, check_sinc, check_jacobians))
-    assert jvp_args == _visible_call(check_param_jvp_func), "the two parameter-JVP checks share their stored answers"
+    jvp_args, sinc_args, jac_args = (visible_call(c) for c in (check_param_jvp, check_sinc, check_jacobians))
+    assert jvp_args == visible_call(check_param_jvp_func), "the two parameter-JVP checks share their stored answers"
     jvp_args["sizes"] = tuple(jvp_args["sizes"])
     model, x, tangents = _param_jvp_inputs(**jvp_args, dev=cpu)
     out, jv, _ = refs.param_jvp_reference(model, x, tangents)

@@ -43,7 +43,7 @@ import torch
 from torch.func import jacfwd, jacrev
 
 from course.checks.common import (NO_LOOP, call, clock_against_loop, clock_verdict, expect_loop_verdict,
-                                  grader_references, name_mistake, ok, record, stored_answers)
+                                  grader_references, name_mistake, ok, record, stored_answers, visible_call)
 from course.data import randn
 from course.devices import pick_device, threads
 from course.grading import best_of, expect_speedup, speed_bar
@@ -73,11 +73,6 @@ def _tol(dtype: torch.dtype) -> dict:
 
 # -- what the checks compare with -----------------------------------------------------------------
 
-def _grader_references():
-    """:mod:`course.references.jacobians`, where it exists: with the grader (the judge) and in the
-    tests, never in a learner's copy of the course or in the learner's process under the grader."""
-    return grader_references("jacobians")
-
 
 #: The float64 answers of the visible checks, for a learner's copy (``python -m course.references``).
 DATA_FILE = "05_jacobians.pt"
@@ -87,7 +82,7 @@ def _answers(answers: Callable[..., list], seed: int, **sizes: int) -> list:
     """``answers(refs, seed, **sizes)``: a check's float64 answers, on the CPU, by the grader's
     references; in a learner's copy (none there), those stored for the lesson's own call, refused
     for other arguments (the grader checks others)."""
-    refs = _grader_references()
+    refs = grader_references("jacobians")
     if refs is not None:
         return answers(refs, seed, **sizes)
     stored = stored_answers(DATA_FILE, seed=seed)[answers.__name__]
@@ -105,8 +100,7 @@ def reference_data(seed: int = 0) -> dict:
 
     data: dict = {"seed": seed}
     for check, answers in _VISIBLE.items():
-        taken = inspect.signature(answers).parameters
-        sizes = {k: p.default for k, p in inspect.signature(check).parameters.items() if k in taken and k != "seed"}
+        sizes = visible_call(check, leave_out=("seed", "device"), only=inspect.signature(answers).parameters)
         data[answers.__name__] = {"sizes": sizes, "answers": answers(refs, seed, **sizes)}
     return data
 
@@ -115,7 +109,7 @@ def _course_loop(name: str) -> Callable:
     """The course's loop ``name`` (:mod:`course.references.jacobians`), looked up when it runs: it is
     the clock's yardstick across the boundary only, in the judge, which has the references (in the
     learner's own notebook op counts answer, and no loop of the course's runs)."""
-    return lambda *args: getattr(_grader_references(), name)(*args)
+    return lambda *args: getattr(grader_references("jacobians"), name)(*args)
 
 
 def _expect_tensor(got, name: str, x: torch.Tensor, shape: tuple[int, ...], hint: str) -> None:
@@ -410,7 +404,7 @@ def check_largest_chunk(largest_chunk: Callable, *, seed: int = 0) -> None:
     compared with the grader's own search (in a learner's copy, with the answers stored for the
     visible call), and what the learner's chunk makes is measured by the checker's TensorWatch:
     outputs on inputs the grader chose, nothing taken on trust from the learner's process."""
-    refs = _grader_references()
+    refs = grader_references("jacobians")
     answers = (chunk_reference_data(seed) if refs is not None else stored_answers(CHUNK_DATA, seed=seed))["cases"]
     cases = _chunk_cases(seed)
     gots, wants = [], []  # the answers (0: ValueError), for the grading parent to compare again
@@ -632,7 +626,7 @@ def check_picker_speed(pick_jacobian: Callable, *, bars: Mapping[str, float], ta
     timed side by side, every Jacobian compared with the float64 formula (in a learner's copy, which has
     none, with torch's own reverse mode in float64: what is timed is torch.func, not the learner's code)."""
     dev = pick_device(device)
-    refs = _grader_references()
+    refs = grader_references("jacobians")
     exact_jacobian = refs.tanh_jacobian if refs is not None else lambda f, x: jacrev(f)(x)
     if not tall[0] > tall[1] or not wide[0] < wide[1]:
         raise ValueError(f"tall must have more outputs than inputs and wide fewer, got tall={tall}, wide={wide}.")

@@ -57,12 +57,6 @@ FIXED_SHAPES = [(1, 1, 1, 1), (2, 3, 4, 5), (8, 3, 224, 224), (4, 1, 8, 8), (4, 
 DATA_FILE = "03_memory_format.pt"
 
 
-def _grader_references():
-    """:mod:`course.references.memory_format`, where it exists: with the grader (the judge) and in the
-    tests, never in a learner's copy of the course or in the learner's process under the grader."""
-    return grader_references("memory_format")
-
-
 # -- stride arithmetic ---------------------------------------------------------------------
 
 class _TorchCalls(TorchFunctionMode):
@@ -145,7 +139,7 @@ def check_strides(nchw_strides: Callable, nhwc_strides: Callable, *, seed: int =
 def _stride_cases(seed: int, cases: int) -> list:
     """Exercise 2's ``(shape, strides)`` cases (:func:`course.references.memory_format.stride_cases`);
     in a learner's copy, the stored ones of the lesson's own call."""
-    refs = _grader_references()
+    refs = grader_references("memory_format")
     if refs is None:
         return stored_answers(DATA_FILE, seed=seed, cases=cases)["stride_cases"]
     return refs.stride_cases(seed, cases)
@@ -304,7 +298,7 @@ def _finder_answers(x: torch.Tensor, *, variant: str, seed: int, width: int, bat
     """The ops that lose the format on ``x`` (:func:`finder_input`), in order, in the planted model and
     in :func:`course.memory_format.list_probe` (:func:`course.references.memory_format.format_losses`);
     in a learner's copy, the stored ones of the lesson's own call."""
-    refs = _grader_references()
+    refs = grader_references("memory_format")
     if refs is None:
         data = stored_answers(DATA_FILE, variant=variant, seed=seed, width=width, batch=batch, size=size)
         return data["losses"], data["list_probe_losses"]

@@ -293,11 +293,6 @@ def layer_norm_case(*, seed: int = 0, batch: int = 4, input_size: int = 6, hidde
     return sizes, keys, _leaves(x, h, c, *(p[k] for k in keys))
 
 
-def _grader_references():
-    """:mod:`course.references.rnn`, where it exists: with the grader, not in a learner's copy."""
-    return grader_references("rnn")
-
-
 def check_layer_norm_cell(layer_norm_lstm_cell: Callable, *, seed: int = 0, batch: int = 4,
                           input_size: int = 6, hidden_size: int = 5, device=None) -> None:
     """``layer_norm_lstm_cell(x, h, c, p) -> (h', c')`` equals the lesson's reference cell.
@@ -310,7 +305,7 @@ def check_layer_norm_cell(layer_norm_lstm_cell: Callable, *, seed: int = 0, batc
     sizes, keys, args = layer_norm_case(seed=seed, batch=batch, input_size=input_size, hidden_size=hidden_size,
                                         device=device)
     names = ["x", "h", "c", *keys]
-    refs = _grader_references()
+    refs = grader_references("rnn")
     got = call(layer_norm_lstm_cell, args[0], args[1], args[2], dict(zip(keys, args[3:])),
                name="layer_norm_lstm_cell")
     if refs is not None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 import warnings
 from typing import Callable, Mapping
 
@@ -38,7 +37,8 @@ from torch.func import stack_module_state
 from torch.utils._pytree import tree_map
 
 from course.checks.common import (call, clock_against_loop, expect_loop_verdict, grader_references, name_mistake, ok,
-                                  probed_names, record, same_values, served_speedup, stored_answers)
+                                  probed_names, record, same_values, served_speedup, stored_answers,
+                                  visible_call)
 from course.data import device_generator
 from course.devices import pick_device
 from course.grading import expect_constant_work
@@ -76,17 +76,10 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 DATA_FILE = "06_vmap.pt"
 
 
-def _grader_references():
-    """:mod:`course.references.vmap`, where it exists: with the grader (the judge) and in the tests,
-    never in a learner's copy of the course or in the learner's process under the grader. The
-    judge's clocks (a learner's function across the boundary) run where it exists."""
-    return grader_references("vmap")
-
-
 def _answers(kind: str, dev: torch.device, **case) -> dict:
     """The answers of one ``kind`` of check on ``case`` (its seed and sizes), on ``dev``: computed by
     the grader's references where they exist, else the ones stored for the lesson's own call."""
-    refs = _grader_references()
+    refs = grader_references("vmap")
     if refs is not None:
         return ANSWERS[kind](refs, dev, **case)
     for entry in stored_answers(DATA_FILE)[kind]:
@@ -308,7 +301,7 @@ def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, see
 
 def _ensemble_clock(fn: Callable, label: str, same: bool, seed: int) -> str:
     """The judge's clock on ``CLOCK_MEMBERS`` small models (on the CPU), against the course's loop."""
-    loop_predictions = _grader_references().loop_predictions
+    loop_predictions = grader_references("vmap").loop_predictions
     members, params, buffers, base = _clock_ensemble(seed)
 
     def make(fresh):
@@ -556,7 +549,7 @@ def check_member_kl_speed(member_kl: Callable, *, bars: Mapping[str, float], n: 
     sizes = dict(n=n, batch=batch, features=features, hidden=hidden, classes=classes, model_seed=seed)
     models = _timing_ensemble(n, features, hidden, classes, seed, str(dev))[0]
     params, buffers, base, x, target = member_kl_inputs(seed + 31, device=str(dev), **sizes)
-    refs = _grader_references()
+    refs = grader_references("vmap")
     with torch.no_grad():
         got = call(member_kl, params, buffers, base, x, target, name="member_kl")
     with warnings.catch_warnings():  # the planted op's warning is the lesson's, not the check's
@@ -689,7 +682,7 @@ def _sgd_clock(fn: Callable, label: str, seed: int, lr: float) -> str:
     1,024 members and fresh inputs on every timed call, float32 met such a member in about one
     grading in four (CI on 2e78c7d: the instructor's notebook lost the cell). Float64 rounding
     is 2**29 times finer; the clock's ratio is the same (the loop's cost is per-call overhead)."""
-    loop_sgd_step = _grader_references().loop_sgd_step
+    loop_sgd_step = grader_references("vmap").loop_sgd_step
     members, params, buffers, base = _clock_ensemble(seed, torch.float64)
     params = {k: v.detach() for k, v in params.items()}
 
@@ -849,7 +842,7 @@ def _per_sample_clock(fn: Callable, label: str) -> str:
     def make(fresh):
         return (model, *toy_images(CLOCK_SAMPLES, seed=fresh, size=8, classes=5, device="cpu"))
 
-    loop = _grader_references().reference_per_sample_grads
+    loop = grader_references("vmap").reference_per_sample_grads
     return _expect_no_loop_by_clock(fn, label, make, loop, count=CLOCK_SAMPLES,
                                     unit="sample", key=("per-sample",))
 
@@ -1012,21 +1005,15 @@ VISIBLE = {"ensemble predictions": (check_ensemble_predict,), "member KL": (chec
            "DP-SGD step": (check_dp_sgd_step,)}
 
 
-def _visible_case(check: Callable) -> dict:
-    """The seed and sizes of the lesson's own call of ``check``: its keyword defaults, less the device."""
-    return {name: p.default for name, p in inspect.signature(check).parameters.items()
-            if p.kind is p.KEYWORD_ONLY and name != "device"}
-
-
 def reference_data() -> dict:
     """The answers of the visible checks' own calls, computed on the CPU by the grader's references:
     ``{kind: [{"case": seed and sizes, "answers": ...}]}``, one entry per distinct case."""
-    refs = _grader_references()
+    refs = grader_references("vmap")
     data = {}
     for kind, checks in VISIBLE.items():
         cases = []
         for check in checks:
-            case = _visible_case(check)
+            case = visible_call(check)
             if case not in cases:
                 cases.append(case)
         data[kind] = [{"case": case, "answers": ANSWERS[kind](refs, torch.device("cpu"), **case)} for case in cases]

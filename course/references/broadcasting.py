@@ -11,13 +11,13 @@ lesson: its cells time them, and the speed checks must beat them.
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Callable
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
+from course.checks.common import visible_call
 from course.guard import reference
 
 __all__ = ["DATA_FILES", "answers", "broadcast_shape_reference", "mse_reference", "penalty_reference",
@@ -163,12 +163,6 @@ def answers(exercise: str, seed: int, **sizes: int) -> dict:
     return _EXERCISES[exercise][0](seed, **sizes)
 
 
-def _visible_sizes(check: Callable) -> dict:
-    """The sizes a check takes by default (its keyword arguments but the seed and the device)."""
-    return {k: p.default for k, p in inspect.signature(check).parameters.items()
-            if p.kind is p.KEYWORD_ONLY and k not in ("seed", "device")}
-
-
 def visible_answers(seed: int = 0) -> dict:
     """Every exercise's answers at the lesson's own call of its check (``seed``, the default sizes):
     ``{"seed", exercise: {"sizes", "answers"}}``."""
@@ -176,7 +170,7 @@ def visible_answers(seed: int = 0) -> dict:
 
     out: dict = {"seed": seed}
     for exercise, (_, check) in _EXERCISES.items():
-        sizes = _visible_sizes(getattr(checks, check))
+        sizes = visible_call(getattr(checks, check), leave_out=("seed", "device"))
         out[exercise] = {"sizes": sizes, "answers": answers(exercise, seed, **sizes)}
     return out
 
