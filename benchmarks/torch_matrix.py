@@ -55,6 +55,15 @@ RUNNER = "if __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent('''
     warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")  # IPython's rule
     warnings.filterwarnings("ignore", category=PendingDeprecationWarning)
     warnings.filterwarnings("ignore", category=ImportWarning)
+    if os.environ.get("COURSE_LEARNERS_COPY") == "1":
+        import importlib.abc
+        class LearnersCopy(importlib.abc.MetaPathFinder):
+            """A learner's copy of the course (the bundle) has no course/references: the visible
+            checks compare with the stored data, and any other use of a reference fails here."""
+            def find_spec(self, name, path=None, target=None):
+                if name == "course.references" or name.startswith("course.references."):
+                    raise ModuleNotFoundError(f"No module named {name!r} in a learner's copy", name=name)
+        sys.meta_path.insert(0, LearnersCopy())
     ns = {"__name__": "__main__"}
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     for n, cell in enumerate(code):
@@ -165,7 +174,10 @@ def environment(version: str, base: Path, interpreter: str = sys.executable) -> 
     return python
 
 
-def run_lesson(python: Path, lesson_id: str, work: Path) -> dict:
+def run_lesson(python: Path, lesson_id: str, work: Path, learners_copy: bool = True) -> dict:
+    """``lesson_id`` run top to bottom by ``python`` as a learner who finished it runs it: the student
+    version with the instructor's answers, and (``learners_copy``) without ``course/references``, as
+    the bundle a class receives has none, so every visible check runs on its stored data."""
     from autograder.solution_code import solved_notebook
 
     work.mkdir(parents=True, exist_ok=True)
@@ -178,7 +190,8 @@ def run_lesson(python: Path, lesson_id: str, work: Path) -> dict:
     proc = subprocess.run([str(python), str(work / "runner.py"), str(nb), str(work / f"cells-{lesson_id}")],
                           cwd=work, capture_output=True, text=True, timeout=1800,
                           env={**os.environ, "MPLBACKEND": "Agg", "COURSE_PROGRESS_FILE": str(work / "progress.json"),
-                               "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+                               "TORCHINDUCTOR_CACHE_DIR": str(cache),
+                               "COURSE_LEARNERS_COPY": "1" if learners_copy else "0"})
     seconds = time.monotonic() - start
     cells = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("CELL ")]
     # A speed bar still undecided after three runs of its cell (a busy machine) is no pass, and
@@ -203,7 +216,8 @@ def markdown(results: dict, lessons: list[str], machine: str, date: str) -> str:
              f"{date}, Python {'%d.%d' % sys.version_info[:2]} unless a column names another. "
              f"`pyproject.toml` accepts torch>={low},<{cap}; the pins "
              f"(`requirements/lock.txt`) name {pinned()}. Each lesson ran top to bottom as a learner who "
-             "finished it (the student version with the instructor's answers), with the warnings Jupyter "
+             "finished it (the student version with the instructor's answers, in a learner's copy of the "
+             "course: no `course/references`, so the visible checks compare with the stored data), with the warnings Jupyter "
              "would show; \"passes\" means every cell ran and the closing self-check found every exercise "
              "passing.", "",
              "| lesson | " + " | ".join(f"torch {v}" for v in versions) + " |",

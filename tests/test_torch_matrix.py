@@ -81,3 +81,27 @@ def test_a_run_on_another_python_is_a_column_of_its_own(monkeypatch):
     results = {"2.15.0 (Python 3.12)": {"04_forward_ad": {"ok": True, "seconds": 30.0, "error": None, "warnings": []}}}
     text = TM.markdown(results, ["04_forward_ad"], "a test machine", "2026-11-25")
     assert "| lesson | torch 2.15.0 (Python 3.12) |" in text and "unless a column names another" in text
+
+
+@pytest.mark.parametrize("learners_copy", [True, False])
+def test_a_learners_run_has_no_course_references_as_a_learners_copy_has_none(tmp_path, learners_copy):
+    """The learner's run is the bundle's: course.references cannot be imported, so each visible check
+    runs on its stored data (and a lesson cell that used a reference would fail); run_lesson asks for it."""
+    import inspect
+
+    (tmp_path / "runner.py").write_text(TM.RUNNER)
+    nb = _notebook(tmp_path / "nb.ipynb",
+                   f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+                   "from course.checks.common import grader_references\n"
+                   "print('REFS', grader_references('rnn') is not None)",
+                   "import course.references.vmap")
+    env = {"COURSE_LEARNERS_COPY": "1" if learners_copy else "0", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "runner.py", str(nb), str(tmp_path / "cells")], cwd=tmp_path,
+                          capture_output=True, text=True, env=env)
+    cells = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("CELL ")]
+    assert f"REFS {not learners_copy}" in proc.stdout, proc.stdout + proc.stderr
+    if learners_copy:
+        assert proc.returncode == 1 and cells[1]["error"].startswith("ModuleNotFoundError"), cells
+    else:
+        assert proc.returncode == 0 and cells[1]["error"] is None, cells
+    assert inspect.signature(TM.run_lesson).parameters["learners_copy"].default is True
