@@ -567,7 +567,7 @@ def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, 
     show its mean (16 ms over an even number of runs) and the largest share.
 
     The window is 15.5 to 29 ms: a sleep only ever overruns, and a busy machine's overruns (up to 6 ms
-    each, measured with eight busy processes on two cores) stay inside it. The last run (30 ms or more),
+    on average, measured with eight busy processes on two cores) stay inside it. The last run (30 ms or more),
     the largest and the sum (64 ms or more) fall outside however late the sleeps woke; the first (2 ms)
     unless a sleep overran by 13 ms."""
     if runs % 2:
