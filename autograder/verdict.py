@@ -15,7 +15,11 @@ submission code ever ran in:
    confidence bound and the bar) must clear the bar, and must not be implausibly far above the
    instructor solution's own measurement on this machine (more than :data:`IMPLAUSIBLE` times):
    such a ratio is what a memoised or work-skipping candidate shows; it earns nothing and is
-   flagged ``implausible-speed`` for a human to look at.
+   flagged ``implausible-speed`` for a human to look at. Where the judge timed the course's own
+   solution in the same rounds (``tol["witness"]``, a served cell's), the candidate's lower bound
+   over that solution is judged instead: a ratio over a slow, memory-bound baseline can move
+   threefold with the machine's load between the instructor's run and the learner's, a ratio
+   between two right answers timed side by side does not.
 
 A speed record whose bar lies between its lower and upper confidence bounds is *undecided*
 (``course.grading.SpeedUndecided``): the cell earns nothing now and is measured again (``grade``
@@ -80,6 +84,7 @@ def reason_of(message: str, status: str, outcome_status: str = "ok") -> str:
     if "were altered" in first or "is not the lesson's" in first:
         return "altered"
     if status == UNDECIDED or any(s in first for s in ("below the bar", "times the instructor's",
+                                                          "as fast as the course's own",
                                                           "measured ratio is not a number")):
         return "speed"
     if "is not written yet" in first:
@@ -249,6 +254,18 @@ def _speed(cell, mine: dict, ref: dict, program: Program, unproven: str | None =
                               f"and the bar {bar:.2f}x lies between: the grading machine was too busy to tell; "
                               "measured again when your instructor regrades")
         return f"checked again by the grader: {name} at least {value:.2f}x, below the bar {bar:.2f}x"
+    witness = (mine.get("tol") or {}).get("witness") if cell.served and isinstance(mine.get("tol"), dict) else None
+    if type(witness) is float:
+        # The course's solution was timed in the same rounds (by the judge, which the learner's code
+        # cannot reach): the ratio over it is the same on a quiet machine and a loaded one.
+        if witness > IMPLAUSIBLE:
+            program.flag("implausible-speed", f"{cell.grade_id}: {name} measured at least {value:.2f}x, and at "
+                         f"least {witness:.2f}x as fast as the course's solution timed beside it")
+            return (f"{name}: measured at least {value:.2f}x, and at least {witness:.2f}x as fast as the course's "
+                    f"own solution timed in the same rounds (more than {IMPLAUSIBLE:g} times); a cached or skipped "
+                    "computation looks like this, so it is not credited automatically (flagged for your "
+                    "instructor to review)")
+        return ""
     if isinstance(theirs, float) and theirs > 0 and value > IMPLAUSIBLE * max(theirs, bar):
         program.flag("implausible-speed", f"{cell.grade_id}: {name} measured at least {value:.2f}x, the "
                      f"instructor's solution {theirs:.2f}x on this machine")

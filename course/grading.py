@@ -54,7 +54,8 @@ def expect_speedup(report: SpeedReport, name: str, *, bars: Mapping[str, float],
     bar = speed_bar(bars, report.device)
     over = over or report.baseline
     ratio = report.speedup(name, over)
-    report_at_least(f"speed: {name} over {over}", ratio.bound, bar, ceiling=ratio.ceiling)
+    witness = report.speedup(name, report.witness).bound if report.witness not in (None, name, over) else None
+    report_at_least(f"speed: {name} over {over}", ratio.bound, bar, ceiling=ratio.ceiling, witness=witness)
     verdict = ratio.verdict(bar)
     if verdict != "pass":
         rounds = len(report.times[name])

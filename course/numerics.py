@@ -32,15 +32,20 @@ class observing_paused:
         global _paused
         _paused -= 1
 
-def report_at_least(name: str, value: float, bar: float, ceiling: float | None = None) -> None:
+def report_at_least(name: str, value: float, bar: float, ceiling: float | None = None,
+                    witness: float | None = None) -> None:
     """Tell the autograder (if it is listening) that ``value`` was judged against ``bar`` with
     "at least": a speed check's measured ratio (its lower confidence bound; ``ceiling``, its upper
     bound, says whether a miss was decided). The grading parent checks it again, and compares it
-    with the instructor's own measurement. Outside the grader this does nothing."""
+    with the instructor's own measurement: ``witness``, where the course's own solution was timed in
+    the same rounds, is the lower bound of the candidate's speed over it. Outside the grader this
+    does nothing."""
     if grader_hooks.observer is not None and not _paused:
         tol = dict(name=name, kind="at_least")
         if ceiling is not None:
             tol["ceiling"] = float(ceiling)
+        if witness is not None:
+            tol["witness"] = float(witness)
         grader_hooks.observer(float(value), float(bar), tol)
 
 

@@ -363,6 +363,28 @@ def test_served_timing_checks_every_call_and_never_overlaps_the_baseline(served_
     assert calls and not any(t0 <= t <= t1 for t in calls for t0, t1 in holds)
 
 
+def test_a_witness_is_timed_in_every_round_like_the_baseline_and_reported(served_speed, monkeypatch):
+    """The course's own solution, timed beside the learner's (``witness``): in every round, on the
+    same seeds, with the learner's process held like the baseline's, each side leading in turn;
+    ``expect_speedup`` reports the candidate's bound over it with the speed record."""
+    from course.grading import expect_speedup
+
+    measure, log, _ = served_speed
+    report = measure("right", witness=("course's solution", eager_lstm_layer))
+    assert report.witness == "course's solution" and set(report.times) == {"eager", "candidate", report.witness}
+    assert all(len(ts) == 7 for ts in report.times.values())
+    holds = [(t0, t1) for (a, t0), (b, t1) in zip(log, log[1:]) if a == "hold" and b == "release"]
+    assert len(holds) >= 2 * 8  # the baseline's and the witness's blocks, warm-up and rounds, all held
+    calls = [t for kind, t in log if kind == "learner"]
+    assert calls and not any(t0 <= t <= t1 for t in calls for t0, t1 in holds)
+    seen = []
+    monkeypatch.setattr(grader_hooks, "observer", lambda actual, expected, tol: seen.append(tol))
+    expect_speedup(report, "candidate", over="eager", bars={"cpu": 0.01, "cuda": 0.01})
+    assert seen and seen[-1]["witness"] == report.speedup("candidate", report.witness).bound
+    with pytest.raises(ValueError, match="a name of its own"):
+        measure("right", witness=("eager", eager_lstm_layer))
+
+
 @pytest.mark.parametrize("name", ["replaying", "half_wrong"])
 def test_served_timing_fails_a_candidate_that_skips_or_changes_work(served_speed, name):
     measure, _, _ = served_speed

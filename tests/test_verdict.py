@@ -57,6 +57,38 @@ def test_an_implausibly_fast_candidate_is_flagged_not_credited(transcript):
     assert judge(_program(), _outcome([_speed(IMPLAUSIBLE * 1.6 - 0.5)]), transcript)[0].points == 2.0
 
 
+def _served_program():
+    return Program("l", "l.ipynb", [Cell(0, "s", "solution", "x = 1", "sol"),
+                                    Cell(1, "t", TEST, "check(x)", "speed_test", 2.0, served=True)])
+
+
+def _witnessed(value, witness, bar=3.0):
+    record = _speed(value, bar)
+    record["tol"] = dict(record["tol"], ceiling=value * 1.2, witness=witness)
+    return record
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_a_ratio_moved_by_the_machines_load_is_judged_against_the_course_solution_timed_beside_it(served):
+    """CI's case: the instructor's run measured 10.96x over a memory-bound baseline; the same
+    solution, graded later under load, at least 37.23x (the baseline slowed, not the solution). Timed
+    in the same rounds, it was about as fast as the course's solution: credited, not flagged. Only a
+    served cell's witness counts (the judge timed it); a record from the learner's process could
+    carry any witness, so there the instructor's ratio still decides."""
+    program = _served_program() if served else _program()
+    transcript = Transcript.from_outcome(program, _outcome([_witnessed(10.96, 1.02)]))
+    verdict = judge(program, _outcome([_witnessed(37.23, 0.97)]), transcript)[0]
+    if served:
+        assert verdict.points == 2.0 and not program.flags, verdict
+    else:
+        assert verdict.points == 0 and "implausible-speed" in program.flags
+    # at least three times as fast as the course's own solution, beside it: a cached answer looks so
+    program = _served_program()
+    verdict = judge(program, _outcome([_witnessed(12.0, IMPLAUSIBLE + 0.2)]), transcript)[0]
+    assert verdict.points == 0 and "implausible-speed" in program.flags and verdict.reason == "speed"
+    assert "as fast as the course's own solution timed in the same rounds" in verdict.message
+
+
 def test_no_record_where_the_instructor_made_one_is_a_failure(transcript):
     verdict = judge(_program(), _outcome([]), transcript)[0]
     assert verdict.points == 0 and "made 0 comparison(s)" in verdict.message

@@ -252,6 +252,10 @@ def expect_grads(outputs: Any, ref_outputs: Any, inputs: Sequence[torch.Tensor],
             assert_close(g, r, name=f"{label}: gradient w.r.t. {n}", **tol)
 
 
+#: The name the course's own solution is timed under, beside a learner's (:func:`served_speedup`).
+WITNESS = "course's solution"
+
+
 def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callable], *, factory: Callable,
                    sizes: dict, bars: Any, hint: str, device: torch.device, num_threads: int | None = None,
                    constants: Sequence[Any] = (), rounds: int = 7, min_run_time: float = 0.2, attempts: int = 3,
@@ -262,16 +266,23 @@ def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callabl
     judged; ``num_threads`` pinned on a CPU. Shows the report, then passes or raises with ``hint``.
     ``explain``: the course's own fast solution (or its name in ``course.references.explain``, where
     it answers an exercise); below the bar, the message then also names what the profiler saw the
-    learner's code run that it does not (:mod:`course.checks.why_slow`)."""
+    learner's code run that it does not (:mod:`course.checks.why_slow`). Under the grader it is also
+    timed beside the others (``compare_served``'s ``witness``)."""
+    from course import grader_hooks
+    from course.checks.why_slow import course_solution
     from course.devices import threads
     from course.grading import best_of, expect_speedup, speed_bar
     from course.timing import compare_served
 
     bar = speed_bar(bars, device)
+    # Under the grader, the course's own solution is timed in the same rounds: the witness of what a
+    # right answer costs on this machine now, against which the parent judges an implausible ratio.
+    solution = course_solution(explain) if explain is not None and grader_hooks.observer is not None else None
+    witness = (WITNESS, solution) if solution is not None else None
     with threads(num_threads if device.type == "cpu" else None):
         report = best_of(lambda: compare_served(baseline, candidate, factory=factory, sizes=sizes, constants=constants,
                                                 device=device, rounds=rounds, min_run_time=min_run_time, until=bar,
-                                                rtol=rtol, grad=grad), candidate[0], bar, attempts)
+                                                rtol=rtol, grad=grad, witness=witness), candidate[0], bar, attempts)
     report.show()
     seen = ""
     if explain is not None and report.speedup(candidate[0], baseline[0]).verdict(bar) != "pass":

@@ -70,7 +70,7 @@ def _as_trace(events: Any) -> dict | None:
     return {"traceEvents": out}
 
 
-def _resolve(reference: Callable | str) -> Callable | None:
+def course_solution(reference: Callable | str) -> Callable | None:
     """``reference`` itself, or the course function it names (``"course.references.explain.x"``);
     None where that module is absent (the learners' bundle leaves ``course/references`` out)."""
     if callable(reference):
@@ -94,7 +94,7 @@ def why_slower(candidate: Callable, reference: Callable | str, *, factory: Calla
     (``seconds_per_call``), or when the candidate's profile cannot be read."""
     import secrets
 
-    reference = _resolve(reference)
+    reference = course_solution(reference)
     if seconds_per_call > MAX_CALL_S or reference is None:
         return []
     name = f"{factory.__module__}.{factory.__qualname__}"
