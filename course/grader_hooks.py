@@ -20,6 +20,10 @@ module:
   process it started have used so far (threads and helper processes counted), read by the
   grading parent from ``/proc``: a candidate's timed block is charged its CPU time divided by the
   threads it was allowed when that exceeds its wall time (:func:`course.timing.compare_served`);
+- ``learner_peak(reset)``: in the judge process only, the peak resident memory (bytes) of the
+  learner's process and the processes it runs now, as the kernel counts it (``VmHWM``), since the
+  last call with ``reset=True`` (which starts the count again from what is resident): what an
+  answer that builds something large cannot hide, however fast it is (lesson 5's HVP);
 - ``uninterrupted()``: a context manager during which the grader's time limit waits (raised as
   it ends): the few lines that write or keep one piece of a message on the judge/learner channel
   (:class:`course.remote.Link`), so that a time limit never cuts a message in two;
@@ -37,6 +41,7 @@ learner_prefix: str | None = None
 refused: Callable[[str, str], None] | None = None
 hold: Callable[[], ContextManager] | None = None
 learner_cpu: Callable[[], float] | None = None
+learner_peak: Callable[[bool], float] | None = None
 uninterrupted: Callable[[], ContextManager] | None = None
 
 SELF_CHECK_SKIP = "COURSE_SELF_CHECK_SKIP"
@@ -44,12 +49,12 @@ SELF_CHECK_SKIP = "COURSE_SELF_CHECK_SKIP"
 
 def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, refused: Callable,
             hold: Callable | None = None, learner_cpu: Callable | None = None,
-            uninterrupted: Callable | None = None) -> None:
+            learner_peak: Callable | None = None, uninterrupted: Callable | None = None) -> None:
     """Called by the grading sandbox only."""
     globals().update(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix, refused=refused,
-                     hold=hold, learner_cpu=learner_cpu, uninterrupted=uninterrupted)
+                     hold=hold, learner_cpu=learner_cpu, learner_peak=learner_peak, uninterrupted=uninterrupted)
 
 
 def installed() -> tuple:
     """What is installed now (the sandbox compares it after every cell)."""
-    return observer, exclusive, learner_prefix, refused, hold, learner_cpu, uninterrupted
+    return observer, exclusive, learner_prefix, refused, hold, learner_cpu, learner_peak, uninterrupted

@@ -473,3 +473,39 @@ def test_a_probe_report_forged_while_serving_sets_the_served_cell_aside(tmp_path
     assert served.tampered, served  # ...the patching was found, against this very cell...
     assert "did not run in bfloat16" in served.error, served  # ...and the witness saw through it anyway
     assert any(name == "tampered" and "is_autocast_enabled" in detail for name, detail in out.flags), out.flags
+
+
+RESET_PEAK = '''
+import os
+tries = {
+    "open": lambda: open("/proc/self/clear_refs", "w").write("5"),
+    "dir_fd": lambda: os.write(os.open("clear_refs", os.O_WRONLY, dir_fd=os.open("/proc/self", os.O_RDONLY)), b"5"),
+    "symlink": lambda: os.symlink("/proc/self/clear_refs", "/tmp/peak"),
+    "link_to_dir": lambda: (os.symlink("/proc/self", "/tmp/me"), open("/tmp/me/clear_refs", "w").write("5")),
+}
+for name, attempt in tries.items():
+    try:
+        attempt()
+        print(name, "reset")
+    except (OSError, RuntimeError) as exc:
+        print(name, "refused", type(exc).__name__)
+'''
+
+
+@pytest.mark.parametrize("sandbox", ["none", "bwrap"])
+def test_learner_code_cannot_reset_the_peak_memory_the_grader_reads(tmp_path, sandbox):
+    """Lesson 5's HVP is checked by the kernel's count of the learner's peak memory, which writing 5
+    to ``/proc/<pid>/clear_refs`` would set back mid-call: a Hessian built, freed, and the count reset.
+    Every way learner code names that file (its path, a folder's descriptor, a link) is refused and
+    flagged."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    if sandbox == "bwrap" and not bwrap_works():
+        pytest.skip("bubblewrap is not available here")
+    out = run_program([{**_cell(RESET_PEAK), "kind": "solution"}], sandbox=sandbox, cell_timeout=30, timeout=60,
+                      memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok", out
+    lines = out.cells[0].output.split("\n")
+    assert [line.split()[1] for line in lines if line.strip()] == ["refused"] * 4, out.cells[0]
+    probing = [detail for name, detail in out.flags if name == "probing"]
+    assert len(probing) >= 4 and all("clear_refs" in d or "/proc/self" in d for d in probing), probing

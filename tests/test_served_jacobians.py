@@ -110,6 +110,17 @@ def pick(f, x):
         return jacfwd if f(x).numel() > x.numel() else jacrev
 
 
+def closed_form_hvp(f, x, v):
+    """The Hessian of the lesson's Energy written out by hand and multiplied by v: right, and
+    quicker than the clock's Hessian, but n x n all the same."""
+    s = torch.sigmoid(f.A @ x + f.c)
+    h = (f.A.T * (s * (1 - s))) @ f.A + torch.diag(-f.d * torch.cos(x))
+    i = torch.arange(len(x) - 1)
+    h[i, i + 1] += 1
+    h[i + 1, i] += 1
+    return h @ v
+
+
 LEARNER = {
     "jacobian_rows": rows, "batched_jacobian_sum": by_sum, "pick_jacobian": pick,
     "batched_jacobian": lambda f, xs: vmap(jacrev(f))(xs),
@@ -126,6 +137,7 @@ LEARNER = {
     "sum_by_vmap": lambda f, xs: vmap(jacrev(f))(xs),
     "batched_loop": lambda f, xs: torch.stack([jacrev(f)(x) for x in xs]),
     "hvp_full": lambda f, x, v: hessian(f)(x) @ v,
+    "hvp_closed_form": closed_form_hvp,
     # loops as lean as loops get: a backward pass per row, per sample
     "hessian_lean_loop": lambda f, xs: torch.stack([lean_hessian(f, x) for x in xs]),
     "jacobian_lean_loop": lambda f, xs: torch.stack([lean_rows(f, x) for x in xs]),
@@ -195,6 +207,69 @@ def test_wrong_structure_or_choice_across_the_boundary_fails_with_its_cause(lear
 def test_an_hvp_that_builds_the_hessian_is_caught_by_the_judges_clock(learner):
     with pytest.raises(AssertionError, match="the work of building the Hessian"):
         check_hvp(learner("hvp_full"), learner("hvp_rev_rev"))
+
+
+@pytest.fixture
+def kernel_count(monkeypatch):
+    """The grading parent's reading of the learner's peak memory (here the learner is a thread of
+    this process, so the kernel's count of this process is its count)."""
+    import os
+
+    from autograder.sandbox.parent import tree_peak_bytes
+    from course import grader_hooks
+
+    monkeypatch.setattr(grader_hooks, "learner_peak", lambda reset=False: tree_peak_bytes(os.getpid(), reset))
+
+
+def test_the_kernel_counts_a_processes_peak_memory_from_a_reset():
+    import os
+
+    from autograder.sandbox.parent import tree_peak_bytes
+
+    before = tree_peak_bytes(os.getpid(), reset=True)
+    block = torch.ones(64 * 2**20 // 8, dtype=torch.float64)  # 64 MiB, every page touched
+    assert tree_peak_bytes(os.getpid()) - before >= 60 * 2**20
+    del block
+    now = tree_peak_bytes(os.getpid(), reset=True)  # the count starts again from what is resident now
+    with open(f"/proc/{os.getpid()}/status") as fh:
+        rss = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+    assert abs(now - rss) < 16 * 2**20 and tree_peak_bytes(os.getpid()) - now < 16 * 2**20
+
+
+PEAK_PROGRAM = [
+    {"index": 0, "id": "a", "kind": "instructor", "source": "import course.grader_hooks as hooks\n", "grade_id": ""},
+    {"index": 1, "id": "b", "kind": "solution", "grade_id": "sol", "answers": ["grow"],
+     "source": "def grow(mib):\n    import torch\n    return float(torch.ones(mib * 2**17, dtype=torch.float64).sum())\n"},
+    {"index": 2, "id": "c", "kind": "test", "grade_id": "t", "served": True,
+     "source": "p0 = hooks.learner_peak(True)\ngrow(96)\np1 = hooks.learner_peak()\np2 = hooks.learner_peak(True)\n"
+               "grow(0)\nprint(f'grew {(p1 - p0) / 2**20:.0f} {(hooks.learner_peak() - p2) / 2**20:.0f}')\n"},
+]
+
+
+def test_the_judge_reads_the_learners_peak_memory_through_the_parent(tmp_path):
+    """The whole path: the judge asks, the grading parent resets and reads the learner's
+    processes' peak in /proc (in bubblewrap where it works), and answers."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    out = run_program(PEAK_PROGRAM, judge_setup=[PEAK_PROGRAM[0]["source"]],
+                      sandbox="bwrap" if bwrap_works() else "none", cell_timeout=60, timeout=120, memory_mb=2000,
+                      log=tmp_path / "log")
+    assert out.status == "ok", out
+    text = out.cells[2].output.strip()
+    assert text.startswith("grew "), out.cells[2]
+    grew, then = (float(x) for x in text.split()[1:])
+    assert grew >= 90 and then < 16, text
+
+
+def test_an_hvp_that_writes_the_hessian_out_beats_the_clock_but_not_the_kernels_count(learner, kernel_count):
+    from course.checks.jacobians import _hvp_growth
+
+    _hvp_growth(learner("hvp_closed_form"), "hvp_fwd_rev", 0)  # fast enough for the clock
+    with pytest.raises(AssertionError, match="built the Hessian .*as the operating system counts it"):
+        check_hvp(learner("hvp_closed_form"), learner("hvp_rev_rev"))
+    right = learner("hvp_fwd_rev"), learner("hvp_rev_rev")
+    check_hvp(*right)
+    assert all(fn.__dict__.get("memory_read") for fn in right)
 
 
 def test_the_picker_speed_check_times_the_judges_own_transforms(learner, capsys):

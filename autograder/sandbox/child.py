@@ -42,7 +42,11 @@ STDLIB = (os.path.dirname(os.path.realpath(os.__file__)) + os.sep,
 GUARDED_PREFIXES = ("course", "torch", "builtins", "time", "math", "functools", "operator", "timeit",
                     "unittest", "numpy")
 FORBIDDEN_PATH = re.compile(r"solutions|gradebook|autograd(?:er|ed)|submitted|/proc/\d+/mem|"
-                            r"/proc/self/(?:fd|mem|environ)|/dev/fd/", re.IGNORECASE)
+                            r"/proc/self/(?:fd|mem|environ)|/dev/fd/|clear_refs", re.IGNORECASE)
+#: Events whose first argument is a path that learner code reaches: opening one, or making a link to
+#: one (a link under another name would open it unseen). ``clear_refs`` is the kernel's reset of a
+#: process's peak memory, which the grader reads as a witness (lesson 5's HVP): never the learner's.
+PATH_EVENTS = ("open", "os.symlink", "os.link")
 LEARNER_EVENTS = {
     "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function", "ctypes.string_at",
     "ctypes.addressof", "ctypes.wstring_at", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
@@ -51,6 +55,11 @@ LEARNER_EVENTS = {
     "os.kill", "os.killpg", "function.__new__", "code.__new__", "object.__setattr__", "object.__delattr__",
     "socket.connect", "socket.bind", "signal.pthread_kill",
 }
+
+
+def _reached(event: str) -> str:
+    """How a path event reached its path, for a flag."""
+    return "opened" if event == "open" else "made a link to"
 
 
 def _own_file(path: str) -> bool:
@@ -224,12 +233,12 @@ def confine_worker():
     def hook(event, args):
         if busy[0]:
             return
-        if event == "open":
+        if event in PATH_EVENTS:
             path = args[0]
             if isinstance(path, bytes):
                 path = path.decode(errors="replace")
             if isinstance(path, str) and FORBIDDEN_PATH.search(path) and not _own_file(path):
-                seen.append(("probing", f"a worker opened {path}"[:300]))
+                seen.append(("probing", f"a worker {_reached(event)} {path}"[:300]))
                 raise PermissionError(f"grading: {path} is out of bounds")
             return
         if event not in LEARNER_EVENTS:
@@ -372,7 +381,7 @@ def main() -> int:
     def hook(event, args):
         if state["busy"] or not state["learner"]:
             return
-        if event == "open":
+        if event in PATH_EVENTS:
             path = args[0]
             if isinstance(path, bytes):
                 path = path.decode(errors="replace")
@@ -382,7 +391,7 @@ def main() -> int:
                     who = learner_caller() or "code called by the submission"
                 finally:
                     state["busy"] = False
-                flag("probing", f"{who} opened {path}")
+                flag("probing", f"{who} {_reached(event)} {path}")
                 raise PermissionError(f"grading: {path} is out of bounds")
             return
         if event not in LEARNER_EVENTS:

@@ -104,10 +104,16 @@ def main() -> int:
         channel.send(protocol.CPU)
         return protocol.CPU_ANSWER.unpack(protocol.read_exact(in_fd, protocol.CPU_ANSWER.size))[0]
 
+    def learner_peak(reset: bool = False) -> float:
+        """The learner's processes' peak resident bytes, as the kernel counts it (the parent reads
+        /proc); ``reset``: start the count again from what is resident now."""
+        channel.send(protocol.PEAK, reset=bool(reset))
+        return protocol.CPU_ANSWER.unpack(protocol.read_exact(in_fd, protocol.CPU_ANSWER.size))[0]
+
     # No learner frame is ever on this process's stack: the references serve the checks freely.
     alarm = protocol.Alarm()
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
-                  refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu,
+                  refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu, learner_peak=learner_peak,
                   uninterrupted=alarm.uninterrupted)
 
     alarm.install()  # the parent's time limit, felt inside a cell's code only

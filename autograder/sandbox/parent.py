@@ -258,6 +258,22 @@ def tree_cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def tree_peak_bytes(pid: int, reset: bool = False) -> float:
+    """The peak resident memory (``VmHWM``, bytes) of ``pid`` and its descendants, summed; with
+    ``reset``, each one's peak is first set back to what is resident now (``clear_refs``, 5)."""
+    total = 0
+    for p in [pid, *descendants(pid)]:
+        try:
+            if reset:
+                with open(f"/proc/{p}/clear_refs", "w") as fh:
+                    fh.write("5")
+            with open(f"/proc/{p}/status") as fh:
+                total += next((int(line.split()[1]) for line in fh if line.startswith("VmHWM:")), 0)
+        except (OSError, ValueError, IndexError):
+            pass
+    return total * 1024.0
+
+
 def _limits(memory_mb: float, env: dict[str, str]) -> str:
     """The rlimits the child sets on itself before learner code runs, as ``name=value,...``."""
     limits = {"FSIZE": 256 * 2**20, "NPROC": 4096, "CORE": 0}
@@ -538,6 +554,9 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         source.go()
                     elif kind == protocol.CPU and source is judge:
                         source.answer(protocol.CPU_ANSWER.pack(tree_cpu_seconds(child.proc.pid)))
+                    elif kind == protocol.PEAK and source is judge:
+                        source.answer(protocol.CPU_ANSWER.pack(tree_peak_bytes(child.proc.pid,
+                                                                               msg.get("reset") is True)))
                     elif kind == protocol.RELEASE and source is judge and held:
                         held = False
                         signal_tree(child.proc.pid, signal.SIGCONT)

@@ -857,6 +857,7 @@ def check_hvp(hvp_fwd_rev: Callable, hvp_rev_rev: Callable, *, seed: int = 0, n:
                 "v never reached the result (it is H(x) @ ones, the gradient of grad(f)(x).sum())": hv_ones})
         if is_remote(fn):
             _hvp_growth(fn, name, seed)
+            _hvp_memory(fn, name)
         else:
             _never_builds_the_hessian(fn, name, seed, big_n)
     if is_remote(hvp_fwd_rev):
@@ -892,6 +893,50 @@ def _hvp_growth(fn: Callable, name: str, seed: int) -> None:
                     ": the work of building the Hessian (or something as large).\n  Hint: never call hessian, jacfwd "
                     "or jacrev here: push v through the derivative of the gradient (jvp of grad, or grad of a dot "
                     "product with v); every tensor then has the size of x.")
+
+
+#: The size at which the grader reads the learner's memory around one HVP (float64): its Hessian
+#: is 128 MiB, every tensor of an HVP the size of x (32 KiB).
+HVP_MEMORY_N = 4096
+
+
+def _hvp_memory(fn: Callable, name: str) -> None:
+    """Under the grader, the kernel's count: the peak resident memory of the learner's processes
+    (``grader_hooks.learner_peak``, read by the grading parent from ``/proc``) may not grow by a
+    quarter of the Hessian's size during one HVP at ``n = HVP_MEMORY_N``, on a fresh energy and
+    point (a Hessian kept from an earlier call is no help). A Hessian built by any route, however
+    fast (a closed form beats the clock of :func:`_hvp_growth`), makes its pages resident. Read once
+    per learner function (the hidden tests of the cell ask again)."""
+    import secrets
+
+    from course import grader_hooks
+
+    if grader_hooks.learner_peak is None or fn.__dict__.get("memory_read"):
+        return
+    n, limit = HVP_MEMORY_N, HVP_MEMORY_N * HVP_MEMORY_N * 8 // 4
+
+    def fresh() -> tuple:
+        s = secrets.randbits(31)
+        return (energy(n, seed=s, device="cpu", dtype=F64), randn(n, seed=s + 1, dtype=F64, device="cpu"),
+                randn(n, seed=s + 2, dtype=F64, device="cpu"))
+
+    call(fn, *fresh(), name=name)  # a first call at this size may set up what later calls reuse
+    e, x, v = fresh()
+    before = grader_hooks.learner_peak(True)
+    got = call(fn, e, x, v, name=name)
+    grown = grader_hooks.learner_peak(False) - before
+    want = torch.func.jvp(torch.func.grad(e), (x,), (v,))[1]
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or not torch.allclose(got, want, rtol=1e-6,
+                                                                                             atol=1e-8):
+        raise AssertionError(f"{name} at n={n:,} in float64 returned {describe(got)}, not H(x) @ v.")
+    fn.__dict__["memory_read"] = True
+    if grown >= limit:
+        raise AssertionError(
+            f"{name} built the Hessian (or something as large): during one call at n={n:,} in float64, the memory "
+            f"of your notebook's process grew by {format_bytes(grown)}, as the operating system counts it; the "
+            f"whole Hessian is {format_bytes(n * n * 8)}, and an HVP needs a few vectors the size of x.\n"
+            "  Hint: never call hessian, jacfwd or jacrev here, nor write the Hessian out by hand: push v through "
+            "the derivative of the gradient (jvp of grad, or grad of a dot product with v).")
 
 
 def _never_builds_the_hessian(fn: Callable, name: str, seed: int, big_n: int) -> None:
