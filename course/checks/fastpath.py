@@ -41,11 +41,14 @@ TIGHT = dict(rtol=1e-7, atol=1e-9)
 
 
 def reference_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
-    """:func:`course.references.fastpath.reference_attention`, imported where a check runs (the judge,
-    or the tests): the module answers an exercise, so the learner's process never has it."""
-    from course.references.fastpath import reference_attention as reference
-
-    return reference(*args, **kwargs)
+    """:func:`course.references.fastpath.reference_attention`, reached through ``grader_references``
+    where a check runs (the judge, or the tests): the module answers an exercise, so the learner's
+    process never has it, and a learner's copy compares with stored data instead."""
+    refs = grader_references("fastpath")
+    if refs is None:
+        raise RuntimeError("the reference attention is the grader's: a learner's copy of the course compares "
+                           f"with the answers stored in course/reference_data/{DATA_FILE}.")
+    return refs.reference_attention(*args, **kwargs)
 
 
 #: What the visible checks compare with in a learner's copy (``python -m course.references`` writes it).
@@ -56,8 +59,7 @@ def reference_data(seed: int = 0) -> dict:
     """The float64 answers (and the known misreadings' results) of the mask checks' cases on
     ``seed``, computed by the grader's reference: ``{"seed", "cases": {label: answer},
     "variants": {label: {mistake: result}}, "float32": answer}``."""
-    from course.references.fastpath import reference_attention as reference
-
+    reference = reference_attention
     cpu = torch.device("cpu")
     cases, variants = {}, {}
     for label, (q, k, v), masks in _cases(seed, cpu):
