@@ -177,4 +177,5 @@ def machine_name() -> str:
                 break
     except OSError:
         pass
-    return f"{name}, {torch.get_num_threads()} threads"
+    n = torch.get_num_threads()
+    return f"{name}, {n} thread{'' if n == 1 else 's'}"
