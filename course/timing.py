@@ -154,7 +154,8 @@ class SpeedReport:
         for r in self.rows():
             spread = f"{format_time(r['q1_s'])} - {format_time(r['q3_s'])}"
             lines.append(f"{r['name']:<{w}}{format_time(r['median_s']):>11}{spread:>24}   {r['speedup']}")
-        lines.append(f"({self.device}, {self.threads} thread{'' if self.threads == 1 else 's'}, {len(next(iter(self.times.values())))} "
+        threads = f"{self.threads} thread{'' if self.threads == 1 else 's'}"
+        lines.append(f"({self.device}, {threads}, {len(next(iter(self.times.values())))} "
                      "interleaved rounds; speedup = median of per-round ratios, with quartiles; "
                      "verdicts use its 99% confidence bounds)")
         return "\n".join(lines + self.notes)
