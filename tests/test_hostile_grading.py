@@ -476,12 +476,14 @@ def test_a_probe_report_forged_while_serving_sets_the_served_cell_aside(tmp_path
 
 
 RESET_PEAK = '''
-import os
+import os, tempfile
+here = tempfile.mkdtemp()
 tries = {
     "open": lambda: open("/proc/self/clear_refs", "w").write("5"),
     "dir_fd": lambda: os.write(os.open("clear_refs", os.O_WRONLY, dir_fd=os.open("/proc/self", os.O_RDONLY)), b"5"),
-    "symlink": lambda: os.symlink("/proc/self/clear_refs", "/tmp/peak"),
-    "link_to_dir": lambda: (os.symlink("/proc/self", "/tmp/me"), open("/tmp/me/clear_refs", "w").write("5")),
+    "symlink": lambda: os.symlink("/proc/self/clear_refs", os.path.join(here, "peak")),
+    "link_to_dir": lambda: (os.symlink("/proc/self", os.path.join(here, "me")),
+                            open(os.path.join(here, "me", "clear_refs"), "w").write("5")),
 }
 for name, attempt in tries.items():
     try:
