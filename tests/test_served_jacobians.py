@@ -265,11 +265,13 @@ def test_an_hvp_that_writes_the_hessian_out_beats_the_clock_but_not_the_kernels_
     from course.checks.jacobians import _hvp_growth
 
     _hvp_growth(learner("hvp_closed_form"), "hvp_fwd_rev", 0)  # fast enough for the clock
-    with pytest.raises(AssertionError, match="built the Hessian .*as the operating system counts it"):
-        check_hvp(learner("hvp_closed_form"), learner("hvp_rev_rev"))
+    closed = learner("hvp_closed_form")
+    for seed in (0, 1):  # read once, judged at every call (the hidden tests ask again)
+        with pytest.raises(AssertionError, match="built the Hessian .*as the operating system counts it"):
+            check_hvp(closed, learner("hvp_rev_rev"), seed=seed)
     right = learner("hvp_fwd_rev"), learner("hvp_rev_rev")
     check_hvp(*right)
-    assert all(fn.__dict__.get("memory_read") for fn in right)
+    assert all(fn.__dict__["memory_reading"] < 8 * 2**20 for fn in right), [fn.__dict__["memory_reading"] for fn in right]
 
 
 def test_the_picker_speed_check_times_the_judges_own_transforms(learner, capsys):
