@@ -99,16 +99,19 @@ def main() -> int:
         never timed beside learner code."""
         return granted("hold", "release", "to stop the learner's process")
 
+    def ask(kind: str, **data) -> float:
+        """A number the parent reads from /proc about the learner's processes."""
+        channel.send(kind, **data)
+        return protocol.NUMBER_ANSWER.unpack(protocol.read_exact(in_fd, protocol.NUMBER_ANSWER.size))[0]
+
     def learner_cpu() -> float:
-        """The CPU seconds the learner's process tree has used so far (the parent reads /proc)."""
-        channel.send(protocol.CPU)
-        return protocol.CPU_ANSWER.unpack(protocol.read_exact(in_fd, protocol.CPU_ANSWER.size))[0]
+        """The CPU seconds the learner's process tree has used so far."""
+        return ask(protocol.CPU)
 
     def learner_peak(reset: bool = False) -> float:
-        """The learner's processes' peak resident bytes, as the kernel counts it (the parent reads
-        /proc); ``reset``: start the count again from what is resident now."""
-        channel.send(protocol.PEAK, reset=bool(reset))
-        return protocol.CPU_ANSWER.unpack(protocol.read_exact(in_fd, protocol.CPU_ANSWER.size))[0]
+        """The learner's processes' peak resident bytes, as the kernel counts it; ``reset``: start
+        the count again from what is resident now."""
+        return ask(protocol.PEAK, reset=bool(reset))
 
     # No learner frame is ever on this process's stack: the references serve the checks freely.
     alarm = protocol.Alarm()

@@ -553,9 +553,9 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         _stop_and_wait(child.proc.pid)
                         source.go()
                     elif kind == protocol.CPU and source is judge:
-                        source.answer(protocol.CPU_ANSWER.pack(tree_cpu_seconds(child.proc.pid)))
+                        source.answer(protocol.NUMBER_ANSWER.pack(tree_cpu_seconds(child.proc.pid)))
                     elif kind == protocol.PEAK and source is judge:
-                        source.answer(protocol.CPU_ANSWER.pack(tree_peak_bytes(child.proc.pid,
+                        source.answer(protocol.NUMBER_ANSWER.pack(tree_peak_bytes(child.proc.pid,
                                                                                msg.get("reset") is True)))
                     elif kind == protocol.RELEASE and source is judge and held:
                         held = False
