@@ -42,6 +42,13 @@ def untouched(source: str) -> str:
                   flags=re.S)
 
 
+def loop_named(unit: str, prefix: str = "") -> str:
+    """What a check may say of a loop as lean as the course's own (about 1.0 of its time, quiet): that
+    it is a loop, or, when a busy machine pulled the reading below the loop's bar, undecided (no
+    points) with the loop named as a cause. Never a pass: the tests' ``pytest.raises`` sees to that."""
+    return f"{prefix}(the work of a Python loop over the {unit}s|still loops over the {unit}s in Python)"
+
+
 _MEMO: dict = {}
 
 

@@ -105,6 +105,7 @@ def test_every_reference_the_checks_compare_with_is_guarded():
                fad_refs.wide_jacobian, fad_refs.param_jvp_reference,
                jac_refs.tanh_jacobian, jac_refs.tanh_parameter_jacobians, jac_refs.normed_batched_jacobian,
                jac_refs.energy_hessian, jac_refs.energy_hvp, jac_refs.row_loop_jacobian, jac_refs.row_loop_hessian,
+               jac_refs.sample_loop,
                jac_refs.largest_fitting_chunk,
                vmap_refs.loop_predictions, vmap_refs.loop_member_kl, vmap_refs.loop_sgd_step,
                vmap_refs.reference_per_sample_grads, vmap_refs.per_sample_norms, vmap_refs.dp_sgd_reference,

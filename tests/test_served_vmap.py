@@ -21,7 +21,7 @@ from course.checks.vmap import (SERVED, check_dp_sgd_step, check_ensemble_predic
                                 check_member_kl, check_member_kl_speed,
                                 check_opacus_grads, check_per_sample_grads, check_per_sample_grads_loop,
                                 check_predict_dropout, check_stack_ensemble)
-from served_helpers import memoised, served
+from served_helpers import loop_named, memoised, served
 from course.vmap import member_kl_planted, meta_copy, mlp_ensemble, quiet_opacus, small_cnn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,9 +216,9 @@ def test_right_answers_pass_every_served_check(learner, capsys):
 
 
 @pytest.mark.parametrize("each, every, message", [
-    ("loop_each", "predict_all", "predict_each took .* the work of a Python loop over the models"),
-    ("token_vmap_each", "predict_all", "predict_each took .* the work of a Python loop over the models"),
-    ("predict_each", "loop_all", "predict_all took .* the work of a Python loop over the models"),
+    ("loop_each", "predict_all", loop_named("model", "predict_each took .*")),
+    ("token_vmap_each", "predict_all", loop_named("model", "predict_each took .*")),
+    ("predict_each", "loop_all", loop_named("model", "predict_all took .*")),
 ])
 def test_an_ensemble_loop_fails_by_the_judges_clock(learner, each, every, message):
     with pytest.raises(AssertionError, match=message):
@@ -226,16 +226,16 @@ def test_an_ensemble_loop_fails_by_the_judges_clock(learner, each, every, messag
 
 
 @pytest.mark.parametrize("check, name, message", [
-    (check_per_sample_grads, "psg_as_loop", "the work of a Python loop over the samples"),
-    (check_per_sample_grads, "psg_sleepy_loop", "the work of a Python loop over the samples"),
-    (check_opacus_grads, "psg_as_loop", "the work of a Python loop over the samples"),
-    (check_per_sample_grads, "psg_memo_loop", "the work of a Python loop over the samples"),
+    (check_per_sample_grads, "psg_as_loop", loop_named("sample")),
+    (check_per_sample_grads, "psg_sleepy_loop", loop_named("sample")),
+    (check_opacus_grads, "psg_as_loop", loop_named("sample")),
+    (check_per_sample_grads, "psg_memo_loop", loop_named("sample")),
     (check_per_sample_grads, "psg_fast_garbage", "while timed beside the course's loop"),
     (check_stack_ensemble, "stack_moves_models", "changed models\\[0\\]"),
     (check_stack_ensemble, "stack_real_base", "base holds real tensors"),
     (check_dp_sgd_step, "dp_sgd_in_place", "changed its input params"),
     (check_dp_sgd_step, "dp_sgd_global_rng", "did not draw from `generator`"),
-    (check_ensemble_sgd_step, "ens_step_loop", "the work of a Python loop over the members"),
+    (check_ensemble_sgd_step, "ens_step_loop", loop_named("member")),
     (check_ensemble_sgd_step, "ens_step_in_place", "changed its input params"),
     (check_member_kl, "member_kl_planted", "vmap ran aten::kl_div member by member"),
     (check_predict_dropout, "dropout_same", "every member dropped the same units"),

@@ -71,28 +71,36 @@ NO_LOOP = 1 / 3
 LOOP_LIKE = 0.8
 
 
-def clock_verdict(shows_asked: bool, shows_other: bool, *, text: str, fail: str, between: str) -> None:
+def clock_verdict(shows_asked: bool, shows_other: bool, *, text: str, fail: str, between: str,
+                  or_else: str = "") -> None:
     """A structure verdict read from the clock: returns when the reading shows what the lesson asks,
     raises ``AssertionError(text + fail)`` when it clearly shows the other, and
-    :class:`course.grading.SpeedUndecided` in between (``between``: where the reading fell): a busy
-    machine slows either side of a reading, so a reading in the gap is measured again, never passed."""
+    :class:`course.grading.SpeedUndecided` in between (``between``: where the reading fell; ``or_else``:
+    what else than a busy machine puts a reading there): a busy machine slows either side of a
+    reading, so a reading in the gap is measured again, never passed."""
     from course.grading import SpeedUndecided
 
     if shows_asked:
         return
     if shows_other:
         raise AssertionError(text + fail)
-    raise SpeedUndecided(f"Undecided: {text}: {between}. The machine was probably busy. This is not a pass: run "
-                         "the cell again, with other programs closed.")
+    raise SpeedUndecided(f"Undecided: {text}: {between}. The machine was probably busy{or_else}. This is not a "
+                         "pass: run the cell again, with other programs closed.")
 
 
-def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str, fail: str) -> None:
-    """:func:`clock_verdict` on the learner's time ``mine`` beside the course's ``loop``: a batched
-    answer takes at most :data:`NO_LOOP` of it, a loop at least :data:`LOOP_LIKE`."""
+def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str, fail: str,
+                        unit: str = "sample") -> None:
+    """:func:`clock_verdict` on the learner's time ``mine`` beside the course's ``loop`` (one step per ``unit``):
+    a batched answer takes at most :data:`NO_LOOP` of it, a loop at least :data:`LOOP_LIKE`."""
     batched, looped = mine <= NO_LOOP * loop, mine >= LOOP_LIKE * loop
     clock_verdict(looped if want_loop else batched, batched if want_loop else looped, text=text, fail=fail,
                   between=f"{mine / loop:.2f} of the loop, between a batched answer (at most {NO_LOOP:.2f}) and a "
-                          f"loop (at least {LOOP_LIKE:.2f})")
+                          f"loop (at least {LOOP_LIKE:.2f})",
+                  # a loop whose every step is already batched (the rows of one sample in one backward
+                  # pass, say) reads about 0.6 of the course's loop on a quiet machine
+                  or_else="" if want_loop else f", or the answer still loops over the {unit}s in Python, with "
+                                               "less work in each step than the course's loop: no loop at all is "
+                                               "what the lesson asks")
 
 
 def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], loop: Callable, *, attempts: int = 3,

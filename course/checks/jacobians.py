@@ -105,11 +105,12 @@ def reference_data(seed: int = 0) -> dict:
     return data
 
 
-def _course_loop(name: str) -> Callable:
-    """The course's loop ``name`` (:mod:`course.references.jacobians`), looked up when it runs: it is
-    the clock's yardstick across the boundary only, in the judge, which has the references (in the
-    learner's own notebook op counts answer, and no loop of the course's runs)."""
-    return lambda *args: getattr(grader_references("jacobians"), name)(*args)
+def _course_loop(**how: bool) -> Callable:
+    """``(f, xs) ->`` the course's loop over the samples (:func:`course.references.jacobians.sample_loop`,
+    with ``how``), looked up when it runs: it is the clock's yardstick across the boundary only, in the
+    judge, which has the references (in the learner's own notebook op counts answer, and no loop of
+    the course's runs)."""
+    return lambda f, xs: grader_references("jacobians").sample_loop(f, xs, **how)
 
 
 def _expect_tensor(got, name: str, x: torch.Tensor, shape: tuple[int, ...], hint: str) -> None:
@@ -686,15 +687,15 @@ def _batched_numerics(fn: Callable, name: str, make: Callable, n_in: int, answer
         _compare(got, ref, label, dtype, hint)
 
 
-def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int, per_sample: Callable,
+def _no_batch_loop(fn: Callable, name: str, f, n_in: int, seed: int, loop: Callable,
                    fix: str = "Wrap the per-sample transform in vmap instead.") -> _Growth:
-    """``per_sample(f, x)`` is the course's lean answer for one sample; its loop over the samples is
-    the yardstick under the grader."""
+    """``loop(f, xs)`` is the course's loop over the samples (:func:`_course_loop`), the yardstick
+    under the grader."""
     # 512 samples: the course's loop takes about 120 ms, far more than a crossing of the boundary
     # (on a machine busy with other work, a right answer's 0.5 ms call took 35 ms to cross; beside a
     # 30 ms loop of 128 samples that read as a loop)
     g = _growth(fn, name, lambda b, fresh=0: (f, randn(b, n_in, seed=seed + b + fresh, device="cpu")), (2, 8), (4, 512),
-                loop=lambda f, xs: torch.stack([per_sample(f, x) for x in xs]))
+                loop=loop)
     _expect_no_loop(g, f"{name} {g.text('samples')}",
                     f": a Python loop over the samples. {fix}")
     return g
@@ -716,7 +717,7 @@ def check_batched_jacobian(batched_jacobian: Callable, *, seed: int = 0, batch: 
                       lambda dtype, dev: tanh_layer(n_out, n_in, seed=seed, device=dev, dtype=dtype), n_in, answers,
                       seed, batch, device, hint)
     g = _no_batch_loop(batched_jacobian, "batched_jacobian", tanh_layer(n_out, n_in, seed=seed, device="cpu"), n_in,
-                       seed, _course_loop("row_loop_jacobian"))
+                       seed, _course_loop())
     ok(f"batched_jacobian equals the float64 formula for every sample ({batch} x {n_out} x {n_in}, seed {seed}), "
        f"with no loop over the batch: it {g.text('samples')}")
 
@@ -743,11 +744,6 @@ def _sum_trick_shape(got, name: str, batch: int, n_out: int, n_in: int) -> None:
         why = named.get(shape, "") if shape is not None else ""
         raise AssertionError(f"{name} returned {describe(got)}; expected shape {want}, (batch, outputs, inputs)."
                              + (f"\n  Hint: {why}" if why else ""))
-
-
-def _single(f: Callable) -> Callable:
-    """``f`` of one sample, for a function of a batch: ``f(x[None])[0]``."""
-    return lambda x: f(x[None])[0]
 
 
 def _sum_cases(seed: int, batch: int, n_out: int, n_in: int, device) -> list[tuple[str, Callable, torch.Tensor]]:
@@ -790,7 +786,7 @@ def check_batched_jacobian_sum(batched_jacobian_sum: Callable, *, seed: int = 0,
             "the outputs were averaged over the batch (.mean(0)): every Jacobian is divided by the batch size; "
             "sum them": ref / batch})
     g = _no_batch_loop(batched_jacobian_sum, name, normed_layer(n_out, n_in, seed=seed + 1, device="cpu"), n_in,
-                       seed, lambda f, x: _course_loop("row_loop_jacobian")(_single(f), x),
+                       seed, _course_loop(of_batch=True),
                        fix="One Jacobian of the outputs summed over the batch does every sample at once.")
     ok(f"{name} equals the float64 formula for every sample ({batch} x {n_out} x {n_in}, seed {seed}), BatchNorm "
        f"layer included, with no loop over the batch: it {g.text('samples')}")
@@ -812,7 +808,7 @@ def check_batched_hessian(batched_hessian: Callable, *, seed: int = 0, batch: in
                       lambda dtype, dev: energy(n, seed=seed, device=dev, dtype=dtype), n, answers, seed, batch,
                       device, hint)
     g = _no_batch_loop(batched_hessian, "batched_hessian", energy(n, seed=seed, device="cpu"), n, seed,
-                       _course_loop("row_loop_hessian"))
+                       _course_loop(hessian=True))
     ok(f"batched_hessian equals the float64 formula for every sample ({batch} x {n} x {n}, seed {seed}), "
        f"with no loop over the batch: it {g.text('samples')}")
 

@@ -144,7 +144,7 @@ def _expect_no_loop_by_clock(fn: Callable, label: str, make: Callable[[int], tup
     mine, theirs = clock_against_loop(fn, label, make, loop, key=key)
     text = (f"took {format_time(mine)} for {count} {unit}s, where the course's loop over them takes "
             f"{format_time(theirs)} (the grader's clock)")
-    expect_loop_verdict(mine, theirs, want_loop=False, text=f"{label} {text}",
+    expect_loop_verdict(mine, theirs, want_loop=False, text=f"{label} {text}", unit=unit,
                         fail=f": the work of a Python loop over the {unit}s (a batched answer takes a fraction of "
                              f"it).\n  Hint: write the computation for one {unit} and let torch.func.vmap run it "
                              "over all of them in one call; no loop inside or around it.")

@@ -18,7 +18,7 @@ from course.guard import reference
 from course.jacobians import Energy, NormedLayer, TanhLayer
 
 __all__ = ["energy_hessian", "energy_hvp", "largest_fitting_chunk", "normed_batched_jacobian", "row_loop_hessian",
-           "row_loop_jacobian", "tanh_jacobian", "tanh_parameter_jacobians"]
+           "row_loop_jacobian", "sample_loop", "tanh_jacobian", "tanh_parameter_jacobians"]
 
 
 # -- the derivatives by hand --------------------------------------------------------------------
@@ -75,24 +75,44 @@ def energy_hvp(e: Energy, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 # -- the course's loops -------------------------------------------------------------------------
 
+def _rows(f: Callable, x: torch.Tensor) -> torch.Tensor:
+    leaf = x.detach().requires_grad_(True)  # a new leaf on the same numbers: x itself is left as it was
+    out = f(leaf)  # not reshaped: a view in the graph would be one more step in every backward pass
+    basis = torch.eye(out.numel(), dtype=out.dtype, device=out.device).view(out.numel(), *out.shape)
+    return torch.stack([torch.autograd.grad(out, leaf, row, retain_graph=True)[0] for row in basis])
+
+
+def _hessian_rows(f: Callable, x: torch.Tensor) -> torch.Tensor:
+    def gradient(z):
+        return torch.autograd.grad(f(z), z, create_graph=True)[0]
+
+    return _rows(gradient, x)
+
+
 @reference
 def row_loop_jacobian(f: Callable, x: torch.Tensor) -> torch.Tensor:
-    """The course's own loop over rows (exercise 1's answer), the yardstick of 'no loop': one backward
-    pass per row of the identity (as lean as a loop gets: no indexing of the output)."""
-    leaf = x.detach().clone().requires_grad_(True)
-    out = f(leaf).reshape(-1)
-    basis = torch.eye(out.numel(), dtype=out.dtype, device=out.device)
-    return torch.stack([torch.autograd.grad(out, leaf, row, retain_graph=True)[0] for row in basis])
+    """The course's own loop over rows (exercise 1's answer): one backward pass per row of the
+    identity (as lean as a loop gets: no indexing of the output)."""
+    return _rows(f, x)
 
 
 @reference
 def row_loop_hessian(f: Callable, x: torch.Tensor) -> torch.Tensor:
     """The Hessian of a scalar ``f`` by the course's row loop over its gradient (one backward pass
-    per row): the yardstick for a loop over samples of Hessians."""
-    def gradient(z):
-        return torch.autograd.grad(f(z), z, create_graph=True)[0]
+    per row)."""
+    return _hessian_rows(f, x)
 
-    return row_loop_jacobian(gradient, x)
+
+@reference
+def sample_loop(f: Callable, xs: torch.Tensor, *, hessian: bool = False, of_batch: bool = False) -> torch.Tensor:
+    """The yardstick of 'no loop over the samples': a Python loop over the samples of ``xs`` doing,
+    per sample, the row loop of :func:`row_loop_jacobian` (of :func:`row_loop_hessian` with
+    ``hessian``). With ``of_batch``, ``f`` takes a batch and is applied to one sample as
+    ``f(x[None])[0]``. Nothing but the loop runs per sample (the guard and the lookups run once per
+    call): a learner's loop, however lean, takes about as long, not less."""
+    per_sample = _hessian_rows if hessian else _rows
+    one = (lambda x: f(x[None])[0]) if of_batch else f
+    return torch.stack([per_sample(one, x) for x in xs])
 
 
 # -- chunk_size under a memory budget -------------------------------------------------------------
