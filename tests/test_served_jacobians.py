@@ -20,7 +20,7 @@ from course.checks.jacobians import (SERVED, check_batched_hessian, check_batche
                                      check_batched_jacobian_sum, check_largest_chunk, flat_layer)
 from course.grading import SpeedUndecided
 from course.jacobians import TensorWatch, energy, tanh_layer
-from served_helpers import memoised, served
+from served_helpers import UNDECIDED, memoised, never_failed, served
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -177,17 +177,23 @@ def learner():
 
 
 def test_right_answers_pass_every_served_check(learner, capsys):
-    check_row_jacobian(learner("jacobian_rows"))
-    check_batched_jacobian_sum(learner("batched_jacobian_sum"))
-    check_pick_jacobian(learner("pick_jacobian"))
-    check_batched_jacobian(learner("batched_jacobian"))
-    check_batched_hessian(learner("batched_hessian"))
-    check_hvp(learner("hvp_fwd_rev"), learner("hvp_rev_rev"))
-    check_parameter_jacobians(learner("parameter_jacobians"))
-    check_largest_chunk(learner("largest_chunk"), seed=7)  # the grader's hidden call: its references answer
+    """Every check passes, or (those read by the judge's clock) a busy machine leaves it undecided:
+    never a decided miss."""
+    results = [never_failed(check) for check in (
+        lambda: check_row_jacobian(learner("jacobian_rows")),
+        lambda: check_batched_jacobian_sum(learner("batched_jacobian_sum")),
+        lambda: check_pick_jacobian(learner("pick_jacobian")),
+        lambda: check_batched_jacobian(learner("batched_jacobian")),
+        lambda: check_batched_hessian(learner("batched_hessian")),
+        lambda: check_hvp(learner("hvp_fwd_rev"), learner("hvp_rev_rev")),
+        lambda: check_parameter_jacobians(learner("parameter_jacobians")),
+        # the grader's hidden call: its references answer
+        lambda: check_largest_chunk(learner("largest_chunk"), seed=7),
+    )]
     out = capsys.readouterr().out
-    assert out.count("ok:") == 8, out
-    assert "the grader's clock" in out and "ops for" not in out  # structure from the judge's clock
+    assert out.count("ok:") == 8 - sum(r is UNDECIDED for r in results), out
+    assert "ops for" not in out, out  # structure from the judge's clock
+    assert "the grader's clock" in out or UNDECIDED in results, out
 
 
 @pytest.mark.parametrize("check, name, message", [

@@ -15,7 +15,7 @@ from autograder.solution_code import load_solution, solution_source
 from course.checks.profiling import (SERVED, check_attention, check_attention_speed, check_find_races,
                                      check_op_table, check_ops_diff)
 from course.profiling import naive_attention
-from served_helpers import expect_refused, served
+from served_helpers import UNDECIDED, expect_refused, never_failed, served
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = "08_profiling_trace_diff"
@@ -78,8 +78,9 @@ def test_right_answers_pass_every_served_check(learner, capsys):
 def test_the_served_solution_passes_the_speed_check(learner):
     # The lesson's CPU bar is 1.5x at its own sizes; at these small ones a busy CI machine measured 1.49x
     # (1.07x-2.00x): a bar below that tests the served path, not the machine's noise.
-    report = check_attention_speed(learner("attention"), bars={"cpu": 1.2, "cuda": 1.2}, **SMALL)
-    assert report.names == ["naive", "yours"]
+    # A busy machine may leave it undecided (never a pass); a decided miss fails.
+    report = never_failed(lambda: check_attention_speed(learner("attention"), bars={"cpu": 1.2, "cuda": 1.2}, **SMALL))
+    assert report is UNDECIDED or report.names == ["naive", "yours"]
 
 
 def test_a_slow_answer_fails_and_the_explanation_comes_from_a_profile_on_the_learners_side(learner):
