@@ -21,9 +21,11 @@ module:
   grading parent from ``/proc``: a candidate's timed block is charged its CPU time divided by the
   threads it was allowed when that exceeds its wall time (:func:`course.timing.compare_served`);
 - ``learner_peak(reset)``: in the judge process only, the peak resident memory (bytes) of the
-  learner's process and the processes it runs now, as the kernel counts it (``VmHWM``), since the
-  last call with ``reset=True`` (which starts the count again from what is resident): what an
-  answer that builds something large cannot hide, however fast it is (lesson 5's HVP);
+  learner's process and the processes it runs, as the kernel counts it, since the last call with
+  ``reset=True`` (which starts the count again from what is resident, and has the grading parent
+  sample the resident memory until the next call: a peak the learner's code sets back, or a
+  helper process that ends, is still seen): what an answer that builds something large cannot
+  hide, however fast it is (lesson 5's HVP);
 - ``uninterrupted()``: a context manager during which the grader's time limit waits (raised as
   it ends): the few lines that write or keep one piece of a message on the judge/learner channel
   (:class:`course.remote.Link`), so that a time limit never cuts a message in two;

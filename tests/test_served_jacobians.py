@@ -280,6 +280,37 @@ def test_the_kernel_counts_a_processes_peak_memory_from_a_reset():
     assert abs(now - rss) < 16 * 2**20 and tree_peak_bytes(os.getpid()) - now < 16 * 2**20
 
 
+HELPER = ("import time\nblock = b'\\x01' * (128 * 2**20)\ntime.sleep(0.2)\ndel block\n"
+          "open('/proc/self/clear_refs', 'w').write('5')\n")
+
+
+def test_the_parents_watch_sees_a_peak_set_back_from_inside_and_a_helper_that_ended():
+    """What ``VmHWM`` alone misses, the parent's sampling of resident memory sees: a process that sets
+    its own peak back (``clear_refs``, as native code can, where no audit hook looks) after freeing
+    128 MiB, and a helper process that built 128 MiB and ended before the reading."""
+    import os
+    import subprocess
+    import sys
+
+    from autograder.sandbox.parent import PeakWatch, tree_peak_bytes
+
+    watch = PeakWatch(os.getpid())
+    before = watch.start()
+    subprocess.run([sys.executable, "-c", HELPER], check=True)  # a helper: 128 MiB, then gone
+    assert tree_peak_bytes(os.getpid()) - before < 64 * 2**20  # the kernel's peak left with it...
+    assert watch.stop() - before >= 100 * 2**20  # ...the watch saw it while it lived
+
+    before = watch.start()
+    block = torch.ones(128 * 2**20 // 8, dtype=torch.float64)
+    time.sleep(0.05)
+    del block
+    high = tree_peak_bytes(os.getpid())
+    with open(f"/proc/{os.getpid()}/clear_refs", "w") as fh:  # the process sets its own peak back
+        fh.write("5")
+    assert high - tree_peak_bytes(os.getpid()) >= 64 * 2**20  # the kernel's peak dropped...
+    assert watch.stop() - before >= 100 * 2**20  # ...the watch had seen it
+
+
 PEAK_PROGRAM = [
     {"index": 0, "id": "a", "kind": "instructor", "source": "import course.grader_hooks as hooks\n", "grade_id": ""},
     {"index": 1, "id": "b", "kind": "solution", "grade_id": "sol", "answers": ["grow"],
@@ -303,6 +334,56 @@ def test_the_judge_reads_the_learners_peak_memory_through_the_parent(tmp_path):
     assert text.startswith("grew "), out.cells[2]
     grew, then = (float(x) for x in text.split()[1:])
     assert grew >= 90 and then < 16, text
+
+
+NATIVE_RESET = r'''
+from torch._inductor.codecache import CppPythonBindingsCodeCache
+# C++ compiled by PyTorch's own machinery in the sandbox: its fopen passes no audit hook
+reset_peak = CppPythonBindingsCodeCache.load_pybinding(["long"], """
+#include <cstdio>
+extern "C" void kernel(long unused) {
+    FILE* f = std::fopen("/proc/self/clear_refs", "w");
+    if (f) { std::fputs("5", f); std::fclose(f); }
+}
+""")
+seen = []
+
+def peak_kib():
+    return int([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1])
+
+def grow(mib):
+    import time, torch
+    block = torch.ones(mib * 2**17, dtype=torch.float64)
+    time.sleep(0.05)
+    total = float(block.sum())
+    del block
+    high = peak_kib()
+    reset_peak(0)
+    seen.append(high - peak_kib())
+    return total
+'''
+
+
+def test_a_peak_set_back_from_native_code_in_the_sandbox_is_still_seen(tmp_path):
+    """A learner's answer that builds 96 MiB, frees it, and sets the kernel's peak back from C++ it
+    compiled in the sandbox (the audit hook never sees C's fopen): the peak did drop, and the parent's
+    sampled count still shows the growth."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    program = [dict(cell) for cell in PEAK_PROGRAM]
+    program[1]["source"] = NATIVE_RESET
+    program[2]["source"] = ("p0 = hooks.learner_peak(True)\ngrow(96)\n"
+                            "print(f'grew {(hooks.learner_peak() - p0) / 2**20:.0f}')\n")
+    program.append({"index": 3, "id": "d", "kind": "instructor", "grade_id": "",
+                    "source": "print('dropped', seen[0] // 1024)\n"})
+    out = run_program(program, judge_setup=[program[0]["source"]], sandbox="bwrap" if bwrap_works() else "none",
+                      cell_timeout=120, timeout=240, memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok", out
+    assert not out.cells[1].error, out.cells[1]
+    dropped = out.cells[3].output.split()
+    assert dropped[0] == "dropped" and int(dropped[1]) >= 80, out.cells[3]  # the reset worked...
+    text = out.cells[2].output.strip()
+    assert text.startswith("grew ") and float(text.split()[1]) >= 80, out.cells[2]  # ...and was seen through
 
 
 def test_an_hvp_that_writes_the_hessian_out_beats_the_clock_but_not_the_kernels_count(learner, kernel_count):

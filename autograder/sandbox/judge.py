@@ -110,7 +110,7 @@ def main() -> int:
 
     def learner_peak(reset: bool = False) -> float:
         """The learner's processes' peak resident bytes, as the kernel counts it; ``reset``: start
-        the count again from what is resident now."""
+        the count again from what is resident now (and the parent's sampling, until the next call)."""
         return ask(protocol.PEAK, reset=bool(reset))
 
     # No learner frame is ever on this process's stack: the references serve the checks freely.

@@ -232,15 +232,20 @@ def _bwrap_argv(script: str, args: list[str]) -> list[str]:
             "--perms", "0777", "--dir", "/grading/cells", "--chdir", "/grading/cells", "--", *command]
 
 
-def _tree_rss_mb(pid: int) -> float:
+def _resident_bytes(pids: list[int]) -> float:
+    """The resident bytes of ``pids`` now, summed (``/proc/<pid>/statm``)."""
     total = 0
-    for p in [pid, *descendants(pid)]:
+    for p in pids:
         try:
             with open(f"/proc/{p}/statm") as fh:
                 total += int(fh.read().split()[1])
         except (OSError, ValueError, IndexError):
             pass
-    return total * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return total * float(os.sysconf("SC_PAGE_SIZE"))
+
+
+def _tree_rss_mb(pid: int) -> float:
+    return _resident_bytes([pid, *descendants(pid)]) / 2**20
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -272,6 +277,52 @@ def tree_peak_bytes(pid: int, reset: bool = False) -> float:
         except (OSError, ValueError, IndexError):
             pass
     return total * 1024.0
+
+
+class PeakWatch:
+    """The most memory a process tree held at once between :meth:`start` and :meth:`stop`, seen from
+    outside: its resident bytes, sampled every ``interval`` seconds on a thread of this process (its
+    members looked up again every ``refresh`` seconds), beside the kernel's own peak (``VmHWM``).
+
+    Why both: ``VmHWM`` sees the briefest peak, but the tree can set it back itself (``clear_refs``),
+    from native code where no audit hook looks (a C++ extension compiled in the sandbox), and it
+    leaves with a helper process that ends before the reading. The resident count cannot be set back
+    by anyone; a Hessian written to memory is resident for far longer than a sample's interval (at
+    n = 4,096 in float64, 134 MB take tens of milliseconds just to write), and a helper that builds
+    it is sampled while it lives."""
+
+    def __init__(self, pid: int, interval: float = 0.001, refresh: float = 0.05):
+        self.pid, self.interval, self.refresh = pid, interval, refresh
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.most = 0.0
+
+    def _run(self) -> None:
+        pids, looked = [self.pid, *descendants(self.pid)], time.monotonic()
+        while not self._stop.is_set():
+            if time.monotonic() - looked > self.refresh:
+                pids, looked = [self.pid, *descendants(self.pid)], time.monotonic()
+            self.most = max(self.most, _resident_bytes(pids))
+            self._stop.wait(self.interval)
+
+    def start(self) -> float:
+        """Reset the kernel's peak and start sampling; returns the tree's peak now (its resident bytes)."""
+        self.stop()
+        self._stop.clear()
+        now = tree_peak_bytes(self.pid, reset=True)
+        self.most = 0.0
+        self._thread = threading.Thread(target=self._run, name="peak-watch", daemon=True)
+        self._thread.start()
+        return now
+
+    def stop(self) -> float:
+        """Stop sampling; the most the tree held since :meth:`start`: the larger of the kernel's peak
+        and the most resident bytes sampled."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        return max(tree_peak_bytes(self.pid), self.most)
 
 
 def _limits(memory_mb: float, env: dict[str, str]) -> str:
@@ -453,6 +504,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     interrupted = False
     last_poll = 0.0
     held = False  # the judge has the learner's process stopped (a baseline block)
+    watch = PeakWatch(child.proc.pid)  # the learner's memory between the judge's two PEAK messages
     closed: _Proc | None = None  # a process whose pipe closed before it said it was done
 
     def net() -> float:
@@ -555,8 +607,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     elif kind == protocol.CPU and source is judge:
                         source.answer(protocol.NUMBER_ANSWER.pack(tree_cpu_seconds(child.proc.pid)))
                     elif kind == protocol.PEAK and source is judge:
-                        source.answer(protocol.NUMBER_ANSWER.pack(tree_peak_bytes(child.proc.pid,
-                                                                               msg.get("reset") is True)))
+                        reading = watch.start() if msg.get("reset") is True else watch.stop()
+                        source.answer(protocol.NUMBER_ANSWER.pack(reading))
                     elif kind == protocol.RELEASE and source is judge and held:
                         held = False
                         signal_tree(child.proc.pid, signal.SIGCONT)
@@ -575,6 +627,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                 break
         if status or closed is not None or finished():
             break
+    watch.stop()
     if holding_since is not None:
         TURNS.end(clock)
     TURNS.remove(clock)

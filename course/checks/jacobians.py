@@ -901,8 +901,9 @@ def _hvp_memory(fn: Callable, name: str) -> None:
     (``grader_hooks.learner_peak``, read by the grading parent from ``/proc``) may not grow by a
     quarter of the Hessian's size during one HVP at ``n = HVP_MEMORY_N``, on a fresh energy and
     point (a Hessian kept from an earlier call is no help). A Hessian built by any route, however
-    fast (a closed form beats the clock of :func:`_hvp_growth`), makes its pages resident. Read once
-    per learner function, judged at every call (the hidden tests of the cell ask again)."""
+    fast (a closed form beats the clock of :func:`_hvp_growth`), makes its pages resident (the parent
+    samples them during the call as well: a peak set back from native code is still seen). Read
+    once per learner function, judged at every call (the hidden tests of the cell ask again)."""
     from course import grader_hooks
 
     if grader_hooks.learner_peak is None:
