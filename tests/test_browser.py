@@ -132,7 +132,15 @@ def run_all_cells(page) -> None:
 
 
 def saved(lab, lesson_id: str) -> dict:
-    return json.loads((lab["root"] / lesson_id / f"{lesson_id}.ipynb").read_text())
+    """The notebook as JupyterLab last saved it; read again while a save is being written (the file
+    was once read empty, between its truncation and its new contents)."""
+    path = lab["root"] / lesson_id / f"{lesson_id}.ipynb"
+    for _ in range(50):
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            time.sleep(0.2)
+    return json.loads(path.read_text())
 
 
 #: Lessons run top to bottom in the browser: (id, number, graded cells, points), from the catalogue.

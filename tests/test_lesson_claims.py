@@ -517,7 +517,9 @@ def test_lesson_8_held_steady_the_score_matrix_is_recycled_under_32_mib_and_mapp
     q, k, v = attention_inputs(0, **sizes)
     longer = attention_inputs(1, **{**sizes, "length": 2 * sizes["length"]})
     with torch.no_grad(), allocator.steady():
-        kept = allocator.faults_per_call(lambda: naive_attention(q, k, v))
+        # the least of three readings: the heap around pytest's own objects sometimes places one more
+        # block afresh once (a block's pages in one reading of five calls), never call after call
+        kept = min(allocator.faults_per_call(lambda: naive_attention(q, k, v)) for _ in range(3))
         mapped = allocator.faults_per_call(lambda: naive_attention(*longer))
     assert kept < 100, kept
     # mapped afresh every call: up to 3.5 blocks of 4 KiB pages; fewer faults where the kernel backs part
