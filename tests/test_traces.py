@@ -385,6 +385,18 @@ def test_explain_slower_op_only_when_much_slower_and_worth_it():
         traces.explain_diff(_timed(100), _timed(100), calls=0)
 
 
+def test_explain_always_names_the_heaviest_op_the_test_never_ran():
+    """A fused kernel the reference runs, quick on this CPU, outweighed by the five small ops that
+    replace it: its absence still gets a line (it is the explanation), in place of the lightest."""
+    control = {"ProfilerStep#1": [1, 1000.0, ["cpu_op"]], "aten::fused": [1, 5.0, ["cpu_op"]]}
+    test = {"ProfilerStep#1": [1, 1000.0, ["cpu_op"]],
+            **{f"aten::small{i}": [1, 100.0 - i, ["cpu_op"]] for i in range(6)}}
+    lines = traces.explain_rows(control, test, top=5)
+    assert len(lines) == 5 and lines[-1].startswith("no aten::fused ran"), lines
+    assert [line.split()[2] for line in lines[:4]] == [f"aten::small{i}" for i in range(4)], lines
+    assert traces.explain_rows(control, test, top=0) == []
+
+
 # ------------------------------------------------------------------------------------------ errors
 
 def test_load_trace_errors(tmp_path):

@@ -78,7 +78,9 @@ def energy_hvp(e: Energy, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def _rows(f: Callable, x: torch.Tensor) -> torch.Tensor:
     leaf = x.detach().requires_grad_(True)  # a new leaf on the same numbers: x itself is left as it was
     out = f(leaf)  # not reshaped: a view in the graph would be one more step in every backward pass
-    basis = torch.eye(out.numel(), dtype=out.dtype, device=out.device).view(out.numel(), *out.shape)
+    basis = torch.eye(out.numel(), dtype=out.dtype, device=out.device)
+    if out.dim() != 1:
+        basis = basis.view(out.numel(), *out.shape)
     return torch.stack([torch.autograd.grad(out, leaf, row, retain_graph=True)[0] for row in basis])
 
 
