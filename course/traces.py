@@ -359,10 +359,13 @@ def explain_rows(control: Mapping[str, Any], test: Mapping[str, Any], *, calls: 
     kept = found[:max(top, 0)]
     # An op the reference runs and the test never does is usually the explanation (a fused kernel
     # missed); on a CPU where that kernel is quick, the many small ops replacing it outweigh it. The
-    # heaviest one missing always gets a line.
-    missing = [f for f in found if f[1].startswith("no ")]
-    if kept and missing and not any(f[1].startswith("no ") for f in kept):
-        kept[-1] = missing[0]
+    # two heaviest ones missing always get a line (a composite op and the kernel it dispatches to,
+    # such as scaled_dot_product_attention and its flash kernel), in place of the lightest others.
+    for miss in [f for f in found if f[1].startswith("no ")][:2]:
+        others = [i for i, f in enumerate(kept) if not f[1].startswith("no ")]
+        if miss not in kept and others:
+            kept[others[-1]] = miss
+    kept.sort(key=lambda f: -f[0])
     return [sentence for _, sentence in kept]
 
 

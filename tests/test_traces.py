@@ -395,6 +395,11 @@ def test_explain_always_names_the_heaviest_op_the_test_never_ran():
     assert len(lines) == 5 and lines[-1].startswith("no aten::fused ran"), lines
     assert [line.split()[2] for line in lines[:4]] == [f"aten::small{i}" for i in range(4)], lines
     assert traces.explain_rows(control, test, top=0) == []
+    # a composite op and the kernel it dispatches to, both missing: both named
+    control["aten::fused_kernel"] = [1, 4.0, ["cpu_op"]]
+    lines = traces.explain_rows(control, test, top=5)
+    assert [line.split()[1] for line in lines[-2:]] == ["aten::fused", "aten::fused_kernel"], lines
+    assert [line.split()[2] for line in lines[:3]] == [f"aten::small{i}" for i in range(3)], lines
 
 
 # ------------------------------------------------------------------------------------------ errors
