@@ -8,7 +8,7 @@ answers stored for them."""
 
 import pytest
 import torch
-from torch.func import grad, hessian, jacfwd, jacrev
+from torch.func import grad, hessian, jacfwd, jacrev, vmap
 
 from autograder.solution_code import load_solution, solution_source
 from course import jacobians as J
@@ -63,11 +63,12 @@ def test_normed_layer_jacobian_formula_matches_autograd():
     torch.testing.assert_close(R.normed_batched_jacobian(norm, xs), per_sample)
 
 
-def test_the_course_row_loops_are_the_jacobian_and_the_hessian():
+def test_the_course_sample_loop_gives_the_jacobians_and_the_hessians():
     layer, e = J.tanh_layer(6, 4, seed=1, dtype=F64), J.energy(5, seed=2, dtype=F64)
-    x, x_e = torch.randn(4, dtype=F64), torch.randn(5, dtype=F64)
-    torch.testing.assert_close(R.row_loop_jacobian(layer, x), jacrev(layer)(x))
-    torch.testing.assert_close(R.row_loop_hessian(e, x_e), hessian(e)(x_e))
+    xs, xs_e = torch.randn(3, 4, dtype=F64), torch.randn(3, 5, dtype=F64)
+    torch.testing.assert_close(R.sample_loop(layer, xs), vmap(jacrev(layer))(xs))
+    torch.testing.assert_close(R.sample_loop(layer, xs, of_batch=True), vmap(jacrev(layer))(xs))
+    torch.testing.assert_close(R.sample_loop(e, xs_e, hessian=True), vmap(hessian(e))(xs_e))
 
 
 def test_the_functions_carry_no_derivative_a_learner_could_call():

@@ -17,8 +17,7 @@ import torch
 from course.guard import reference
 from course.jacobians import Energy, NormedLayer, TanhLayer
 
-__all__ = ["energy_hessian", "energy_hvp", "largest_fitting_chunk", "normed_batched_jacobian", "row_loop_hessian",
-           "row_loop_jacobian", "sample_loop", "tanh_jacobian", "tanh_parameter_jacobians"]
+__all__ = ["energy_hessian", "energy_hvp", "largest_fitting_chunk", "normed_batched_jacobian", "sample_loop", "tanh_jacobian", "tanh_parameter_jacobians"]
 
 
 # -- the derivatives by hand --------------------------------------------------------------------
@@ -92,24 +91,10 @@ def _hessian_rows(f: Callable, x: torch.Tensor) -> torch.Tensor:
 
 
 @reference
-def row_loop_jacobian(f: Callable, x: torch.Tensor) -> torch.Tensor:
-    """The course's own loop over rows (exercise 1's answer): one backward pass per row of the
-    identity (as lean as a loop gets: no indexing of the output)."""
-    return _rows(f, x)
-
-
-@reference
-def row_loop_hessian(f: Callable, x: torch.Tensor) -> torch.Tensor:
-    """The Hessian of a scalar ``f`` by the course's row loop over its gradient (one backward pass
-    per row)."""
-    return _hessian_rows(f, x)
-
-
-@reference
 def sample_loop(f: Callable, xs: torch.Tensor, *, hessian: bool = False, of_batch: bool = False) -> torch.Tensor:
     """The yardstick of 'no loop over the samples': a Python loop over the samples of ``xs`` doing,
-    per sample, the row loop of :func:`row_loop_jacobian` (of :func:`row_loop_hessian` with
-    ``hessian``). With ``of_batch``, ``f`` takes a batch and is applied to one sample as
+    per sample, one backward pass per row of the Jacobian (of the gradient's Jacobian, the Hessian,
+    with ``hessian``). With ``of_batch``, ``f`` takes a batch and is applied to one sample as
     ``f(x[None])[0]``. Nothing but the loop runs per sample (the guard and the lookups run once per
     call): a learner's loop, however lean, takes about as long, not less."""
     per_sample = _hessian_rows if hessian else _rows
