@@ -140,6 +140,10 @@ class Seal:
                 classes = [entries[c] for c in SEALED_CLASSES.get(name, ()) if isinstance(entries.get(c), type)]
             self.classes[name] = [(cls, {k: v for k, v in vars(cls).items() if _behaviour(v)}) for cls in classes]
 
+    def type_ids(self) -> set[int]:
+        """The ids of the guarded modules' classes: patching one of them is the audit hook's to refuse."""
+        return {id(v) for _, (_, entries) in self.snapshot.items() for v in entries.values() if isinstance(v, type)}
+
     def broken(self) -> list[str]:
         changed = []
         for name, (mod, entries) in self.snapshot.items():
@@ -200,6 +204,59 @@ def _from_guarded(value) -> bool:
     return isinstance(module, str) and module.split(".")[0] in GUARDED_PREFIXES
 
 
+def audit_hook(state: dict, *, judging, caller, flag, guarded_type_ids: set):
+    """The sandbox's audit hook, one for the learner's process and for the workers it launches.
+
+    It refuses (and ``flag(name, detail)``s) a path in ``FORBIDDEN_PATH`` opened or linked to, and,
+    when learner code raised it, an event in ``LEARNER_EVENTS``: frames, the garbage collector,
+    ctypes, other processes, and a swapped ``__code__`` or attribute of a guarded function or type
+    (``guarded_type_ids``; the learner's own are left alone). ``caller(frame)`` names the learner's
+    ``file:line`` nearest the event, or None when the event is not the learner's. It does nothing
+    while ``state["busy"]`` (the harness's own work; set by the hook too, whose frame walk raises
+    events of its own) or while ``judging()`` is false (no learner code has run yet)."""
+
+    def hook(event, args):
+        if state["busy"] or not judging():
+            return
+        if event in PATH_EVENTS:
+            path = args[0]
+            if isinstance(path, bytes):
+                path = path.decode(errors="replace")
+            if isinstance(path, str) and FORBIDDEN_PATH.search(path) and not _own_file(path):
+                state["busy"] = True
+                try:
+                    who = caller(sys._getframe(1)) or "code called by the submission"
+                finally:
+                    state["busy"] = False
+                flag("probing", f"{who} {_reached(event)} {path}")
+                raise PermissionError(f"grading: {path} is out of bounds")
+            return
+        if event not in LEARNER_EVENTS:
+            return
+        state["busy"] = True
+        try:
+            if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame",
+                                                                 "ag_frame", "f_back"):
+                return
+            if event == "object.__setattr__" or event == "object.__delattr__":
+                target = args[0]
+                owner = getattr(target, "__module__", "") or ""
+                if not (id(target) in guarded_type_ids or
+                        (callable(target) and str(owner).split(".")[0] in GUARDED_PREFIXES and
+                         getattr(target, "__module__", None) is not None and not isinstance(target, type))):
+                    return
+            who = caller(sys._getframe(1))
+        finally:
+            state["busy"] = False
+        if who is None:
+            return
+        name = "patching" if event.startswith("object.__set") or event.startswith("object.__del") else "introspection"
+        flag(name, f"{who}: {event} {str(args[:2])[:120]}")
+        raise RuntimeError(f"grading: {event} is not allowed in submitted code")
+
+    return hook
+
+
 def confine_worker():
     """Confine a worker process that ``course.parallel.launch`` started from the learner's process
     (lesson 10): the same seal over the guarded modules and the same audit hook as that process,
@@ -219,7 +276,7 @@ def confine_worker():
     trusted = tuple(r.rstrip(os.sep) + os.sep for r in roots if r and r != os.sep)
     seen: list = []
     seal = Seal()
-    busy = [False]
+    state = {"busy": False}
 
     def learner(frame) -> str | None:
         while frame is not None:
@@ -230,41 +287,16 @@ def confine_worker():
             return None if path.startswith(trusted) else f"{os.path.basename(path)}:{frame.f_lineno}"
         return None
 
-    def hook(event, args):
-        if busy[0]:
-            return
-        if event in PATH_EVENTS:
-            path = args[0]
-            if isinstance(path, bytes):
-                path = path.decode(errors="replace")
-            if isinstance(path, str) and FORBIDDEN_PATH.search(path) and not _own_file(path):
-                seen.append(("probing", f"a worker {_reached(event)} {path}"[:300]))
-                raise PermissionError(f"grading: {path} is out of bounds")
-            return
-        if event not in LEARNER_EVENTS:
-            return
-        busy[0] = True
-        try:
-            if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame", "ag_frame",
-                                                                 "f_back"):
-                return
-            who = learner(sys._getframe(1))
-        finally:
-            busy[0] = False
-        if who is None:
-            return
-        name = "patching" if event.startswith("object.__set") or event.startswith("object.__del") else "introspection"
-        seen.append((name, f"a worker, {who}: {event} {str(args[:2])[:120]}"))
-        raise RuntimeError(f"grading: {event} is not allowed in submitted code")
-
-    sys.addaudithook(hook)
+    sys.addaudithook(audit_hook(state, judging=lambda: True, caller=learner,
+                                flag=lambda name, detail: seen.append((name, f"a worker, {detail}"[:300])),
+                                guarded_type_ids=seal.type_ids()))
 
     def report() -> list:
-        busy[0] = True
+        state["busy"] = True
         try:
             broken = seal.broken()
         finally:
-            busy[0] = False
+            state["busy"] = False
         return seen + ([("tampered", "a worker: " + "; ".join(broken))] if broken else [])
     return report
 
@@ -364,12 +396,9 @@ def main() -> int:
                   uninterrupted=alarm.uninterrupted)
     contract = hooks.installed()
     seal = Seal()
-    guarded_types = tuple(v for _, (_, e) in seal.snapshot.items() for v in e.values() if isinstance(v, type))
-    guarded_type_ids = {id(t) for t in guarded_types}
 
-    def learner_caller() -> str | None:
+    def learner_caller(frame) -> str | None:
         """The learner file that triggered the event, if the nearest non-stdlib frame is one."""
-        frame = sys._getframe(2)
         while frame is not None:
             path = frame.f_code.co_filename
             if path.startswith(STDLIB) or path.startswith("<frozen"):
@@ -378,46 +407,8 @@ def main() -> int:
             return f"{os.path.basename(path)}:{frame.f_lineno}" if path.startswith(learner_prefix) else None
         return None
 
-    def hook(event, args):
-        if state["busy"] or not state["learner"]:
-            return
-        if event in PATH_EVENTS:
-            path = args[0]
-            if isinstance(path, bytes):
-                path = path.decode(errors="replace")
-            if isinstance(path, str) and FORBIDDEN_PATH.search(path) and not _own_file(path):
-                state["busy"] = True
-                try:
-                    who = learner_caller() or "code called by the submission"
-                finally:
-                    state["busy"] = False
-                flag("probing", f"{who} {_reached(event)} {path}")
-                raise PermissionError(f"grading: {path} is out of bounds")
-            return
-        if event not in LEARNER_EVENTS:
-            return
-        state["busy"] = True
-        try:
-            if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame",
-                                                                 "ag_frame", "f_back"):
-                return
-            if event == "object.__setattr__" or event == "object.__delattr__":
-                target = args[0]
-                owner = getattr(target, "__module__", "") or ""
-                if not (id(target) in guarded_type_ids or
-                        (callable(target) and str(owner).split(".")[0] in GUARDED_PREFIXES and
-                         getattr(target, "__module__", None) is not None and not isinstance(target, type))):
-                    return
-            who = learner_caller()
-        finally:
-            state["busy"] = False
-        if who is None:
-            return
-        name = "patching" if event.startswith("object.__set") or event.startswith("object.__del") else "introspection"
-        flag(name, f"{who}: {event} {str(args[:2])[:120]}")
-        raise RuntimeError(f"grading: {event} is not allowed in submitted code")
-
-    sys.addaudithook(hook)
+    sys.addaudithook(audit_hook(state, judging=lambda: state["learner"], caller=learner_caller, flag=flag,
+                                guarded_type_ids=seal.type_ids()))
 
     alarm.install()  # the parent's time limit, felt inside a cell's code only
     channel.send("ready", seal_entries=sum(len(e) for _, e in seal.snapshot.values()))
