@@ -76,3 +76,24 @@ def test_lesson_9_names_the_score_matrix_and_the_padding():
     text = _fails_with_an_explanation(lambda: l9.check_jagged_speed(
         lambda x, pad, mlp: l9.padded_token_mlp(x, pad, mlp), bars=BARS, batch=2, length=16, dim=8, hidden=16,
         valid=0.4, num_threads=1, **FAST))
+
+
+def test_the_learners_profile_is_taken_with_the_threads_the_timing_used():
+    """PyTorch picks kernels by the thread count (a small 1x1 convolution is oneDNN's with two threads,
+    the plain one with one): the learner's process profiles its answer with the judge's threads, so
+    the comparison with the course's profile is of the same kernels."""
+    from course.checks.why_slow import profile_events
+    from course.devices import threads
+
+    seen = []
+
+    def answer(x, weight, bias):
+        seen.append(torch.get_num_threads())
+        return coord_conv_planted(x, weight, bias)
+
+    name = "course.memory_format.coord_conv_inputs"
+    with threads(2):
+        profile_events(answer, name, dict(batch=1, channels=4, size=4), [], "cpu", False, 0, 1)
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+        profile_events(answer, name, dict(batch=1, channels=4, size=4), [], "cpu", False, 0)
+        assert seen[2:] == [2, 2]
