@@ -174,6 +174,15 @@ def environment(version: str, base: Path, interpreter: str = sys.executable) -> 
     return python
 
 
+def lesson_print(lesson_id: str) -> str:
+    """A short fingerprint of the lesson as it is now (its instructor notebook): a figure made on
+    another version of the lesson is not a figure of this one."""
+    import hashlib
+
+    source = ROOT / "solutions" / lesson_id / f"{lesson_id}.ipynb"
+    return hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+
+
 def run_lesson(python: Path, lesson_id: str, work: Path, learners_copy: bool = True) -> dict:
     """``lesson_id`` run top to bottom by ``python`` as a learner who finished it runs it: the student
     version with the instructor's answers, and (``learners_copy``) without ``course/references``, as
@@ -201,19 +210,25 @@ def run_lesson(python: Path, lesson_id: str, work: Path, learners_copy: bool = T
     passed = re.search(r"(\d+) of (\d+) exercises pass", proc.stdout)
     ok = (proc.returncode == 0 and not errors and passed is not None
           and int(passed.group(1)) + len(undecided) == int(passed.group(2)))
-    return {"ok": ok, "seconds": round(seconds, 1), "undecided": undecided,
+    from course.doctor import machine_name
+
+    return {"ok": ok, "seconds": round(seconds, 1), "undecided": undecided, "lesson": lesson_print(lesson_id),
+            "date": dt.date.today().isoformat(), "machine": machine_name(),
             "exercises": passed.group(0) if passed else None,
             "error": (f"cell {errors[0]['cell']}: {errors[0]['error']}" if errors else
                       None if ok else (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]),
             "warnings": sorted({w for c in cells for w in c["warnings"]})}
 
 
-def markdown(results: dict, lessons: list[str], machine: str, date: str) -> str:
+def markdown(results: dict, lessons: list[str], machine: str, date: str, current: dict | None = None) -> str:
+    """The page. ``current``: each lesson's fingerprint now (:func:`lesson_print`); a figure made on
+    another version of a lesson says so (and counts for nothing in the range's test)."""
     low, cap = accepted_range()
     versions = list(results)
+    current = current or {}
     lines = ["# Compatibility: the torch range, tested", "",
-             f"Written by `make torch-matrix` (`benchmarks/torch_matrix.py`) on {machine}, "
-             f"{date}, Python {'%d.%d' % sys.version_info[:2]} unless a column names another. "
+             f"Written by `make torch-matrix` (`benchmarks/torch_matrix.py`), last on {machine}, "
+             f"{date}; each column names where and when it ran, Python {'%d.%d' % sys.version_info[:2]} unless a column names another. "
              f"`pyproject.toml` accepts torch>={low},<{cap}; the pins "
              f"(`requirements/lock.txt`) name {pinned()}. Each lesson ran top to bottom as a learner who "
              "finished it (the student version with the instructor's answers, in a learner's copy of the "
@@ -231,11 +246,17 @@ def markdown(results: dict, lessons: list[str], machine: str, date: str) -> str:
             else:
                 warn = f", {len(r['warnings'])} warning(s)" if r["warnings"] else ""
                 open_ = f", speed undecided in {len(r['undecided'])} cell(s)" if r.get("undecided") else ""
-                row.append(f"{'passes' if r['ok'] else 'FAILS'} ({r['seconds']:.0f} s{warn}{open_})")
+                old = ("" if lesson not in current or r.get("lesson") == current[lesson] else
+                       ", on an earlier version of the lesson" if r.get("lesson") else ", lesson version not recorded")
+                row.append(f"{'passes' if r['ok'] else 'FAILS'} ({r['seconds']:.0f} s{warn}{open_}{old})")
         lines.append(f"| {lesson} | " + " | ".join(row) + " |")
     lines += ["", "## What a learner sees", ""]
     for v in versions:
         lines.append(f"**torch {v}**")
+        lines.append("")
+        where = sorted({f"{r.get('machine', 'an earlier machine')}, {r.get('date', 'an earlier date')}"
+                        for r in results[v].values()})
+        lines.append(f"Ran on {'; '.join(where)}.")
         lines.append("")
         any_line = False
         for lesson in lessons:
@@ -254,6 +275,17 @@ def markdown(results: dict, lessons: list[str], machine: str, date: str) -> str:
     return "\n".join(lines)
 
 
+def load(path: Path) -> dict:
+    """The committed figures; those from before each run named its own machine and date get the
+    page's."""
+    saved = json.loads(path.read_text())
+    for runs in saved["runs"].values():
+        for r in runs.values():
+            r.setdefault("machine", saved["machine"])
+            r.setdefault("date", f"on or before {saved['date']}")
+    return saved
+
+
 def main() -> int:
     from course.doctor import machine_name
     from course.lessons import catalog
@@ -270,23 +302,24 @@ def main() -> int:
                     help="the interpreter the environments are made with (default: this one)")
     args = ap.parse_args()
     if args.render:
-        saved = json.loads(args.out.with_suffix(".json").read_text())
+        saved = load(args.out.with_suffix(".json"))
         lessons = [i for i in ids if any(i in r for r in saved["runs"].values())]
-        args.out.write_text(markdown(saved["runs"], lessons, saved["machine"], saved["date"]))
+        args.out.write_text(markdown(saved["runs"], lessons, saved["machine"], saved["date"],
+                                     {i: lesson_print(i) for i in lessons}))
         return 0
     versions = args.versions or default_versions()
     lessons = args.lesson or ids
     args.base.mkdir(parents=True, exist_ok=True)
     # Versions not run this time keep their earlier figures (one version can be run again alone).
     saved = args.out.with_suffix(".json")
-    results: dict[str, dict] = json.loads(saved.read_text())["runs"] if saved.exists() and not args.fresh else {}
+    results: dict[str, dict] = load(saved)["runs"] if saved.exists() and not args.fresh else {}
     today = dt.date.today().isoformat()
 
     def write() -> str:
         order = sorted(results, key=lambda v: tuple(int(p) for p in re.findall(r"\d+", v)))
         ordered = {v: results[v] for v in order}
         shown = [i for i in ids if any(i in r for r in ordered.values())]
-        text = markdown(ordered, shown, machine_name(), today)
+        text = markdown(ordered, shown, machine_name(), today, {i: lesson_print(i) for i in shown})
         args.out.write_text(text)
         saved.write_text(json.dumps({"machine": machine_name(), "date": today, "runs": ordered}, indent=1) + "\n")
         return text

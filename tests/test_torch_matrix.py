@@ -74,6 +74,17 @@ def test_the_committed_matrix_covers_the_declared_range():
         assert all(r["ok"] and not r["warnings"] for r in results.values()), (version, results)
 
 
+def test_a_figure_of_an_earlier_lesson_says_so(tmp_path):
+    now = TM.lesson_print("04_forward_ad")
+    results = {"2.4.0": {"04_forward_ad": {"ok": True, "seconds": 40.0, "error": None, "warnings": [],
+                                           "lesson": "0" * 12, "machine": "m1", "date": "2026-11-25"}},
+               "2.15.0": {"04_forward_ad": {"ok": True, "seconds": 30.0, "error": None, "warnings": [],
+                                            "lesson": now, "machine": "m2", "date": "2026-11-28"}}}
+    text = TM.markdown(results, ["04_forward_ad"], "m2", "2026-11-28", {"04_forward_ad": now})
+    assert "| 04_forward_ad | passes (40 s, on an earlier version of the lesson) | passes (30 s) |" in text
+    assert "Ran on m1, 2026-11-25." in text and "Ran on m2, 2026-11-28." in text
+
+
 def test_a_run_on_another_python_is_a_column_of_its_own(monkeypatch):
     assert TM.column("2.15.0") == "2.15.0"                       # this interpreter: the version alone
     monkeypatch.setattr(TM, "python_version", lambda python: "3.12")
