@@ -364,7 +364,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                    sizes: Mapping[str, int], constants: Sequence[Any] = (), device: str | torch.device | None = None,
                    rounds: int = 7, warmup: int = 2, min_run_time: float = 0.2, rtol: float = 1e-4,
                    until: float | None = None, max_rounds: int | None = None, grad: bool = False,
-                   witness: tuple[str, Callable[..., Any]] | None = None) -> SpeedReport:
+                   witness: tuple[str, Callable[..., Any]] | None = None, net: bool = False) -> SpeedReport:
     """Time the learner's ``candidate`` (a :class:`course.remote.Remote`, or a local function)
     against the course's ``baseline``, the way the grader's judge does: two processes, never at once.
 
@@ -385,6 +385,15 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
     it does not move with the machine's load the way a ratio over a slow baseline does (a memory-bound
     baseline can slow threefold when another process takes the cache), so the grader judges whether a
     candidate is implausibly fast against it (``SpeedReport.witness``).
+
+    ``net``: report every side's times net of what the harness itself spends per call, making the
+    inputs and checking the output (timed here in every round, on the same seeds, with an "answer"
+    that returns the baseline's output at once; at most :data:`NET_SHARE` of its least reading, and
+    never more than :data:`NET_SHARE` of any side's reading, is taken off). For an answer whose
+    work is small beside drawing its inputs (lesson 3's 1x1 convolution: two thirds of a timed
+    call is drawing its inputs and checksumming its output), the gross ratio says little. The same
+    amount comes off every side, so a slower side stays slower: netting can move a ratio away from
+    1, never across it.
     """
     import secrets
 
@@ -453,6 +462,13 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             per_call = max(per_call, took)
         block = max(1, min(MAX_BLOCK, math.ceil(min_run_time / per_call)))
         used.clear()  # (warm-up blocks, compilation included, are not charged)
+        harness: list[float] = []  # per call: making the inputs and checking an output, no work
+        if net:
+            with torch.set_grad_enabled(grad):
+                template = base_fn(*factory(fresh(1)[0], device=str(dev), **sizes), *constants)
+            template = template.detach() if isinstance(template, torch.Tensor) else template
+            local[_HARNESS] = lambda *args: template
+            run_local(local[_HARNESS], fresh(1))  # its weights for the checksum, made once
         times: dict[str, list[float]] = {side: [] for side in sides}
         limit = max_rounds or (4 * rounds if until is not None else rounds)
         r = redone = 0
@@ -460,8 +476,8 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             if r >= rounds:
                 if until is None:
                     break
-                if not _undecided(SpeedReport(times, base_name, str(dev), torch.get_num_threads()).speedup(cand_name),
-                                  until):
+                if not _undecided(SpeedReport(_netted(times, harness), base_name, str(dev),
+                                              torch.get_num_threads()).speedup(cand_name), until):
                     break
             seeds = fresh(block)
             got, took, starved, charged = {}, {}, False, len(used)
@@ -470,6 +486,9 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             for side in sides[shift:] + sides[:shift]:
                 took[side], got[side], cpu = timed(side, seeds)
                 starved |= _starved(took[side], cpu, CPU_SLACK if remote and side == cand_name else 0.0)
+            if net:
+                harness_took, _, cpu = timed(_HARNESS, seeds)
+                starved |= _starved(harness_took, cpu)
             want, have = got[base_name], got[cand_name]
             # Outputs within rtol of the baseline's, element by element, move the weighted sum by at
             # most about rtol * |outputs|_2 (times a standard normal): 4 of those is the tolerance;
@@ -489,6 +508,8 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                 continue
             for side in sides:
                 times[side].append(took[side] / block)
+            if net:
+                harness.append(harness_took / block)
             r += 1
     notes = [f"{redone} round(s) measured again: a side was starved of CPU in them."] if redone else []
     factor = cpu_factor(used, torch.get_num_threads())
@@ -498,8 +519,31 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                      f"with {torch.get_num_threads()} thread(s) allowed: its times are its CPU time over "
                      f"{torch.get_num_threads()} ({factor:.2f}x its wall time). Threads or processes of your own do "
                      "not make a call faster here.")
+    if net:
+        gross = times
+        times = _netted(times, harness)
+        taken = gross[base_name][0] - times[base_name][0] if times[base_name] else 0.0
+        notes.append(f"Times are net of {format_time(taken)} per call that the check itself spends making the inputs "
+                     "and checking the output (measured beside them; the same is taken off every side).")
     return SpeedReport(times=times, baseline=base_name, device=str(dev), threads=torch.get_num_threads(),
                        notes=notes, witness=wit_name)
+
+
+#: The pseudo-side that times the harness alone (``compare_served(net=True)``).
+_HARNESS = "(making inputs, checking outputs)"
+#: The most of the harness's least per-call reading that netting takes off, and the most of any
+#: side's reading: taking off less than the harness costs only dilutes a ratio towards 1.
+NET_SHARE = 0.9
+
+
+def _netted(times: dict[str, list[float]], harness: list[float]) -> dict[str, list[float]]:
+    """``times`` with one amount taken off every reading: :data:`NET_SHARE` of the least harness
+    reading, capped at :data:`NET_SHARE` of the least reading of any side (unchanged: no harness)."""
+    readings = [t for ts in times.values() for t in ts]
+    if not harness or not readings:
+        return times
+    off = NET_SHARE * min(min(harness), min(readings))
+    return {side: [t - off for t in ts] for side, ts in times.items()}
 
 
 #: What the kernel's clock ticks (10 ms, per process of the tree) may add to a CPU reading.

@@ -541,7 +541,7 @@ def check_coord_conv_speed(coord_conv: Callable, *, bars: Mapping[str, float], b
     return served_speedup(("planted", coord_conv_planted), ("repaired", coord_conv), factory=coord_conv_inputs,
                           sizes=dict(batch=batch, channels=channels, size=size), bars=bars, device=dev,
                           num_threads=num_threads, rounds=rounds, min_run_time=min_run_time, attempts=attempts,
-                          explain="course.references.explain.coord_conv",
+                          explain="course.references.explain.coord_conv", net=True,
                           hint="most likely an op on the way turns channels-last into NCHW, and the convolution "
                                "after it reorders the data back, which costs about as much as the block's own work: "
                                "torch.cat of the channels-last x with coordinate planes in the default format "
