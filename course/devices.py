@@ -131,6 +131,12 @@ def sizes(*, cpu: Mapping[str, Any], cuda: Mapping[str, Any] | None = None,
     return Sizes(values, dev)
 
 
+def asked_threads(n: Any, device: str) -> int | None:
+    """The thread count another process asked a block to run with (the judge's, sent as data): ``n``
+    where it is a sane count on a CPU, else None (leave the setting alone)."""
+    return n if device == "cpu" and type(n) is int and 1 <= n <= 4096 else None
+
+
 @contextlib.contextmanager
 def threads(n: int | None) -> Iterator[None]:
     """Run a block with ``n`` intra-op threads (``None``: leave the setting alone), then restore it.

@@ -682,14 +682,13 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
         staged[len(staged)] = [build(c) for c in message["constants"]]  # a recipe (a model) built once, here
         return len(staged) - 1
     if op == "block":
-        from course.devices import synchronize, threads
+        from course.devices import asked_threads, synchronize, threads
 
         fn, make = namespace[name], FACTORIES[message["factory"]]
         device, constants = message["device"], [_arrive(t, message["device"]) if isinstance(t, torch.Tensor) else t
                                                 for t in staged[message["handle"]]]
         sums = []
-        n = message.get("threads")
-        pinned = n if device == "cpu" and type(n) is int and 1 <= n <= 4096 else None
+        pinned = asked_threads(message.get("threads"), device)
         with torch.set_grad_enabled(message.get("grad_mode") is True), threads(pinned):
             for seed in message["seeds"]:
                 args = make(seed, device=device, **message["sizes"])

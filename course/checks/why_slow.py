@@ -31,7 +31,7 @@ MAX_CALL_S = 5.0
 
 def _profile(fn: Callable, factory_name: str, sizes: dict, constants: Sequence[Any], device: str, grad: bool,
              seed: int, threads: int | None = None) -> dict:
-    from course.devices import threads as pinned
+    from course.devices import asked_threads, threads as pinned
     from course.remote import _registered
 
     make = _registered(FACTORIES, factory_name, "factory")
@@ -40,8 +40,7 @@ def _profile(fn: Callable, factory_name: str, sizes: dict, constants: Sequence[A
     calls = iter([make(seed + i, device=device, **sizes) for i in range(2)])
     # the threads the timing used: PyTorch picks another kernel for another count (on a CPU, a 1x1
     # convolution of a small batch is oneDNN's with two threads and the plain one with one)
-    n = threads if device == "cpu" and type(threads) is int and 1 <= threads <= 4096 else None
-    with torch.set_grad_enabled(grad), pinned(n):
+    with torch.set_grad_enabled(grad), pinned(asked_threads(threads, device)):
         return traces.profile_steps(lambda: fn(*next(calls), *constants), steps=1, warmup=1)
 
 
