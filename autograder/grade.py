@@ -51,7 +51,7 @@ from .verdict import UNDECIDED, CellVerdict, Transcript, judge
 from .workspace import Workspace, notebooks_in, select_lessons
 
 #: Bumped whenever grading itself changes, so that cached results are not reused.
-GRADER_VERSION = "13"  # 13: lesson 3's CoordConv clock net of drawing inputs and checking outputs; 12: lesson 5's memory reading samples resident memory too, its loop yardstick as lean as a learner's; 11: implausible speed judged against the course's solution timed beside it, lesson 5's HVP by the kernel's count of peak memory; 10: undecided speed verdicts; 9: lesson 2 checked in the judge (graphs cross as data); 8: lesson 3 checked in the judge (strides cross); 7: lesson 4 checked in the judge (probes); 6: lesson 6 in the judge, fresh clock inputs
+GRADER_VERSION = "14"  # 14: lesson 3's course sides counted at the learner's process's speed (within 10%), a cheap checksum and input draw; 13: lesson 3's CoordConv clock net of drawing inputs and checking outputs; 12: lesson 5's memory reading samples resident memory too, its loop yardstick as lean as a learner's; 11: implausible speed judged against the course's solution timed beside it, lesson 5's HVP by the kernel's count of peak memory; 10: undecided speed verdicts; 9: lesson 2 checked in the judge (graphs cross as data); 8: lesson 3 checked in the judge (strides cross); 7: lesson 4 checked in the judge (probes); 6: lesson 6 in the judge, fresh clock inputs
 
 
 class Settings:

@@ -34,7 +34,7 @@ from torch import nn
 from course import wire
 
 __all__ = ["FACTORIES", "PROBES", "RECIPES", "Described", "Link", "Remote", "RemoteError", "build", "checksum",
-           "factory", "is_remote", "local_script", "mirrored", "probe", "prober", "recipe", "serve"]
+           "course_function", "factory", "is_remote", "local_script", "mirrored", "probe", "prober", "recipe", "serve"]
 
 _FRAME = struct.Struct(">Q")
 
@@ -165,6 +165,33 @@ def _registered(table: dict[str, Callable[..., Any]], name: Any, kind: str) -> C
 _CHECK_WEIGHTS: dict[tuple, torch.Tensor] = {}
 
 
+def _in_memory_order(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``t``'s elements as one flat view in the order they lie in memory, and the permutation of
+    its dimensions that reads them so, where ``t`` is dense (any layout: channels-last, a
+    transpose); else a contiguous copy and the identity. A channels-last output read in logical
+    order (``reshape(-1)``) is a whole reorder of it: in lesson 3's timed block that copy alone
+    cost as much as the repaired block's own work."""
+    order = tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d), d)))
+    view = t.permute(order)
+    if view.is_contiguous():
+        return view.reshape(-1), order
+    return t.reshape(-1), tuple(range(t.dim()))
+
+
+def _check_weights(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """The fixed random weights of ``t``'s elements (by logical position, the same in every
+    process and for every layout), laid out in the memory order ``order`` reads: made once per
+    shape, layout, dtype and device."""
+    key = (tuple(t.shape), order, t.dtype, str(t.device))
+    w = _CHECK_WEIGHTS.get(key)
+    if w is None:
+        n = t.numel()
+        w = torch.randn(n, generator=torch.Generator().manual_seed(n % 9973), dtype=torch.float64)
+        w = w.view(t.shape).permute(order).reshape(-1).to(t.device, t.dtype)
+        _CHECK_WEIGHTS[key] = w
+    return w
+
+
 def checksum(value: Any) -> torch.Tensor:
     """Four numbers (float64, on the outputs' device) that depend on every element of every
     floating tensor in ``value``: a weighted sum with fixed random weights and the 2-norm of all
@@ -172,24 +199,22 @@ def checksum(value: Any) -> torch.Tensor:
     the plain sum and the sum of absolute values (its scale: for outputs off by at most ``rtol`` of
     each element, the sums differ by at most ``rtol`` times it). The plain sum sees what one fixed
     set of weights may be blind to, an offset shared by every element: for some sizes the random
-    weights add up to almost nothing. Timed blocks report these instead of their outputs; computed
-    in the outputs' own precision, so that checking costs a fraction of a millisecond beside the
-    call it checks."""
+    weights add up to almost nothing. Timed blocks report these instead of their outputs, so
+    checking must cost little beside the call it checks: every tensor is read where it lies, in
+    its own memory order (each element keeps its weight whatever the layout), in its own
+    precision, with sums accumulated in float32 (float64 for float64 outputs); reordering a
+    channels-last output, or widening it to float64, cost more than lesson 3's repaired block."""
     dot, squares, total, absolute, device = 0.0, 0.0, 0.0, 0.0, None
     for t in _tensors(value):
         if not (t.is_floating_point() or t.is_complex()):
             continue
-        flat = t.detach().reshape(-1) if not t.is_complex() else torch.view_as_real(t.detach()).reshape(-1)
-        key = (flat.numel(), flat.dtype, str(flat.device))
-        w = _CHECK_WEIGHTS.get(key)
-        if w is None:
-            w = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(flat.numel() % 9973),
-                            dtype=torch.float64).to(flat.device, flat.dtype)
-            _CHECK_WEIGHTS[key] = w
-        dot = dot + (flat @ w).to(torch.float64)
+        t = t.detach() if not t.is_complex() else torch.view_as_real(t.detach())
+        flat, order = _in_memory_order(t)
+        acc = torch.float64 if flat.dtype == torch.float64 else torch.float32
+        dot = dot + (flat @ _check_weights(t, order)).to(torch.float64)
         squares = squares + torch.linalg.vector_norm(flat).to(torch.float64) ** 2
-        total = total + flat.sum(dtype=torch.float64)
-        absolute = absolute + flat.abs().sum(dtype=torch.float64)
+        total = total + flat.sum(dtype=acc).to(torch.float64)
+        absolute = absolute + flat.abs().sum(dtype=acc).to(torch.float64)
         device = flat.device
     if device is None:
         return torch.zeros(4, dtype=torch.float64)
@@ -380,14 +405,19 @@ class Remote:
         return handle
 
     def block(self, handle: int, factory_name: str, sizes: dict, seeds: list[int], device: str,
-              grad: bool = False) -> torch.Tensor:
+              grad: bool = False, course_fn: str | None = None) -> torch.Tensor:
         """Run the learner's function once per seed, on ``factory(seed) + constants``, and return
-        the checksums of its outputs (``len(seeds)`` x 4, :func:`checksum`): the call the judge times."""
-        reply = self._link.request({"op": "block", "name": self.__name__, "handle": handle,
-                                    "factory": factory_name, "sizes": dict(sizes), "seeds": list(seeds),
-                                    "device": device, "grad_mode": bool(grad),
-                                    # the CPU threads the judge's side runs with: the learner's side the same
-                                    "threads": torch.get_num_threads()})
+        the checksums of its outputs (``len(seeds)`` x 4, :func:`checksum`): the call the judge times.
+        ``course_fn``: run the course's function of that qualified name instead (a baseline, in the
+        learner's process: how fast that process runs the course's code, :func:`course_function`)."""
+        message = {"op": "block", "name": self.__name__, "handle": handle,
+                   "factory": factory_name, "sizes": dict(sizes), "seeds": list(seeds),
+                   "device": device, "grad_mode": bool(grad),
+                   # the CPU threads the judge's side runs with: the learner's side the same
+                   "threads": torch.get_num_threads()}
+        if course_fn is not None:
+            message["course"] = course_fn
+        reply = self._link.request(message)
         if not (isinstance(reply, torch.Tensor) and reply.dtype == torch.float64
                 and tuple(reply.shape) == (len(seeds), 4)):
             raise RemoteError("the learner's process sent checksums of the wrong kind or number")
@@ -684,7 +714,8 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
     if op == "block":
         from course.devices import asked_threads, synchronize, threads
 
-        fn, make = namespace[name], FACTORIES[message["factory"]]
+        fn = course_function(message["course"]) if "course" in message else namespace[name]
+        make = FACTORIES[message["factory"]]
         device, constants = message["device"], [_arrive(t, message["device"]) if isinstance(t, torch.Tensor) else t
                                                 for t in staged[message["handle"]]]
         sums = []
@@ -698,6 +729,23 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
             synchronize(device)
         return torch.stack(sums).cpu() if sums else torch.zeros(0, 2, dtype=torch.float64)
     raise ValueError(f"unknown request {op!r}")
+
+
+def course_function(name: Any) -> Callable:
+    """The course's module-level function ``name`` (``"course.module.function"``), as this process
+    has it: what a block runs when the judge times the course's baseline in the learner's process.
+    Only a function of an already imported ``course`` module (never a reference: they are not in
+    that process), defined there. In the learner's process the learner may have patched it; the
+    judge believes what that timing says only within a bound (``compare_served``'s ``calibrate``)."""
+    import sys
+    import types
+
+    module, _, attr = name.rpartition(".") if isinstance(name, str) else ("", "", "")
+    mod = sys.modules.get(module)
+    fn = getattr(mod, attr, None) if module.startswith("course.") and not module.startswith("course.references") else None
+    if not isinstance(fn, types.FunctionType) or fn.__module__ != module:
+        raise ValueError(f"no course function named {name!r} here")
+    return fn
 
 
 def _arrive(t: torch.Tensor, device: str) -> torch.Tensor:

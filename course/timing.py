@@ -364,7 +364,8 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                    sizes: Mapping[str, int], constants: Sequence[Any] = (), device: str | torch.device | None = None,
                    rounds: int = 7, warmup: int = 2, min_run_time: float = 0.2, rtol: float = 1e-4,
                    until: float | None = None, max_rounds: int | None = None, grad: bool = False,
-                   witness: tuple[str, Callable[..., Any]] | None = None, net: bool = False) -> SpeedReport:
+                   witness: tuple[str, Callable[..., Any]] | None = None, net: bool = False,
+                   calibrate: float | None = None) -> SpeedReport:
     """Time the learner's ``candidate`` (a :class:`course.remote.Remote`, or a local function)
     against the course's ``baseline``, the way the grader's judge does: two processes, never at once.
 
@@ -394,6 +395,15 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
     call is drawing its inputs and checksumming its output), the gross ratio says little. The same
     amount comes off every side, so a slower side stays slower: netting can move a ratio away from
     1, never across it.
+
+    ``calibrate=d``: the baseline is also timed in the learner's process (the course's function of
+    the same name there, :func:`course.remote.course_function`), in every round, on the same seeds;
+    the course's sides of a round (baseline, witness, harness) then count at the speed the learner's
+    process ran the baseline, believed between ``1/(1 + d)`` and ``1 + d`` of the judge's (see
+    :func:`_calibrated`). Two processes can run the same code at speeds some percent apart for good
+    (a graded lesson 3 ran the same block 13% slower in the learner's process, and the same process
+    as fast as a fresh one when timed alone), and a net ratio magnifies that several times; the bound
+    is all a learner who slows the course's code in their own process can gain.
     """
     import secrets
 
@@ -408,6 +418,14 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
     local = {base_name: base_fn, wit_name: wit_fn}  # the trusted sides, timed here
     dev = pick_device(device)
     remote = is_remote(cand)
+    there = None  # the baseline timed in the learner's process (calibrate)
+    if calibrate is not None and remote:
+        qualified = f"{getattr(base_fn, '__module__', '')}.{getattr(base_fn, '__qualname__', '')}"
+        if not qualified.startswith("course.") or "<" in qualified or qualified.count(".") < 2:
+            raise ValueError(f"calibrate needs a baseline that is a course module's function, not {qualified!r}.")
+        if not calibrate > 0:
+            raise ValueError(f"calibrate is a bound above 0 (0.1: within 10%), not {calibrate!r}.")
+        there = (f"{base_name} {_THERE}", qualified)
     hold = grader_hooks.hold if grader_hooks.hold is not None else nullcontext
     # On a CPU, the learner's process may start threads or processes of its own inside the timed
     # call: its block is charged its CPU time over the threads allowed, where that is more.
@@ -425,9 +443,10 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
     with observing_paused(), steady(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
         handle = cand.stage(list(constants)) if remote else None
 
-        def run_candidate(seeds):
+        def run_candidate(seeds, course_fn=None):
             if remote:
-                return cand.block(handle, name, dict(sizes), seeds, str(dev), grad=grad)
+                extra = {"course_fn": course_fn} if course_fn is not None else {}
+                return cand.block(handle, name, dict(sizes), seeds, str(dev), grad=grad, **extra)
             return run_local(cand, seeds)
 
         def timed(side, seeds):
@@ -441,12 +460,13 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                     took = time.perf_counter() - t0
                     cpu = time.process_time() - c0 if dev.type == "cpu" else None
             else:
+                theirs = there is not None and side == there[0]
                 before = learner_cpu() if learner_cpu is not None else 0.0
                 t0 = time.perf_counter()
-                sums = run_candidate(seeds)
+                sums = run_candidate(seeds, there[1] if theirs else None)
                 took = time.perf_counter() - t0
                 cpu = learner_cpu() - before if learner_cpu is not None else None
-                if cpu is not None:
+                if cpu is not None and not theirs:
                     used.append((took, cpu))
             return took, sums, cpu
 
@@ -454,7 +474,8 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             return [secrets.randbits(31) for _ in range(n)]
 
         # Warm-up, and the block length that makes the slower side take min_run_time.
-        sides = (base_name, cand_name) + ((wit_name,) if witness is not None else ())
+        sides = ((base_name, cand_name) + ((wit_name,) if witness is not None else ())
+                 + ((there[0],) if there is not None else ()))
         per_call = 1e-7
         for side in sides:
             for _ in range(max(warmup, 1)):
@@ -476,8 +497,9 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             if r >= rounds:
                 if until is None:
                     break
-                if not _undecided(SpeedReport(_netted(times, harness), base_name, str(dev),
-                                              torch.get_num_threads()).speedup(cand_name), until):
+                if not _undecided(SpeedReport(_netted(*_calibrated(times, harness, base_name, cand_name, there, calibrate)),
+                                              base_name, str(dev), torch.get_num_threads()).speedup(cand_name),
+                                  until):
                     break
             seeds = fresh(block)
             got, took, starved, charged = {}, {}, False, len(used)
@@ -485,23 +507,28 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             shift = (r + 1) % len(sides)
             for side in sides[shift:] + sides[:shift]:
                 took[side], got[side], cpu = timed(side, seeds)
-                starved |= _starved(took[side], cpu, CPU_SLACK if remote and side == cand_name else 0.0)
+                theirs = remote and (side == cand_name or (there is not None and side == there[0]))
+                starved |= _starved(took[side], cpu, CPU_SLACK if theirs else 0.0)
             if net:
                 harness_took, _, cpu = timed(_HARNESS, seeds)
                 starved |= _starved(harness_took, cpu)
-            want, have = got[base_name], got[cand_name]
-            # Outputs within rtol of the baseline's, element by element, move the weighted sum by at
-            # most about rtol * |outputs|_2 (times a standard normal): 4 of those is the tolerance;
-            # they move the plain sum by at most rtol * the sum of absolute values: 4 of those too.
-            bad = (((have[:, 0] - want[:, 0]).abs() > 4 * rtol * want[:, 1] + 1e-9)
-                   | ((have[:, 2] - want[:, 2]).abs() > 4 * rtol * want[:, 3] + 1e-9)
-                   | ~torch.isfinite(have[:, 0]) | ~torch.isfinite(have[:, 2]))
-            if bool(bad.any()):
-                i = int(bad.nonzero()[0])
-                raise AssertionError(
-                    f"{cand_name}: the output of a timed call differs from {base_name}'s on the same inputs "
-                    f"({int(bad.sum())} of {block} calls in round {r + 1}; checksum {float(have[i, 0]):.6g}, "
-                    f"expected {float(want[i, 0]):.6g}). A fast path must compute every call's output.")
+            want = got[base_name]
+            for side in (cand_name,) + ((there[0],) if there is not None else ()):
+                have = got[side]
+                # Outputs within rtol of the baseline's, element by element, move the weighted sum by at
+                # most about rtol * |outputs|_2 (times a standard normal): 4 of those is the tolerance;
+                # they move the plain sum by at most rtol * the sum of absolute values: 4 of those too.
+                bad = (((have[:, 0] - want[:, 0]).abs() > 4 * rtol * want[:, 1] + 1e-9)
+                       | ((have[:, 2] - want[:, 2]).abs() > 4 * rtol * want[:, 3] + 1e-9)
+                       | ~torch.isfinite(have[:, 0]) | ~torch.isfinite(have[:, 2]))
+                if bool(bad.any()):
+                    i = int(bad.nonzero()[0])
+                    raise AssertionError(
+                        f"{side}: the output of a timed call differs from {base_name}'s on the same inputs "
+                        f"({int(bad.sum())} of {block} calls in round {r + 1}; checksum {float(have[i, 0]):.6g}, "
+                        f"expected {float(want[i, 0]):.6g}). "
+                        + ("A fast path must compute every call's output." if side == cand_name else
+                           "The course's own function gave other outputs in your process: was it changed?"))
             if starved and redone < rounds:  # a busy machine took a core away: this round again
                 redone += 1
                 del used[charged:]
@@ -519,6 +546,15 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                      f"with {torch.get_num_threads()} thread(s) allowed: its times are its CPU time over "
                      f"{torch.get_num_threads()} ({factor:.2f}x its wall time). Threads or processes of your own do "
                      "not make a call faster here.")
+    if there is not None:
+        factors = [b / a for a, b in zip(times[base_name], times[there[0]]) if a > 0]
+        times, harness = _calibrated(times, harness, base_name, cand_name, there, calibrate)
+        if factors:
+            held = sum(1 for f in factors if not 1 / (1 + calibrate) <= f <= 1 + calibrate)
+            notes.append(f"Your process ran {base_name} at {statistics.median(factors):.2f}x the time it took in "
+                         f"the grader's (median of {len(factors)} rounds): the course's sides count at your process's "
+                         f"speed, believed within {1 + calibrate:.2f}x of the grader's"
+                         + (f" (held to it in {held} round(s))." if held else "."))
     if net:
         gross = times
         times = _netted(times, harness)
@@ -527,6 +563,28 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                      "and checking the output (measured beside them; the same is taken off every side).")
     return SpeedReport(times=times, baseline=base_name, device=str(dev), threads=torch.get_num_threads(),
                        notes=notes, witness=wit_name)
+
+
+#: What names the baseline timed in the learner's process (``compare_served(calibrate=...)``).
+_THERE = "(in your process)"
+
+
+def _calibrated(times: dict[str, list[float]], harness: list[float], base: str, cand: str,
+                there: tuple[str, str] | None, bound: float | None) -> tuple[dict[str, list[float]], list[float]]:
+    """``times`` and ``harness`` with every course side of a round (all but the candidate and the
+    baseline's reading in the learner's process) counted at the learner's process's speed in that
+    round: times the ratio of the baseline's time there to its time here, held within
+    ``[1/(1 + bound), 1 + bound]``. Unchanged without ``there``. A round's candidate is then
+    compared with the baseline as that process runs it, where the two processes differ by no more
+    than the bound: a learner whose process runs the course's code slower (or who slows it) moves
+    their ratio by the bound at most."""
+    if there is None:
+        return times, harness
+    lo, hi = 1 / (1 + bound), 1 + bound
+    factors = [min(hi, max(lo, b / a)) if a > 0 else 1.0 for a, b in zip(times[base], times[there[0]])]
+    out = {side: ([t * f for t, f in zip(ts, factors)] if side not in (there[0], cand)
+                  else list(ts)) for side, ts in times.items()}
+    return out, [h * f for h, f in zip(harness, factors)]
 
 
 #: The pseudo-side that times the harness alone (``compare_served(net=True)``).

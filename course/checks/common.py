@@ -268,7 +268,7 @@ def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callabl
                    sizes: dict, bars: Any, hint: str, device: torch.device, num_threads: int | None = None,
                    constants: Sequence[Any] = (), rounds: int = 7, min_run_time: float = 0.2, attempts: int = 3,
                    rtol: float = 1e-4, grad: bool = False, explain: Callable | str | None = None,
-                   net: bool = False):
+                   net: bool = False, calibrate: float | None = None):
     """Every graded speed check of a learner's function against the course's baseline, in one
     place: :func:`course.timing.compare_served` (fresh inputs from ``factory`` in every timed call,
     every output checked), repeated while below the device's bar (``attempts`` in all) and the best
@@ -277,7 +277,9 @@ def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callabl
     it answers an exercise); below the bar, the message then also names what the profiler saw the
     learner's code run that it does not (:mod:`course.checks.why_slow`). Under the grader it is also
     timed beside the others (``compare_served``'s ``witness``). ``net``: the times are net of the
-    harness's own work per call (``compare_served``'s ``net``)."""
+    harness's own work per call (``compare_served``'s ``net``); ``calibrate``: under the grader, the
+    course's sides count at the speed the learner's process runs the baseline, within that bound
+    (``compare_served``'s ``calibrate``)."""
     from course import grader_hooks
     from course.checks.why_slow import course_solution
     from course.devices import threads
@@ -292,7 +294,8 @@ def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callabl
     with threads(num_threads if device.type == "cpu" else None):
         report = best_of(lambda: compare_served(baseline, candidate, factory=factory, sizes=sizes, constants=constants,
                                                 device=device, rounds=rounds, min_run_time=min_run_time, until=bar,
-                                                rtol=rtol, grad=grad, witness=witness, net=net),
+                                                rtol=rtol, grad=grad, witness=witness, net=net,
+                                                calibrate=calibrate),
                              candidate[0], bar, attempts)
     report.show()
     seen = ""
