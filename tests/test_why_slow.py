@@ -13,7 +13,7 @@ from course.checks import jacobians as l5
 from course.checks import memory_format as l3
 from course.checks import vmap as l6
 from course.broadcasting import loop_penalty, loop_segment_sum, naive_sq_dists
-from course.memory_format import coord_conv_planted
+from course.memory_format import coord_conv_inputs, coord_conv_planted
 
 FAST = dict(rounds=3, min_run_time=0.02, attempts=1)
 BARS = {"cpu": 50.0, "cuda": 50.0}  # out of reach: every answer here fails, and must say why
@@ -97,3 +97,43 @@ def test_the_learners_profile_is_taken_with_the_threads_the_timing_used():
         assert seen == [1, 1] and torch.get_num_threads() == 2
         profile_events(answer, name, dict(batch=1, channels=4, size=4), [], "cpu", False, 0)
         assert seen[2:] == [2, 2]
+
+
+def test_both_profiles_are_taken_with_the_machine_held_and_the_course_s_with_the_learner_stopped(monkeypatch):
+    """Under --jobs 2, a classmate's notebook ran beside a learner's feedback profile and made the
+    right repair's copies look 2-3x slower than the course's (CI on d6651d0): both profiles are taken
+    inside the timing turn, and the course's while the learner's process is held."""
+    import contextlib
+
+    import course.grader_hooks as hooks
+    from course.checks import why_slow
+
+    state = {"exclusive": False, "held": False}
+    log = []
+
+    def flag(key):
+        @contextlib.contextmanager
+        def held():
+            state[key] = True
+            try:
+                yield
+            finally:
+                state[key] = False
+        return held
+
+    real_profile = why_slow._profile
+
+    def watched(fn, *args, **kwargs):
+        log.append((fn is coord_conv_planted, dict(state)))
+        return real_profile(fn, *args, **kwargs)
+
+    monkeypatch.setattr(hooks, "exclusive", flag("exclusive"))
+    monkeypatch.setattr(hooks, "hold", flag("held"))
+    monkeypatch.setattr(why_slow, "_profile", watched)
+    monkeypatch.setattr(why_slow, "course_solution", lambda ref: ref)
+    lines = why_slow.why_slower(coord_conv_planted, lambda x, w, b: coord_conv_planted(x, w, b),
+                                factory=coord_conv_inputs,
+                                sizes=dict(batch=1, channels=4, size=4), device="cpu")
+    assert isinstance(lines, list)
+    assert [entry[1] for entry in log] == [{"exclusive": True, "held": False},  # the learner's (here: local)
+                                           {"exclusive": True, "held": True}], log  # the course's
