@@ -34,7 +34,8 @@ from torch import nn
 from course import wire
 
 __all__ = ["FACTORIES", "PROBES", "RECIPES", "Described", "Link", "Remote", "RemoteError", "build", "checksum",
-           "course_function", "factory", "is_remote", "local_script", "mirrored", "probe", "prober", "recipe", "serve"]
+           "course_function", "disturbances", "factory", "is_remote", "local_script", "mirrored", "probe", "prober",
+           "recipe", "serve"]
 
 _FRAME = struct.Struct(">Q")
 
@@ -405,23 +406,37 @@ class Remote:
         return handle
 
     def block(self, handle: int, factory_name: str, sizes: dict, seeds: list[int], device: str,
-              grad: bool = False, course_fn: str | None = None) -> torch.Tensor:
+              grad: bool = False) -> torch.Tensor:
         """Run the learner's function once per seed, on ``factory(seed) + constants``, and return
-        the checksums of its outputs (``len(seeds)`` x 4, :func:`checksum`): the call the judge times.
-        ``course_fn``: run the course's function of that qualified name instead (a baseline, in the
-        learner's process: how fast that process runs the course's code, :func:`course_function`)."""
-        message = {"op": "block", "name": self.__name__, "handle": handle,
-                   "factory": factory_name, "sizes": dict(sizes), "seeds": list(seeds),
-                   "device": device, "grad_mode": bool(grad),
-                   # the CPU threads the judge's side runs with: the learner's side the same
-                   "threads": torch.get_num_threads()}
-        if course_fn is not None:
-            message["course"] = course_fn
-        reply = self._link.request(message)
-        if not (isinstance(reply, torch.Tensor) and reply.dtype == torch.float64
-                and tuple(reply.shape) == (len(seeds), 4)):
-            raise RemoteError("the learner's process sent checksums of the wrong kind or number")
-        return reply
+        the checksums of its outputs (``len(seeds)`` x 4, :func:`checksum`): the call the judge times."""
+        return _checked(self._link.request(self._block(handle, factory_name, sizes, seeds, device, grad)), seeds)
+
+    def course_block(self, handle: int, factory_name: str, sizes: dict, seeds: list[int], device: str,
+                     grad: bool = False, *, course_fn: str) -> tuple[torch.Tensor, list[str]]:
+        """:meth:`block` with the course's function ``course_fn`` (a baseline, :func:`course_function`)
+        in place of the learner's: how fast the learner's process runs the course's code. Also
+        returns what in that process could have run the learner's code meanwhile
+        (:func:`disturbances`, before and after the block)."""
+        reply = self._link.request({**self._block(handle, factory_name, sizes, seeds, device, grad),
+                                    "course": course_fn})
+        if not (isinstance(reply, dict) and isinstance(reply.get("disturbed"), list)
+                and all(isinstance(x, str) for x in reply["disturbed"])):
+            raise RemoteError("the learner's process sent a malformed reply to a block of the course's function")
+        return _checked(reply.get("sums"), seeds), [x[:200] for x in reply["disturbed"][:8]]
+
+    def _block(self, handle, factory_name, sizes, seeds, device, grad) -> dict:
+        return {"op": "block", "name": self.__name__, "handle": handle,
+                "factory": factory_name, "sizes": dict(sizes), "seeds": list(seeds),
+                "device": device, "grad_mode": bool(grad),
+                # the CPU threads the judge's side runs with: the learner's side the same
+                "threads": torch.get_num_threads()}
+
+
+def _checked(reply: Any, seeds: list) -> torch.Tensor:
+    if not (isinstance(reply, torch.Tensor) and reply.dtype == torch.float64
+            and tuple(reply.shape) == (len(seeds), 4)):
+        raise RemoteError("the learner's process sent checksums of the wrong kind or number")
+    return reply
 
 
 class _Joined(torch.autograd.Function):
@@ -718,7 +733,8 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
         make = FACTORIES[message["factory"]]
         device, constants = message["device"], [_arrive(t, message["device"]) if isinstance(t, torch.Tensor) else t
                                                 for t in staged[message["handle"]]]
-        sums = []
+        sums, ours = [], "course" in message
+        disturbed = disturbances() if ours else []
         pinned = asked_threads(message.get("threads"), device)
         with torch.set_grad_enabled(message.get("grad_mode") is True), threads(pinned):
             for seed in message["seeds"]:
@@ -727,7 +743,10 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
                     out = fn(*args, *constants)
                 sums.append(checksum(out))
             synchronize(device)
-        return torch.stack(sums).cpu() if sums else torch.zeros(0, 2, dtype=torch.float64)
+        result = torch.stack(sums).cpu() if sums else torch.zeros(0, 2, dtype=torch.float64)
+        if ours:
+            return {"sums": result, "disturbed": sorted(set(disturbed + disturbances()))}
+        return result
     raise ValueError(f"unknown request {op!r}")
 
 
@@ -746,6 +765,34 @@ def course_function(name: Any) -> Callable:
     if not isinstance(fn, types.FunctionType) or fn.__module__ != module:
         raise ValueError(f"no course function named {name!r} here")
     return fn
+
+
+def disturbances() -> list[str]:
+    """What in this process could run code in its main thread while the course's own function is
+    timed there (``compare_served(calibrate=...)``), besides that function: a torch function or
+    dispatch mode left active, a profile or trace function, an interval timer or a handler of the
+    timers' signals (code that runs between the function's bytecodes), a garbage-collector callback.
+    Patching the course's code is the seal's to see; threads and processes that work beside it, the
+    judge's CPU reading. A timing taken with any of these present says nothing about how fast the
+    process runs the course's code, so the judge does not believe it is slow (``course.timing``)."""
+    import gc
+    import signal
+    import sys
+
+    found = []
+    if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
+        found.append("a torch function or dispatch mode was active")
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        found.append("a profile or trace function was set")
+    for timer in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF"):
+        if signal.getitimer(getattr(signal, timer)) != (0.0, 0.0):
+            found.append(f"an interval timer ({timer}) was set")
+    if any(signal.getsignal(sig) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+           for sig in (signal.SIGVTALRM, signal.SIGPROF)):
+        found.append("a handler of a timer's signal was set")
+    if any(str(getattr(cb, "__module__", "")).split(".")[0] not in ("torch", "course") for cb in gc.callbacks):
+        found.append("a garbage-collector callback was set")
+    return found
 
 
 def _arrive(t: torch.Tensor, device: str) -> torch.Tensor:

@@ -443,11 +443,17 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
     with observing_paused(), steady(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
         handle = cand.stage(list(constants)) if remote else None
 
-        def run_candidate(seeds, course_fn=None):
+        def run_candidate(seeds):
             if remote:
-                extra = {"course_fn": course_fn} if course_fn is not None else {}
-                return cand.block(handle, name, dict(sizes), seeds, str(dev), grad=grad, **extra)
+                return cand.block(handle, name, dict(sizes), seeds, str(dev), grad=grad)
             return run_local(cand, seeds)
+
+        seen: list[str] = []  # what the learner's process had about it in the last block of the course's code there
+
+        def run_there(seeds):
+            sums, found = cand.course_block(handle, name, dict(sizes), seeds, str(dev), grad=grad, course_fn=there[1])
+            seen[:] = found
+            return sums
 
         def timed(side, seeds):
             """Wall seconds of one block, its checksums, and the CPU seconds it used (None: not known)."""
@@ -463,7 +469,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                 theirs = there is not None and side == there[0]
                 before = learner_cpu() if learner_cpu is not None else 0.0
                 t0 = time.perf_counter()
-                sums = run_candidate(seeds, there[1] if theirs else None)
+                sums = run_there(seeds) if theirs else run_candidate(seeds)
                 took = time.perf_counter() - t0
                 cpu = learner_cpu() - before if learner_cpu is not None else None
                 if cpu is not None and not theirs:
@@ -491,24 +497,40 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             local[_HARNESS] = lambda *args: template
             run_local(local[_HARNESS], fresh(1))  # its weights for the checksum, made once
         times: dict[str, list[float]] = {side: [] for side in sides}
+        disturbed: list[bool] = []  # per round: the baseline's timing in the learner's process is not believed slow
+        why_disturbed: set[str] = set()
+        there_used: list[tuple[float, float]] = []  # (wall, CPU) of those blocks
+
+        def flags() -> list[bool]:
+            """Every round disturbed where the learner's process tree used more CPU, over all the
+            blocks of the course's code there, than their wall time on the threads allowed (the
+            readings' slack paid once): threads or processes of its own ran beside that code."""
+            if cpu_factor(there_used, torch.get_num_threads()) > 1.0:
+                why_disturbed.add("threads or processes of its own used CPU")
+                return [True] * len(disturbed)
+            return disturbed
         limit = max_rounds or (4 * rounds if until is not None else rounds)
         r = redone = 0
         while r < limit:
             if r >= rounds:
                 if until is None:
                     break
-                if not _undecided(SpeedReport(_netted(*_calibrated(times, harness, base_name, cand_name, there, calibrate)),
-                                              base_name, str(dev), torch.get_num_threads()).speedup(cand_name),
+                now = _netted(*_calibrated(times, harness, base_name, cand_name, there, calibrate, flags()))
+                if not _undecided(SpeedReport(now, base_name, str(dev), torch.get_num_threads()).speedup(cand_name),
                                   until):
                     break
             seeds = fresh(block)
             got, took, starved, charged = {}, {}, False, len(used)
             # every side leads in turn (with two, they alternate; a witness makes three)
             shift = (r + 1) % len(sides)
+            odd: list[str] = []
+            there_cpu = None
             for side in sides[shift:] + sides[:shift]:
                 took[side], got[side], cpu = timed(side, seeds)
                 theirs = remote and (side == cand_name or (there is not None and side == there[0]))
                 starved |= _starved(took[side], cpu, CPU_SLACK if theirs else 0.0)
+                if there is not None and side == there[0]:
+                    odd, there_cpu = list(seen), cpu
             if net:
                 harness_took, _, cpu = timed(_HARNESS, seeds)
                 starved |= _starved(harness_took, cpu)
@@ -535,6 +557,10 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                 continue
             for side in sides:
                 times[side].append(took[side] / block)
+            disturbed.append(bool(odd))
+            why_disturbed.update(odd)
+            if there is not None and there_cpu is not None:
+                there_used.append((took[there[0]], there_cpu))
             if net:
                 harness.append(harness_took / block)
             r += 1
@@ -548,13 +574,18 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                      "not make a call faster here.")
     if there is not None:
         factors = [b / a for a, b in zip(times[base_name], times[there[0]]) if a > 0]
-        times, harness = _calibrated(times, harness, base_name, cand_name, there, calibrate)
+        times, harness = _calibrated(times, harness, base_name, cand_name, there, calibrate, flags())
         if factors:
             held = sum(1 for f in factors if not 1 / (1 + calibrate) <= f <= 1 + calibrate)
             notes.append(f"Your process ran {base_name} at {statistics.median(factors):.2f}x the time it took in "
                          f"the grader's (median of {len(factors)} rounds): the course's sides count at your process's "
                          f"speed, believed within {1 + calibrate:.2f}x of the grader's"
                          + (f" (held to it in {held} round(s))." if held else "."))
+        marked = flags()
+        if any(marked):
+            notes.append(f"In {sum(marked)} round(s), while {base_name} ran in your process, "
+                         + "; ".join(sorted(why_disturbed)) + f": there your process is not believed slower than the "
+                         "grader's. Leave nothing running between calls of your function.")
     if net:
         gross = times
         times = _netted(times, harness)
@@ -570,18 +601,22 @@ _THERE = "(in your process)"
 
 
 def _calibrated(times: dict[str, list[float]], harness: list[float], base: str, cand: str,
-                there: tuple[str, str] | None, bound: float | None) -> tuple[dict[str, list[float]], list[float]]:
+                there: tuple[str, str] | None, bound: float | None,
+                disturbed: Sequence[bool] = ()) -> tuple[dict[str, list[float]], list[float]]:
     """``times`` and ``harness`` with every course side of a round (all but the candidate and the
     baseline's reading in the learner's process) counted at the learner's process's speed in that
     round: times the ratio of the baseline's time there to its time here, held within
     ``[1/(1 + bound), 1 + bound]``. Unchanged without ``there``. A round's candidate is then
     compared with the baseline as that process runs it, where the two processes differ by no more
     than the bound: a learner whose process runs the course's code slower (or who slows it) moves
-    their ratio by the bound at most."""
+    their ratio by the bound at most. In a ``disturbed`` round (something in the learner's process
+    could have run beside the course's code there: ``course.remote.disturbances``, or CPU of its own)
+    the process is believed faster, never slower: the factor is at most 1."""
     if there is None:
         return times, harness
     lo, hi = 1 / (1 + bound), 1 + bound
     factors = [min(hi, max(lo, b / a)) if a > 0 else 1.0 for a, b in zip(times[base], times[there[0]])]
+    factors = [min(f, 1.0) if i < len(disturbed) and disturbed[i] else f for i, f in enumerate(factors)]
     out = {side: ([t * f for t, f in zip(ts, factors)] if side not in (there[0], cand)
                   else list(ts)) for side, ts in times.items()}
     return out, [h * f for h, f in zip(harness, factors)]
