@@ -157,8 +157,11 @@ SLOW_MISTAKES = {
 }
 #: The lesson's sizes on a CPU (one thread), and what check_coord_conv_speed says of a block that loses the format.
 LESSON_SPEED = dict(batch=8, channels=64, size=32, num_threads=1)
-TOO_SLOW = re.compile(re.escape(f"the bar on this device is {COORD_BARS['cpu']:.2f}x") +
-                      r".*an op on the way turns channels-last into NCHW", re.S)
+_BAR = re.escape(f"the bar on this device is {COORD_BARS['cpu']:.2f}x")
+#: What check_coord_conv_speed says of a block that loses the format: below the bar, naming the likely
+#: cause; or, where a busy machine spread the rounds (two CPU hogs on the 2-core Xeon put a slow repair's
+#: 99% bounds at 0.79-1.25x), undecided (no points, measured again). Never a pass: pytest.raises sees to that.
+TOO_SLOW = re.compile(rf"^Undecided: .*{_BAR}|{_BAR}.*an op on the way turns channels-last into NCHW", re.S)
 
 
 def run_check(kind, m):
