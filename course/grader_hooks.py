@@ -35,6 +35,7 @@ module:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable, ContextManager
 
 observer: Callable[[Any, Any, dict], None] | None = None
@@ -47,6 +48,16 @@ learner_peak: Callable[[bool], float] | None = None
 uninterrupted: Callable[[], ContextManager] | None = None
 
 SELF_CHECK_SKIP = "COURSE_SELF_CHECK_SKIP"
+
+
+def machine_turn() -> ContextManager:
+    """The timing turn (``exclusive``) under the grader; elsewhere a context that does nothing."""
+    return exclusive() if exclusive is not None else nullcontext()
+
+
+def learner_stopped() -> ContextManager:
+    """The learner's process stopped (``hold``) in the judge; elsewhere a context that does nothing."""
+    return hold() if hold is not None else nullcontext()
 
 
 def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, refused: Callable,

@@ -49,7 +49,7 @@ def machine_to_itself():
     """A context in which, under the autograder, no other submission runs (the timing turn that
     ``compare`` takes): for a check whose evidence is a measurement made some other way (lesson 2's
     profiler rows, measured by the learner's interpreter). Elsewhere it does nothing."""
-    return grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()
+    return grader_hooks.machine_turn()
 
 
 
@@ -261,7 +261,7 @@ def compare(candidates: Mapping[str, Callable[..., Any]], *, inputs: Callable[[]
     between the lower and upper confidence bounds of ``name``'s speedup over ``over``.
     """
     # Under the autograder, timing waits for a turn in which no other submission runs.
-    with observing_paused(), steady(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
+    with observing_paused(), steady(), grader_hooks.machine_turn():
         return _compare(candidates, inputs=inputs, baseline=baseline, rounds=rounds, warmup=warmup,
                         min_run_time=min_run_time, device=device, progress=progress, check=check,
                         until=until, max_rounds=max_rounds)
@@ -426,7 +426,6 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
         if not calibrate > 0:
             raise ValueError(f"calibrate is a bound above 0 (0.1: within 10%), not {calibrate!r}.")
         there = (f"{base_name} {_THERE}", qualified)
-    hold = grader_hooks.hold if grader_hooks.hold is not None else nullcontext
     # On a CPU, the learner's process may start threads or processes of its own inside the timed
     # call: its block is charged its CPU time over the threads allowed, where that is more.
     learner_cpu = grader_hooks.learner_cpu if remote and dev.type == "cpu" else None
@@ -440,7 +439,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             synchronize(dev)
         return torch.stack(sums).cpu()
 
-    with observing_paused(), steady(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
+    with observing_paused(), steady(), grader_hooks.machine_turn():
         handle = cand.stage(list(constants)) if remote else None
 
         def run_candidate(seeds):
@@ -459,7 +458,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             """Wall seconds of one block, its checksums, and the CPU seconds it used (None: not known)."""
             synchronize(dev)
             if side in local or not remote:
-                with (hold() if side in local else nullcontext()):
+                with (grader_hooks.learner_stopped() if side in local else nullcontext()):
                     c0 = time.process_time()
                     t0 = time.perf_counter()
                     sums = run_local(local[side] if side in local else cand, seeds)
@@ -671,18 +670,17 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     memoised across repetitions. ``check(outputs)`` sees every repetition's outputs, in the order
     of ``calls`` (a timed answer must also be right)."""
     dev = pick_device(device)
-    hold = grader_hooks.hold if grader_hooks.hold is not None else nullcontext
     learner_cpu = grader_hooks.learner_cpu if dev.type == "cpu" else None
     used: list[list[tuple[float, float]]] = [[] for _ in calls]  # (wall, CPU) of the learner's calls
     best = [math.inf] * len(calls)
-    with observing_paused(), steady(), (grader_hooks.exclusive() if grader_hooks.exclusive is not None else nullcontext()):
+    with observing_paused(), steady(), grader_hooks.machine_turn():
         for rep in range(reps + 1):  # the first is a warm-up
             made: dict[int, tuple] = {}
             outputs = []
             for i, (fn, args) in enumerate(calls):
                 if callable(args):
                     args = made[id(args)] if id(args) in made else made.setdefault(id(args), tuple(args()))
-                with (hold() if i in held else nullcontext()):
+                with (grader_hooks.learner_stopped() if i in held else nullcontext()):
                     synchronize(dev)
                     cpu = learner_cpu() if learner_cpu is not None and i not in held else None
                     t0 = time.perf_counter()

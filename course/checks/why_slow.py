@@ -101,8 +101,6 @@ def why_slower(candidate: Callable, reference: Callable | str, *, factory: Calla
     reference = course_solution(reference)
     if seconds_per_call > MAX_CALL_S or reference is None:
         return []
-    from contextlib import nullcontext
-
     from course import grader_hooks
 
     name = f"{factory.__module__}.{factory.__qualname__}"
@@ -110,16 +108,14 @@ def why_slower(candidate: Callable, reference: Callable | str, *, factory: Calla
     # Profiled as the clock timed them: the machine to this submission alone (with --jobs 2, a
     # classmate's notebook running beside the learner's profile made its copies look 2-3x slower),
     # and the learner's process stopped while the course's solution is profiled here.
-    exclusive = grader_hooks.exclusive if grader_hooks.exclusive is not None else nullcontext
-    hold = grader_hooks.hold if grader_hooks.hold is not None else nullcontext
     try:
-        with exclusive():
+        with grader_hooks.machine_turn():
             mine = probe(candidate, profile_events, name, dict(sizes), list(constants), str(device), grad, seed,
                          torch.get_num_threads())
             test = _as_trace(mine)
             if test is None:
                 return []
-            with hold():
+            with grader_hooks.learner_stopped():
                 events = _compact(_profile(reference, name, dict(sizes), constants, str(device), grad, seed))
         control = {"traceEvents": [{"ph": "X", "name": n, "cat": c, "ts": t, "dur": d, "args": {}}
                                    for n, c, t, d in events]}
