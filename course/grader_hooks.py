@@ -20,6 +20,11 @@ module:
   process it started have used so far (threads and helper processes counted), read by the
   grading parent from ``/proc``: a candidate's timed block is charged its CPU time divided by the
   threads it was allowed when that exceeds its wall time (:func:`course.timing.compare_served`);
+- ``learner_main_cpu()``: in the judge process only, the CPU seconds the main thread of the
+  learner's interpreter has used so far (-1 where not known), read by the parent from ``/proc``:
+  the thread that runs the course's own function when it is timed there, apart from any thread of
+  the learner's (a thread that holds the interpreter's lock makes that one wait, not work)
+  (:func:`course.timing.compare_served` with ``calibrate``);
 - ``learner_peak(reset)``: in the judge process only, the peak resident memory (bytes) of the
   learner's process and the processes it runs, as the kernel counts it, since the last call with
   ``reset=True`` (which starts the count again from what is resident, and has the grading parent
@@ -29,6 +34,9 @@ module:
 - ``uninterrupted()``: a context manager during which the grader's time limit waits (raised as
   it ends): the few lines that write or keep one piece of a message on the judge/learner channel
   (:class:`course.remote.Link`), so that a time limit never cuts a message in two;
+- ``alarm``: the handler of SIGALRM the harness installed (its time limit): any other Python
+  handler of a signal is code that could run between the course's bytecodes while the course's
+  function is timed in the learner's process (:func:`course.remote.disturbances`);
 - the environment variable :data:`SELF_CHECK_SKIP`: the lessons' closing self-check does
   nothing (the grader reads the test cells itself).
 """
@@ -44,8 +52,10 @@ learner_prefix: str | None = None
 refused: Callable[[str, str], None] | None = None
 hold: Callable[[], ContextManager] | None = None
 learner_cpu: Callable[[], float] | None = None
+learner_main_cpu: Callable[[], float] | None = None
 learner_peak: Callable[[bool], float] | None = None
 uninterrupted: Callable[[], ContextManager] | None = None
+alarm: Callable | None = None
 
 SELF_CHECK_SKIP = "COURSE_SELF_CHECK_SKIP"
 
@@ -62,12 +72,15 @@ def learner_stopped() -> ContextManager:
 
 def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, refused: Callable,
             hold: Callable | None = None, learner_cpu: Callable | None = None,
-            learner_peak: Callable | None = None, uninterrupted: Callable | None = None) -> None:
+            learner_main_cpu: Callable | None = None, learner_peak: Callable | None = None,
+            uninterrupted: Callable | None = None, alarm: Callable | None = None) -> None:
     """Called by the grading sandbox only."""
     globals().update(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix, refused=refused,
-                     hold=hold, learner_cpu=learner_cpu, learner_peak=learner_peak, uninterrupted=uninterrupted)
+                     hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
+                     learner_peak=learner_peak, uninterrupted=uninterrupted, alarm=alarm)
 
 
 def installed() -> tuple:
     """What is installed now (the sandbox compares it after every cell)."""
-    return observer, exclusive, learner_prefix, refused, hold, learner_cpu, learner_peak, uninterrupted
+    return (observer, exclusive, learner_prefix, refused, hold, learner_cpu, learner_main_cpu, learner_peak,
+            uninterrupted, alarm)

@@ -736,7 +736,8 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
         sums, ours = [], "course" in message
         disturbed = disturbances() if ours else []
         pinned = asked_threads(message.get("threads"), device)
-        with torch.set_grad_enabled(message.get("grad_mode") is True), threads(pinned):
+        with torch.set_grad_enabled(message.get("grad_mode") is True), threads(pinned), \
+                (collector_off() if ours else contextlib.nullcontext()):
             for seed in message["seeds"]:
                 args = make(seed, device=device, **message["sizes"])
                 with answering():
@@ -767,11 +768,37 @@ def course_function(name: Any) -> Callable:
     return fn
 
 
+@contextlib.contextmanager
+def collector_off():
+    """The garbage collector off for a block of the course's code (on again after, if it was): a
+    collection there would run whatever finalizers the learner's garbage holds, learner code
+    between the course's bytecodes. The judge times its own side of such a comparison the same
+    way (``course.timing.compare_served(calibrate=...)``)."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+#: Python's own switch interval: how long a thread may hold the interpreter's lock while another
+#: waits for it (``sys.setswitchinterval``).
+SWITCH_INTERVAL = 0.005
+
+
 def disturbances() -> list[str]:
     """What in this process could run code in its main thread while the course's own function is
     timed there (``compare_served(calibrate=...)``), besides that function: a torch function or
-    dispatch mode left active, a profile or trace function, an interval timer or a handler of the
-    timers' signals (code that runs between the function's bytecodes), a garbage-collector callback.
+    dispatch mode left active, a profile or trace function, an interval timer or a handler of a
+    signal other than the harness's (code that runs between the function's bytecodes), a
+    garbage-collector callback, a switch interval other than Python's (a thread of the learner's
+    that takes the interpreter's lock often makes the course's code switch often: work that a
+    reading of its thread's CPU time would count as the process's slowness). (Finalizers of the learner's garbage are not run there: the block
+    runs with the collector off.)
     Patching the course's code is the seal's to see; threads and processes that work beside it, the
     judge's CPU reading. A timing taken with any of these present says nothing about how fast the
     process runs the course's code, so the judge does not believe it is slow (``course.timing``)."""
@@ -784,15 +811,35 @@ def disturbances() -> list[str]:
         found.append("a torch function or dispatch mode was active")
     if sys.getprofile() is not None or sys.gettrace() is not None:
         found.append("a profile or trace function was set")
+    if sys.getswitchinterval() != SWITCH_INTERVAL:  # (how often a thread that wants the lock gets it)
+        found.append(f"the interpreter's switch interval was {sys.getswitchinterval():g} s, not {SWITCH_INTERVAL:g}")
     for timer in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF"):
         if signal.getitimer(getattr(signal, timer)) != (0.0, 0.0):
             found.append(f"an interval timer ({timer}) was set")
-    if any(signal.getsignal(sig) not in (signal.SIG_DFL, signal.SIG_IGN, None)
-           for sig in (signal.SIGVTALRM, signal.SIGPROF)):
-        found.append("a handler of a timer's signal was set")
+    # Any Python handler of any signal (a thread of the learner's can send one whenever it likes)
+    # but Python's own for SIGINT and the harness's for SIGALRM, its time limit.
+    from course import grader_hooks
+
+    own = {signal.SIGINT: signal.default_int_handler, signal.SIGALRM: grader_hooks.alarm}
+    for sig in sorted(signal.valid_signals()):
+        try:
+            handler = signal.getsignal(sig)
+        except (OSError, ValueError):  # pragma: no cover - a number the platform does not handle
+            continue
+        if callable(handler) and handler != own.get(sig):
+            found.append(f"a handler of a signal ({_signal_name(sig)}) was set")
     if any(str(getattr(cb, "__module__", "")).split(".")[0] not in ("torch", "course") for cb in gc.callbacks):
         found.append("a garbage-collector callback was set")
     return found
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def _arrive(t: torch.Tensor, device: str) -> torch.Tensor:

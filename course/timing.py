@@ -407,7 +407,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
     """
     import secrets
 
-    from course.remote import checksum, is_remote
+    from course.remote import checksum, collector_off, is_remote
 
     name = f"{factory.__module__}.{factory.__qualname__}"
     base_name, base_fn = baseline
@@ -430,6 +430,9 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
     # call: its block is charged its CPU time over the threads allowed, where that is more.
     learner_cpu = grader_hooks.learner_cpu if remote and dev.type == "cpu" else None
     used: list[tuple[float, float]] = []  # (wall, CPU) of the candidate's blocks
+    # With calibrate, the CPU time of the thread that runs the course's own blocks, in each process.
+    learner_main = grader_hooks.learner_main_cpu if there is not None and learner_cpu is not None else None
+    main_cpu: dict[str, float | None] = {}  # the last block of each side: its main thread's CPU seconds
 
     def run_local(fn, seeds):
         sums = []
@@ -458,19 +461,24 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             """Wall seconds of one block, its checksums, and the CPU seconds it used (None: not known)."""
             synchronize(dev)
             if side in local or not remote:
-                with (grader_hooks.learner_stopped() if side in local else nullcontext()):
-                    c0 = time.process_time()
+                with (grader_hooks.learner_stopped() if side in local else nullcontext()), \
+                        (collector_off() if there is not None and side in local else nullcontext()):
+                    c0, m0 = time.process_time(), time.thread_time()
                     t0 = time.perf_counter()
                     sums = run_local(local[side] if side in local else cand, seeds)
                     took = time.perf_counter() - t0
                     cpu = time.process_time() - c0 if dev.type == "cpu" else None
+                    main_cpu[side] = time.thread_time() - m0 if dev.type == "cpu" else None
             else:
                 theirs = there is not None and side == there[0]
                 before = learner_cpu() if learner_cpu is not None else 0.0
+                m0 = learner_main() if theirs and learner_main is not None else -1.0
                 t0 = time.perf_counter()
                 sums = run_there(seeds) if theirs else run_candidate(seeds)
                 took = time.perf_counter() - t0
+                m1 = learner_main() if theirs and learner_main is not None else -1.0
                 cpu = learner_cpu() - before if learner_cpu is not None else None
+                main_cpu[side] = m1 - m0 if m0 >= 0 and m1 >= m0 else None
                 if cpu is not None and not theirs:
                     used.append((took, cpu))
             return took, sums, cpu
@@ -499,14 +507,41 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
         disturbed: list[bool] = []  # per round: the baseline's timing in the learner's process is not believed slow
         why_disturbed: set[str] = set()
         there_used: list[tuple[float, float]] = []  # (wall, CPU) of those blocks
+        here_cpu: list[float] = []  # CPU of the baseline's blocks in the judge, the same rounds
+        mains: list[tuple[float | None, float | None]] = []  # (there, here): the main threads' CPU of those
+
+        def cpu_ratio() -> float | None:
+            """The CPU time the learner's process used on the course's blocks over what the judge's
+            used on the same blocks (the readings' slack given to the learner's side): a process that
+            truly runs the course's code slower works longer on it; one made to wait (its process
+            starved, or a thread of its own holding the interpreter's lock while the course's code
+            waits for it) does not. The main threads' CPU where both are known in every round (a
+            thread of the learner's that holds the lock works, but not on the main thread), else
+            the process's."""
+            if mains and all(a is not None and b is not None for a, b in mains):
+                theirs, ours = sum(a for a, _ in mains), sum(b for _, b in mains)
+            else:
+                theirs, ours = sum(c for _, c in there_used), sum(here_cpu)
+            return (theirs + CPU_SLACK) / ours if there_used and ours > 0 else None
+
+        def calibrated():
+            return _calibrated(times, harness, base_name, cand_name, there, calibrate, flags(), cpu_ratio())
 
         def flags() -> list[bool]:
-            """Every round disturbed where the learner's process tree used more CPU, over all the
-            blocks of the course's code there, than their wall time on the threads allowed (the
-            readings' slack paid once): threads or processes of its own ran beside that code."""
+            """Every round disturbed where, over all the blocks of the course's code there, the
+            learner's process tree used more CPU than their wall time on the threads allowed (the
+            readings' slack paid once), or, on one thread, where any thread but the one running
+            that code used CPU (beyond the readings' slack, a clock tick per block): threads or
+            processes of its own ran beside that code (one that shares its core slows it down, and
+            the slowed thread's own CPU time grows: no reading of that thread alone can tell)."""
             if cpu_factor(there_used, torch.get_num_threads()) > 1.0:
                 why_disturbed.add("threads or processes of its own used CPU")
                 return [True] * len(disturbed)
+            if torch.get_num_threads() == 1 and mains and all(a is not None for a, _ in mains):
+                beside = sum(c for _, c in there_used) - sum(a for a, _ in mains)
+                if beside > CPU_SLACK + TICK * len(mains):
+                    why_disturbed.add(f"threads or processes of its own used {beside:.2f} s of CPU beside it")
+                    return [True] * len(disturbed)
             return disturbed
         limit = max_rounds or (4 * rounds if until is not None else rounds)
         r = redone = 0
@@ -514,7 +549,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             if r >= rounds:
                 if until is None:
                     break
-                now = _netted(*_calibrated(times, harness, base_name, cand_name, there, calibrate, flags()))
+                now = _netted(*calibrated())
                 if not _undecided(SpeedReport(now, base_name, str(dev), torch.get_num_threads()).speedup(cand_name),
                                   until):
                     break
@@ -523,13 +558,15 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             # every side leads in turn (with two, they alternate; a witness makes three)
             shift = (r + 1) % len(sides)
             odd: list[str] = []
-            there_cpu = None
+            there_cpu = base_cpu = None
             for side in sides[shift:] + sides[:shift]:
                 took[side], got[side], cpu = timed(side, seeds)
                 theirs = remote and (side == cand_name or (there is not None and side == there[0]))
                 starved |= _starved(took[side], cpu, CPU_SLACK if theirs else 0.0)
                 if there is not None and side == there[0]:
                     odd, there_cpu = list(seen), cpu
+                if side == base_name:
+                    base_cpu = cpu
             if net:
                 harness_took, _, cpu = timed(_HARNESS, seeds)
                 starved |= _starved(harness_took, cpu)
@@ -558,8 +595,10 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                 times[side].append(took[side] / block)
             disturbed.append(bool(odd))
             why_disturbed.update(odd)
-            if there is not None and there_cpu is not None:
+            if there is not None and there_cpu is not None and base_cpu is not None:
                 there_used.append((took[there[0]], there_cpu))
+                here_cpu.append(base_cpu)
+                mains.append((main_cpu.get(there[0]), main_cpu.get(base_name)))
             if net:
                 harness.append(harness_took / block)
             r += 1
@@ -573,12 +612,16 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                      "not make a call faster here.")
     if there is not None:
         factors = [b / a for a, b in zip(times[base_name], times[there[0]]) if a > 0]
-        times, harness = _calibrated(times, harness, base_name, cand_name, there, calibrate, flags())
+        worked = cpu_ratio()
+        times, harness = calibrated()
         if factors:
             held = sum(1 for f in factors if not 1 / (1 + calibrate) <= f <= 1 + calibrate)
             notes.append(f"Your process ran {base_name} at {statistics.median(factors):.2f}x the time it took in "
-                         f"the grader's (median of {len(factors)} rounds): the course's sides count at your process's "
-                         f"speed, believed within {1 + calibrate:.2f}x of the grader's"
+                         f"the grader's (median of {len(factors)} rounds)"
+                         + (f", working {worked:.2f}x the grader's CPU time on it" if worked is not None else "")
+                         + f": the course's sides count at your process's speed, believed within "
+                         f"{1 + calibrate:.2f}x of the grader's"
+                         + (" and no slower than the CPU time says" if worked is not None else "")
                          + (f" (held to it in {held} round(s))." if held else "."))
         marked = flags()
         if any(marked):
@@ -601,7 +644,8 @@ _THERE = "(in your process)"
 
 def _calibrated(times: dict[str, list[float]], harness: list[float], base: str, cand: str,
                 there: tuple[str, str] | None, bound: float | None,
-                disturbed: Sequence[bool] = ()) -> tuple[dict[str, list[float]], list[float]]:
+                disturbed: Sequence[bool] = (), cpu_ratio: float | None = None,
+                ) -> tuple[dict[str, list[float]], list[float]]:
     """``times`` and ``harness`` with every course side of a round (all but the candidate and the
     baseline's reading in the learner's process) counted at the learner's process's speed in that
     round: times the ratio of the baseline's time there to its time here, held within
@@ -610,10 +654,15 @@ def _calibrated(times: dict[str, list[float]], harness: list[float], base: str, 
     than the bound: a learner whose process runs the course's code slower (or who slows it) moves
     their ratio by the bound at most. In a ``disturbed`` round (something in the learner's process
     could have run beside the course's code there: ``course.remote.disturbances``, or CPU of its own)
-    the process is believed faster, never slower: the factor is at most 1."""
+    the process is believed faster, never slower: the factor is at most 1. ``cpu_ratio``: the CPU
+    time that process used on those blocks over the judge's on the same blocks; a process is
+    believed slower only as far as it worked longer (a factor at most ``max(1, cpu_ratio)``): time
+    it spent waiting (on a thread of its own holding the interpreter's lock, say) is not slowness."""
     if there is None:
         return times, harness
     lo, hi = 1 / (1 + bound), 1 + bound
+    if cpu_ratio is not None:
+        hi = min(hi, max(1.0, cpu_ratio))
     factors = [min(hi, max(lo, b / a)) if a > 0 else 1.0 for a, b in zip(times[base], times[there[0]])]
     factors = [min(f, 1.0) if i < len(disturbed) and disturbed[i] else f for i, f in enumerate(factors)]
     out = {side: ([t * f for t, f in zip(ts, factors)] if side not in (there[0], cand)
@@ -640,6 +689,8 @@ def _netted(times: dict[str, list[float]], harness: list[float]) -> dict[str, li
 
 #: What the kernel's clock ticks (10 ms, per process of the tree) may add to a CPU reading.
 CPU_SLACK = 0.03
+#: One clock tick: what each difference of two readings of the tree may be off by.
+TICK = 0.01
 
 
 def cpu_factor(blocks: Sequence[tuple[float, float]], threads: int) -> float:

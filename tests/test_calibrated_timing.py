@@ -77,11 +77,11 @@ class StandIn:
                           self.sabotage), list(self.found)
 
 
-def _ratio(monkeypatch, cand, calibrate):
+def _ratio(monkeypatch, cand, calibrate, n=96):
     monkeypatch.setattr("course.remote.is_remote", lambda obj: isinstance(obj, StandIn))
     with threads(1):
         report = compare_served((BASE, naive_sq_dists), (CAND, cand), factory=distance_inputs,
-                                sizes=dict(n=96, m=96, d=16), device="cpu", rounds=7, min_run_time=0.1,
+                                sizes=dict(n=n, m=n, d=16), device="cpu", rounds=7, min_run_time=0.1,
                                 calibrate=calibrate)
     return report.speedup(CAND).median, report
 
@@ -150,16 +150,26 @@ def test_the_disturbances_a_learner_can_leave_in_their_process_are_seen():
 
     with TorchFunctionMode():
         assert any("mode" in d for d in new())
-    signal.signal(signal.SIGPROF, lambda *a: None)  # a handler alone: a one-shot timer leaves no trace
-    try:
-        assert any("handler of a timer's signal" in d for d in new())
-    finally:
-        signal.signal(signal.SIGPROF, signal.SIG_DFL)
+    # a handler alone: a one-shot timer, or a thread that sends the signal, leaves no other trace
+    for sig in (signal.SIGPROF, signal.SIGUSR1, signal.SIGALRM):
+        previous = signal.signal(sig, lambda *a: None)
+        try:
+            assert any(f"handler of a signal ({sig.name})" in d for d in disturbances())
+        finally:
+            signal.signal(sig, previous)
     signal.setitimer(signal.ITIMER_VIRTUAL, 10.0)  # (pytest-timeout's own is ITIMER_REAL)
     try:
         assert any("ITIMER_VIRTUAL" in d for d in new())
     finally:
         signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(interval / 10)
+    try:
+        assert any("switch interval" in d for d in new())
+    finally:
+        sys.setswitchinterval(interval)
     callback = lambda phase, info: None  # noqa: E731
     gc.callbacks.append(callback)
     try:
@@ -193,3 +203,181 @@ def test_only_the_course_s_own_functions_run_in_the_learners_process_by_name(nam
     with pytest.raises(ValueError, match="no course function named"):
         course_function(name)
     assert course_function("course.memory_format.coord_conv_planted").__name__ == "coord_conv_planted"
+
+
+def test_the_harness_s_own_time_limit_is_no_disturbance(monkeypatch):
+    import signal
+
+    import course.grader_hooks as hooks
+    from autograder.sandbox.protocol import Alarm
+    from course.remote import disturbances
+
+    alarm = Alarm()
+    monkeypatch.setattr(hooks, "alarm", alarm.on_alarm)  # as the sandbox installs it
+    previous = signal.getsignal(signal.SIGALRM)
+    alarm.install()
+    try:
+        assert not any("SIGALRM" in d for d in disturbances())
+        signal.signal(signal.SIGALRM, Alarm().on_alarm)  # another of the same kind is not the harness's
+        assert any("SIGALRM" in d for d in disturbances())
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_the_learner_s_garbage_is_not_finalized_inside_a_block_of_the_course_s_code(monkeypatch):
+    """A finalizer (``__del__``, a weakref callback) of cyclic garbage runs when a collection finds
+    it: inside a block of the course's code, learner code between its bytecodes, seen by no check
+    (a finalizer that makes new garbage runs at every collection). The block runs with the
+    collector off."""
+    import gc
+
+    from course.remote import FACTORIES, _answer
+
+    inside = [False]
+
+    def marked_inputs(seed, device="cpu", **sizes):  # the block's own factory: we are inside it now
+        inside[0] = True
+        return distance_inputs(seed, device=device, **sizes)
+
+    monkeypatch.setitem(FACTORIES, "tests.marked_inputs", marked_inputs)
+    # ... and the block's last step, still inside it: we are leaving
+    monkeypatch.setattr("course.devices.synchronize", lambda device: inside.__setitem__(0, False))
+    ran, going = [], [True]
+
+    class Renewing:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            ran.append(inside[0])
+            if going[0]:
+                Renewing()  # garbage again, for the next collection
+
+    message = {"op": "block", "name": CAND, "handle": 0, "factory": "tests.marked_inputs",
+               "sizes": dict(n=8, m=8, d=4), "seeds": [1, 2, 3], "device": "cpu", "grad_mode": False,
+               "threads": 1, "course": "course.broadcasting.naive_sq_dists"}
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1)  # a collection at almost every allocation
+    try:
+        for _ in range(20):
+            Renewing()
+        reply = _answer(message, {CAND: naive_sq_dists}, {}, {0: []})
+        assert gc.isenabled()  # on again after the block
+        going[0] = False
+        gc.collect()
+    finally:
+        going[0] = False
+        gc.set_threshold(*thresholds)
+        gc.collect()
+    assert ran and True not in ran  # finalizers ran, before and after the block, never inside it
+    assert isinstance(reply["disturbed"], list)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_process_is_believed_slower_only_as_far_as_it_worked_longer(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 9)
+    base = [rng.uniform(1, 3) for _ in range(n)]
+    slowed = [b * rng.uniform(1, 3) for b in base]
+    worked = rng.uniform(0.5, 1.3)
+    out, _ = _calibrated({BASE: base, CAND: base, THERE[0]: slowed}, [], BASE, CAND, THERE, 0.5, cpu_ratio=worked)
+    for r in range(n):
+        assert out[BASE][r] <= base[r] * max(1.0, worked) * (1 + 1e-12)
+
+
+class Waiting(StandIn):
+    """A learner's process whose course blocks are made to *wait* ``sabotage`` times as long, not to
+    work longer (the process starved, say): here a sleep."""
+
+    def block(self, handle, factory, sizes, seeds, device, grad=False, _fn=None, _pad=1.0):
+        start = time.perf_counter()
+        sums = super().block(handle, factory, sizes, seeds, device, grad, _fn)
+        time.sleep((time.perf_counter() - start) * (_pad - 1))
+        return sums
+
+
+class LockHeld(StandIn):
+    """... made to wait on a thread of the learner's that holds the interpreter's lock, working (pure
+    Python: the process's CPU time grows with the wait, its main thread's does not)."""
+
+    def block(self, handle, factory, sizes, seeds, device, grad=False, _fn=None, _pad=1.0):
+        import threading
+
+        start = time.perf_counter()
+        sums = super().block(handle, factory, sizes, seeds, device, grad, _fn)
+        end = time.perf_counter() + (time.perf_counter() - start) * (_pad - 1)
+
+        def spin():
+            while time.perf_counter() < end:
+                pass
+        spinner = threading.Thread(target=spin)
+        spinner.start()
+        spinner.join()  # the main thread waits, using no CPU
+        return sums
+
+
+class Beside(LockHeld):
+    """... whose course blocks share their time with a thread of the learner's that works (the
+    course's thread waits meanwhile) and, on top, work longer themselves: what a thread sharing the
+    course's core does (it slows that thread, whose own CPU time then grows). The tree's CPU time is
+    no more than the wall time, and the course's thread's CPU time grows."""
+
+    def block(self, handle, factory, sizes, seeds, device, grad=False, _fn=None, _pad=1.0):
+        return super().block(handle, factory, sizes, seeds, device, grad, _fn, 1 + (_pad - 1) / 2)
+
+    def course_block(self, handle, factory, sizes, seeds, device, grad=False, *, course_fn):
+        start = time.perf_counter()
+        out = super().course_block(handle, factory, sizes, seeds, device, grad, course_fn=course_fn)
+        end = time.perf_counter() + (time.perf_counter() - start) / 3  # the course's thread, slowed
+        while time.perf_counter() < end:
+            pass
+        return out
+
+
+def _readings(monkeypatch):
+    """The parent's two CPU readings, of this process (the learner's side runs here)."""
+    import course.grader_hooks as hooks
+
+    monkeypatch.setattr(hooks, "learner_cpu", time.process_time)
+    monkeypatch.setattr(hooks, "learner_main_cpu", time.thread_time)
+
+
+@pytest.mark.parametrize("kind", [Waiting, LockHeld])
+def test_a_process_made_to_wait_is_not_believed_slow(monkeypatch, kind):
+    _readings(monkeypatch)
+    gamed, report = _ratio(monkeypatch, kind(naive_sq_dists, sabotage=2.0), 1.0, n=256)
+    # the planted code itself: 1.0x (a busy machine's noise on top), not the 2x the bound allows
+    assert gamed < 1.5, report.table()
+    assert any("CPU time" in note for note in report.notes), report.notes
+
+
+def test_a_thread_of_the_learner_s_working_beside_the_course_s_code_on_one_thread_is_a_disturbance(monkeypatch):
+    _readings(monkeypatch)
+    gamed, report = _ratio(monkeypatch, Beside(naive_sq_dists, sabotage=2.0), 1.0, n=256)
+    assert gamed < 1.5, report.table()  # 1.0x, not the 2x that the bound and the main thread's CPU allow
+    assert any("of CPU beside it" in note and "not believed slower" in note for note in report.notes), report.notes
+
+
+def test_a_process_that_works_longer_on_the_course_s_code_is_believed(monkeypatch):
+    _readings(monkeypatch)
+    fair, report = _ratio(monkeypatch, StandIn(naive_sq_dists, slower=1.4), 0.5, n=256)
+    assert 0.8 < fair < 1.25, report.table()
+    assert not any("not believed slower" in note for note in report.notes), report.notes
+
+
+def test_in_the_sandbox_the_harness_leaves_nothing_that_counts_and_a_learners_handler_does(tmp_path):
+    """In the real learner's process (the sandbox's child, its time limit's handler installed), an
+    honest cell leaves no disturbance; a handler of the learner's own for any signal is one."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    show = "from course.remote import disturbances\nprint(disturbances())\n"
+    cells = [
+        {"index": 0, "id": "a", "kind": "instructor", "source": "import torch\n" + show, "grade_id": ""},
+        {"index": 1, "id": "b", "kind": "solution", "grade_id": "sol", "answers": [],
+         "source": "import signal\nsignal.signal(signal.SIGUSR2, lambda *a: sum(range(10**6)))\n" + show},
+    ]
+    out = run_program(cells, sandbox="bwrap" if bwrap_works() else "none", cell_timeout=60, timeout=120,
+                      memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok", out
+    assert out.cells[0].output.strip() == "[]", out.cells[0]
+    assert "SIGUSR2" in out.cells[1].output, out.cells[1]

@@ -114,8 +114,16 @@ def test_best_times_charges_the_learners_calls_not_the_held_ones(monkeypatch):
 
 
 def test_without_a_parent_nothing_is_charged(monkeypatch):
+    """In a learner's own notebook (no grader, no CPU reading) a call counts its wall time."""
+    def four_cores():
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.01:
+            pass
+
     monkeypatch.setattr(hooks, "learner_cpu", None)
-    assert hooks.installed()[-1] is None
+    with threads(1):
+        (alone,) = best_times([(four_cores, ())], reps=3, device="cpu")
+    assert 0.009 < alone < 0.03, alone
 
 
 SERVED = [

@@ -393,7 +393,7 @@ def main() -> int:
     alarm = protocol.Alarm()  # the parent's time limit (its handler is installed below, before "ready")
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix,
                   refused=lambda name, where: flag("uses-reference", f"{where} called the course's {name}"),
-                  uninterrupted=alarm.uninterrupted)
+                  uninterrupted=alarm.uninterrupted, alarm=alarm.on_alarm)
     contract = hooks.installed()
     seal = Seal()
 

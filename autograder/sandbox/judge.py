@@ -108,6 +108,10 @@ def main() -> int:
         """The CPU seconds the learner's process tree has used so far."""
         return ask(protocol.CPU)
 
+    def learner_main_cpu() -> float:
+        """The CPU seconds the main thread of the learner's interpreter has used so far (-1: not known)."""
+        return ask(protocol.CPU, main=True)
+
     def learner_peak(reset: bool = False) -> float:
         """The learner's processes' peak resident bytes, as the kernel counts it; ``reset``: start
         the count again from what is resident now (and the parent's sampling, until the next call)."""
@@ -116,8 +120,9 @@ def main() -> int:
     # No learner frame is ever on this process's stack: the references serve the checks freely.
     alarm = protocol.Alarm()
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
-                  refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu, learner_peak=learner_peak,
-                  uninterrupted=alarm.uninterrupted)
+                  refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
+                  learner_peak=learner_peak,
+                  uninterrupted=alarm.uninterrupted, alarm=alarm.on_alarm)
 
     alarm.install()  # the parent's time limit, felt inside a cell's code only
     link = Link(call_fd, reply_fd)

@@ -263,6 +263,44 @@ def tree_cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def main_thread_cpu_seconds(root: int) -> float:
+    """CPU seconds of the main thread of the learner's interpreter (the shallowest Python process
+    at or under ``root``: the sandbox's own processes sit above it, the learner's below it), from
+    the scheduler's nanosecond count where the kernel keeps one, else from clock ticks; -1.0 where
+    no single such process is found. What the course's code run there costs its one thread, apart
+    from any other thread of the learner's (``course.timing.compare_served(calibrate=...)``)."""
+    children: dict[int, list[int]] = {}
+    for p in descendants(root):
+        try:
+            with open(f"/proc/{p}/stat", "rb") as fh:
+                stat = fh.read()
+            children.setdefault(int(stat[stat.rfind(b")") + 2:].split()[1]), []).append(p)
+        except (OSError, ValueError, IndexError):
+            pass
+    level = [root]
+    while level:
+        found = [p for p in level if is_python(p)]
+        if found:
+            if len(found) > 1:
+                return -1.0
+            p = found[0]
+            try:
+                with open(f"/proc/{p}/task/{p}/schedstat") as fh:
+                    ns = int(fh.read().split()[0])
+                if ns > 0:
+                    return ns / 1e9
+            except (OSError, ValueError, IndexError):
+                pass
+            try:
+                with open(f"/proc/{p}/task/{p}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            except (OSError, ValueError, IndexError):
+                return -1.0
+        level = [c for p in level for c in children.get(p, [])]
+    return -1.0
+
+
 def tree_peak_bytes(pid: int, reset: bool = False) -> float:
     """The peak resident memory (``VmHWM``, bytes) of ``pid`` and its descendants, summed; with
     ``reset``, each one's peak is first set back to what is resident now (``clear_refs``, 5)."""
@@ -605,7 +643,9 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         _stop_and_wait(child.proc.pid)
                         source.go()
                     elif kind == protocol.CPU and source is judge:
-                        source.answer(protocol.NUMBER_ANSWER.pack(tree_cpu_seconds(child.proc.pid)))
+                        reading = (main_thread_cpu_seconds(child.proc.pid) if msg.get("main") is True
+                                   else tree_cpu_seconds(child.proc.pid))
+                        source.answer(protocol.NUMBER_ANSWER.pack(reading))
                     elif kind == protocol.PEAK and source is judge:
                         reading = watch.start() if msg.get("reset") is True else watch.stop()
                         source.answer(protocol.NUMBER_ANSWER.pack(reading))
