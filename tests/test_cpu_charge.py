@@ -153,3 +153,36 @@ def test_the_judge_reads_the_learners_cpu_through_the_parent(tmp_path):
     text = out.cells[2].output.strip()
     assert text.startswith("used "), out.cells[2]
     assert float(text.split()[1]) >= 0.55, text
+
+
+def test_the_parent_reads_the_cpu_of_the_learner_interpreter_s_main_thread_alone(tmp_path):
+    """``main_thread_cpu_seconds``: the shallowest Python process under the sandbox's own (here a
+    shell), its main thread only: a thread of its that works is not counted, the main thread's
+    work is."""
+    import subprocess
+    import sys
+
+    from autograder.sandbox.parent import main_thread_cpu_seconds, tree_cpu_seconds
+
+    script = tmp_path / "learner.py"
+    script.write_text(
+        "import threading, time, sys\n"
+        "def burn(s):\n"
+        "    end = time.thread_time() + s\n"
+        "    while time.thread_time() < end:\n"
+        "        pass\n"
+        "t = threading.Thread(target=burn, args=(0.6,)); t.start(); t.join()\n"  # another thread: 0.6 s
+        "burn(0.3)\n"  # the main thread: 0.3 s
+        "print('done', flush=True)\n"
+        "sys.stdin.read()\n")
+    proc = subprocess.Popen(["sh", "-c", f"{sys.executable} {script}; true"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "done"
+        main, tree = main_thread_cpu_seconds(proc.pid), tree_cpu_seconds(proc.pid)
+        assert 0.28 < main < 0.6, main  # (the interpreter's start-up on top of the 0.3 s)
+        assert tree > main + 0.5, (tree, main)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert main_thread_cpu_seconds(proc.pid) == -1.0  # no such process: not known
