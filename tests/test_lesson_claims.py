@@ -905,3 +905,23 @@ def test_lesson_4_the_legacy_jacobian_defaults_to_reverse_mode_in_a_loop():
     text = prose("04_forward_ad")
     assert 'Its defaults are `strategy="reverse-mode"` and `vectorize=False`' in text
     assert '`strategy="forward-mode"` needs `vectorize=True` too (without it, PyTorch raises)' in text
+
+
+class _NotATensor:
+    pass
+
+
+def test_lesson_10_torch_load_loads_tensors_only_by_default_from_2_6(tmp_path):
+    """Lesson 10's comment: ``weights_only=True`` is the default from torch 2.6 (2.4 warns without it)."""
+    obj, tensor = tmp_path / "obj.pt", tmp_path / "t.pt"
+    torch.save({"t": torch.ones(1), "o": _NotATensor()}, obj)
+    torch.save(torch.ones(2), tensor)
+    if TORCH >= (2, 6):
+        with pytest.raises(Exception, match="[Ww]eights.only"):
+            torch.load(obj)  # the default refuses a pickled object that is not a tensor
+    else:
+        with pytest.warns(FutureWarning, match="weights_only"):
+            torch.load(obj)
+    assert torch.load(tensor, weights_only=True).sum().item() == 2.0  # what the lesson loads, on every release
+    source = (SOLUTIONS / "10_data_parallel" / "10_data_parallel.ipynb").read_text()
+    assert 'weights_only=True).item()' in source
