@@ -60,7 +60,8 @@ def test_the_page_names_every_version_lesson_and_warning():
 def test_the_committed_matrix_covers_the_declared_range():
     """pyproject.toml declares what docs/compatibility.json shows: every lesson passing on the lowest
     release it accepts, on the pinned one, and on a release of the newest minor version below its
-    cap. Changing the range without running the matrix again fails here."""
+    cap, each on the lesson as it is now. Changing the range, or a lesson, without running the
+    matrix again fails here."""
     from course.lessons import catalog
 
     runs = json.loads((ROOT / "docs" / "compatibility.json").read_text())["runs"]
@@ -72,6 +73,10 @@ def test_the_committed_matrix_covers_the_declared_range():
         results = runs[version]
         assert set(results) == {item["id"] for item in catalog()}, version
         assert all(r["ok"] and not r["warnings"] for r in results.values()), (version, results)
+        stale = sorted(lesson for lesson, r in results.items() if r.get("lesson") != TM.lesson_print(lesson))
+        assert not stale, (f"torch {version}: figures of an earlier version of {stale}: "
+                           f"python benchmarks/torch_matrix.py --versions {version} " +
+                           " ".join(f"--lesson {lesson}" for lesson in stale))
 
 
 def test_a_figure_of_an_earlier_lesson_says_so(tmp_path):
