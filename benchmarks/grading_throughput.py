@@ -75,7 +75,7 @@ def main() -> None:
     path = out_dir / f"grading-throughput-{args.lesson}-{device}.json"
     before = json.loads(path.read_text()) if path.exists() else None
     if before and before.get("grader", "2") != GRADER_VERSION:
-        record["previous_grader"] = {k: before[k] for k in ("grader", "date", "count", "jobs") if k in before}
+        record["previous_grader"] = {k: before[k] for k in ("grader", "date", "count", "jobs", "machine") if k in before}
         record["previous_grader"].setdefault("grader", "2")
         # The first figures ever recorded stay as the baseline every later grader is held to.
         first = before.get("baseline_grader") or before.get("previous_grader")
@@ -93,8 +93,11 @@ def main() -> None:
             f"{results[j]['per_minute'] / prev['jobs'][str(j)]['per_minute']:.2f}x |"
             for j in results if str(j) in prev["jobs"])
         which = "the previous grader" if prev is record.get("previous_grader") else "the first grader measured"
-        rows += (f"\n\nAgainst {which} (version {prev['grader']}, measured {prev['date']} on this machine "
-                 f"kind, {prev['count']} submissions per run):\n\n| --jobs | before, per minute | now, per minute | "
+        where = (f"on {prev['machine']}" if prev.get("machine") else "on the machine then recorded")
+        if prev.get("machine") and prev["machine"] != record["machine"]:
+            where += " (another machine: the ratio mixes the two machines with the two graders)"
+        rows += (f"\n\nAgainst {which} (version {prev['grader']}, measured {prev['date']} {where}, "
+                 f"{prev['count']} submissions per run):\n\n| --jobs | before, per minute | now, per minute | "
                  f"now / before |\n|---|---|---|---|\n{change}")
     (out_dir / f"grading-throughput-{args.lesson}-{device}.md").write_text(
         f"# Grading throughput, {args.lesson}\n\n{record['machine']}, torch {record['torch']}, {record['date']}.\n"

@@ -535,7 +535,7 @@ CALIBRATE = 0.1
 
 
 def check_coord_conv_speed(coord_conv: Callable, *, bars: Mapping[str, float], batch: int, channels: int, size: int,
-                           num_threads: int | None = None, rounds: int = 7, min_run_time: float = 0.2,
+                           num_threads: int | None = None, rounds: int = 7, min_run_time: float = 0.1,
                            attempts: int = 3, device=None) -> SpeedReport:
     """The repaired CoordConv block (``coord_conv``) at least ``bars[device]`` times as fast as the
     planted one (:func:`course.memory_format.coord_conv_planted`) on channels-last activations and
