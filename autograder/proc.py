@@ -10,12 +10,8 @@ import os
 import signal
 
 
-def descendants(root: int) -> list[int]:
-    """All live descendants of ``root``, from /proc (empty where /proc does not exist).
-
-    Jupyter starts kernels in a session of their own, so killing our process group alone
-    would leave a runaway kernel behind.
-    """
+def _children() -> dict[int, list[int]]:
+    """Every live process's children, by parent pid, from /proc (empty where it does not exist)."""
     children: dict[int, list[int]] = {}
     try:
         entries = os.listdir("/proc")
@@ -33,6 +29,16 @@ def descendants(root: int) -> list[int]:
         fields = stat[stat.rfind(b")") + 2:].split()
         if len(fields) > 1:
             children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def descendants(root: int) -> list[int]:
+    """All live descendants of ``root``, from /proc (empty where /proc does not exist).
+
+    Jupyter starts kernels in a session of their own, so killing our process group alone
+    would leave a runaway kernel behind.
+    """
+    children = _children()
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -72,6 +78,19 @@ def signal_tree(pid: int, sig: int, *, only=None) -> None:
             os.kill(target, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def shallowest(root: int, keep) -> list[int]:
+    """The processes at or under ``root`` for which ``keep(pid)`` holds that lie nearest to it:
+    all those of the first generation (``root`` itself the zeroth) that has any."""
+    children = _children()
+    level = [root]
+    while level:
+        found = [p for p in level if keep(p)]
+        if found:
+            return found
+        level = [c for p in level for c in children.get(p, [])]
+    return []
 
 
 def is_python(pid: int) -> bool:

@@ -519,10 +519,10 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             thread of the learner's that holds the lock works, but not on the main thread), else
             the process's."""
             if mains and all(a is not None and b is not None for a, b in mains):
-                theirs, ours = sum(a for a, _ in mains), sum(b for _, b in mains)
+                theirs, ours, slack = sum(a for a, _ in mains), sum(b for _, b in mains), MAIN_SLACK * len(mains)
             else:
-                theirs, ours = sum(c for _, c in there_used), sum(here_cpu)
-            return (theirs + CPU_SLACK) / ours if there_used and ours > 0 else None
+                theirs, ours, slack = sum(c for _, c in there_used), sum(here_cpu), CPU_SLACK
+            return (theirs + slack) / ours if there_used and ours > 0 else None
 
         def calibrated():
             return _calibrated(times, harness, base_name, cand_name, there, calibrate, flags(), cpu_ratio())
@@ -691,6 +691,9 @@ def _netted(times: dict[str, list[float]], harness: list[float]) -> dict[str, li
 CPU_SLACK = 0.03
 #: One clock tick: what each difference of two readings of the tree may be off by.
 TICK = 0.01
+#: What a block's reading of a main thread's CPU (nanoseconds: the scheduler's count, the judge's
+#: ``thread_time``) is given for the learner's side: the request and reply there, not rounding.
+MAIN_SLACK = 0.001
 
 
 def cpu_factor(blocks: Sequence[tuple[float, float]], threads: int) -> float:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..intake import safe_text
-from ..proc import descendants, is_python, kill_tree, signal_tree
+from ..proc import descendants, is_python, kill_tree, shallowest, signal_tree
 from . import protocol
 from .protocol import ProtocolError, Reader, decode
 
@@ -266,39 +266,19 @@ def tree_cpu_seconds(pid: int) -> float:
 def main_thread_cpu_seconds(root: int) -> float:
     """CPU seconds of the main thread of the learner's interpreter (the shallowest Python process
     at or under ``root``: the sandbox's own processes sit above it, the learner's below it), from
-    the scheduler's nanosecond count where the kernel keeps one, else from clock ticks; -1.0 where
-    no single such process is found. What the course's code run there costs its one thread, apart
-    from any other thread of the learner's (``course.timing.compare_served(calibrate=...)``)."""
-    children: dict[int, list[int]] = {}
-    for p in descendants(root):
-        try:
-            with open(f"/proc/{p}/stat", "rb") as fh:
-                stat = fh.read()
-            children.setdefault(int(stat[stat.rfind(b")") + 2:].split()[1]), []).append(p)
-        except (OSError, ValueError, IndexError):
-            pass
-    level = [root]
-    while level:
-        found = [p for p in level if is_python(p)]
-        if found:
-            if len(found) > 1:
-                return -1.0
-            p = found[0]
-            try:
-                with open(f"/proc/{p}/task/{p}/schedstat") as fh:
-                    ns = int(fh.read().split()[0])
-                if ns > 0:
-                    return ns / 1e9
-            except (OSError, ValueError, IndexError):
-                pass
-            try:
-                with open(f"/proc/{p}/task/{p}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            except (OSError, ValueError, IndexError):
-                return -1.0
-        level = [c for p in level for c in children.get(p, [])]
-    return -1.0
+    the scheduler's nanosecond count; -1.0 where no single such process is found or the kernel
+    keeps no such count (a reading in clock ticks would be too coarse to compare). What the
+    course's code run there costs its one thread, apart from any other thread of the learner's
+    (``course.timing.compare_served(calibrate=...)``)."""
+    found = shallowest(root, is_python)
+    if len(found) != 1:
+        return -1.0
+    try:
+        with open(f"/proc/{found[0]}/task/{found[0]}/schedstat") as fh:
+            ns = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return -1.0
+    return ns / 1e9 if ns > 0 else -1.0
 
 
 def tree_peak_bytes(pid: int, reset: bool = False) -> float:
