@@ -79,7 +79,7 @@ def reason_of(message: str, status: str, outcome_status: str = "ok") -> str:
     first = message.split("\n", 1)[0]
     if message.startswith("not graded: the run stopped"):
         return "not run" if outcome_status in ("ok", "") else outcome_status
-    if message.startswith("not graded: guarded modules were patched"):
+    if message.startswith(("not graded: guarded modules were patched", "not graded: your notebook's processes kept")):
         return "tampered"
     if "were altered" in first or "is not the lesson's" in first:
         return "altered"
@@ -179,6 +179,10 @@ def _why_not(cell, rep, expected, tampered_from, outcome, program, unproven=None
         return ("not graded: guarded modules were patched before or during this cell (flag 'tampered')"
                 + (", and its check relied on what the course's probe reported from your notebook's process"
                    if cell.served else ""))
+    if getattr(rep, "escaped", ""):
+        return ("not graded: your notebook's processes kept running while the grader held them paused to time "
+                f"the course's baseline ({rep.escaped}), so no comparison with it can be trusted (flag "
+                "'escaped-pause'). Leave no process of your own running, and start none that starts others.")
     if _undecided_clock(cell, rep):
         return _Undecided("undecided: " + rep.error.split(":", 1)[1].strip()[:600]
                           + "; measured again when your instructor regrades")

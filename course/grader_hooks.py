@@ -14,11 +14,12 @@ module:
 - ``learner_prefix`` and ``refused(name, where)``: where the learner's cells are written, and
   whom to tell when one of them calls a course reference (:mod:`course.guard`);
 - ``hold()``: in the judge process only, a context manager during which the learner's process is
-  stopped (SIGSTOP), so that a trusted baseline is never timed beside learner code
+  held still (frozen with its cgroup, else stopped with SIGSTOP; the parent checks afterwards that
+  nothing of it ran), so that a trusted baseline is never timed beside learner code
   (:func:`course.timing.compare_served`);
 - ``learner_cpu()``: in the judge process only, the CPU seconds the learner's process and every
   process it started have used so far (threads and helper processes counted), read by the
-  grading parent from ``/proc``: a candidate's timed block is charged its CPU time divided by the
+  grading parent from its cgroup (else ``/proc``): a candidate's timed block is charged its CPU time divided by the
   threads it was allowed when that exceeds its wall time (:func:`course.timing.compare_served`);
 - ``learner_main_cpu()``: in the judge process only, the CPU seconds the main thread of the
   learner's interpreter has used so far (-1 where not known), read by the parent from ``/proc``:

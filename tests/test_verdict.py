@@ -111,6 +111,24 @@ def test_patching_costs_a_served_cell_only_where_a_probe_reported_from_the_learn
         assert ("probe reported" in verdict.message) is served
 
 
+def test_a_cell_whose_baseline_was_timed_beside_the_learners_processes_is_not_graded(transcript):
+    """The parent found that something of the learner's ran while it held them paused for the
+    judge's baseline (``Pause``): that cell's speed record, however good, earns nothing; the other
+    cells are untouched."""
+    program = _served_program()
+    transcript = Transcript.from_outcome(program, _outcome([_speed(1.6)]))
+    good = Outcome("ok", {0: CellReport(0, finished=True), 1: CellReport(1, records=[_speed(1.6)], finished=True)},
+                   [], 1.0, 10.0)
+    assert judge(program, good, transcript)[0].points == 2.0  # control
+    escaped = Outcome("ok", {0: CellReport(0, finished=True),
+                             1: CellReport(1, records=[_speed(9.0)], finished=True,
+                                           escaped="its processes used 0.150 s of CPU while paused")},
+                      [("escaped-pause", "cell 1: ...")], 1.0, 10.0)
+    verdict = judge(program, escaped, transcript)[0]
+    assert verdict.points == 0 and verdict.reason == "tampered", verdict
+    assert "0.150 s of CPU while paused" in verdict.message and "escaped-pause" in verdict.message
+
+
 def _missed(value, ceiling, bar=1.1):
     """A speed record that missed its bar, as ``expect_speedup`` sends it (then raises)."""
     rec = _speed(value, bar)

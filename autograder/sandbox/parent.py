@@ -10,6 +10,11 @@ code runs (with a user namespace, ``nobody`` inside would be host root). Where b
 (``--sandbox none``, or ``auto`` on a machine without it) the process still starts fresh in an
 empty folder with ``python -I``, and the report says the run was unconfined.
 
+Each process it starts gets a cgroup of its own where the machine allows (``cgroup.py``): a
+pause is then the kernel's freeze of every process in it at once, and the end of a run kills them
+all, whatever became of their parents; elsewhere, signals to the process tree, accounted for after
+each pause (:class:`Pause`).
+
 Limits: the parent owns every clock, net of the time a child spends paused while another
 submission measures speed. A cell past its limit is interrupted (SIGALRM to the child's
 Python), then killed 30 s later; a submission past its limit is killed; a timing turn held
@@ -36,7 +41,7 @@ from pathlib import Path
 
 from ..intake import safe_text
 from ..proc import descendants, is_python, kill_tree, shallowest, signal_tree
-from . import protocol
+from . import cgroup, protocol
 from .protocol import ProtocolError, Reader, decode
 
 HERE = Path(__file__).resolve().parent
@@ -59,6 +64,8 @@ class CellReport:
     seconds: float = 0.0
     records: list = field(default_factory=list)
     tampered: bool = False
+    #: What ran in the learner's processes while the judge held them paused during this cell ("": nothing).
+    escaped: str = ""
     finished: bool = False
     probed: bool = False  # a served cell whose check asked the learner's process to run a probe
 
@@ -117,23 +124,29 @@ class _Turns:
 
 class _Child:
     """The processes of one submission (the learner's, and the judge's when it has served
-    checks): paused, resumed and clocked together."""
+    checks): paused, resumed and clocked together. ``escaped``: what ran in them while they were
+    paused for another submission's measurement (see :class:`Pause`)."""
 
-    def __init__(self, *pids: int):
-        self.pid, self.pids, self.paused_total, self.paused_since = pids[0], pids, 0.0, None
-
-    def _signal(self, sig) -> None:
-        for pid in self.pids:
-            signal_tree(pid, sig)
+    def __init__(self, *procs: "_Proc"):
+        self.procs, self.pid = procs, procs[0].proc.pid
+        self.paused_total, self.paused_since = 0.0, None
+        self.pauses: list[Pause] = []
+        self.escaped: list[str] = []
 
     def pause(self) -> None:
         if self.paused_since is None:
             self.paused_since = time.monotonic()
-            self._signal(signal.SIGSTOP)
+            self.pauses = [Pause(p) for p in self.procs]
+            for pause in self.pauses:
+                pause.begin()
 
     def resume(self) -> None:
         if self.paused_since is not None:
-            self._signal(signal.SIGCONT)
+            for pause in self.pauses:
+                ran = pause.end()
+                if ran:
+                    self.escaped.append(ran)
+            self.pauses = []
             self.paused_total += time.monotonic() - self.paused_since
             self.paused_since = None
 
@@ -263,6 +276,16 @@ def tree_cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def learner_cpu_seconds(proc: "_Proc") -> float:
+    """The CPU seconds every process of ``proc`` has used: its cgroup's count (microseconds, exited
+    processes included, whatever their parent became), else its tree's (:func:`tree_cpu_seconds`)."""
+    if proc.group is not None and proc.group.holds(proc.proc.pid):
+        reading = proc.group.cpu_seconds()
+        if reading >= 0:
+            return reading
+    return tree_cpu_seconds(proc.proc.pid)
+
+
 def main_thread_cpu_seconds(root: int) -> float:
     """CPU seconds of the main thread of the learner's interpreter (the shallowest Python process
     at or under ``root``: the sandbox's own processes sit above it, the learner's below it), from
@@ -352,23 +375,99 @@ def _limits(memory_mb: float, env: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in limits.items())
 
 
-def _stop_and_wait(pid: int, limit: float = 1.0) -> None:
-    """SIGSTOP the tree of ``pid`` and wait (at most ``limit`` s) until every thread is stopped."""
+def _stop_and_wait(pid: int, limit: float = 1.0) -> bool:
+    """SIGSTOP the tree of ``pid`` and wait (at most ``limit`` s) until every thread is stopped,
+    signalling again any process found running (one started after a walk over /proc was not
+    signalled); True once two walks in a row find nothing running."""
     signal_tree(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + limit
+    deadline, quiet = time.monotonic() + limit, 0
     while time.monotonic() < deadline:
-        running = False
+        running = []
         for p in [pid, *descendants(pid)]:
             try:
                 for task in os.listdir(f"/proc/{p}/task"):
                     with open(f"/proc/{p}/task/{task}/stat") as fh:
                         state = fh.read().rsplit(")", 1)[1].split()[0]
-                    running = running or state not in ("T", "t", "Z", "X")
+                    if state not in ("T", "t", "Z", "X"):
+                        running.append(p)
+                        break
             except (OSError, IndexError):
                 continue
-        if not running:
-            return
-        time.sleep(0.002)
+        for p in running:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except OSError:
+                pass
+        quiet = 0 if running else quiet + 1
+        if quiet >= 2:
+            return True
+        time.sleep(0.001)
+    return False
+
+
+#: CPU seconds a paused tree may still show when its pause ends: a process that was already
+#: exiting, or in an uninterruptible wait, when it was stopped. What escapes a pause runs far more.
+PAUSE_SLACK = 0.002
+
+
+def _scheduled_ns(pids: list[int]) -> dict[int, int]:
+    """Per live process of ``pids``: the scheduler's nanosecond count, summed over its threads."""
+    out = {}
+    for p in pids:
+        total = 0
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/schedstat") as fh:
+                    total += int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        out[p] = total
+    return out
+
+
+class Pause:
+    """One process's tree held still for a while, with an account of whether it was.
+
+    With the process's cgroup (:mod:`.cgroup`), the kernel freezes every process in it at once,
+    those forked meanwhile included, and the group's CPU count, which keeps the time of processes
+    that have exited, must not grow. Without one: SIGSTOP to the tree, repeated until every process
+    in it is seen stopped; afterwards no process that was there may have run (the scheduler's count
+    of its threads), and a process that was not there counts all the CPU it used. A learner's chain
+    of processes that fork and exit faster than a walk over /proc can escape the signals; it shows
+    in those counts unless its members have all exited before the pause ends, reaped by a process
+    of its own that ignores them: the cgroup is the wall, the signals and their account a fallback
+    (``docs/grading.md``)."""
+
+    def __init__(self, proc: "_Proc"):
+        self.proc, self.group = proc, None
+        self.cpu, self.ns = 0.0, {}
+
+    def begin(self) -> None:
+        pid, group = self.proc.proc.pid, self.proc.group
+        if group is not None and group.holds(pid):
+            self.group = group
+            group.freeze()
+            self.cpu = group.cpu_seconds()
+        else:
+            _stop_and_wait(pid)
+            self.ns = _scheduled_ns([pid, *descendants(pid)])
+
+    def end(self) -> str:
+        """Resume the tree; what ran in it while it was held ("": nothing did)."""
+        pid, started = self.proc.proc.pid, 0
+        if self.group is not None:
+            used = self.group.cpu_seconds() - self.cpu
+            self.group.thaw()
+        else:
+            now = _scheduled_ns([pid, *descendants(pid)])
+            signal_tree(pid, signal.SIGCONT)
+            started = sum(1 for p in now if p not in self.ns)
+            used = sum(max(0, n - self.ns.get(p, 0)) for p, n in now.items()) / 1e9
+        if used <= PAUSE_SLACK:
+            return ""
+        return (f"its processes used {used:.3f} s of CPU while paused"
+                + (f", {started} of them started meanwhile" if started else "")
+                + ("" if self.group is not None else " (they escaped the grader's SIGSTOP)"))
 
 
 class _Proc:
@@ -382,6 +481,8 @@ class _Proc:
         self.ready = False  # said so after installing its alarm handler: SIGALRM is safe to send from then on
         self.scratch = None
         fds = [str(to_r), str(from_w)]
+        # Every process it starts, whatever becomes of its parent, stays in its cgroup (if one can be made).
+        self.group = cgroup.make(Path(script).stem)
         if sandbox == "bwrap":
             argv = _bwrap_argv(script, fds + _sandbox_args(script, args))
             cwd = "/"
@@ -391,6 +492,8 @@ class _Proc:
             argv = [sys.executable, "-I", str(HERE / script), *fds,
                     *_local_args(script, args, f"{self.scratch}/cells")]
             cwd = f"{self.scratch}/cells"
+        if self.group is not None:
+            argv = self.group.wrap(argv)
         with open(log, "wb") as logfh:
             self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=logfh,
                                          stderr=subprocess.STDOUT, pass_fds=(to_r, from_w, *extra_fds),
@@ -418,11 +521,16 @@ class _Proc:
 
     def close(self) -> None:
         kill_tree(self.proc.pid)  # nothing the submission started outlives it
+        if self.group is not None:
+            self.group.kill()  # not even a process that has left the tree
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             kill_tree(self.proc.pid)
             self.proc.wait()
+        if self.group is not None:
+            self.group.kill()
+            self.group.remove()
         os.close(self.from_r)
         os.close(self.to_w)
         if self.scratch:
@@ -507,7 +615,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         judge.send({"token": judge.token, "count": len(served), "cell_timeout": float(cell_timeout),
                     "setup_cells": list(judge_setup or [])})
     send_next()
-    clock = _Child(*(p.proc.pid for p in procs))
+    clock = _Child(*procs)
     TURNS.add(clock)
     holding: _Proc | None = None
     holding_since: float | None = None
@@ -521,7 +629,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     cell_started = start
     interrupted = False
     last_poll = 0.0
-    held = False  # the judge has the learner's process stopped (a baseline block)
+    held: Pause | None = None  # the judge has the learner's process stopped (a baseline block)
     watch = PeakWatch(child.proc.pid)  # the learner's memory between the judge's two PEAK messages
     closed: _Proc | None = None  # a process whose pipe closed before it said it was done
 
@@ -535,6 +643,12 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
 
     while True:
         now = net()
+        if clock.escaped:  # kept running while paused for another submission's measurement
+            flags.append(("escaped-pause", f"while another submission measured speed, {clock.escaped[0]}"[:300]))
+            status, detail = "crashed", ("its processes kept running while it was paused for another "
+                                         "submission's measurement; it was stopped so that no one else's "
+                                         "grade depends on it")
+            break
         if now - last_poll > 0.2:
             last_poll = now
             peak = max(peak, _tree_rss_mb(child.proc.pid))
@@ -618,20 +732,22 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     elif kind == protocol.SPEED_END and holding is source:
                         TURNS.end(clock)
                         holding, holding_since = None, None
-                    elif kind == protocol.HOLD and source is judge and not held:
-                        held = True
-                        _stop_and_wait(child.proc.pid)
+                    elif kind == protocol.HOLD and source is judge and held is None:
+                        held = Pause(child)
+                        held.begin()
                         source.go()
                     elif kind == protocol.CPU and source is judge:
                         reading = (main_thread_cpu_seconds(child.proc.pid) if msg.get("main") is True
-                                   else tree_cpu_seconds(child.proc.pid))
+                                   else learner_cpu_seconds(child))
                         source.answer(protocol.NUMBER_ANSWER.pack(reading))
                     elif kind == protocol.PEAK and source is judge:
                         reading = watch.start() if msg.get("reset") is True else watch.stop()
                         source.answer(protocol.NUMBER_ANSWER.pack(reading))
-                    elif kind == protocol.RELEASE and source is judge and held:
-                        held = False
-                        signal_tree(child.proc.pid, signal.SIGCONT)
+                    elif kind == protocol.RELEASE and source is judge and held is not None:
+                        ran, held = held.end(), None
+                        if ran and current is not None:  # the course's baseline was not timed alone
+                            current.escaped = current.escaped or ran
+                            flags.append(("escaped-pause", f"cell {current.index}: {ran}"[:300]))
                     elif kind == protocol.DONE:
                         source.done = True
                     elif kind == protocol.READY:
@@ -648,6 +764,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if status or closed is not None or finished():
             break
     watch.stop()
+    if held is not None:
+        held.end()
     if holding_since is not None:
         TURNS.end(clock)
     TURNS.remove(clock)

@@ -1,0 +1,212 @@
+"""A cgroup (version 2) for each confined process, where the machine lets the grader make one.
+
+Stopping a process tree with SIGSTOP signals one process at a time, after a walk over ``/proc``:
+a learner's process that forks a successor and exits, over and over, is never the one signalled,
+and its chain keeps running while the judge times the course's baseline "with the learner's
+process stopped" (``tests/test_pause.py`` shows it: with signals alone, such a chain ran through
+most holds). Its orphans are not even in the tree once their parents exit (outside bubblewrap's
+PID namespace), so the tree's CPU count misses them, and so does ``kill_tree``.
+
+A cgroup holds every process started inside it, whoever its parent becomes. The kernel freezes
+them all at once (``cgroup.freeze``: a process forked while freezing is frozen too), counts the
+CPU time of all of them, exited ones included (``cpu.stat``), and kills them all at once
+(``cgroup.kill``). The parent uses a group for each process it starts (:func:`make`); where no
+cgroup v2 hierarchy is writable (a grader that is neither root nor given a delegated cgroup),
+``make`` returns None and the parent falls back to signals, verified after every pause
+(``parent.py``: :class:`~autograder.sandbox.parent.Pause`).
+
+Set ``GRADING_NO_CGROUP=1`` to use the fallback on purpose (its tests do).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+#: Set (to anything but "" or "0") to grade without cgroups: signals only.
+ENV_OFF = "GRADING_NO_CGROUP"
+
+_BASE: list = []  # [Path | None] once looked for
+
+
+def _own_hierarchy() -> Path | None:
+    """This process's own cgroup in the cgroup v2 hierarchy, as a folder (None: no v2 mounted)."""
+    try:
+        own = next((line.split(":", 2)[2].strip() for line in Path("/proc/self/cgroup").read_text().splitlines()
+                    if line.startswith("0::")), None)
+        mounts = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    except OSError:
+        return None
+    if own is None:
+        return None
+    for fields in mounts:
+        sep = fields.index("-") if "-" in fields else -1
+        if sep > 0 and len(fields) > sep + 1 and fields[sep + 1] == "cgroup2":
+            root = fields[3]  # the mount's root within the hierarchy (a cgroup namespace: "/")
+            rel = os.path.relpath(own, root) if own.startswith(root) else None
+            if rel is None or rel.startswith(".."):
+                continue
+            folder = Path(fields[4]) / ("" if rel == "." else rel)
+            if (folder / "cgroup.procs").exists():
+                return folder
+    return None
+
+
+def base() -> Path | None:
+    """Where this grader can make groups and move a process into one (looked for once): its own
+    cgroup v2 folder, proved by moving a short-lived shell into a test group."""
+    if os.environ.get(ENV_OFF, "") not in ("", "0"):
+        return None
+    if _BASE:
+        return _BASE[0]
+    found = None
+    folder = _own_hierarchy()
+    if folder is not None:
+        probe = folder / f"grading-probe-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            probe.mkdir()
+        except OSError:
+            probe = None
+        if probe is not None:
+            try:
+                moved = subprocess.run(["/bin/sh", "-c", 'echo 0 > "$0/cgroup.procs"', str(probe)],
+                                       capture_output=True, timeout=10).returncode == 0
+                has_freeze = (probe / "cgroup.freeze").exists() and (probe / "cpu.stat").exists()
+                found = folder if moved and has_freeze else None
+            except (OSError, subprocess.SubprocessError):
+                found = None
+            finally:
+                _remove(probe)
+    if found is not None:
+        _sweep(found)
+    _BASE.append(found)
+    return found
+
+
+def _sweep(folder: Path) -> None:
+    """Remove the empty groups a grader that was killed left behind (its pid is in their name)."""
+    for path in folder.glob("grading-*-*-*"):
+        try:
+            owner = int(path.name.rsplit("-", 2)[1])
+        except ValueError:
+            continue
+        if owner != os.getpid() and not Path(f"/proc/{owner}").exists():
+            try:
+                path.rmdir()  # refused while a process is still in it
+            except OSError:
+                pass
+
+
+def _remove(folder: Path, limit: float = 5.0) -> None:
+    """Remove an emptied group (its last processes may still be exiting)."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+
+
+class Group:
+    """One cgroup: every process started by the command :meth:`wrap` made, and their descendants."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` run by a shell that first moves itself into this group (its pid is ``argv``'s
+        after ``exec``). Should the move fail, the command still runs, outside: :meth:`holds` says."""
+        return ["/bin/sh", "-c", 'echo 0 > "$0/cgroup.procs" 2>/dev/null; exec "$@"', str(self.path), *argv]
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def holds(self, pid: int) -> bool:
+        """Whether ``pid`` is in this group."""
+        return pid in self.pids()
+
+    def _write(self, name: str, value: str) -> bool:
+        try:
+            (self.path / name).write_text(value)
+            return True
+        except OSError:
+            return False
+
+    def frozen(self) -> bool:
+        try:
+            return "frozen 1" in (self.path / "cgroup.events").read_text().splitlines()
+        except OSError:
+            return False
+
+    def freeze(self, limit: float = 2.0) -> bool:
+        """Freeze every process in the group; True once the kernel says all are frozen (within ``limit`` s)."""
+        if not self._write("cgroup.freeze", "1"):
+            return False
+        deadline = time.monotonic() + limit
+        while not self.frozen():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
+        return True
+
+    def thaw(self) -> None:
+        self._write("cgroup.freeze", "0")
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU seconds of every process that has been in the group, exited ones
+        included (microseconds; -1.0 where it cannot be read)."""
+        try:
+            for line in (self.path / "cpu.stat").read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+        except (OSError, ValueError):
+            pass
+        return -1.0
+
+    def kill(self) -> None:
+        """Kill every process in the group, frozen or not (whoever their parents are now)."""
+        if self._write("cgroup.kill", "1"):
+            return
+        for _ in range(100):  # kernels before 5.14: one by one, until none is left
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            self.thaw()
+            time.sleep(0.01)
+
+    def remove(self, limit: float = 5.0) -> None:
+        """Remove the group once its processes are gone (after :meth:`kill`, and the parent's wait)."""
+        deadline = time.monotonic() + limit
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _remove(self.path)
+
+
+def make(label: str) -> Group | None:
+    """A new, empty group for one process (``label`` names it), or None where groups cannot be made."""
+    folder = base()
+    if folder is None:
+        return None
+    path = folder / f"grading-{label}-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        path.mkdir()
+    except OSError:
+        return None
+    return Group(path)
