@@ -267,3 +267,25 @@ def test_a_submission_that_ran_while_paused_for_another_is_named(tmp_path):
         assert len(clock.escaped) == 1 and "while paused" in clock.escaped[0], clock.escaped
     finally:
         started.close()
+
+
+def test_a_group_the_kernel_did_not_freeze_is_held_with_signals_instead(tmp_path, monkeypatch):
+    """Where the kernel does not confirm the freeze in time (a process stuck in a disk wait), the
+    pause falls back to signals and their account, rather than timing beside a tree half running
+    or accusing an honest one."""
+    _needs_cgroup()
+    monkeypatch.setattr(cgroup.Group, "freeze", lambda self, limit=2.0: False)
+    started = _Started(HONEST, tmp_path / "beats", group=True)
+    try:
+        _wait_beating(started)
+        pause = Pause(started)
+        pause.begin()
+        assert pause.group is None and pause.ns  # held by signals
+        before = started.beats()
+        time.sleep(0.1)
+        assert started.beats() == before
+        assert pause.end() == ""
+        time.sleep(0.1)
+        assert started.beats() > before  # running again
+    finally:
+        started.close()

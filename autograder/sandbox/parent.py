@@ -444,11 +444,12 @@ class Pause:
 
     def begin(self) -> None:
         pid, group = self.proc.proc.pid, self.proc.group
-        if group is not None and group.holds(pid):
+        if group is not None and group.holds(pid) and group.freeze():
             self.group = group
-            group.freeze()
             self.cpu = group.cpu_seconds()
-        else:
+        else:  # no group, or the kernel did not say it froze (a process stuck in a disk wait): signals
+            if group is not None:
+                group.thaw()
             _stop_and_wait(pid)
             self.ns = _scheduled_ns([pid, *descendants(pid)])
 
