@@ -5,6 +5,7 @@ the judge's own clock, never by op counts the learner's process could report."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -402,9 +403,20 @@ def test_an_hvp_that_writes_the_hessian_out_beats_the_clock_but_not_the_kernels_
 
     _hvp_growth(learner("hvp_closed_form"), "hvp_fwd_rev", 0)  # fast enough for the clock
     closed = learner("hvp_closed_form")
+    from course.grading import SpeedUndecided
+
     for seed in (0, 1):  # read once, judged at every call (the hidden tests ask again)
-        with pytest.raises(AssertionError, match="built the Hessian .*as the operating system counts it"):
-            check_hvp(closed, learner("hvp_rev_rev"), seed=seed)
+        for _ in range(3):  # the clock comes first: a busy moment can leave it undecided (CI, 2026-11-28: 0.37
+            try:            # of the loop, between 0.33 and 0.80); a learner runs the cell again, and so does this
+                check_hvp(closed, learner("hvp_rev_rev"), seed=seed)
+            except SpeedUndecided:
+                continue
+            except AssertionError as exc:
+                assert re.search("built the Hessian .*as the operating system counts it", str(exc)), exc
+                break
+            pytest.fail("an HVP that writes the Hessian out passed")
+        else:
+            pytest.fail("the clock could not decide in three runs of the check")
     right = learner("hvp_fwd_rev"), learner("hvp_rev_rev")
     check_hvp(*right)
     assert all(fn.__dict__["memory_reading"] < 8 * 2**20 for fn in right), [fn.__dict__["memory_reading"] for fn in right]
