@@ -226,13 +226,10 @@ def test_a_chain_spawned_past_the_audit_hook_is_frozen_while_the_judge_times(tmp
              "        held.append(os.path.getsize(BEATS) - a)\n"
              "    time.sleep(0.05)\n"
              "print('beats while held:', held, 'in all:', os.path.getsize(BEATS))\n")
-    setup = "import torch\n"
-    cells = [
-        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
-        {"index": 1, "id": "b", "kind": "solution", "source": learner, "grade_id": "sol", "answers": ["lstm_cell"]},
-        {"index": 2, "id": "c", "kind": "test", "source": check, "grade_id": "t", "served": True},
-    ]
-    out = run_program(cells, judge_setup=[setup], sandbox="none", cell_timeout=60, timeout=120, memory_mb=2000,
+    from test_hostile_grading import _served_program
+
+    cells, setup = _served_program(learner, check)
+    out = run_program(cells, judge_setup=setup, sandbox="none", cell_timeout=60, timeout=120, memory_mb=2000,
                       log=tmp_path / "log")
     text = out.cells[2].output
     assert "beats while held: [0, 0, 0, 0, 0]" in text, (out, text, out.cells[1])
