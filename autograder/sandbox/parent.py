@@ -297,11 +297,17 @@ def main_thread_cpu_seconds(root: int) -> float:
     if len(found) != 1:
         return -1.0
     try:
-        with open(f"/proc/{found[0]}/task/{found[0]}/schedstat") as fh:
-            ns = int(fh.read().split()[0])
+        ns = _thread_ns(found[0], found[0])
     except (OSError, ValueError, IndexError):
         return -1.0
     return ns / 1e9 if ns > 0 else -1.0
+
+
+def _thread_ns(pid: int, tid: int | str) -> int:
+    """The scheduler's count of the time thread ``tid`` of ``pid`` has run, in nanoseconds (the
+    first field of its ``schedstat``); raises ``OSError`` when it is gone."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+        return int(fh.read().split()[0])
 
 
 def tree_peak_bytes(pid: int, reset: bool = False) -> float:
@@ -417,8 +423,7 @@ def _scheduled_ns(pids: list[int]) -> dict[int, int]:
         total = 0
         try:
             for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/schedstat") as fh:
-                    total += int(fh.read().split()[0])
+                total += _thread_ns(p, task)
         except (OSError, ValueError, IndexError):
             continue
         out[p] = total
