@@ -45,13 +45,13 @@ from .release import build_student_version
 from .intake import safe_text
 from .report import CellRow, Row, RowSink, summary_table, write_cells, write_grades
 from .shard import Shard, from_environment, lesson_costs, share
-from .sandbox import CellReport, Outcome, choose_sandbox, run_program
+from .sandbox import CellReport, Outcome, choose_sandbox, run_program, task_limit
 from .submissions import Submission, find_submissions, stage
 from .verdict import UNDECIDED, CellVerdict, Transcript, judge
 from .workspace import Workspace, notebooks_in, select_lessons
 
 #: Bumped whenever grading itself changes, so that cached results are not reused.
-GRADER_VERSION = "16"  # 16: learners' processes held by the kernel's cgroup freezer where there is one (a chain of forks escaped SIGSTOP), what ran while held sets the cell aside, the CPU charged is the cgroup's; 15: lesson 3's calibration believes a slow process only as far as its main thread worked longer, any signal handler, switch interval or other thread's CPU is a disturbance, the collector off in the course's blocks; its clock 0.1 s blocks; 14: lesson 3's course sides counted at the learner's process's speed (within 10%), a cheap checksum and input draw; 13: lesson 3's CoordConv clock net of drawing inputs and checking outputs; 12: lesson 5's memory reading samples resident memory too, its loop yardstick as lean as a learner's; 11: implausible speed judged against the course's solution timed beside it, lesson 5's HVP by the kernel's count of peak memory; 10: undecided speed verdicts; 9: lesson 2 checked in the judge (graphs cross as data); 8: lesson 3 checked in the judge (strides cross); 7: lesson 4 checked in the judge (probes); 6: lesson 6 in the judge, fresh clock inputs
+GRADER_VERSION = "17"  # 17: as root, every sandboxed process a host uid of its own (a learner holding every thread it may have starved a classmate graded beside it), the task limit per sandbox sized to --jobs; 16: learners' processes held by the kernel's cgroup freezer where there is one (a chain of forks escaped SIGSTOP), what ran while held sets the cell aside, the CPU charged is the cgroup's; 15: lesson 3's calibration believes a slow process only as far as its main thread worked longer, any signal handler, switch interval or other thread's CPU is a disturbance, the collector off in the course's blocks; its clock 0.1 s blocks; 14: lesson 3's course sides counted at the learner's process's speed (within 10%), a cheap checksum and input draw; 13: lesson 3's CoordConv clock net of drawing inputs and checking outputs; 12: lesson 5's memory reading samples resident memory too, its loop yardstick as lean as a learner's; 11: implausible speed judged against the course's solution timed beside it, lesson 5's HVP by the kernel's count of peak memory; 10: undecided speed verdicts; 9: lesson 2 checked in the judge (graphs cross as data); 8: lesson 3 checked in the judge (strides cross); 7: lesson 4 checked in the judge (probes); 6: lesson 6 in the judge, fresh clock inputs
 
 
 class Settings:
@@ -335,7 +335,8 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
     staged_at = time.monotonic()
     outcome = run_program(program.to_message(), judge_setup=program.judge_setup, sandbox=settings.sandbox, cell_timeout=settings.cell_timeout,
                           timeout=settings.timeout, memory_mb=settings.memory_mb,
-                          log=ws.log("runs", student, f"{lesson.id}.log"), env=settings.child_env())
+                          log=ws.log("runs", student, f"{lesson.id}.log"), env=settings.child_env(),
+                          tasks=task_limit(settings.jobs))
     ran_at = time.monotonic()
     verdicts = _keep_decided(earlier, judge(program, outcome, lesson.transcript))
     for name, what in outcome.flags:

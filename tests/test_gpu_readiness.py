@@ -162,7 +162,7 @@ def test_the_sandbox_binds_gpu_devices_after_making_dev(monkeypatch):
 
     real_exists = Path.exists
     monkeypatch.setattr(Path, "exists", lambda self: str(self) == "/dev/nvidiactl" or real_exists(self))
-    argv = parent._bwrap_argv("child.py", [])
+    argv = parent._bwrap_argv("child.py", [], uid=2_100_000_000)
     dev = argv.index("--dev")
     binds = [i for i, a in enumerate(argv) if a == "/dev/nvidiactl"]
     assert binds and min(binds) > dev, "a device bound before --dev /dev is hidden by it"

@@ -199,6 +199,71 @@ def test_a_paused_submission_is_not_timed_out_by_a_classmates_timing_turn(tmp_pa
     assert not results["b"].cells[0].error and "done" in results["b"].cells[0].output, results["b"].cells[0]
 
 
+def _busiest_process() -> int:
+    """The most threads any process on this machine has now."""
+    most = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/status") as fh:
+                    most = max(most, next(int(line.split()[1]) for line in fh if line.startswith("Threads:")))
+            except (OSError, StopIteration, ValueError):
+                pass
+    return most
+
+
+def test_a_learner_holding_every_thread_it_may_have_leaves_a_classmate_its_own(tmp_path):
+    """The kernel counts a user's processes and threads (RLIMIT_NPROC, set in every sandbox) per
+    uid. A starts idle threads until its sandbox may have no more and keeps them; B, graded
+    meanwhile (--jobs), must still start threads of its own. Before, every sandbox of a grader
+    running as root was the host's nobody: A's threads were B's too, and B could start none (its
+    cell failed). A grader that is not root gives each sandbox a user namespace, counted apart."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    if not bwrap_works():
+        pytest.skip("bubblewrap is not available here (unconfined, both run as this user)")
+    hog = ("import threading, time\n"
+           "threading.stack_size(64 * 1024)\n"
+           "hold, made = threading.Event(), 0\n"
+           "try:\n"
+           "    while made < 20000:\n"
+           "        threading.Thread(target=hold.wait, daemon=True).start()\n"
+           "        made += 1\n"
+           "except RuntimeError:\n"
+           "    pass\n"
+           "print('made', made, flush=True)\n"
+           "time.sleep(20)\n"
+           "hold.set()\n")
+    classmate = ("import threading, time\n"
+                 "threads = [threading.Thread(target=time.sleep, args=(0.05,)) for _ in range(16)]\n"
+                 "for t in threads:\n    t.start()\n"
+                 "for t in threads:\n    t.join()\n"
+                 "import torch\n"
+                 "torch.set_num_threads(2)\n"
+                 "print('started', len(threads), float(torch.ones(256, 256).mm(torch.ones(256, 256)).sum()))\n")
+    results = {}
+
+    def run(name, source):
+        results[name] = run_program([_cell(source)], sandbox="bwrap", cell_timeout=60, timeout=120,
+                                    memory_mb=2000, log=tmp_path / f"{name}.log", tasks=1024)
+
+    a = threading.Thread(target=run, args=("a", hog))
+    a.start()
+    deadline = time.monotonic() + 60
+    while _busiest_process() < 1000 and time.monotonic() < deadline:  # A holds its threads
+        time.sleep(0.2)
+    try:
+        run("b", classmate)
+    finally:
+        a.join()
+    assert results["a"].status == "ok", results["a"]
+    made = int(results["a"].cells[0].output.split("made ")[1].split()[0])
+    assert 900 <= made < 1024, results["a"].cells[0].output  # it held all it could have
+    assert results["b"].status == "ok", results["b"]
+    assert not results["b"].cells[0].error, results["b"].cells[0].error
+    assert "started 16 16777216.0" in results["b"].cells[0].output, results["b"].cells[0]
+
+
 def test_a_cell_past_its_limit_is_interrupted_by_the_parent(tmp_path):
     from autograder.sandbox import bwrap_works, run_program
 
@@ -219,10 +284,15 @@ def test_the_sandbox_user_is_never_host_root(tmp_path):
     out = run_program([_cell(probe)], sandbox="bwrap", cell_timeout=30, timeout=60, memory_mb=2000,
                       log=tmp_path / "log")
     text = out.cells[0].output
-    assert "uid 65534 65534" in text, text
     assert "status 0000000000000000" in text, text  # no capabilities at all
-    if os.geteuid() == 0:  # no user namespace: uid 65534 inside is the host's nobody, not root
+    if os.geteuid() == 0:  # no user namespace: a host uid of the sandboxes' own range, never root
+        from autograder.sandbox import uids
+
         assert "map 0 0 4294967295" in text, text
+        uid = int(text.split("uid ")[1].split()[0])
+        assert uids.base() <= uid < uids.base() + uids.SPAN and f"uid {uid} {uid}" in text, text
+    else:
+        assert "uid 65534 65534" in text, text
 
 
 def test_the_sandbox_imports_the_grading_checkouts_course(tmp_path):

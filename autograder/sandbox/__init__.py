@@ -5,10 +5,11 @@
   at a served test cell it answers the judge's calls instead (``course.remote.serve``);
 - ``judge.py``: the trusted side of served checks, a second confined process that runs the
   instructor's set-up and served test cells, calling the learner's code across the boundary;
+- ``cgroup.py``, ``uids.py``: a cgroup and, as root, a host uid of its own for every process;
 - ``protocol.py``: the one definition of the messages between them and their size limits (the
   judge/learner channel itself carries ``course.wire`` values, see ``course/remote.py``).
 """
 
-from .parent import TURNS, CellReport, Outcome, bwrap_works, choose_sandbox, run_program
+from .parent import TURNS, CellReport, Outcome, bwrap_works, choose_sandbox, run_program, task_limit
 
-__all__ = ["TURNS", "CellReport", "Outcome", "bwrap_works", "choose_sandbox", "run_program"]
+__all__ = ["TURNS", "CellReport", "Outcome", "bwrap_works", "choose_sandbox", "run_program", "task_limit"]

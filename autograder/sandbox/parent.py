@@ -5,8 +5,10 @@ virtual environment and this checkout's ``course`` package read-only, an empty w
 ``/grading`` and ``/tmp``, and nothing else: not ``solutions/``, not the work folder with the
 gradebook and the other submissions, not the network (every namespace but the user's is
 unshared), and it runs as ``nobody``. When the grader runs as root, bwrap sets up the sandbox
-without a user namespace and the child drops to the host's uid 65534 itself before any learner
-code runs (with a user namespace, ``nobody`` inside would be host root). Where bwrap is missing
+without a user namespace (inside one, ``nobody`` would be host root) and the process drops to an
+unprivileged uid of its own before any learner code runs: one no account and no other process on
+the machine has (``uids.py``), so that no limit the kernel counts per user is shared between
+sandboxes. Where bwrap is missing
 (``--sandbox none``, or ``auto`` on a machine without it) the process still starts fresh in an
 empty folder with ``python -I``, and the report says the run was unconfined.
 
@@ -41,7 +43,7 @@ from pathlib import Path
 
 from ..intake import safe_text
 from ..proc import descendants, is_python, kill_tree, shallowest, signal_tree
-from . import cgroup, protocol
+from . import cgroup, protocol, uids
 from .protocol import ProtocolError, Reader, decode
 
 HERE = Path(__file__).resolve().parent
@@ -192,7 +194,8 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
             "COURSE_DEVICE", "COURSE_THREADS", "LD_LIBRARY_PATH")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.update({"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-                "HOME": "/tmp", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1",
+                "HOME": "/tmp", "USER": "learner", "LOGNAME": "learner",  # as root, a uid with no account
+                "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1",
                 "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor", "TRITON_CACHE_DIR": "/tmp/triton",
                 # Inductor's pool of compile workers, at most two: by default it starts one per
                 # core, each importing torch, and on a 16-core runner the pool alone would pass
@@ -207,8 +210,9 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _bwrap_argv(script: str, args: list[str]) -> list[str]:
-    """bwrap's argv to run ``/grading/<script> ARGS`` (``child.py`` or ``judge.py``) confined."""
+def _bwrap_argv(script: str, args: list[str], uid: int | None = None) -> list[str]:
+    """bwrap's argv to run ``/grading/<script> ARGS`` (``child.py`` or ``judge.py``) confined;
+    ``uid``: the host uid it runs as, when the grader is root (:mod:`.uids`)."""
     binds: list[str] = []
     for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
         binds += ["--ro-bind-try", path, path]
@@ -227,9 +231,11 @@ def _bwrap_argv(script: str, args: list[str]) -> list[str]:
     command = [sys.executable, "-I", f"/grading/{script}", *args]
     if os.geteuid() == 0:
         # No user namespace (inside it, uid 65534 would be host root): bwrap makes the mounts as
-        # root, then the child runs as the host's nobody, with no capabilities left.
+        # root, then the child runs as a uid of its own, with no capabilities left.
+        if uid is None:
+            raise ValueError("a grader running as root confines each process as a uid of its own (uids.claim())")
         spaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
                    "--bounding-set=-all", "--no-new-privs", *command]
     else:
         spaces = ["--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534"]
@@ -372,9 +378,21 @@ class PeakWatch:
         return max(tree_peak_bytes(self.pid), self.most)
 
 
-def _limits(memory_mb: float, env: dict[str, str]) -> str:
+def task_limit(jobs: int = 1) -> int:
+    """The processes and threads one learner's sandbox may have (``RLIMIT_NPROC``, counted per
+    sandbox: see :mod:`.uids`): 4,096, less where ``jobs`` sandboxes at that many would take more
+    than a quarter of the machine's process ids (``kernel.pid_max``, 32,768 on many machines), but
+    never under 1,024 (a lesson's run uses a few hundred at most)."""
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        pid_max = 32768
+    return max(1024, min(4096, pid_max // (4 * max(1, jobs))))
+
+
+def _limits(memory_mb: float, env: dict[str, str], tasks: int = 4096) -> str:
     """The rlimits the child sets on itself before learner code runs, as ``name=value,...``."""
-    limits = {"FSIZE": 256 * 2**20, "NPROC": 4096, "CORE": 0}
+    limits = {"FSIZE": 256 * 2**20, "NPROC": int(tasks), "CORE": 0}
     if env.get("CUDA_VISIBLE_DEVICES") == "" or not Path("/dev/nvidiactl").exists():
         # CUDA maps huge private ranges; on a CPU, twice the cap is a backstop the kernel enforces.
         limits["DATA"] = int(2 * memory_mb * 2**20)
@@ -486,11 +504,14 @@ class _Proc:
         self.token, self.reader, self.done = token, Reader(), False
         self.ready = False  # said so after installing its alarm handler: SIGALRM is safe to send from then on
         self.scratch = None
+        self.uid: uids.Claim | None = None
         fds = [str(to_r), str(from_w)]
         # Every process it starts, whatever becomes of its parent, stays in its cgroup (if one can be made).
         self.group = cgroup.make(Path(script).stem)
         if sandbox == "bwrap":
-            argv = _bwrap_argv(script, fds + _sandbox_args(script, args))
+            # As root, a uid of its own: no per-user count of the kernel's shared with another sandbox.
+            self.uid = uids.claim() if os.geteuid() == 0 else None
+            argv = _bwrap_argv(script, fds + _sandbox_args(script, args), self.uid.uid if self.uid else None)
             cwd = "/"
         else:
             self.scratch = tempfile.mkdtemp(prefix="grading-")
@@ -500,10 +521,15 @@ class _Proc:
             cwd = f"{self.scratch}/cells"
         if self.group is not None:
             argv = self.group.wrap(argv)
-        with open(log, "wb") as logfh:
-            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=logfh,
-                                         stderr=subprocess.STDOUT, pass_fds=(to_r, from_w, *extra_fds),
-                                         start_new_session=True)
+        try:
+            with open(log, "wb") as logfh:
+                self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=logfh,
+                                             stderr=subprocess.STDOUT, pass_fds=(to_r, from_w, *extra_fds),
+                                             start_new_session=True)
+        except BaseException:
+            if self.uid is not None:
+                self.uid.release()
+            raise
         os.close(to_r)
         os.close(from_w)
 
@@ -539,6 +565,8 @@ class _Proc:
             self.group.remove()
         os.close(self.from_r)
         os.close(self.to_w)
+        if self.uid is not None:  # every process that had it is gone
+            self.uid.release()
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -567,14 +595,15 @@ def _readable(fds: list[int], timeout_s: float) -> set[int]:
 
 def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout: float,
                 memory_mb: float, log: Path, env: dict[str, str] | None = None,
-                judge_setup: list[str] | None = None) -> Outcome:
+                judge_setup: list[str] | None = None, tasks: int | None = None) -> Outcome:
     """Run ``cells`` (``Program.to_message()``) in a fresh child; never raises for the child's sake.
 
     Test cells marked ``served`` run in a second confined process, the judge (``judge.py``), after
-    the instructor's ``judge_setup`` cells; the learner's process answers its calls meanwhile."""
+    the instructor's ``judge_setup`` cells; the learner's process answers its calls meanwhile.
+    ``tasks``: the processes and threads the learner's sandbox may have (:func:`task_limit`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     child_env = _env(env or {})
-    limits = _limits(memory_mb, child_env)
+    limits = _limits(memory_mb, child_env, task_limit() if tasks is None else tasks)
     served = [c for c in cells if c.get("served")]
     start = time.monotonic()
     call_r = call_w = reply_r = reply_w = None
