@@ -264,6 +264,48 @@ def test_a_learner_holding_every_thread_it_may_have_leaves_a_classmate_its_own(t
     assert "started 16 16777216.0" in results["b"].cells[0].output, results["b"].cells[0]
 
 
+def _writer(mb: int, folder: str, then: str = "") -> str:
+    """A cell that writes ``mb`` MB of files into ``folder`` (16 MB each), says how far it got, then runs ``then``."""
+    return ("import os, time\nchunk = b'x' * (16 * 2**20)\nn = 0\n"
+            f"try:\n    for i in range({mb // 16}):\n        open(f'{folder}/f{{i}}', 'wb').write(chunk)\n        n += 1\n"
+            "except OSError as e:\n    print('stopped:', e.strerror)\n"
+            f"print('wrote MB', n * 16, flush=True)\n{then}")
+
+
+@pytest.mark.parametrize("folder", ["/tmp", "/grading/cells"])
+def test_files_written_in_the_sandbox_count_toward_the_memory_cap(tmp_path, folder):
+    """The sandbox's writable folders are tmpfs: their files are kept in the machine's memory, in no
+    process's resident count. Before, a learner wrote 1.5 GB there under a 1 GB cap and was graded
+    ("ok", 402 MB resident): a way past the cap, and with --jobs, into a classmate's memory."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    if not bwrap_works():
+        pytest.skip("bubblewrap is not available here (unconfined, the files go to this machine's disk)")
+    kept = run_program([_cell(_writer(1600, folder, "time.sleep(3)\nprint('still here')\n"))], sandbox="bwrap",
+                       cell_timeout=60, timeout=120, memory_mb=1000, log=tmp_path / "kept.log")
+    assert kept.status == "oom" and "the files it wrote" in kept.detail, kept
+    small = run_program([_cell(_writer(320, folder, "time.sleep(1)\nprint('still here')\n"))], sandbox="bwrap",
+                        cell_timeout=60, timeout=120, memory_mb=1000, log=tmp_path / "small.log")
+    assert small.status == "ok" and "wrote MB 320\nstill here" in small.cells[0].output, small
+
+
+def test_the_kernel_refuses_files_past_the_cap_in_the_sandbox(tmp_path):
+    """Between two looks of the parent, the kernel holds the wall: each tmpfs is no larger than the
+    memory cap (bwrap's --size, from bubblewrap 0.7), so a burst of writes ends in 'No space left'
+    (without it, each could take half the machine's memory)."""
+    from autograder.sandbox import bwrap_works, run_program
+    from autograder.sandbox.parent import bwrap_sizes_tmpfs
+
+    if not bwrap_works() or not bwrap_sizes_tmpfs():
+        pytest.skip("this bubblewrap cannot size a tmpfs (older than 0.7): the parent's look alone holds the cap")
+    probe = ("import os\nfor f in ('/tmp', '/grading', '/grading/cells'):\n"
+             "    st = os.statvfs(f)\n    print(f, st.f_blocks * st.f_frsize // 2**20)\n")
+    out = run_program([_cell(probe)], sandbox="bwrap", cell_timeout=60, timeout=120, memory_mb=700,
+                      log=tmp_path / "log")
+    sizes = dict(line.split() for line in out.cells[0].output.splitlines())
+    assert sizes == {"/tmp": "700", "/grading": "700", "/grading/cells": "700"}, out
+
+
 def test_a_cell_past_its_limit_is_interrupted_by_the_parent(tmp_path):
     from autograder.sandbox import bwrap_works, run_program
 

@@ -21,8 +21,10 @@ Limits: the parent owns every clock, net of the time a child spends paused while
 submission measures speed. A cell past its limit is interrupted (SIGALRM to the child's
 Python), then killed 30 s later; a submission past its limit is killed; a timing turn held
 longer than :data:`TURN_LIMIT` is ended and the holder killed. Memory is polled from /proc
-(the ``oom`` status); the kernel enforces file size, process count and, on a CPU, data size
-(rlimits set in the child before learner code runs). Messages are bounded (``protocol.py``).
+(the ``oom`` status): the processes' resident memory and the files in the sandbox's tmpfs
+folders, which are memory too (:func:`scratch_mb`); the kernel enforces file size, process count
+and, on a CPU, data size (rlimits set in the child before learner code runs), and the size of each
+tmpfs (the cap). Messages are bounded (``protocol.py``).
 """
 
 from __future__ import annotations
@@ -171,6 +173,20 @@ def bwrap_works() -> bool:
         return False
 
 
+_SIZED: list[bool] = []
+
+
+def bwrap_sizes_tmpfs() -> bool:
+    """Whether this bwrap can give a tmpfs a size (``--size``, bubblewrap 0.7 and later)."""
+    if not _SIZED:
+        try:
+            text = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            text = ""
+        _SIZED.append("--size" in text)
+    return _SIZED[0]
+
+
 def choose_sandbox(kind: str) -> str:
     """``bwrap`` or ``none``; ``auto`` picks bwrap when it works on this machine."""
     if kind == "auto":
@@ -210,9 +226,12 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _bwrap_argv(script: str, args: list[str], uid: int | None = None) -> list[str]:
+def _bwrap_argv(script: str, args: list[str], uid: int | None = None, scratch_bytes: int | None = None) -> list[str]:
     """bwrap's argv to run ``/grading/<script> ARGS`` (``child.py`` or ``judge.py``) confined;
-    ``uid``: the host uid it runs as, when the grader is root (:mod:`.uids`)."""
+    ``uid``: the host uid it runs as, when the grader is root (:mod:`.uids`); ``scratch_bytes``:
+    the size of each of its two writable folders, ``/tmp`` and ``/grading`` (tmpfs: what is
+    written there is held in the machine's memory), where bwrap can set one."""
+    size = ["--size", str(int(scratch_bytes))] if scratch_bytes and bwrap_sizes_tmpfs() else []
     binds: list[str] = []
     for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
         binds += ["--ro-bind-try", path, path]
@@ -241,8 +260,8 @@ def _bwrap_argv(script: str, args: list[str], uid: int | None = None) -> list[st
         spaces = ["--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534"]
     return ["bwrap", *spaces, "--die-with-parent", "--new-session",
             # /tmp first: the environment itself may live under /tmp and is bound over it.
-            "--perms", "1777", "--tmpfs", "/tmp", *dirs, *binds, "--proc", "/proc", "--dev", "/dev", *devices,
-            "--perms", "0755", "--tmpfs", "/grading",
+            "--perms", "1777", *size, "--tmpfs", "/tmp", *dirs, *binds, "--proc", "/proc", "--dev", "/dev", *devices,
+            "--perms", "0755", *size, "--tmpfs", "/grading",
             "--ro-bind", str(CHILD), "/grading/child.py", "--ro-bind", str(JUDGE), "/grading/judge.py",
             "--ro-bind", str(PROTOCOL), "/grading/protocol.py",
             "--perms", "0755", "--dir", "/grading/pkg", "--ro-bind", str(COURSE.resolve()), "/grading/pkg/course",
@@ -265,6 +284,32 @@ def _resident_bytes(pids: list[int]) -> float:
 
 def _tree_rss_mb(pid: int) -> float:
     return _resident_bytes([pid, *descendants(pid)]) / 2**20
+
+
+#: The folders a sandbox can write, each a tmpfs of its own (``_bwrap_argv``).
+SCRATCH = ("/tmp", "/grading")
+
+
+def scratch_mb(pid: int) -> float:
+    """What the files in the sandbox of ``pid`` (bwrap) hold, in MB: its ``/tmp`` and ``/grading``
+    are tmpfs, whose files are kept in memory and belong to no process's resident count. Read
+    through the root of a process inside (``/proc/<p>/root``); 0.0 when none is found."""
+    inside = shallowest(pid, is_python)
+    if not inside:
+        return 0.0
+    seen, total = set(), 0
+    for folder in SCRATCH:
+        try:
+            where = f"/proc/{inside[0]}/root{folder}"
+            dev = os.stat(where).st_dev
+            if dev in seen:
+                continue
+            seen.add(dev)
+            st = os.statvfs(where)
+        except OSError:
+            continue
+        total += (st.f_blocks - st.f_bfree) * st.f_frsize
+    return total / 2**20
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -498,7 +543,7 @@ class _Proc:
     """One confined process of a run and its two pipes (frames in, messages out)."""
 
     def __init__(self, script: str, args: list[str], *, sandbox: str, env: dict, log: Path, token: str,
-                 extra_fds: tuple[int, ...] = ()):
+                 extra_fds: tuple[int, ...] = (), scratch_bytes: int | None = None):
         to_r, self.to_w = os.pipe()
         self.from_r, from_w = os.pipe()
         self.token, self.reader, self.done = token, Reader(), False
@@ -511,7 +556,8 @@ class _Proc:
         if sandbox == "bwrap":
             # As root, a uid of its own: no per-user count of the kernel's shared with another sandbox.
             self.uid = uids.claim() if os.geteuid() == 0 else None
-            argv = _bwrap_argv(script, fds + _sandbox_args(script, args), self.uid.uid if self.uid else None)
+            argv = _bwrap_argv(script, fds + _sandbox_args(script, args), self.uid.uid if self.uid else None,
+                               scratch_bytes)
             cwd = "/"
         else:
             self.scratch = tempfile.mkdtemp(prefix="grading-")
@@ -612,8 +658,10 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         call_r, call_w = os.pipe()    # judge -> learner: requests
         reply_r, reply_w = os.pipe()  # learner -> judge: replies
         child_args += [str(call_r), str(reply_w)]
+    # The learner's tmpfs folders can hold no more than the memory cap each (where bwrap sizes them);
+    # what they hold counts toward the cap beside the processes' memory (the poll below).
     child = _Proc("child.py", child_args, sandbox=sandbox, env=child_env, log=log, token=secrets.token_hex(16),
-                  extra_fds=(call_r, reply_w) if served else ())
+                  extra_fds=(call_r, reply_w) if served else (), scratch_bytes=int(memory_mb * 2**20))
     judge = None
     if served:
         # The judge runs trusted code only; its limits are the grader's, not the submission's.
@@ -686,9 +734,13 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             break
         if now - last_poll > 0.2:
             last_poll = now
-            peak = max(peak, _tree_rss_mb(child.proc.pid))
-            if peak > memory_mb:
-                status, detail = "oom", f"used more than the memory cap of {memory_mb:g} MB"
+            rss = _tree_rss_mb(child.proc.pid)
+            peak = max(peak, rss)
+            files = scratch_mb(child.proc.pid) if sandbox == "bwrap" else 0.0
+            if rss + files > memory_mb:
+                status, detail = "oom", f"used more than the memory cap of {memory_mb:g} MB" + (
+                    f" (its processes {rss:.0f} MB, the files it wrote in the sandbox's /tmp or /grading "
+                    f"{files:.0f} MB: those folders are kept in memory)" if files >= 1 else "")
                 break
         if now - start > timeout:
             status, detail = "timeout", f"ran past the limit of {timeout:g} s per submission"
