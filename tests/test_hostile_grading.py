@@ -289,6 +289,54 @@ def test_files_written_in_the_sandbox_count_toward_the_memory_cap(tmp_path, fold
     assert small.status == "ok" and "wrote MB 320\nstill here" in small.cells[0].output, small
 
 
+_MEMFD = ("import os, time\nchunk = b'x' * (16 * 2**20)\nfds = []\n"
+          "for k in range({files}):\n    fd = os.memfd_create(f'm{{k}}')\n    fds.append(fd)\n"
+          "    for i in range(14):\n        os.write(fd, chunk)\n")
+_PAIRS = ("import socket, time\nkept = []\n"
+          "for k in range({pairs}):\n    a, b = socket.socketpair()\n"
+          "    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)\n    a.setblocking(False)\n"
+          "    try:\n        while True:\n            a.send({message})\n    except BlockingIOError:\n        pass\n"
+          "    {after}\n")
+_HOLD = "time.sleep(3)\nprint('still here')\n"
+
+
+@pytest.mark.parametrize("case,says", [
+    (_MEMFD.format(files=8) + _HOLD, "memory files (memfd) it holds open"),
+    (_PAIRS.format(pairs=200, message="b'x' * 65536", after="kept.append((a, b))") + _HOLD, "data queued in its sockets"),
+    # the sender closed: its 1-byte messages sit in the receiver's queue at a kilobyte each
+    (_PAIRS.format(pairs=150, message="b'x'", after="a.close(); kept.append(b)") + _HOLD, "data queued in its sockets"),
+], ids=["memfd", "socket-pairs", "senders-closed"])
+def test_memory_the_kernel_holds_outside_the_processes_counts_toward_the_cap(tmp_path, case, says):
+    """Each kept between 1.2 and 1.8 GB of the machine's memory under a 1 GB cap and was graded "ok":
+    memory files written and never mapped, and data sent into sockets nobody reads (a pair holds up
+    to 8 MB). The parent counts them from outside (autograder/sandbox/held.py)."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    if not bwrap_works():
+        pytest.skip("bubblewrap is not available here")
+    if "socket" in case and os.geteuid() != 0:
+        pytest.skip("the sandbox's sockets are counted by a grader running as root (it enters their namespace)")
+    out = run_program([_cell(case)], sandbox="bwrap", cell_timeout=60, timeout=120, memory_mb=1000,
+                      log=tmp_path / "log")
+    assert out.status == "oom" and says in out.detail, out
+
+
+def test_a_few_sockets_and_memory_files_stay_within_the_cap(tmp_path):
+    """The control: what honest code holds (a memory file of 16 MB, ten socket pairs with a little
+    data waiting, a listening socket) is counted at its size and graded."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    if not bwrap_works():
+        pytest.skip("bubblewrap is not available here")
+    case = (_MEMFD.format(files=1).replace("range(14)", "range(1)")
+            + "import socket\nkept = [socket.socketpair() for _ in range(10)]\n"
+              "for a, b in kept:\n    a.send(b'x' * 4096)\n"
+            + "server = socket.socket(socket.AF_UNIX); server.bind('\\0course-test'); server.listen(8)\n" + _HOLD)
+    out = run_program([_cell(case)], sandbox="bwrap", cell_timeout=60, timeout=120, memory_mb=1000,
+                      log=tmp_path / "log")
+    assert out.status == "ok" and "still here" in out.cells[0].output, out
+
+
 def test_the_kernel_refuses_files_past_the_cap_in_the_sandbox(tmp_path):
     """Between two looks of the parent, the kernel holds the wall: each tmpfs is no larger than the
     memory cap (bwrap's --size, from bubblewrap 0.7), so a burst of writes ends in 'No space left'

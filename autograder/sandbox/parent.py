@@ -21,8 +21,9 @@ Limits: the parent owns every clock, net of the time a child spends paused while
 submission measures speed. A cell past its limit is interrupted (SIGALRM to the child's
 Python), then killed 30 s later; a submission past its limit is killed; a timing turn held
 longer than :data:`TURN_LIMIT` is ended and the holder killed. Memory is polled from /proc
-(the ``oom`` status): the processes' resident memory and the files in the sandbox's tmpfs
-folders, which are memory too (:func:`scratch_mb`); the kernel enforces file size, process count
+(the ``oom`` status): the processes' resident memory and what the kernel holds for the sandbox
+outside it (``held.py``: its tmpfs files, memory files, socket buffers); the kernel enforces file
+size, process count, open descriptors
 and, on a CPU, data size (rlimits set in the child before learner code runs), and the size of each
 tmpfs (the cap). Messages are bounded (``protocol.py``).
 """
@@ -46,6 +47,7 @@ from pathlib import Path
 from ..intake import safe_text
 from ..proc import descendants, is_python, kill_tree, shallowest, signal_tree
 from . import cgroup, protocol, uids
+from .held import FDS, Held
 from .protocol import ProtocolError, Reader, decode
 
 HERE = Path(__file__).resolve().parent
@@ -286,32 +288,6 @@ def _tree_rss_mb(pid: int) -> float:
     return _resident_bytes([pid, *descendants(pid)]) / 2**20
 
 
-#: The folders a sandbox can write, each a tmpfs of its own (``_bwrap_argv``).
-SCRATCH = ("/tmp", "/grading")
-
-
-def scratch_mb(pid: int) -> float:
-    """What the files in the sandbox of ``pid`` (bwrap) hold, in MB: its ``/tmp`` and ``/grading``
-    are tmpfs, whose files are kept in memory and belong to no process's resident count. Read
-    through the root of a process inside (``/proc/<p>/root``); 0.0 when none is found."""
-    inside = shallowest(pid, is_python)
-    if not inside:
-        return 0.0
-    seen, total = set(), 0
-    for folder in SCRATCH:
-        try:
-            where = f"/proc/{inside[0]}/root{folder}"
-            dev = os.stat(where).st_dev
-            if dev in seen:
-                continue
-            seen.add(dev)
-            st = os.statvfs(where)
-        except OSError:
-            continue
-        total += (st.f_blocks - st.f_bfree) * st.f_frsize
-    return total / 2**20
-
-
 def tree_cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of ``pid`` and its descendants, their reaped children included:
     what a learner's process tree has used, every thread and helper process counted (a thread
@@ -437,7 +413,10 @@ def task_limit(jobs: int = 1) -> int:
 
 def _limits(memory_mb: float, env: dict[str, str], tasks: int = 4096) -> str:
     """The rlimits the child sets on itself before learner code runs, as ``name=value,...``."""
-    limits = {"FSIZE": 256 * 2**20, "NPROC": int(tasks), "CORE": 0}
+    import resource
+
+    fds = min(FDS, resource.getrlimit(resource.RLIMIT_NOFILE)[1])  # never above the grader's own
+    limits = {"FSIZE": 256 * 2**20, "NPROC": int(tasks), "NOFILE": fds, "CORE": 0}
     if env.get("CUDA_VISIBLE_DEVICES") == "" or not Path("/dev/nvidiactl").exists():
         # CUDA maps huge private ranges; on a CPU, twice the cap is a backstop the kernel enforces.
         limits["DATA"] = int(2 * memory_mb * 2**20)
@@ -714,6 +693,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     last_poll = 0.0
     held: Pause | None = None  # the judge has the learner's process stopped (a baseline block)
     watch = PeakWatch(child.proc.pid)  # the learner's memory between the judge's two PEAK messages
+    held_for = Held(child.proc.pid) if sandbox == "bwrap" else None  # memory outside its processes
     closed: _Proc | None = None  # a process whose pipe closed before it said it was done
 
     def net() -> float:
@@ -736,11 +716,15 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             last_poll = now
             rss = _tree_rss_mb(child.proc.pid)
             peak = max(peak, rss)
-            files = scratch_mb(child.proc.pid) if sandbox == "bwrap" else 0.0
-            if rss + files > memory_mb:
+            outside = held_for.bytes() if held_for is not None else {}
+            extra = sum(outside.values()) / 2**20
+            if rss + extra > memory_mb:
+                parts = {"files": "the files it wrote in the sandbox's /tmp or /grading (kept in memory)",
+                         "memory files": "memory files (memfd) it holds open",
+                         "sockets": "data queued in its sockets"}
+                said = "".join(f", {parts[k]} {v / 2**20:.0f} MB" for k, v in outside.items() if v >= 2**20)
                 status, detail = "oom", f"used more than the memory cap of {memory_mb:g} MB" + (
-                    f" (its processes {rss:.0f} MB, the files it wrote in the sandbox's /tmp or /grading "
-                    f"{files:.0f} MB: those folders are kept in memory)" if files >= 1 else "")
+                    f" (its processes {rss:.0f} MB{said})" if said else "")
                 break
         if now - start > timeout:
             status, detail = "timeout", f"ran past the limit of {timeout:g} s per submission"
@@ -872,6 +856,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if index in reports:
             reports[index].tampered = True
     exits = {id(p): p.proc.poll() for p in procs}  # before close() kills what is left
+    if held_for is not None:
+        held_for.close()
     for p in procs:
         p.close()
     if not status:

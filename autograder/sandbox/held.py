@@ -1,0 +1,268 @@
+"""Memory the kernel holds for a sandbox outside its processes' resident count.
+
+The memory cap is a poll of the learner's process tree (``parent.py``): each process's resident
+memory (``statm``). A sandbox can make the kernel hold memory that is in no process's count, and
+each of these, tried under a 1 GB cap, was graded "ok":
+
+- files in its writable folders, ``/tmp`` and ``/grading``, which are tmpfs, kept in memory
+  (1.5 GB written, 402 MB resident);
+- anonymous memory files (``os.memfd_create``), written and never mapped (1.8 GB);
+- data sent into sockets that nobody reads: a pair of unix sockets queues up to 8 MB
+  (``SO_SNDBUF``), so 200 pairs held 1.6 GB of the machine's memory; with the thousands of
+  descriptors a process may open, enough to take the machine's memory from everyone on it.
+
+:class:`Held` reads each from outside, every time the parent looks at the memory:
+
+- the tmpfs folders' use, through the root of a process inside (``/proc/<p>/root``, ``statvfs``;
+  files deleted while still open included);
+- the memory files any process of the tree has open (``/proc/<p>/fd``, each file once, at most
+  :data:`MAX_FDS` descriptors a look);
+- the bytes queued in the sandbox's sockets, unix and TCP/UDP, as the kernel's ``sock_diag``
+  reports them, asked from inside the sandbox's network namespace (a thread of the parent enters
+  it to open the netlink socket: this needs root; elsewhere sockets are not counted, and the
+  descriptor limit, :data:`FDS`, bounds them). A unix sender's buffers count at their true size
+  (its write queue). What a sender that has closed left in a receiver shows there only as payload
+  bytes (a 1-byte message takes a kilobyte), so such a receiver counts as the most one sender can
+  queue; a listening socket, that much for each connection waiting; a datagram receiver with data
+  from no listed sender, as much as its queue holds.
+
+Whatever it counts is added to the resident memory before comparing with the cap.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import struct
+import threading
+
+from ..proc import descendants
+
+#: Descriptors a learner's process may have open (RLIMIT_NOFILE; lower if the grader's own is).
+FDS = 4096
+#: The most descriptors one look examines for memory files (the rest wait for later looks).
+MAX_FDS = 65536
+
+CLONE_NEWNET = 0x40000000
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+UDIAG_SHOW_PEER, UDIAG_SHOW_RQLEN = 0x04, 0x10
+UNIX_DIAG_PEER, UNIX_DIAG_RQLEN = 2, 4
+DGRAM_QUEUE = 11  # datagrams a unix receiver queues: net.unix.max_dgram_qlen (10 by default), and one more
+LISTEN = 10  # TCP_LISTEN: a listening socket's queue lengths count connections, not bytes
+SCRATCH = ("/tmp", "/grading")
+
+
+def _mnt_ns(pid: int | str) -> int:
+    return os.stat(f"/proc/{pid}/ns/mnt").st_ino
+
+
+class Held:
+    """What the kernel holds for the sandbox of the process tree under ``root`` (a bwrap process)."""
+
+    def __init__(self, root: int):
+        self.root = root
+        self._ours = _mnt_ns("self")
+        self._inside: int | None = None
+        self._diag: socket.socket | None = None
+        self._diag_tried = False
+        self._seq = 0
+
+    def close(self) -> None:
+        if self._diag is not None:
+            self._diag.close()
+            self._diag = None
+
+    def _find_inside(self, tree: list[int]) -> int | None:
+        """A process of the sandbox (another mount namespace than the parent's): not found by its
+        name, which a learner can change (``/proc/self/comm``)."""
+        if self._inside is not None and self._inside in tree:
+            return self._inside
+        self._inside = None
+        for p in tree:
+            try:
+                if _mnt_ns(p) != self._ours:
+                    self._inside = p
+                    break
+            except OSError:
+                continue
+        return self._inside
+
+    def bytes(self) -> dict[str, int]:
+        """Bytes held now: ``files`` (tmpfs folders), ``memory files`` (memfd), ``sockets``."""
+        tree = [self.root, *descendants(self.root)]
+        inside = self._find_inside(tree)
+        out = {"files": 0, "memory files": 0, "sockets": 0}
+        if inside is None:
+            return out
+        out["files"] = _scratch_bytes(inside)
+        out["memory files"] = _memfd_bytes(tree)
+        if not self._diag_tried:
+            self._diag_tried = True
+            self._diag = _diag_socket(inside)
+        if self._diag is not None:
+            try:
+                out["sockets"] = self._socket_bytes()
+            except OSError:
+                self.close()
+        return out
+
+    def _ask(self, family: int, payload: bytes) -> list[bytes]:
+        """The replies (their payloads after the netlink header) to one sock_diag dump request."""
+        self._seq += 1
+        header = struct.pack("=IHHII", 16 + len(payload), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP,
+                             self._seq, 0)
+        sock = self._diag
+        sock.send(header + payload)
+        messages: list[bytes] = []
+        sock.settimeout(0.5)
+        while True:
+            data = sock.recv(1 << 16)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, kind, _, seq, _ = struct.unpack_from("=IHHII", data, offset)
+                if length < 16:
+                    return messages
+                if seq == self._seq:
+                    if kind == NLMSG_DONE:
+                        return messages
+                    if kind == NLMSG_ERROR:
+                        return messages
+                    messages.append(data[offset + 16:offset + length])
+                offset += (length + 3) & ~3
+
+    def _socket_bytes(self) -> int:
+        total = 0
+        worst = _worst_queue()
+        # Unix sockets. A sender's queued buffers are charged to it at their true size (its write
+        # queue). What a sender that has closed left in a receiver's queue shows only as payload
+        # bytes there (1 byte can take a kilobyte), so such a receiver is charged the most one sender
+        # can queue; a listening socket, the most for each connection waiting to be accepted; a
+        # datagram receiver with data from no listed peer, the most its queue can hold.
+        req = struct.pack("=BBHIIIII", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN,
+                          0xFFFFFFFF, 0xFFFFFFFF)
+        found = []
+        for msg in self._ask(socket.AF_UNIX, req):
+            if len(msg) < 16:
+                continue
+            kind, state, ino = msg[1], msg[2], struct.unpack_from("=I", msg, 4)[0]
+            rqueue = wqueue = peer = 0
+            offset = 16
+            while offset + 4 <= len(msg):
+                length, attr = struct.unpack_from("=HH", msg, offset)
+                if length < 4:
+                    break
+                if attr == UNIX_DIAG_RQLEN and length >= 12:
+                    rqueue, wqueue = struct.unpack_from("=II", msg, offset + 4)
+                elif attr == UNIX_DIAG_PEER and length >= 8:
+                    peer = struct.unpack_from("=I", msg, offset + 4)[0]
+                offset += (length + 3) & ~3
+            found.append((ino, kind, state, rqueue, wqueue, peer))
+        live = {f[0] for f in found}
+        for ino, kind, state, rqueue, wqueue, peer in found:
+            if state == LISTEN:
+                total += rqueue * worst
+                continue
+            total += wqueue
+            if rqueue and peer not in live:
+                total += worst * (DGRAM_QUEUE if kind == socket.SOCK_DGRAM else 1)
+        # TCP and UDP over the sandbox's loopback: bytes waiting in receive and send queues (a
+        # connection waiting to be accepted is listed with its own).
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for proto in (socket.IPPROTO_TCP, socket.IPPROTO_UDP):
+                req = struct.pack("=BBBBI", family, proto, 0, 0, 0xFFFFFFFF) + bytes(48)
+                for msg in self._ask(family, req):
+                    if len(msg) >= 64 and msg[1] != LISTEN:
+                        rqueue, wqueue = struct.unpack_from("=II", msg, 56)
+                        total += rqueue + wqueue
+        return total
+
+
+def _worst_queue() -> int:
+    """The most one socket can have queued as a sender: twice ``net.core.wmem_max`` (the kernel
+    doubles what SO_SNDBUF asks, up to that)."""
+    try:
+        with open("/proc/sys/net/core/wmem_max") as fh:
+            return 2 * int(fh.read())
+    except (OSError, ValueError):
+        return 2 * 4 * 2**20
+
+
+def _scratch_bytes(inside: int) -> int:
+    """What the files in the sandbox's tmpfs folders hold (open files already deleted included)."""
+    seen, total = set(), 0
+    for folder in SCRATCH:
+        try:
+            where = f"/proc/{inside}/root{folder}"
+            dev = os.stat(where).st_dev
+            if dev in seen or dev == _host_dev(folder):  # bwrap still setting up: not its tmpfs yet
+                continue
+            seen.add(dev)
+            st = os.statvfs(where)
+        except OSError:
+            continue
+        total += (st.f_blocks - st.f_bfree) * st.f_frsize
+    return total
+
+
+def _host_dev(folder: str) -> int | None:
+    try:
+        return os.stat(folder).st_dev
+    except OSError:
+        return None
+
+
+def _memfd_bytes(tree: list[int]) -> int:
+    """What the memory files open in ``tree``'s processes hold, each file counted once."""
+    seen, total, looked = set(), 0, 0
+    for p in tree:
+        try:
+            names = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for name in names:
+            looked += 1
+            if looked > MAX_FDS:
+                return total
+            path = f"/proc/{p}/fd/{name}"
+            try:
+                if not os.readlink(path).startswith("/memfd:"):
+                    continue
+                st = os.stat(path)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def _diag_socket(inside: int) -> socket.socket | None:
+    """A sock_diag netlink socket in the network namespace of process ``inside``, opened by a thread
+    that enters that namespace (``setns`` moves the calling thread only) and then ends; None where
+    this grader may not enter it (not root)."""
+    if os.geteuid() != 0:
+        return None
+    found: list = []
+
+    def enter_and_open() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/proc/{inside}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    return
+            finally:
+                os.close(fd)
+            found.append(socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                                       NETLINK_SOCK_DIAG))
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=enter_and_open, name="sock-diag-netns")
+    thread.start()
+    thread.join()
+    return found[0] if found else None
