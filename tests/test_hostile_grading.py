@@ -321,6 +321,23 @@ def test_memory_the_kernel_holds_outside_the_processes_counts_toward_the_cap(tmp
     assert out.status == "oom" and says in out.detail, out
 
 
+def test_a_sandbox_holding_more_files_than_the_parent_looks_through_is_ended(tmp_path):
+    """Memory files are found by looking at every open descriptor of the tree; a process may have
+    4,096, and every process it starts can be handed them all. A tree holding more than the parent
+    looks through (65,536 in all) could hide a memory file behind them: it is ended as over the cap."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    if not bwrap_works():
+        pytest.skip("bubblewrap is not available here")
+    case = ("import os, subprocess, time\n"
+            "fds = [os.open('/dev/null', os.O_RDONLY) for _ in range(4000)]\n"
+            "kids = [subprocess.Popen(['sleep', '30'], pass_fds=fds) for _ in range(17)]\n"
+            "time.sleep(5)\nprint('still here')\n")
+    out = run_program([_cell(case)], sandbox="bwrap", cell_timeout=60, timeout=120, memory_mb=2000,
+                      log=tmp_path / "log")
+    assert out.status == "oom" and "65,536 open files" in out.detail, out
+
+
 def test_a_few_sockets_and_memory_files_stay_within_the_cap(tmp_path):
     """The control: what honest code holds (a memory file of 16 MB, ten socket pairs with a little
     data waiting, a listening socket) is counted at its size and graded."""

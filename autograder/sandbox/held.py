@@ -15,8 +15,9 @@ each of these, tried under a 1 GB cap, was graded "ok":
 
 - the tmpfs folders' use, through the root of a process inside (``/proc/<p>/root``, ``statvfs``;
   files deleted while still open included);
-- the memory files any process of the tree has open (``/proc/<p>/fd``, each file once, at most
-  :data:`MAX_FDS` descriptors a look);
+- the memory files any process of the tree has open (``/proc/<p>/fd``, each file once); a tree
+  holding more than :data:`MAX_FDS` descriptors in all (each process may have 4,096, and a fork
+  copies them) is too many to look through, and is ended like one over the cap;
 - the bytes queued in the sandbox's sockets, unix and TCP/UDP, as the kernel's ``sock_diag``
   reports them, asked from inside the sandbox's network namespace (a thread of the parent enters
   it to open the netlink socket: this needs root; elsewhere sockets are not counted, and the
@@ -41,7 +42,7 @@ from ..proc import descendants
 
 #: Descriptors a learner's process may have open (RLIMIT_NOFILE; lower if the grader's own is).
 FDS = 4096
-#: The most descriptors one look examines for memory files (the rest wait for later looks).
+#: The most descriptors a sandbox's processes may hold in all (each look examines every one).
 MAX_FDS = 65536
 
 CLONE_NEWNET = 0x40000000
@@ -54,6 +55,10 @@ UNIX_DIAG_PEER, UNIX_DIAG_RQLEN = 2, 4
 DGRAM_QUEUE = 11  # datagrams a unix receiver queues: net.unix.max_dgram_qlen (10 by default), and one more
 LISTEN = 10  # TCP_LISTEN: a listening socket's queue lengths count connections, not bytes
 SCRATCH = ("/tmp", "/grading")
+
+
+class TooManyFiles(Exception):
+    """The sandbox holds more descriptors than the parent will look through."""
 
 
 def _mnt_ns(pid: int | str) -> int:
@@ -99,7 +104,11 @@ class Held:
         if inside is None:
             return out
         out["files"] = _scratch_bytes(inside)
-        out["memory files"] = _memfd_bytes(tree)
+        memfd = _memfd_bytes(tree)
+        if memfd < 0:
+            raise TooManyFiles(f"held more than {MAX_FDS:,} open files in all across its processes: too many "
+                               "to count what they hold")
+        out["memory files"] = memfd
         if not self._diag_tried:
             self._diag_tried = True
             self._diag = _diag_socket(inside)
@@ -215,18 +224,31 @@ def _host_dev(folder: str) -> int | None:
         return None
 
 
+def _descriptor_slots(tree: list[int]) -> int:
+    """The descriptor table sizes of ``tree``'s processes, summed (``FDSize``: at least the open ones)."""
+    total = 0
+    for p in tree:
+        try:
+            with open(f"/proc/{p}/status") as fh:
+                total += next((int(line.split()[1]) for line in fh if line.startswith("FDSize:")), 0)
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def _memfd_bytes(tree: list[int]) -> int:
-    """What the memory files open in ``tree``'s processes hold, each file counted once."""
-    seen, total, looked = set(), 0, 0
+    """What the memory files open in ``tree``'s processes hold, each file counted once; -1 when the
+    tree holds more than :data:`MAX_FDS` descriptors in all, too many to look through (a learner
+    could hide a memory file behind them)."""
+    if _descriptor_slots(tree) > MAX_FDS:
+        return -1
+    seen, total = set(), 0
     for p in tree:
         try:
             names = os.listdir(f"/proc/{p}/fd")
         except OSError:
             continue
         for name in names:
-            looked += 1
-            if looked > MAX_FDS:
-                return total
             path = f"/proc/{p}/fd/{name}"
             try:
                 if not os.readlink(path).startswith("/memfd:"):

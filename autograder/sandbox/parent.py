@@ -47,7 +47,7 @@ from pathlib import Path
 from ..intake import safe_text
 from ..proc import descendants, is_python, kill_tree, shallowest, signal_tree
 from . import cgroup, protocol, uids
-from .held import FDS, Held
+from .held import FDS, Held, TooManyFiles
 from .protocol import ProtocolError, Reader, decode
 
 HERE = Path(__file__).resolve().parent
@@ -716,7 +716,11 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             last_poll = now
             rss = _tree_rss_mb(child.proc.pid)
             peak = max(peak, rss)
-            outside = held_for.bytes() if held_for is not None else {}
+            try:
+                outside = held_for.bytes() if held_for is not None else {}
+            except TooManyFiles as exc:
+                status, detail = "oom", f"{exc} (the memory cap is {memory_mb:g} MB)"
+                break
             extra = sum(outside.values()) / 2**20
             if rss + extra > memory_mb:
                 parts = {"files": "the files it wrote in the sandbox's /tmp or /grading (kept in memory)",
