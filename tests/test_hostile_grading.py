@@ -305,7 +305,10 @@ _HOLD = "time.sleep(3)\nprint('still here')\n"
     (_PAIRS.format(pairs=200, message="b'x' * 65536", after="kept.append((a, b))") + _HOLD, "data queued in its sockets"),
     # the sender closed: its 1-byte messages sit in the receiver's queue at a kilobyte each
     (_PAIRS.format(pairs=150, message="b'x'", after="a.close(); kept.append(b)") + _HOLD, "data queued in its sockets"),
-], ids=["memfd", "socket-pairs", "senders-closed"])
+    # empty files: no data, but an inode and a name each in the kernel's memory
+    ("import os, time\nfor i in range(600000):\n    open(f'/tmp/e{i}', 'w').close()\n" + _HOLD,
+     "the files it wrote"),
+], ids=["memfd", "socket-pairs", "senders-closed", "empty-files"])
 def test_memory_the_kernel_holds_outside_the_processes_counts_toward_the_cap(tmp_path, case, says):
     """Each kept between 1.2 and 1.8 GB of the machine's memory under a 1 GB cap and was graded "ok":
     memory files written and never mapped, and data sent into sockets nobody reads (a pair holds up
