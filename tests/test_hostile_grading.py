@@ -341,6 +341,29 @@ def test_a_sandbox_holding_more_files_than_the_parent_looks_through_is_ended(tmp
     assert out.status == "oom" and "65,536 open files" in out.detail, out
 
 
+def test_no_namespace_of_its_own_where_memory_could_hide(tmp_path):
+    """In a user namespace of its own (``unshare -Urm``, util-linux is in the sandbox), a learner
+    could mount a tmpfs or make a network namespace whose files and sockets the parent does not
+    see. The seccomp filter refuses every new namespace; processes, threads and torch still run."""
+    from autograder.sandbox import bwrap_works, run_program
+    from autograder.sandbox.seccomp import program
+
+    if not bwrap_works() or program() is None:
+        pytest.skip("bubblewrap or a seccomp filter for this architecture is not available here")
+    case = ("import os, subprocess, threading\n"
+            "for cmd in (['unshare', '-Urm', 'true'], ['unshare', '-Un', 'true'], ['sh', '-c', 'echo child ok']):\n"
+            "    r = subprocess.run(cmd, capture_output=True, text=True)\n"
+            "    print(cmd[1], r.returncode, (r.stdout + r.stderr).strip())\n"
+            "t = threading.Thread(target=print, args=('thread ok',))\nt.start()\nt.join()\n"
+            "import torch\nprint('torch', torch.ones(3).sum().item())\n")
+    out = run_program([_cell(case)], sandbox="bwrap", cell_timeout=60, timeout=120, memory_mb=2000,
+                      log=tmp_path / "log")
+    text = out.cells[0].output
+    assert "-Urm 1 unshare: unshare failed: Operation not permitted" in text, out
+    assert "-Un 1 unshare: unshare failed: Operation not permitted" in text, out
+    assert "-c 0 child ok" in text and "thread ok" in text and "torch 3.0" in text, out
+
+
 def test_a_few_sockets_and_memory_files_stay_within_the_cap(tmp_path):
     """The control: what honest code holds (a memory file of 16 MB, ten socket pairs with a little
     data waiting, a listening socket) is counted at its size and graded."""

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from ..intake import safe_text
 from ..proc import descendants, is_python, kill_tree, shallowest, signal_tree
-from . import cgroup, protocol, uids
+from . import cgroup, protocol, seccomp, uids
 from .held import FDS, Held, TooManyFiles
 from .protocol import ProtocolError, Reader, decode
 
@@ -228,11 +228,13 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _bwrap_argv(script: str, args: list[str], uid: int | None = None, scratch_bytes: int | None = None) -> list[str]:
+def _bwrap_argv(script: str, args: list[str], uid: int | None = None, scratch_bytes: int | None = None,
+                seccomp_fd: int | None = None) -> list[str]:
     """bwrap's argv to run ``/grading/<script> ARGS`` (``child.py`` or ``judge.py``) confined;
     ``uid``: the host uid it runs as, when the grader is root (:mod:`.uids`); ``scratch_bytes``:
     the size of each of its two writable folders, ``/tmp`` and ``/grading`` (tmpfs: what is
-    written there is held in the machine's memory), where bwrap can set one."""
+    written there is held in the machine's memory), where bwrap can set one; ``seccomp_fd``: a
+    descriptor bwrap reads the filter from (:mod:`.seccomp`: no namespaces of its own)."""
     size = ["--size", str(int(scratch_bytes))] if scratch_bytes and bwrap_sizes_tmpfs() else []
     binds: list[str] = []
     for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
@@ -269,7 +271,8 @@ def _bwrap_argv(script: str, args: list[str], uid: int | None = None, scratch_by
             "--perms", "0755", "--dir", "/grading/pkg", "--ro-bind", str(COURSE.resolve()), "/grading/pkg/course",
             # The references that reproduce exercises are the judge's alone: hidden from the learner's process.
             *(["--tmpfs", "/grading/pkg/course/references"] if script == "child.py" else []),
-            "--perms", "0777", "--dir", "/grading/cells", "--chdir", "/grading/cells", "--", *command]
+            "--perms", "0777", "--dir", "/grading/cells", "--chdir", "/grading/cells",
+            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []), "--", *command]
 
 
 def _resident_bytes(pids: list[int]) -> float:
@@ -529,14 +532,22 @@ class _Proc:
         self.ready = False  # said so after installing its alarm handler: SIGALRM is safe to send from then on
         self.scratch = None
         self.uid: uids.Claim | None = None
+        filter_fd = None
         fds = [str(to_r), str(from_w)]
         # Every process it starts, whatever becomes of its parent, stays in its cgroup (if one can be made).
         self.group = cgroup.make(Path(script).stem)
         if sandbox == "bwrap":
             # As root, a uid of its own: no per-user count of the kernel's shared with another sandbox.
             self.uid = uids.claim() if os.geteuid() == 0 else None
+            # No namespaces of its own: what it kept in them would be out of the parent's sight.
+            bpf = seccomp.program()
+            if bpf is not None:
+                filter_fd = os.memfd_create("seccomp", os.MFD_CLOEXEC)
+                os.write(filter_fd, bpf)
+                os.lseek(filter_fd, 0, os.SEEK_SET)
+                extra_fds = (*extra_fds, filter_fd)
             argv = _bwrap_argv(script, fds + _sandbox_args(script, args), self.uid.uid if self.uid else None,
-                               scratch_bytes)
+                               scratch_bytes, filter_fd)
             cwd = "/"
         else:
             self.scratch = tempfile.mkdtemp(prefix="grading-")
@@ -555,6 +566,9 @@ class _Proc:
             if self.uid is not None:
                 self.uid.release()
             raise
+        finally:
+            if filter_fd is not None:
+                os.close(filter_fd)
         os.close(to_r)
         os.close(from_w)
 
