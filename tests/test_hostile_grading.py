@@ -9,6 +9,7 @@ keep full marks; no case may cost another submission its row.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -362,6 +363,50 @@ def test_no_namespace_of_its_own_where_memory_could_hide(tmp_path):
     assert "-Urm 1 unshare: unshare failed: Operation not permitted" in text, out
     assert "-Un 1 unshare: unshare failed: Operation not permitted" in text, out
     assert "-c 0 child ok" in text and "thread ok" in text and "torch 3.0" in text, out
+
+
+_SEGMENT = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+size = 1500 << 20
+ident = libc.shmget(0, ctypes.c_size_t(size), 0o1600)
+if ident < 0:
+    print('shmget refused', ctypes.get_errno())
+    sys.exit(0)
+step = 100 << 20
+for start in range(0, size, step):  # a little at a time: no more than 100 MB resident at once
+    addr = libc.shmat(ident, None, 0)
+    ctypes.memset(addr + start, 1, step)
+    libc.shmdt(ctypes.c_void_p(addr))
+print('left', size >> 20, 'MB in segment', ident)
+"""
+
+
+def test_no_kernel_held_ipc_where_memory_could_hide(tmp_path):
+    """A System V segment outlives every process that filled it, in the sandbox's IPC namespace, in
+    nobody's resident count: a Python without the audit hook, started as a subprocess, filled 1.5 GB
+    100 MB at a time, detaching after each, under a 1 GB cap, and the cell was graded "ok". The seccomp filter refuses System V
+    IPC and POSIX message queues (``ipcmk`` from util-linux made each before)."""
+    from autograder.sandbox import bwrap_works, run_program
+    from autograder.sandbox.seccomp import program
+
+    if not bwrap_works() or program() is None:
+        pytest.skip("bubblewrap or a seccomp filter for this architecture is not available here")
+    case = ("import errno, subprocess, sys, time\n"
+            f"r = subprocess.run([sys.executable, '-c', {_SEGMENT!r}], capture_output=True, text=True)\n"
+            "print(r.stdout.strip(), r.stderr.strip()[-200:])\n"
+            "for kind in ('-M', '-Q', '-S'):\n"
+            "    r = subprocess.run(['ipcmk', kind, '1000'], capture_output=True, text=True)\n"
+            "    print('ipcmk', kind, r.returncode, (r.stdout + r.stderr).strip())\n"
+            "time.sleep(2)\nprint('still here')\n")
+    out = run_program([_cell(case)], sandbox="bwrap", cell_timeout=60, timeout=120, memory_mb=1000,
+                      log=tmp_path / "log")
+    text = out.cells[0].output
+    assert f"shmget refused {errno.EPERM}" in text and "left" not in text, out
+    for kind in ("-M", "-Q", "-S"):
+        assert f"ipcmk {kind} 1 " in text and "Operation not permitted" in text.split(f"ipcmk {kind}")[1].split("\n")[0], out
+    assert out.status == "ok" and "still here" in text, out
 
 
 def test_a_few_sockets_and_memory_files_stay_within_the_cap(tmp_path):

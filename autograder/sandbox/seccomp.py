@@ -1,4 +1,4 @@
-"""A seccomp filter for every confined process: no namespaces of its own.
+"""A seccomp filter for every confined process: no namespaces of its own, no kernel-held IPC.
 
 Inside bubblewrap a learner's process can still start ``unshare -Urm`` (util-linux is among the
 system folders the sandbox sees) and, in a user namespace of its own, mount a tmpfs or make a
@@ -8,12 +8,20 @@ over ``/tmp`` in a mount namespace of its own are not those the parent measures 
 ``sock_diag`` socket the parent opened in the sandbox's (``held.py``). Nothing a lesson does needs a
 namespace, so none may be made: ``unshare`` and ``clone`` with any ``CLONE_NEW*`` flag and
 ``setns`` fail with EPERM, ``clone3`` (whose flags a filter cannot read) with ENOSYS, on which the C
-library falls back to ``clone``; a system call of another ABI (i386's ``int 0x80`` on x86-64, x32)
-fails with ENOSYS. bwrap loads the filter (``--seccomp FD``) just before it starts the process;
-every process started from it inherits the filter.
+library falls back to ``clone``.
 
-The program is classic BPF, written out below for x86-64 and AArch64 (elsewhere there is no
-filter, and :func:`program` returns None).
+System V shared memory, message queues and semaphores, and POSIX message queues, are memory the
+kernel keeps outside every process, in the sandbox's IPC namespace, until the sandbox ends: a
+process that filled a 1.5 GB segment and detached from it (``ipcmk`` makes one; a Python without the
+audit hook, started as a subprocess, fills it with ``ctypes``) held that much under a 1 GB cap, in
+nobody's resident count, and was graded "ok". Nothing a lesson does uses them (PyTorch shares memory
+through files and ``memfd``), so none may be made: ``shmget``, ``msgget``, ``semget`` and ``mq_open``
+fail with EPERM. A system call of another ABI (i386's ``int 0x80`` on x86-64, whose ``ipc`` call
+multiplexes all of System V's; x32) fails with ENOSYS.
+
+bwrap loads the filter (``--seccomp FD``) just before it starts the process; every process started
+from it inherits the filter. The program is classic BPF, assembled below for x86-64 and AArch64
+(elsewhere there is no filter, and :func:`program` returns None).
 """
 
 from __future__ import annotations
@@ -23,8 +31,12 @@ import platform
 import struct
 
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-SYSCALLS = {"x86_64": {"clone": 56, "unshare": 272, "setns": 308, "clone3": 435},
-            "aarch64": {"clone": 220, "unshare": 97, "setns": 268, "clone3": 435}}
+SYSCALLS = {"x86_64": {"clone": 56, "unshare": 272, "setns": 308, "clone3": 435,
+                       "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240},
+            "aarch64": {"clone": 220, "unshare": 97, "setns": 268, "clone3": 435,
+                        "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180}}
+#: Refused outright (EPERM): entering a namespace, and making kernel-held IPC objects.
+REFUSED = ("setns", "shmget", "semget", "msgget", "mq_open")
 #: CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
 #: CLONE_NEWNET and CLONE_NEWTIME.
 NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
@@ -45,20 +57,24 @@ def program(machine: str | None = None) -> bytes | None:
     if machine not in AUDIT_ARCH:
         return None
     nr = SYSCALLS[machine]
-    ops = [
-        _op(LD_ABS_W, 4),                              # 0: the ABI of the call
-        _op(JEQ, AUDIT_ARCH[machine], jt=1),           # 1: ours: to 3
-        _op(RET, ERRNO | errno.ENOSYS),                # 2: another ABI: nothing
-        _op(LD_ABS_W, 0),                              # 3: the call's number
-        _op(JGE, X32, jt=8),                           # 4: x32: to 13
-        _op(JEQ, nr["clone3"], jt=7),                  # 5: to 13 (ENOSYS: the C library falls back to clone)
-        _op(JEQ, nr["setns"], jt=5),                   # 6: to 12
-        _op(JEQ, nr["unshare"], jt=1),                 # 7: to 9
-        _op(JEQ, nr["clone"], jt=0, jf=2),             # 8: to 9, else to 11
-        _op(LD_ABS_W, 16),                             # 9: the flags (first argument, low half)
-        _op(JSET, NAMESPACES, jt=1),                   # 10: any new namespace: to 12
-        _op(RET, ALLOW),                               # 11
-        _op(RET, ERRNO | errno.EPERM),                 # 12
-        _op(RET, ERRNO | errno.ENOSYS),                # 13
+    # (code, k, where to go if true, where to go if false): a label, or None for the next instruction
+    ops: list[tuple] = [
+        (LD_ABS_W, 4, None, None),                     # the ABI of the call
+        (JEQ, AUDIT_ARCH[machine], None, "enosys"),    # another ABI: nothing
+        (LD_ABS_W, 0, None, None),                     # the call's number
+        (JGE, X32, "enosys", None),                    # x32
+        (JEQ, nr["clone3"], "enosys", None),           # the C library falls back to clone
+        *((JEQ, nr[name], "eperm", None) for name in REFUSED),
+        (JEQ, nr["unshare"], "flags", None),
+        (JEQ, nr["clone"], "flags", "allow"),
     ]
-    return b"".join(ops)
+    labels = {"flags": len(ops)}
+    ops += [(LD_ABS_W, 16, None, None),                # the flags (first argument, low half)
+            (JSET, NAMESPACES, "eperm", "allow")]      # any new namespace
+    labels.update(allow=len(ops), eperm=len(ops) + 1, enosys=len(ops) + 2)
+    ops += [(RET, ALLOW, None, None), (RET, ERRNO | errno.EPERM, None, None), (RET, ERRNO | errno.ENOSYS, None, None)]
+
+    def offset(at: int, label: str | None) -> int:  # a jump counts from the instruction after it
+        return 0 if label is None else labels[label] - at - 1
+
+    return b"".join(_op(code, k, offset(i, t), offset(i, f)) for i, (code, k, t, f) in enumerate(ops))
