@@ -100,9 +100,11 @@ class Held:
                 continue
         return self._inside
 
-    def bytes(self) -> dict[str, int]:
-        """Bytes held now: ``files`` (tmpfs folders), ``memory files`` (memfd), ``sockets``."""
-        tree = [self.root, *descendants(self.root)]
+    def bytes(self, tree: list[int] | None = None) -> dict[str, int]:
+        """Bytes held now: ``files`` (tmpfs folders), ``memory files`` (memfd), ``sockets``. ``tree``:
+        the processes under the root as the caller just listed them (the root first), or None to
+        list them here."""
+        tree = tree if tree is not None else [self.root, *descendants(self.root)]
         inside = self._find_inside(tree)
         out = {"files": 0, "memory files": 0, "sockets": 0}
         if inside is None:

@@ -30,6 +30,7 @@ tmpfs (the cap). Messages are bounded (``protocol.py``).
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import secrets
@@ -175,18 +176,14 @@ def bwrap_works() -> bool:
         return False
 
 
-_SIZED: list[bool] = []
-
-
+@functools.lru_cache(maxsize=None)
 def bwrap_sizes_tmpfs() -> bool:
     """Whether this bwrap can give a tmpfs a size (``--size``, bubblewrap 0.7 and later)."""
-    if not _SIZED:
-        try:
-            text = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=20).stdout
-        except (OSError, subprocess.SubprocessError):
-            text = ""
-        _SIZED.append("--size" in text)
-    return _SIZED[0]
+    try:
+        text = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        text = ""
+    return "--size" in text
 
 
 def choose_sandbox(kind: str) -> str:
@@ -287,8 +284,8 @@ def _resident_bytes(pids: list[int]) -> float:
     return total * float(os.sysconf("SC_PAGE_SIZE"))
 
 
-def _tree_rss_mb(pid: int) -> float:
-    return _resident_bytes([pid, *descendants(pid)]) / 2**20
+def _tree_rss_mb(tree: list[int]) -> float:
+    return _resident_bytes(tree) / 2**20
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -728,10 +725,11 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             break
         if now - last_poll > 0.2:
             last_poll = now
-            rss = _tree_rss_mb(child.proc.pid)
+            tree = [child.proc.pid, *descendants(child.proc.pid)]  # one walk for both counts
+            rss = _tree_rss_mb(tree)
             peak = max(peak, rss)
             try:
-                outside = held_for.bytes() if held_for is not None else {}
+                outside = held_for.bytes(tree) if held_for is not None else {}
             except TooManyFiles as exc:
                 status, detail = "oom", f"{exc} (the memory cap is {memory_mb:g} MB)"
                 break
