@@ -409,6 +409,57 @@ def test_no_kernel_held_ipc_where_memory_could_hide(tmp_path):
     assert out.status == "ok" and "still here" in text, out
 
 
+def _memory_group_or_skip(bwrap: bool) -> None:
+    from autograder.sandbox import memcg
+
+    if not bwrap:
+        pytest.skip("bubblewrap is not available here")
+    if memcg.base() is None:
+        if os.environ.get("COURSE_REQUIRE_MEMCG"):
+            pytest.fail("COURSE_REQUIRE_MEMCG is set but no memory cgroup can be made and joined here")
+        pytest.skip("no memory cgroup the grader can make here (not root, or cgroup v2 without the controller)")
+
+
+_IN_FLIGHT = ("import os, socket, time\na, b = socket.socketpair()\nchunk = b'x' * (16 << 20)\n"
+              "for k in range({files}):\n    fd = os.memfd_create(f'm{{k}}')\n"
+              "    for i in range(6):\n        os.write(fd, chunk)\n"
+              "    socket.send_fds(a, [b'x'], [fd])\n    os.close(fd)\n"
+              "del chunk\nprint('in flight MB', {files} * 96, flush=True)\n")
+
+
+def test_memory_only_the_kernel_refers_to_counts_toward_the_cap(tmp_path):
+    """A memory file passed over a unix socket and closed is in no process's descriptor table while
+    it waits in the queue: 1.4 GB written 96 MB at a time that way, under a 1 GB cap, was graded "ok".
+    Where the grader can make a memory cgroup, the kernel's own count of the sandbox's shared memory
+    is added (autograder/sandbox/memcg.py)."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    _memory_group_or_skip(bwrap_works())
+    out = run_program([_cell(_IN_FLIGHT.format(files=15) + _HOLD)], sandbox="bwrap", cell_timeout=60, timeout=120,
+                      memory_mb=1000, log=tmp_path / "log")
+    assert out.status == "oom" and "shared memory only the kernel refers to" in out.detail, out
+    small = run_program([_cell(_IN_FLIGHT.format(files=3) + _HOLD)], sandbox="bwrap", cell_timeout=60, timeout=120,
+                        memory_mb=1000, log=tmp_path / "small")
+    assert small.status == "ok" and "still here" in small.cells[0].output, small
+
+
+def test_the_kernel_holds_the_wall_between_two_looks(tmp_path, monkeypatch):
+    """Between two looks of the parent, the memory group's limit (twice the cap) is the kernel's: a
+    burst past it ends processes in the group, and the run is ``oom`` (here the parent looks only
+    every 30 s, so that only the kernel can stop it)."""
+    from autograder.sandbox import bwrap_works, parent, run_program
+
+    _memory_group_or_skip(bwrap_works())
+    monkeypatch.setattr(parent, "POLL", 30.0)
+    burst = ("import subprocess, sys\n"
+             f"r = subprocess.run([sys.executable, '-c', {_IN_FLIGHT.format(files=8) + 'time.sleep(20)'!r}])\n"
+             "print('helper ended with', r.returncode)\n")
+    out = run_program([_cell(burst)], sandbox="bwrap", cell_timeout=60, timeout=120, memory_mb=300,
+                      log=tmp_path / "log")
+    assert out.status == "oom" and "the kernel ended" in out.detail, out
+    assert "in flight MB" not in (out.cells[0].output if 0 in out.cells else ""), out
+
+
 def test_a_few_sockets_and_memory_files_stay_within_the_cap(tmp_path):
     """The control: what honest code holds (a memory file of 16 MB, ten socket pairs with a little
     data waiting, a listening socket) is counted at its size and graded."""

@@ -80,14 +80,14 @@ def base() -> Path | None:
             except (OSError, subprocess.SubprocessError):
                 found = None
             finally:
-                _remove(probe)
+                remove_folder(probe)
     if found is not None:
-        _sweep(found)
+        sweep(found)
     _BASE.append(found)
     return found
 
 
-def _sweep(folder: Path) -> None:
+def sweep(folder: Path) -> None:
     """Remove the empty groups a grader that was killed left behind (its pid is in their name)."""
     for path in folder.glob("grading-*-*-*"):
         try:
@@ -101,7 +101,7 @@ def _sweep(folder: Path) -> None:
                 pass
 
 
-def _remove(folder: Path, limit: float = 5.0) -> None:
+def remove_folder(folder: Path, limit: float = 5.0) -> None:
     """Remove an emptied group (its last processes may still be exiting)."""
     deadline = time.monotonic() + limit
     while True:
@@ -116,16 +116,24 @@ def _remove(folder: Path, limit: float = 5.0) -> None:
             time.sleep(0.01)
 
 
+def enter(procs: list[Path], argv: list[str]) -> list[str]:
+    """``argv`` run by a shell that first writes its own pid into each ``cgroup.procs`` of ``procs``
+    (one group per hierarchy); a write that fails is skipped."""
+    script = 'while [ "$1" != -- ]; do echo 0 > "$1" 2>/dev/null; shift; done; shift; exec "$@"'
+    return ["/bin/sh", "-c", script, "sh", *(str(p) for p in procs), "--", *argv]
+
+
 class Group:
     """One cgroup: every process started by the command :meth:`wrap` made, and their descendants."""
 
     def __init__(self, path: Path):
         self.path = path
 
-    def wrap(self, argv: list[str]) -> list[str]:
+    def wrap(self, argv: list[str], *also: Path) -> list[str]:
         """``argv`` run by a shell that first moves itself into this group (its pid is ``argv``'s
-        after ``exec``). Should the move fail, the command still runs, outside: :meth:`holds` says."""
-        return ["/bin/sh", "-c", 'echo 0 > "$0/cgroup.procs" 2>/dev/null; exec "$@"', str(self.path), *argv]
+        after ``exec``), and into the groups whose ``cgroup.procs`` are ``also`` (another hierarchy's).
+        Should the move fail, the command still runs, outside: :meth:`holds` says."""
+        return enter([self.path / "cgroup.procs", *also], argv)
 
     def pids(self) -> list[int]:
         try:
@@ -196,7 +204,7 @@ class Group:
         deadline = time.monotonic() + limit
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.01)
-        _remove(self.path)
+        remove_folder(self.path)
 
 
 def make(label: str) -> Group | None:

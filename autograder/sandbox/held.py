@@ -29,6 +29,8 @@ each of these, tried under a 1 GB cap, was graded "ok":
   from no listed sender, as much as its queue holds.
 
 Whatever it counts is added to the resident memory before comparing with the cap.
+What only the kernel refers to (a memory file passed over a unix socket and closed, pipe buffers)
+is not found here; a memory cgroup counts it where one can be made (``memcg.py``).
 """
 
 from __future__ import annotations

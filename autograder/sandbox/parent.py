@@ -22,10 +22,11 @@ submission measures speed. A cell past its limit is interrupted (SIGALRM to the 
 Python), then killed 30 s later; a submission past its limit is killed; a timing turn held
 longer than :data:`TURN_LIMIT` is ended and the holder killed. Memory is polled from /proc
 (the ``oom`` status): the processes' resident memory and what the kernel holds for the sandbox
-outside it (``held.py``: its tmpfs files, memory files, socket buffers); the kernel enforces file
-size, process count, open descriptors
-and, on a CPU, data size (rlimits set in the child before learner code runs), and the size of each
-tmpfs (the cap). Messages are bounded (``protocol.py``).
+outside it (``held.py``: its tmpfs files, memory files, socket buffers), and where a memory cgroup
+can be made, what the kernel charged it beyond that (``memcg.py``); the kernel enforces file size,
+process count, open descriptors and, on a CPU, data size (rlimits set in the child before learner
+code runs), the size of each tmpfs (the cap), and the memory group's limit (:data:`WALL` caps).
+Messages are bounded (``protocol.py``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from pathlib import Path
 
 from ..intake import safe_text
 from ..proc import descendants, is_python, kill_tree, shallowest, signal_tree
-from . import cgroup, protocol, seccomp, uids
+from . import cgroup, memcg, protocol, seccomp, uids
 from .held import FDS, Held, TooManyFiles
 from .protocol import ProtocolError, Reader, decode
 
@@ -61,6 +62,11 @@ COURSE = Path(__file__).resolve().parents[2] / "course"
 TURN_LIMIT = 600.0
 #: How long an interrupted cell has to stop before its process is killed.
 GRACE = 30.0
+#: The kernel's wall on a learner's memory group (``memcg``), in memory caps: the poll decides at
+#: the cap; the kernel holds this between two of its looks (like RLIMIT_DATA's, per process).
+WALL = 2.0
+#: Seconds between two looks at a learner's memory.
+POLL = 0.2
 
 
 @dataclass
@@ -522,7 +528,8 @@ class _Proc:
     """One confined process of a run and its two pipes (frames in, messages out)."""
 
     def __init__(self, script: str, args: list[str], *, sandbox: str, env: dict, log: Path, token: str,
-                 extra_fds: tuple[int, ...] = (), scratch_bytes: int | None = None):
+                 extra_fds: tuple[int, ...] = (), scratch_bytes: int | None = None,
+                 memory_limit: int | None = None):
         to_r, self.to_w = os.pipe()
         self.from_r, from_w = os.pipe()
         self.token, self.reader, self.done = token, Reader(), False
@@ -533,6 +540,8 @@ class _Proc:
         fds = [str(to_r), str(from_w)]
         # Every process it starts, whatever becomes of its parent, stays in its cgroup (if one can be made).
         self.group = cgroup.make(Path(script).stem)
+        # The kernel's count of its memory, wherever it is referred to from, and a wall at memory_limit.
+        self.memory = memcg.make(Path(script).stem, memory_limit, self.group) if memory_limit else None
         if sandbox == "bwrap":
             # As root, a uid of its own: no per-user count of the kernel's shared with another sandbox.
             self.uid = uids.claim() if os.geteuid() == 0 else None
@@ -552,8 +561,11 @@ class _Proc:
             argv = [sys.executable, "-I", str(HERE / script), *fds,
                     *_local_args(script, args, f"{self.scratch}/cells")]
             cwd = f"{self.scratch}/cells"
+        also = [self.memory.procs()] if self.memory is not None and self.memory.own else []
         if self.group is not None:
-            argv = self.group.wrap(argv)
+            argv = self.group.wrap(argv, *also)
+        elif also:
+            argv = cgroup.enter(also, argv)
         try:
             with open(log, "wb") as logfh:
                 self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=logfh,
@@ -562,6 +574,8 @@ class _Proc:
         except BaseException:
             if self.uid is not None:
                 self.uid.release()
+            if self.memory is not None:
+                self.memory.remove()
             raise
         finally:
             if filter_fd is not None:
@@ -599,6 +613,8 @@ class _Proc:
         if self.group is not None:
             self.group.kill()
             self.group.remove()
+        if self.memory is not None:
+            self.memory.remove()
         os.close(self.from_r)
         os.close(self.to_w)
         if self.uid is not None:  # every process that had it is gone
@@ -651,7 +667,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     # The learner's tmpfs folders can hold no more than the memory cap each (where bwrap sizes them);
     # what they hold counts toward the cap beside the processes' memory (the poll below).
     child = _Proc("child.py", child_args, sandbox=sandbox, env=child_env, log=log, token=secrets.token_hex(16),
-                  extra_fds=(call_r, reply_w) if served else (), scratch_bytes=int(memory_mb * 2**20))
+                  extra_fds=(call_r, reply_w) if served else (), scratch_bytes=int(memory_mb * 2**20),
+                  memory_limit=int(WALL * memory_mb * 2**20))
     judge = None
     if served:
         # The judge runs trusted code only; its limits are the grader's, not the submission's.
@@ -723,7 +740,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                                          "submission's measurement; it was stopped so that no one else's "
                                          "grade depends on it")
             break
-        if now - last_poll > 0.2:
+        if now - last_poll > POLL:
             last_poll = now
             tree = [child.proc.pid, *descendants(child.proc.pid)]  # one walk for both counts
             rss = _tree_rss_mb(tree)
@@ -733,11 +750,18 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             except TooManyFiles as exc:
                 status, detail = "oom", f"{exc} (the memory cap is {memory_mb:g} MB)"
                 break
+            if child.memory is not None:  # what the kernel charged beyond what was found
+                kernel = child.memory.counts()
+                seen = outside.get("files", 0) + outside.get("memory files", 0)
+                outside["shared"] = max(0, kernel["shared"] - seen)
+                outside["kernel"] = max(0, kernel["kernel"] - outside.get("sockets", 0))
             extra = sum(outside.values()) / 2**20
             if rss + extra > memory_mb:
                 parts = {"files": "the files it wrote in the sandbox's /tmp or /grading (kept in memory)",
                          "memory files": "memory files (memfd) it holds open",
-                         "sockets": "data queued in its sockets"}
+                         "sockets": "data queued in its sockets",
+                         "shared": "shared memory only the kernel refers to (memory files passed away, System V)",
+                         "kernel": "the kernel's objects made for it (socket and pipe buffers, page tables)"}
                 said = "".join(f", {parts[k]} {v / 2**20:.0f} MB" for k, v in outside.items() if v >= 2**20)
                 status, detail = "oom", f"used more than the memory cap of {memory_mb:g} MB" + (
                     f" (its processes {rss:.0f} MB{said})" if said else "")
@@ -872,6 +896,10 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if index in reports:
             reports[index].tampered = True
     exits = {id(p): p.proc.poll() for p in procs}  # before close() kills what is left
+    killed = child.memory.oom_kills() if child.memory is not None else 0
+    if killed and status != "oom":  # the kernel's wall: between two looks, past WALL times the cap
+        status, detail = "oom", (f"used more than {WALL:g} times the memory cap of {memory_mb:g} MB between two "
+                                 f"looks: the kernel ended {killed} of its processes")
     if held_for is not None:
         held_for.close()
     for p in procs:
