@@ -6,6 +6,9 @@
 - ``judge.py``: the trusted side of served checks, a second confined process that runs the
   instructor's set-up and served test cells, calling the learner's code across the boundary;
 - ``cgroup.py``, ``uids.py``: a cgroup and, as root, a host uid of its own for every process;
+- ``seccomp.py``: the system calls every confined process is refused (new namespaces, kernel-held IPC);
+- ``held.py``, ``memcg.py``: the memory the kernel holds for a sandbox outside its processes'
+  resident count, read from outside, and the kernel's own count of it (a memory cgroup);
 - ``protocol.py``: the one definition of the messages between them and their size limits (the
   judge/learner channel itself carries ``course.wire`` values, see ``course/remote.py``).
 """
