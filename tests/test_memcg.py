@@ -53,3 +53,43 @@ def test_the_shell_enters_every_group_it_is_given_then_runs_the_command(tmp_path
     out = subprocess.run(argv, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout == "ran --\n", out
     assert a.read_text() == "0\n" and b.read_text() == "0\n"
+
+
+def _proc(tmp_path, cgroup_lines, mounts):
+    """A laid-out ``/proc/self``: its ``cgroup`` and ``mountinfo``, each mount point a folder with a
+    ``cgroup.procs`` under the group named."""
+    proc = _lay(tmp_path / "proc", {"cgroup": "".join(f"{line}\n" for line in cgroup_lines)})
+    rows = []
+    for i, (root, point, fstype, options, group) in enumerate(mounts):
+        where = tmp_path / point
+        _lay(where / group.lstrip("/"), {"cgroup.procs": ""})
+        rows.append(f"{30 + i} 20 0:{40 + i} {root} {where} rw,relatime shared:{i} - {fstype} {fstype} rw,{options}")
+    (proc / "mountinfo").write_text("\n".join(["22 1 0:20 / /sys rw - sysfs sysfs rw", *rows]) + "\n")
+    return proc
+
+
+def test_each_hierarchy_s_own_folder_is_found_from_the_process_s_files(tmp_path):
+    # A hybrid machine (this project's CI): v1 controllers, v2 for the freezer alone.
+    proc = _proc(tmp_path, ["4:memory:/jobs/a1", "1:cpu,cpuacct:/", "0::/user/x"],
+                 [("/", "v1mem", "cgroup", "memory", "/jobs/a1"),
+                  ("/", "v1cpu", "cgroup", "cpu,cpuacct", "/"),
+                  ("/", "unified", "cgroup2", "nsdelegate", "/user/x")])
+    assert cgroup.own_folder(proc=proc) == tmp_path / "unified" / "user" / "x"
+    assert cgroup.own_folder("memory", proc=proc) == tmp_path / "v1mem" / "jobs" / "a1"
+    assert cgroup.own_folder("cpuacct", proc=proc) == tmp_path / "v1cpu"
+    assert cgroup.own_folder("pids", proc=proc) is None  # not in this process's list
+
+
+def test_a_mount_of_part_of_the_hierarchy_is_read_relative_to_its_root(tmp_path):
+    # A container's view: the hierarchy mounted from its own group (a cgroup namespace shows "/").
+    proc = _proc(tmp_path, ["0::/kubepods/pod1/c2"],
+                 [("/kubepods/other", "elsewhere", "cgroup2", "", "/"),
+                  ("/kubepods/pod1", "mine", "cgroup2", "", "/c2")])
+    assert cgroup.own_folder(proc=proc) == tmp_path / "mine" / "c2"
+    assert cgroup.own_folder("memory", proc=proc) is None  # no v1 memory hierarchy
+
+
+def test_no_folder_where_the_files_are_missing_or_malformed(tmp_path):
+    assert cgroup.own_folder(proc=tmp_path / "nothing") is None
+    proc = _lay(tmp_path / "proc", {"cgroup": "garbage\n0::/a\n", "mountinfo": "1 2 - cgroup2\n- - -\n"})
+    assert cgroup.own_folder(proc=proc) is None

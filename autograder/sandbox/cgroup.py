@@ -33,54 +33,71 @@ ENV_OFF = "GRADING_NO_CGROUP"
 _BASE: list = []  # [Path | None] once looked for
 
 
-def _own_hierarchy() -> Path | None:
-    """This process's own cgroup in the cgroup v2 hierarchy, as a folder (None: no v2 mounted)."""
+def own_folder(controller: str | None = None, proc: Path = Path("/proc/self")) -> Path | None:
+    """This process's own cgroup as a folder: in the cgroup v2 hierarchy (``controller`` None), or in
+    the cgroup v1 hierarchy that holds ``controller`` ("memory"). None where that hierarchy is not
+    mounted here. ``proc`` is where ``cgroup`` and ``mountinfo`` are read (a laid-out folder in tests)."""
     try:
-        own = next((line.split(":", 2)[2].strip() for line in Path("/proc/self/cgroup").read_text().splitlines()
-                    if line.startswith("0::")), None)
-        mounts = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        lines = [line.split(":", 2) for line in (proc / "cgroup").read_text().splitlines()]
+        mounts = [line.split() for line in (proc / "mountinfo").read_text().splitlines()]
     except OSError:
         return None
+
+    def ours(parts: list[str]) -> bool:
+        if len(parts) != 3:
+            return False
+        return parts[:2] == ["0", ""] if controller is None else controller in parts[1].split(",")
+
+    own = next((parts[2].strip() for parts in lines if ours(parts)), None)
     if own is None:
         return None
     for fields in mounts:
+        # "id parent dev root mount-point options [optional...] - fstype source super-options"
         sep = fields.index("-") if "-" in fields else -1
-        if sep > 0 and len(fields) > sep + 1 and fields[sep + 1] == "cgroup2":
-            root = fields[3]  # the mount's root within the hierarchy (a cgroup namespace: "/")
-            rel = os.path.relpath(own, root) if own.startswith(root) else None
-            if rel is None or rel.startswith(".."):
-                continue
-            folder = Path(fields[4]) / ("" if rel == "." else rel)
-            if (folder / "cgroup.procs").exists():
-                return folder
+        if sep < 6 or len(fields) < sep + 2:
+            continue
+        fstype, options = fields[sep + 1], (fields[sep + 3].split(",") if len(fields) > sep + 3 else [])
+        wanted = fstype == "cgroup2" if controller is None else (fstype == "cgroup" and controller in options)
+        if not wanted:
+            continue
+        root = fields[3]  # the mount's root within the hierarchy (a cgroup namespace: "/")
+        rel = os.path.relpath(own, root) if own.startswith(root) else None
+        if rel is None or rel.startswith(".."):
+            continue
+        folder = Path(fields[4]) / ("" if rel == "." else rel)
+        if (folder / "cgroup.procs").exists():
+            return folder
     return None
+
+
+def probe(folder: Path, needs: tuple[str, ...] = (), setup=None) -> bool:
+    """Whether this grader can make a group in ``folder`` and move a process into it: a test group is
+    made, given ``setup(group)`` (a limit it needs first), a short-lived shell moved into it, the files
+    ``needs`` looked for (its controllers'), and the group removed."""
+    group = new_folder(folder, "probe")
+    if group is None:
+        return False
+    try:
+        if setup is not None:
+            setup(group)
+        moved = subprocess.run(["/bin/sh", "-c", 'echo 0 > "$0/cgroup.procs"', str(group)],
+                               capture_output=True, timeout=10).returncode == 0
+        return moved and all((group / name).exists() for name in needs)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        remove_folder(group)
 
 
 def base() -> Path | None:
     """Where this grader can make groups and move a process into one (looked for once): its own
-    cgroup v2 folder, proved by moving a short-lived shell into a test group."""
+    cgroup v2 folder, proved by :func:`probe` (a group that can be frozen and counts CPU time)."""
     if os.environ.get(ENV_OFF, "") not in ("", "0"):
         return None
     if _BASE:
         return _BASE[0]
-    found = None
-    folder = _own_hierarchy()
-    if folder is not None:
-        probe = folder / f"grading-probe-{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            probe.mkdir()
-        except OSError:
-            probe = None
-        if probe is not None:
-            try:
-                moved = subprocess.run(["/bin/sh", "-c", 'echo 0 > "$0/cgroup.procs"', str(probe)],
-                                       capture_output=True, timeout=10).returncode == 0
-                has_freeze = (probe / "cgroup.freeze").exists() and (probe / "cpu.stat").exists()
-                found = folder if moved and has_freeze else None
-            except (OSError, subprocess.SubprocessError):
-                found = None
-            finally:
-                remove_folder(probe)
+    folder = own_folder()
+    found = folder if folder is not None and probe(folder, needs=("cgroup.freeze", "cpu.stat")) else None
     if found is not None:
         sweep(found)
     _BASE.append(found)
@@ -212,9 +229,16 @@ def make(label: str) -> Group | None:
     folder = base()
     if folder is None:
         return None
+    path = new_folder(folder, label)
+    return None if path is None else Group(path)
+
+
+def new_folder(folder: Path, label: str) -> Path | None:
+    """A new group in ``folder``, named for ``label`` and this grader's pid (so :func:`sweep` can tell
+    a dead grader's leftovers), or None where it cannot be made."""
     path = folder / f"grading-{label}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         path.mkdir()
     except OSError:
         return None
-    return Group(path)
+    return path

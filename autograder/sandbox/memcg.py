@@ -28,8 +28,6 @@ too.
 from __future__ import annotations
 
 import os
-import secrets
-import subprocess
 from pathlib import Path
 
 from . import cgroup
@@ -43,32 +41,9 @@ V2_KERNEL = ("kernel_stack", "pagetables", "sec_pagetables", "percpu", "sock", "
 _BASE: list = []  # [tuple[Path, int] | None] once looked for
 
 
-def _v1_folder() -> Path | None:
-    """This process's own group in a cgroup v1 memory hierarchy, as a folder (None: none mounted)."""
-    try:
-        own = next((line.split(":", 2)[2].strip() for line in Path("/proc/self/cgroup").read_text().splitlines()
-                    if "memory" in line.split(":", 2)[1].split(",")), None)
-        mounts = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    except (OSError, IndexError):
-        return None
-    if own is None:
-        return None
-    for fields in mounts:
-        sep = fields.index("-") if "-" in fields else -1
-        if sep > 0 and len(fields) > sep + 3 and fields[sep + 1] == "cgroup" and "memory" in fields[sep + 3].split(","):
-            root = fields[3]
-            rel = os.path.relpath(own, root) if own.startswith(root) else None
-            if rel is None or rel.startswith(".."):
-                continue
-            folder = Path(fields[4]) / ("" if rel == "." else rel)
-            if (folder / "cgroup.procs").exists():
-                return folder
-    return None
-
-
 def base() -> tuple[Path, int] | None:
     """Where memory groups can be made (looked for once): cgroup v2's groups, if the controller is
-    on for them, else this grader's v1 folder, proved by moving a short-lived shell into a test group."""
+    on for them, else this grader's v1 folder, proved by :func:`.cgroup.probe`."""
     if _BASE:
         return _BASE[0]
     found = None
@@ -79,23 +54,16 @@ def base() -> tuple[Path, int] | None:
                 found = (v2, 2)
         except OSError:
             pass
-        folder = _v1_folder() if found is None else None
-        if folder is not None:
-            probe = folder / f"grading-probe-{os.getpid()}-{secrets.token_hex(4)}"
-            try:
-                probe.mkdir()
-                (probe / FILES[1]["limit"]).write_text(str(1 << 30))
-                moved = subprocess.run(["/bin/sh", "-c", 'echo 0 > "$0/cgroup.procs"', str(probe)],
-                                       capture_output=True, timeout=10).returncode == 0
-                found = (folder, 1) if moved and (probe / "memory.stat").exists() else None
-            except (OSError, subprocess.SubprocessError):
-                found = None
-            finally:
-                cgroup.remove_folder(probe)
-            if found is not None:
-                cgroup.sweep(folder)
+        folder = cgroup.own_folder("memory") if found is None else None
+        if folder is not None and cgroup.probe(folder, needs=("memory.stat",), setup=_probe_limit):
+            found = (folder, 1)
+            cgroup.sweep(folder)
     _BASE.append(found)
     return found
+
+
+def _probe_limit(group: Path) -> None:
+    (group / FILES[1]["limit"]).write_text(str(1 << 30))
 
 
 class Memory:
@@ -172,10 +140,8 @@ def make(label: str, limit_bytes: int, group: cgroup.Group | None) -> Memory | N
             return None
         memory = Memory(group.path, 2, own=False)
     else:
-        path = folder / f"grading-{label}-{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            path.mkdir()
-        except OSError:
+        path = cgroup.new_folder(folder, label)
+        if path is None:
             return None
         memory = Memory(path, 1, own=True)
     if not memory.limit(limit_bytes):
