@@ -460,6 +460,52 @@ def test_the_kernel_holds_the_wall_between_two_looks(tmp_path, monkeypatch):
     assert "in flight MB" not in (out.cells[0].output if 0 in out.cells else ""), out
 
 
+# A right scripted LSTM layer that first allocates n floats in whatever process runs it, and
+# writes them `rounds` times (each write of 1.6 GB takes a tenth of a second or more).
+_HEAVY_SCRIPT = """import torch
+@torch.jit.script
+def scripted_layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    big = torch.ones([{n}])
+    for _ in range({rounds}):
+        big.add_(1.0)
+    h, c = h0, c0
+    outs = []
+    for t in range(x.size(0)):
+        gates = x[t] @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh + big[0] * 0.0
+        i, f, g, o = gates.chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outs.append(h)
+    return torch.stack(outs), (h, c)
+"""
+
+
+def test_memory_an_answer_makes_the_judge_hold_counts_toward_the_cap(tmp_path):
+    """What the judge computes, a learner's answer can drive: lesson 1's ``scripted_layer`` is loaded
+    from its TorchScript archive and run there. 8 GB allocated that way under a 1 GB cap was graded
+    "ok" (the judge had no cap and no data limit). The judge is held to the submission's cap on its
+    own count (``oom``), and to the same data limit, twice the cap, which refuses the allocation."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+
+    def run(n, rounds):
+        cells, setup = _served_program(_HEAVY_SCRIPT.format(n=n, rounds=rounds), "check_scripted_layer(scripted_layer)\n")
+        cells[1]["answers"] = ["scripted_layer"]
+        cells[3]["source"] = "print('after')"
+        return run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=120, timeout=300,
+                           memory_mb=1000, log=tmp_path / f"{n}.log")
+
+    held = run(400_000_000, 20)  # 1.6 GB for a second or more: under the data limit, over the cap
+    assert held.status == "oom" and "judge process" in held.detail, held
+    huge = run(2_000_000_000, 3)  # 8 GB: past the data limit
+    assert huge.status == "ok" and "torch.ones" in huge.cells[2].error, huge.cells[2]
+    assert "ok: scripted_layer" not in huge.cells[2].output
+    control = run(1000, 3)
+    assert control.status == "ok" and "ok: scripted_layer equals nn.LSTM" in control.cells[2].output, control
+    assert 0 < control.judge_peak_mb < 1000 and control.cells[3].output.strip() == "after", control
+
+
 def test_a_few_sockets_and_memory_files_stay_within_the_cap(tmp_path):
     """The control: what honest code holds (a memory file of 16 MB, ten socket pairs with a little
     data waiting, a listening socket) is counted at its size and graded."""

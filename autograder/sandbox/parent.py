@@ -92,6 +92,7 @@ class Outcome:
     peak_rss_mb: float
     detail: str = ""
     confined: bool = True
+    judge_peak_mb: float = 0.0       # the judge's processes, at the parent's looks (0: no judge)
 
 
 class _Turns:
@@ -417,8 +418,17 @@ def task_limit(jobs: int = 1) -> int:
     return max(1024, min(4096, pid_max // (4 * max(1, jobs))))
 
 
+def _judge_memory_mb(judge: "_Proc") -> float:
+    """The judge's processes' resident memory, plus what the kernel charged its memory group beyond
+    it (shared memory, the kernel's objects), in MB."""
+    rss = _tree_rss_mb([judge.proc.pid, *descendants(judge.proc.pid)])
+    kernel = judge.memory.counts() if judge.memory is not None else {}
+    return rss + sum(kernel.values()) / 2**20
+
+
 def _limits(memory_mb: float, env: dict[str, str], tasks: int = 4096) -> str:
-    """The rlimits the child sets on itself before learner code runs, as ``name=value,...``."""
+    """The rlimits a confined process (the learner's, the judge) sets on itself before it runs a
+    cell, as ``name=value,...``."""
     import resource
 
     fds = min(FDS, resource.getrlimit(resource.RLIMIT_NOFILE)[1])  # never above the grader's own
@@ -671,10 +681,13 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                   memory_limit=int(WALL * memory_mb * 2**20))
     judge = None
     if served:
-        # The judge runs trusted code only; its limits are the grader's, not the submission's.
-        judge = _Proc("judge.py", [str(call_w), str(reply_r), "FSIZE=268435456,CORE=0"], sandbox=sandbox,
+        # The judge runs trusted code only, but what it computes the learner's answers can drive (a
+        # TorchScript function runs here; replies are kept): the submission's limits and memory cap
+        # hold for it too, on its own count (8 GB allocated by a scripted function under a 1 GB cap
+        # was graded "ok" before).
+        judge = _Proc("judge.py", [str(call_w), str(reply_r), limits], sandbox=sandbox,
                       env=child_env, log=log.with_name(log.name + ".judge"), token=secrets.token_hex(16),
-                      extra_fds=(call_w, reply_r))
+                      extra_fds=(call_w, reply_r), memory_limit=int(WALL * memory_mb * 2**20))
         for fd in (call_r, call_w, reply_r, reply_w):
             os.close(fd)
     procs = [p for p in (child, judge) if p is not None]
@@ -714,7 +727,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     tampered_in: set[int] = set()
     flags: list[tuple[str, str]] = []
     status, detail = "", ""
-    peak = 0.0
+    peak = judge_peak = 0.0
     current: CellReport | None = None
     cell_started = start
     interrupted = False
@@ -766,6 +779,13 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                 status, detail = "oom", f"used more than the memory cap of {memory_mb:g} MB" + (
                     f" (its processes {rss:.0f} MB{said})" if said else "")
                 break
+            if judge is not None:  # the judge's own count, against the same cap
+                judged = _judge_memory_mb(judge)
+                judge_peak = max(judge_peak, judged)
+                if judged > memory_mb:
+                    status, detail = "oom", (f"its answers made the judge process (served checks) hold {judged:.0f} MB, "
+                                             f"more than the memory cap of {memory_mb:g} MB")
+                    break
         if now - start > timeout:
             status, detail = "timeout", f"ran past the limit of {timeout:g} s per submission"
             break
@@ -896,10 +916,12 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if index in reports:
             reports[index].tampered = True
     exits = {id(p): p.proc.poll() for p in procs}  # before close() kills what is left
-    killed = child.memory.oom_kills() if child.memory is not None else 0
-    if killed and status != "oom":  # the kernel's wall: between two looks, past WALL times the cap
-        status, detail = "oom", (f"used more than {WALL:g} times the memory cap of {memory_mb:g} MB between two "
-                                 f"looks: the kernel ended {killed} of its processes")
+    for p in procs:
+        killed = p.memory.oom_kills() if p.memory is not None else 0
+        if killed and status != "oom":  # the kernel's wall: between two looks, past WALL times the cap
+            whose = "" if p is child else ", in the judge process (served checks) its answers drove"
+            status, detail = "oom", (f"used more than {WALL:g} times the memory cap of {memory_mb:g} MB between two "
+                                     f"looks{whose}: the kernel ended {killed} of its processes")
     if held_for is not None:
         held_for.close()
     for p in procs:
@@ -919,4 +941,4 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             who = "the Python process" if dead is child else "the judge process (served checks)"
             detail = f"{who} died ({why}) before the end of the notebook"
     return Outcome(status, reports, flags, round(time.monotonic() - start - clock.paused(), 2), round(peak, 1), detail,
-                   confined=sandbox == "bwrap")
+                   confined=sandbox == "bwrap", judge_peak_mb=round(judge_peak, 1))
