@@ -506,6 +506,29 @@ def test_memory_an_answer_makes_the_judge_hold_counts_toward_the_cap(tmp_path):
     assert 0 < control.judge_peak_mb < 1000 and control.cells[3].output.strip() == "after", control
 
 
+def test_a_script_run_in_the_judge_leaves_no_global_state_to_a_later_cell(tmp_path):
+    """TorchScript can switch grad mode off and seed the global generator in whatever process runs
+    it, and lesson 1's ``scripted_layer`` runs in the judge. Every cell there starts from torch's
+    state as the set-up left it (before, every later check saw grad mode off)."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    meddler = _HEAVY_SCRIPT.format(n=1, rounds=1).replace(
+        "    h, c = h0, c0\n", "    torch.manual_seed(0)\n    torch.set_grad_enabled(False)\n    h, c = h0, c0\n")
+    cells, setup = _served_program(meddler, "check_scripted_layer(scripted_layer)\n")
+    cells[1]["answers"] = ["scripted_layer"]
+    cells[3] = {"index": 3, "id": "d", "kind": "test", "grade_id": "t2", "served": True,
+                "source": "print('grad', torch.is_grad_enabled(), 'draw', torch.rand(1).item())\n"}
+    out = run_program(cells, judge_setup=setup, sandbox="bwrap" if bwrap_works() else "none", cell_timeout=120,
+                      timeout=300, memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok" and "carry no gradient" in out.cells[2].error, out.cells[2]  # its own cell fails
+    later = out.cells[3].output.split()
+    assert later[:2] == ["grad", "True"], out.cells[3]
+    import torch
+
+    seeded = torch.rand(1, generator=torch.Generator().manual_seed(0)).item()  # the learner's seed's first draw
+    assert abs(float(later[3]) - seeded) > 1e-6, out.cells[3]
+
+
 def test_a_few_sockets_and_memory_files_stay_within_the_cap(tmp_path):
     """The control: what honest code holds (a memory file of 16 MB, ten socket pairs with a little
     data waiting, a listening socket) is counted at its size and graded."""

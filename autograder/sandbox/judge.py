@@ -59,7 +59,7 @@ def main() -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
     os.environ["COURSE_SELF_CHECK_SKIP"] = "1"
     sys.path.insert(0, pkg_root)
-    import torch  # noqa: F401
+    import torch
 
     import course
     if not os.path.realpath(course.__file__).startswith(os.path.realpath(pkg_root) + os.sep):
@@ -137,6 +137,10 @@ def main() -> int:
         finally:
             sys.stdout, sys.stderr = real_out, real_err
     trusted = dict(namespace)
+    # torch's global state as the set-up left it, set back at the start of every cell as the
+    # namespace is: a learner's TorchScript runs here (lesson 1) and can switch grad mode off or
+    # seed the global generator, which no later cell's check should inherit.
+    trusted_torch = (torch.is_grad_enabled(), torch.get_rng_state())
     channel.send("ready", seal_entries=0)
 
     for _ in range(setup["count"]):
@@ -144,6 +148,8 @@ def main() -> int:
         index, source = cell["index"], cell["source"]
         namespace.clear()
         namespace.update(trusted)
+        torch.set_grad_enabled(trusted_torch[0])
+        torch.set_rng_state(trusted_torch[1])
         for name in learner_names(source, trusted):
             namespace[name] = Remote(link, name)
         state["cell"], state["records"] = index, 0
