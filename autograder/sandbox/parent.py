@@ -26,7 +26,9 @@ outside it (``held.py``: its tmpfs files, memory files, socket buffers), and whe
 can be made, what the kernel charged it beyond that (``memcg.py``); the kernel enforces file size,
 process count, open descriptors and, on a CPU, data size (rlimits set in the child before learner
 code runs), the size of each tmpfs (the cap), and the memory group's limit (:data:`WALL` caps).
-Messages are bounded (``protocol.py``).
+The judge, whose work a learner's answers can drive (a TorchScript answer runs there), is held to
+the same limits, its memory on its own count against the same cap. Messages are bounded
+(``protocol.py``).
 """
 
 from __future__ import annotations
