@@ -420,12 +420,28 @@ def task_limit(jobs: int = 1) -> int:
     return max(1024, min(4096, pid_max // (4 * max(1, jobs))))
 
 
-def _judge_memory_mb(judge: "_Proc") -> float:
-    """The judge's processes' resident memory, plus what the kernel charged its memory group beyond
-    it (shared memory, the kernel's objects), in MB."""
-    rss = _tree_rss_mb([judge.proc.pid, *descendants(judge.proc.pid)])
-    kernel = judge.memory.counts() if judge.memory is not None else {}
-    return rss + sum(kernel.values()) / 2**20
+#: The parts of a memory count outside the processes' resident memory, as an ``oom`` detail names them.
+OUTSIDE = {"files": "the files it wrote in the sandbox's /tmp or /grading (kept in memory)",
+           "memory files": "memory files (memfd) it holds open",
+           "sockets": "data queued in its sockets",
+           "shared": "shared memory only the kernel refers to (memory files passed away, System V)",
+           "kernel": "the kernel's objects made for it (socket and pipe buffers, page tables)"}
+
+
+def _memory_look(proc: "_Proc", held: Held | None) -> tuple[float, dict[str, int]]:
+    """One look at the memory of ``proc``'s tree (one walk over it): its resident MB, and the bytes
+    the kernel holds for it outside that, by part (:data:`OUTSIDE`): what ``held`` finds (tmpfs
+    files, memory files, socket queues), and what its memory group was charged beyond that.
+    Raises :class:`TooManyFiles`."""
+    tree = [proc.proc.pid, *descendants(proc.proc.pid)]
+    rss = _tree_rss_mb(tree)
+    outside = held.bytes(tree) if held is not None else {}
+    if proc.memory is not None:  # what the kernel charged beyond what was found
+        kernel = proc.memory.counts()
+        seen = outside.get("files", 0) + outside.get("memory files", 0)
+        outside["shared"] = max(0, kernel["shared"] - seen)
+        outside["kernel"] = max(0, kernel["kernel"] - outside.get("sockets", 0))
+    return rss, outside
 
 
 def _limits(memory_mb: float, env: dict[str, str], tasks: int = 4096) -> str:
@@ -757,37 +773,29 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             break
         if now - last_poll > POLL:
             last_poll = now
-            tree = [child.proc.pid, *descendants(child.proc.pid)]  # one walk for both counts
-            rss = _tree_rss_mb(tree)
-            peak = max(peak, rss)
-            try:
-                outside = held_for.bytes(tree) if held_for is not None else {}
-            except TooManyFiles as exc:
-                status, detail = "oom", f"{exc} (the memory cap is {memory_mb:g} MB)"
-                break
-            if child.memory is not None:  # what the kernel charged beyond what was found
-                kernel = child.memory.counts()
-                seen = outside.get("files", 0) + outside.get("memory files", 0)
-                outside["shared"] = max(0, kernel["shared"] - seen)
-                outside["kernel"] = max(0, kernel["kernel"] - outside.get("sockets", 0))
-            extra = sum(outside.values()) / 2**20
-            if rss + extra > memory_mb:
-                parts = {"files": "the files it wrote in the sandbox's /tmp or /grading (kept in memory)",
-                         "memory files": "memory files (memfd) it holds open",
-                         "sockets": "data queued in its sockets",
-                         "shared": "shared memory only the kernel refers to (memory files passed away, System V)",
-                         "kernel": "the kernel's objects made for it (socket and pipe buffers, page tables)"}
-                said = "".join(f", {parts[k]} {v / 2**20:.0f} MB" for k, v in outside.items() if v >= 2**20)
-                status, detail = "oom", f"used more than the memory cap of {memory_mb:g} MB" + (
-                    f" (its processes {rss:.0f} MB{said})" if said else "")
-                break
-            if judge is not None:  # the judge's own count, against the same cap
-                judged = _judge_memory_mb(judge)
-                judge_peak = max(judge_peak, judged)
-                if judged > memory_mb:
-                    status, detail = "oom", (f"its answers made the judge process (served checks) hold {judged:.0f} MB, "
-                                             f"more than the memory cap of {memory_mb:g} MB")
+            over = ""
+            for proc, outside_of in ((child, held_for), (judge, None)):
+                if proc is None:
+                    continue
+                try:
+                    rss, outside = _memory_look(proc, outside_of)
+                except TooManyFiles as exc:
+                    over = f"{exc} (the memory cap is {memory_mb:g} MB)"
                     break
+                used = rss + sum(outside.values()) / 2**20
+                if proc is child:
+                    peak = max(peak, rss)
+                else:  # the judge's own count, against the same cap
+                    judge_peak = max(judge_peak, used)
+                if used > memory_mb:
+                    said = "".join(f", {OUTSIDE[k]} {v / 2**20:.0f} MB" for k, v in outside.items() if v >= 2**20)
+                    over = (f"used more than the memory cap of {memory_mb:g} MB" if proc is child else
+                            f"its answers made the judge process (served checks) hold {used:.0f} MB, more than "
+                            f"the memory cap of {memory_mb:g} MB") + (f" (its processes {rss:.0f} MB{said})" if said else "")
+                    break
+            if over:
+                status, detail = "oom", over
+                break
         if now - start > timeout:
             status, detail = "timeout", f"ran past the limit of {timeout:g} s per submission"
             break
