@@ -194,8 +194,10 @@ def is_served(test_source: str) -> bool:
     from course.checks import served_checks
 
     try:
-        tree = ast.parse(test_source)
-    except SyntaxError:
+        tree = nbcells.parse(test_source)
+    except nbcells.TooDeep:
+        tree = None
+    if tree is None:
         return False
     called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     return bool(called) and called <= served_checks()
@@ -235,8 +237,10 @@ def judge_setup(cells: list[Cell]) -> list[str]:
 def bound_names(source: str) -> tuple[str, ...]:
     """The names a cell binds at its top level (functions, classes, assignments, imports)."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
+        tree = nbcells.parse(source)
+    except nbcells.TooDeep:
+        tree = None
+    if tree is None:
         return ()
     names = set()
     for node in tree.body:
@@ -283,13 +287,17 @@ def scan(code: str) -> list[tuple[str, str]]:
     ``patching``: assigns into torch, course, time, builtins and the like, or calls ``setattr``;
     ``grader-aware``: mentions the grader, its files or its environment;
     ``introspection``: reaches for frames, the garbage collector, ctypes, IPython hooks,
-    signals or other processes. Cells that do not parse are left to fail when run.
+    signals or other processes. Cells that do not parse are left to fail when run;
+    ``unreadable``: nests deeper than the grader's parser goes, yet a learner's process with a
+    higher recursion limit could run it (so none of the above could be read from it).
     """
     found: list[tuple[str, str]] = []
     try:
-        tree = ast.parse(code)
-    except SyntaxError:
+        tree = nbcells.parse(code)
+    except nbcells.TooDeep as exc:
         tree = None
+        found.append(("unreadable", f"{exc}: the grader could not read it, a process with a higher "
+                                    "recursion limit can still run it"))
     if tree is not None:
         for node in ast.walk(tree):
             targets = []

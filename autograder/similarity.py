@@ -67,8 +67,10 @@ class _Tokens(ast.NodeVisitor):
 
 def _statements(source: str) -> list[ast.stmt] | None:
     try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+        tree = nbcells.parse(source)
+    except nbcells.TooDeep:
+        return None
+    if tree is None:
         return None
     out = []
     for node in ast.walk(tree):  # every statement, nested ones too, without docstrings
@@ -87,10 +89,19 @@ def _dump(stmt: ast.AST) -> str:
 
 def tokens(source: str, given: str = "") -> list[str]:
     """The learner's own tokens of a cell: ``source`` minus the statements of ``given`` (the code
-    the lesson gave), as :class:`_Tokens` writes them."""
-    stmts = _statements(source)
-    if stmts is None:  # not Python: its words, whitespace-normalised, still say something
-        return [w for w in " ".join(source.split()).split(" ") if w]
+    the lesson gave), as :class:`_Tokens` writes them. Code that is not Python, or nests deeper than
+    a walk of its tree goes (a sum of 500 terms), is read as its words, whitespace-normalised: they
+    still say something, and one learner's odd cell never stops the report."""
+    try:
+        stmts = _statements(source)
+        if stmts is not None:
+            return _tree_tokens(stmts, given)
+    except RecursionError:
+        pass
+    return [w for w in " ".join(source.split()).split(" ") if w]
+
+
+def _tree_tokens(stmts: list[ast.stmt], given: str) -> list[str]:
     given_stmts = _statements(given) or []
     given_dumps = {_dump(s) for s in given_stmts}
     # a def the lesson gave keeps its signature: only its body's new statements are the learner's

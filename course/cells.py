@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-__all__ = ["grade_id", "is_solution", "is_test", "names", "nbgrader", "points", "source"]
+__all__ = ["TooDeep", "grade_id", "is_solution", "is_test", "names", "nbgrader", "parse", "points", "source"]
 
 
 def nbgrader(cell: Any) -> dict:
@@ -49,13 +49,32 @@ def points(cell: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
+class TooDeep(Exception):
+    """Code that nests deeper than Python's parser goes at this process's recursion limit."""
+
+
+def parse(code: str) -> ast.Module | None:
+    """``code``'s syntax tree, or None where it is not Python (a syntax error, a null byte): such a
+    cell fails when it runs. Raises :class:`TooDeep` where the parser gives up on nesting that a
+    process with a higher recursion limit (a learner's, after ``sys.setrecursionlimit``) could still
+    compile and run: that code must not pass as read."""
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    except (RecursionError, MemoryError) as exc:
+        raise TooDeep(f"nests deeper than Python's parser goes here ({type(exc).__name__})") from None
+
+
 def names(code: str) -> tuple[set[str], set[str]]:
     """(names a cell's code reads, names it binds anywhere: assignments, functions, classes,
     imports); both empty when it does not parse. Which names a test cell takes from the learner,
     and which set-up cells the grader's judge may run, are decided from these."""
     try:
-        tree = ast.parse(code)
-    except SyntaxError:
+        tree = parse(code)
+    except TooDeep:
+        tree = None
+    if tree is None:
         return set(), set()
     loaded, stored = set(), set()
     for node in ast.walk(tree):

@@ -341,7 +341,7 @@ def hostile_cases(course):
     if course is None:
         return ["h_patch_assert", "h_patch_torch_time", "h_ipython_hooks", "h_edit_tests", "h_delete_tests",
                 "h_duplicate_ids", "shadow", "h_grader_aware", "h_probe_files", "h_frames", "h_forge_pipe",
-                "h_oom", "h_crash", "h_exit", "h_retype_tests"]
+                "h_oom", "h_crash", "h_exit", "h_retype_tests", "h_too_deep_to_read"]
     sol = lambda: solution_version(course)  # noqa: E731
     cases = {}
 
@@ -392,6 +392,12 @@ def hostile_cases(course):
     case("h_forge_pipe", with_answer(sol(), "add_solution", WRONG_ADD +
          "import os\nfor fd in sorted(int(f) for f in os.listdir('/proc/self/fd')):\n    if fd < 3:\n        continue\n"
          "    try:\n        os.write(fd, b'\\x00' * 8 + b'forged')\n    except OSError:\n        pass\n"), 0, {"tampered"})
+    # Code nested deeper than the grader's parser goes, run after raising the recursion limit: the
+    # learner's process runs it, the grader cannot read it and says so (before, its parse error was
+    # the grader's own: the row was "error" with no points).
+    deep = "import os\nx = " + "-" * 4000 + "1\nGRADING = os.environ.get('NBGRADER_EXECUTION')\n"
+    nb = with_answer(sol(), "add_solution", WRONG_ADD + "import sys\nsys.setrecursionlimit(100000)\n")
+    case("h_too_deep_to_read", with_answer(nb, "mul_solution", deep + RIGHT_MUL), 1, {"unreadable", "grader-aware"})
     # Faults: each costs this submission only, with the points earned before it kept.
     case("h_oom", with_answer(sol(), "mul_solution", "blob = bytearray(3 * 2**30)\n" + RIGHT_MUL), 2, set())
     case("h_crash", with_answer(sol(), "mul_solution", "import os\nos._exit(3)\n"), 2, set())

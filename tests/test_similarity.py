@@ -63,11 +63,16 @@ def test_names_formatting_comments_and_given_code_do_not_count():
     assert tokens(GIVEN, GIVEN) == []                      # the stub itself: nothing of the learner's
     assert tokens(ORIGINAL, GIVEN) != tokens(OWN, GIVEN)
     assert tokens("def f(:\n  oops", "") == ["def", "f(:", "oops"]  # not Python: its words
+    assert tokens("x = 1" + " + 1" * 600, "")[:3] == ["x", "=", "1"]  # too deep to walk: its words too
 
 
 def test_the_report_pairs_the_disguised_copy_and_nothing_else(tmp_path):
     work = tmp_path / "work"
-    for student, src in {"ann": ORIGINAL, "ben": DISGUISED, "cat": OWN, "dan": GIVEN, "eve": GIVEN}.items():
+    # fay's cell parses but nests deeper than a walk of its tree goes; gus's nests deeper than the
+    # parser goes (a learner's process with a higher recursion limit runs both): before, either
+    # stopped the report for the whole class (RecursionError)
+    deep = {"fay": "total = 1" + " + 1" * 600 + "\n" + ORIGINAL, "gus": "x = " + "-" * 6000 + "1\n" + OWN}
+    for student, src in {"ann": ORIGINAL, "ben": DISGUISED, "cat": OWN, "dan": GIVEN, "eve": GIVEN, **deep}.items():
         folder = work / "submitted" / student / "01_rnn"
         folder.mkdir(parents=True)
         (folder / "01_rnn.ipynb").write_text(json.dumps(_nb(src)))
