@@ -104,7 +104,20 @@ def open_notebook(browser, lab, lesson_id: str, folder: str | None = None):
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell")
     idle = ".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']"
     page.wait_for_selector(idle)
+    accept_kernel_dialog(page)
     return page
+
+
+def accept_kernel_dialog(page) -> bool:
+    """Choose the offered kernel where JupyterLab asks which one to use, as a learner would click
+    Select: on a busy machine it asked before it had matched the notebook's kernel (seen in CI while
+    other work ran, and Escape, which the retry below pressed, means "No Kernel")."""
+    button = page.locator(".jp-Dialog:has-text('Select Kernel') .jp-Dialog-button.jp-mod-accept")
+    if button.count():
+        button.first.click()
+        page.wait_for_timeout(1000)
+        return True
+    return False
 
 
 def menu(page, top: str, item: str) -> None:
@@ -120,6 +133,7 @@ def run_all_cells(page) -> None:
     started = """() => [...document.querySelectorAll('.jp-NotebookPanel .jp-InputPrompt')]
                         .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
     for _ in range(3):
+        accept_kernel_dialog(page)
         page.locator(".jp-NotebookPanel .jp-Cell").first.click()
         menu(page, "Run", "Run All Cells")
         try:
@@ -127,7 +141,8 @@ def run_all_cells(page) -> None:
             return
         except PlaywrightTimeout:
             print("Run All Cells started nothing; trying again")
-            page.keyboard.press("Escape")
+            if not accept_kernel_dialog(page):
+                page.keyboard.press("Escape")
     pytest.fail("Run > Run All Cells started no cell in JupyterLab, three times")
 
 
