@@ -63,15 +63,26 @@ def test_names_formatting_comments_and_given_code_do_not_count():
     assert tokens(GIVEN, GIVEN) == []                      # the stub itself: nothing of the learner's
     assert tokens(ORIGINAL, GIVEN) != tokens(OWN, GIVEN)
     assert tokens("def f(:\n  oops", "") == ["def", "f(:", "oops"]  # not Python: its words
-    assert tokens("x = 1" + " + 1" * 600, "")[:3] == ["x", "=", "1"]  # too deep to walk: its words too
+
+
+def test_a_cell_too_deep_to_walk_is_read_as_its_words_whatever_the_recursion_limit():
+    """How deep the tree walk goes is this process's recursion limit, which others raise (Inductor
+    does, so a suite that compiled anything before this test has a higher one)."""
+    default = sys.getrecursionlimit()
+    try:
+        for limit in (1000, 3000):
+            sys.setrecursionlimit(limit)
+            assert tokens("x = 1" + " + 1" * (limit + 50), "")[:3] == ["x", "=", "1"], limit
+    finally:
+        sys.setrecursionlimit(default)
 
 
 def test_the_report_pairs_the_disguised_copy_and_nothing_else(tmp_path):
     work = tmp_path / "work"
-    # fay's cell parses but nests deeper than a walk of its tree goes; gus's nests deeper than the
-    # parser goes (a learner's process with a higher recursion limit runs both): before, either
-    # stopped the report for the whole class (RecursionError)
-    deep = {"fay": "total = 1" + " + 1" * 600 + "\n" + ORIGINAL, "gus": "x = " + "-" * 6000 + "1\n" + OWN}
+    # fay's cell nests deeper than a walk of its tree goes at the default recursion limit (600 terms
+    # were enough), gus's deeper than the parser goes: before, either stopped the report for the
+    # whole class (RecursionError)
+    deep = {"fay": "total = 1" + " + 1" * 3000 + "\n" + ORIGINAL, "gus": "x = " + "-" * 6000 + "1\n" + OWN}
     for student, src in {"ann": ORIGINAL, "ben": DISGUISED, "cat": OWN, "dan": GIVEN, "eve": GIVEN, **deep}.items():
         folder = work / "submitted" / student / "01_rnn"
         folder.mkdir(parents=True)
