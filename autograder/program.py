@@ -193,10 +193,7 @@ def is_served(test_source: str) -> bool:
     (``course.checks.served_checks``)."""
     from course.checks import served_checks
 
-    try:
-        tree = nbcells.parse(test_source)
-    except nbcells.TooDeep:
-        tree = None
+    tree = nbcells.parse(test_source)
     if tree is None:
         return False
     called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
@@ -236,10 +233,7 @@ def judge_setup(cells: list[Cell]) -> list[str]:
 
 def bound_names(source: str) -> tuple[str, ...]:
     """The names a cell binds at its top level (functions, classes, assignments, imports)."""
-    try:
-        tree = nbcells.parse(source)
-    except nbcells.TooDeep:
-        tree = None
+    tree = nbcells.parse(source)
     if tree is None:
         return ()
     names = set()
@@ -293,7 +287,7 @@ def scan(code: str) -> list[tuple[str, str]]:
     """
     found: list[tuple[str, str]] = []
     try:
-        tree = nbcells.parse(code)
+        tree = nbcells.parse(code, say_too_deep=True)
     except nbcells.TooDeep as exc:
         tree = None
         found.append(("unreadable", f"{exc}: the grader could not read it, a process with a higher "

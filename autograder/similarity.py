@@ -66,10 +66,7 @@ class _Tokens(ast.NodeVisitor):
 
 
 def _statements(source: str) -> list[ast.stmt] | None:
-    try:
-        tree = nbcells.parse(source)
-    except nbcells.TooDeep:
-        return None
+    tree = nbcells.parse(source)
     if tree is None:
         return None
     out = []

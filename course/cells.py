@@ -53,27 +53,27 @@ class TooDeep(Exception):
     """Code that nests deeper than Python's parser goes at this process's recursion limit."""
 
 
-def parse(code: str) -> ast.Module | None:
-    """``code``'s syntax tree, or None where it is not Python (a syntax error, a null byte): such a
-    cell fails when it runs. Raises :class:`TooDeep` where the parser gives up on nesting that a
-    process with a higher recursion limit (a learner's, after ``sys.setrecursionlimit``) could still
-    compile and run: that code must not pass as read."""
+def parse(code: str, *, say_too_deep: bool = False) -> ast.Module | None:
+    """``code``'s syntax tree, or None where it is not Python (a syntax error, a null byte: such a
+    cell fails when it runs) or nests deeper than the parser goes at this process's recursion limit.
+    That code a process with a higher limit (a learner's, after ``sys.setrecursionlimit``) still
+    compiles and runs: with ``say_too_deep``, it raises :class:`TooDeep` instead, so that a reader
+    of learner code can say it could not read it."""
     try:
         return ast.parse(code)
     except (SyntaxError, ValueError):
         return None
     except (RecursionError, MemoryError) as exc:
-        raise TooDeep(f"nests deeper than Python's parser goes here ({type(exc).__name__})") from None
+        if say_too_deep:
+            raise TooDeep(f"nests deeper than Python's parser goes here ({type(exc).__name__})") from None
+        return None
 
 
 def names(code: str) -> tuple[set[str], set[str]]:
     """(names a cell's code reads, names it binds anywhere: assignments, functions, classes,
     imports); both empty when it does not parse. Which names a test cell takes from the learner,
     and which set-up cells the grader's judge may run, are decided from these."""
-    try:
-        tree = parse(code)
-    except TooDeep:
-        tree = None
+    tree = parse(code)
     if tree is None:
         return set(), set()
     loaded, stored = set(), set()

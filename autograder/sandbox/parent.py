@@ -94,7 +94,7 @@ class Outcome:
     peak_rss_mb: float
     detail: str = ""
     confined: bool = True
-    judge_peak_mb: float = 0.0       # the judge's processes, at the parent's looks (0: no judge)
+    judge_peak_mb: float = 0.0       # the judge's count against the cap, at the parent's looks (0: no judge)
 
 
 class _Turns:
@@ -692,11 +692,12 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         call_r, call_w = os.pipe()    # judge -> learner: requests
         reply_r, reply_w = os.pipe()  # learner -> judge: replies
         child_args += [str(call_r), str(reply_w)]
+    wall = int(WALL * memory_mb * 2**20)  # each process's memory group: the kernel's wall between looks
     # The learner's tmpfs folders can hold no more than the memory cap each (where bwrap sizes them);
     # what they hold counts toward the cap beside the processes' memory (the poll below).
     child = _Proc("child.py", child_args, sandbox=sandbox, env=child_env, log=log, token=secrets.token_hex(16),
                   extra_fds=(call_r, reply_w) if served else (), scratch_bytes=int(memory_mb * 2**20),
-                  memory_limit=int(WALL * memory_mb * 2**20))
+                  memory_limit=wall)
     judge = None
     if served:
         # The judge runs trusted code only, but what it computes the learner's answers can drive (a
@@ -705,7 +706,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         # was graded "ok" before).
         judge = _Proc("judge.py", [str(call_w), str(reply_r), limits], sandbox=sandbox,
                       env=child_env, log=log.with_name(log.name + ".judge"), token=secrets.token_hex(16),
-                      extra_fds=(call_w, reply_r), memory_limit=int(WALL * memory_mb * 2**20))
+                      extra_fds=(call_w, reply_r), memory_limit=wall)
         for fd in (call_r, call_w, reply_r, reply_w):
             os.close(fd)
     procs = [p for p in (child, judge) if p is not None]
