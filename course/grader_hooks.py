@@ -38,6 +38,10 @@ module:
 - ``alarm``: the handler of SIGALRM the harness installed (its time limit): any other Python
   handler of a signal is code that could run between the course's bytecodes while the course's
   function is timed in the learner's process (:func:`course.remote.disturbances`);
+- ``script_host()``: in the judge process only, the channel (a :class:`course.remote.Link`) to the
+  script host, a third confined process started at the first call, which loads and runs a learner's
+  TorchScript archive (:func:`course.remote.local_script`): TorchScript runs with the reach of the
+  process it is in, so it never runs in the judge;
 - the environment variable :data:`SELF_CHECK_SKIP`: the lessons' closing self-check does
   nothing (the grader reads the test cells itself).
 """
@@ -57,6 +61,7 @@ learner_main_cpu: Callable[[], float] | None = None
 learner_peak: Callable[[bool], float] | None = None
 uninterrupted: Callable[[], ContextManager] | None = None
 alarm: Callable | None = None
+script_host: Callable[[], Any] | None = None
 
 SELF_CHECK_SKIP = "COURSE_SELF_CHECK_SKIP"
 
@@ -74,14 +79,15 @@ def learner_stopped() -> ContextManager:
 def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, refused: Callable,
             hold: Callable | None = None, learner_cpu: Callable | None = None,
             learner_main_cpu: Callable | None = None, learner_peak: Callable | None = None,
-            uninterrupted: Callable | None = None, alarm: Callable | None = None) -> None:
+            uninterrupted: Callable | None = None, alarm: Callable | None = None,
+            script_host: Callable | None = None) -> None:
     """Called by the grading sandbox only."""
     globals().update(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix, refused=refused,
                      hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
-                     learner_peak=learner_peak, uninterrupted=uninterrupted, alarm=alarm)
+                     learner_peak=learner_peak, uninterrupted=uninterrupted, alarm=alarm, script_host=script_host)
 
 
 def installed() -> tuple:
     """What is installed now (the sandbox compares it after every cell)."""
     return (observer, exclusive, learner_prefix, refused, hold, learner_cpu, learner_main_cpu, learner_peak,
-            uninterrupted, alarm)
+            uninterrupted, alarm, script_host)

@@ -24,7 +24,7 @@ from course.numerics import observing_paused, report_at_least
 from course.timing import SpeedReport
 
 __all__ = ["SpeedUndecided", "best_of", "count_ops", "expect_compiled", "expect_constant_work", "expect_ops_absent",
-           "expect_scripted", "expect_speedup", "graph_ops", "is_compiled", "is_scripted", "speed_bar"]
+           "expect_scripted", "expect_speedup", "graph_ops", "is_compiled", "is_scripted", "script_ops", "speed_bar"]
 
 
 def speed_bar(bars: Mapping[str, float], device: str | torch.device | None = None) -> float:
@@ -105,7 +105,24 @@ def _best_of(measure, name, bar, attempts):
 
 
 def is_scripted(obj: Any) -> bool:
+    """What ``torch.jit.script`` returns; under the grader's judge, a learner's archive the script
+    host loaded (:class:`course.remote.Scripted`), whose type that host's own code read."""
+    from course.remote import Scripted
+
+    if isinstance(obj, Scripted):
+        return obj.scripted
     return isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule))
+
+
+def script_ops(obj: Any) -> list[str] | None:
+    """The op kinds of a TorchScript function's graph (``'prim::Loop'``...), wherever it runs;
+    None where it has no graph."""
+    from course.remote import Scripted
+
+    if isinstance(obj, Scripted):
+        return obj.ops
+    graph = getattr(obj, "graph", None)
+    return graph_ops(graph) if graph is not None else None
 
 
 _COMPILE_WRAPPER = []

@@ -12,8 +12,9 @@ with the judge's own ``grad_outputs``. So a check written for a local function w
 on a remote one, and every value it compares was computed by the judge or returned, as data, by
 the learner's code on inputs the judge chose.
 
-A TorchScript answer crosses as its archive (``torch.jit.save``) and runs in the judge
-(:func:`local_script`): what was compiled is what the judge tests.
+A TorchScript answer crosses as its archive (``torch.jit.save``) and runs in the script host,
+a third confined process with nothing of the grader's to read (:func:`local_script`,
+:class:`Scripted`): what was compiled is what the judge tests, and TorchScript never runs in the judge.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from course import wire
 
 __all__ = ["FACTORIES", "PROBES", "RECIPES", "Described", "Link", "Remote", "RemoteError", "build", "checksum",
            "course_function", "disturbances", "factory", "is_remote", "local_script", "mirrored", "probe", "prober",
-           "recipe", "serve"]
+           "recipe", "Scripted", "serve"]
 
 _FRAME = struct.Struct(">Q")
 
@@ -471,8 +472,9 @@ class _Joined(torch.autograd.Function):
 
 def local_script(obj: Any, *, compile: bool = False) -> Any:
     """``obj`` itself where it is local; for a :class:`Remote`, the TorchScript function the
-    learner's process holds under that name (or compiles from it, with ``compile=True``), loaded
-    here from its archive. What is not TorchScript comes back as a description string."""
+    learner's process holds under that name (or compiles from it, with ``compile=True``): its
+    archive, loaded and run by the script host (:class:`Scripted`), never in this process. What is
+    not TorchScript comes back as a description string."""
     if not isinstance(obj, Remote):
         return torch.jit.script(obj) if compile and not isinstance(
             obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule)) else obj
@@ -481,7 +483,39 @@ def local_script(obj: Any, *, compile: bool = False) -> Any:
         return Described(reply)
     if not isinstance(reply, torch.Tensor) or reply.dtype != torch.uint8 or reply.dim() != 1:
         raise RemoteError("the learner's process sent a malformed TorchScript archive")
-    return torch.jit.load(io.BytesIO(reply.numpy().tobytes()), map_location="cpu")
+    from course import grader_hooks
+
+    if grader_hooks.script_host is None:  # a Remote outside the grader's judge (a test): loaded here
+        return torch.jit.load(io.BytesIO(reply.numpy().tobytes()), map_location="cpu")
+    host = grader_hooks.script_host()
+    try:
+        facts = host.request({"op": "load", "archive": reply})
+    except (EOFError, OSError) as exc:
+        raise RemoteError(f"the process that runs your TorchScript ended while loading it ({exc})") from None
+    if not (isinstance(facts, dict) and isinstance(facts.get("name"), str) and isinstance(facts.get("type"), str)
+            and isinstance(facts.get("ops"), list) and all(isinstance(o, str) for o in facts["ops"])
+            and isinstance(facts.get("scripted"), bool)):
+        raise RemoteError("the script host sent a malformed description of the archive")
+    return Scripted(host, facts["name"], facts["type"], facts["ops"], facts["scripted"], obj.__name__)
+
+
+class Scripted(Remote):
+    """A learner's TorchScript, seen from the judge: its archive loaded in the script host
+    (``autograder/sandbox/script_host.py``), a process confined as the learner's is and holding
+    nothing of the grader's, because TorchScript runs with all the reach of the process it is in
+    (it reads files by name, sets torch's global state, loops without returning to Python). Called
+    like any :class:`Remote`; ``type_name`` and ``ops`` (its graph's op kinds) are what the host's
+    own code read off the loaded object: only the TorchScript itself ran there, no learner Python."""
+
+    def __init__(self, link: Link, name: str, type_name: str, ops: list[str], scripted: bool, label: str):
+        super().__init__(link, name)
+        self.type_name, self.ops, self.scripted, self.label = type_name, list(ops), scripted, label
+
+    def __repr__(self) -> str:
+        return f"<the learner's TorchScript {self.label}>"
+
+    def describe(self) -> dict:
+        return {"type": self.type_name, "compiled": False, "scripted": self.scripted}
 
 
 class Described:
@@ -624,9 +658,11 @@ def _to_device(value: Any, device: str) -> Any:
 
 # -- the learner's side ---------------------------------------------------------------------
 
-def serve(link: Link, namespace: dict) -> int:
+def serve(link: Link, namespace: dict, *, host: bool = False) -> int:
     """Answer the judge's requests on ``link`` from ``namespace`` until it says ``end``; return
-    how many were answered. Runs in the learner's process: nothing here is trusted."""
+    how many were answered. Runs in the learner's process: nothing here is trusted. ``host``: in
+    the script host (``autograder/sandbox/script_host.py``), which also loads archives (:func:`_load`)
+    and serves until the judge closes the channel."""
     link.recipes = False
     calls: dict[int, tuple[list, list]] = {}
     calls_staged: dict[int, list] = {}
@@ -638,10 +674,15 @@ def serve(link: Link, namespace: dict) -> int:
             return answered
         except wire.WireError:
             return answered
-        if not isinstance(message, dict) or message.get("op") == "end":
+        if not isinstance(message, dict) or (message.get("op") == "end" and not host):
             return answered
         try:
-            reply = {"ok": _answer(message, namespace, calls, calls_staged)}
+            if host and message.get("op") == "load":
+                reply = {"ok": _load(message.get("archive"), namespace)}
+            elif host and message.get("op") == "end":
+                reply = {"ok": None}
+            else:
+                reply = {"ok": _answer(message, namespace, calls, calls_staged)}
         except BaseException as exc:  # noqa: BLE001 - the learner's exception (or a timeout) is the answer
             name = _text(lambda: type(exc).__name__, "Exception")
             if name == "CellTimeout":  # the grader's time limit interrupted the call
@@ -657,6 +698,23 @@ def serve(link: Link, namespace: dict) -> int:
             link.send({"raised": "RuntimeError", "seq": message.get("seq"),
                        "message": "the result could not be sent: " + _text(lambda: str(exc), "")})
         answered += 1
+
+
+def _load(archive: Any, namespace: dict) -> dict:
+    """In the script host: the TorchScript archive ``archive`` (bytes as a uint8 tensor) loaded
+    into ``namespace`` under a name of its own; that name, and what this process's code reads off
+    the loaded object: its type and its graph's ops (see :class:`Scripted`)."""
+    if not (isinstance(archive, torch.Tensor) and archive.dtype == torch.uint8 and archive.dim() == 1):
+        raise ValueError("an archive is a 1-d uint8 tensor")
+    obj = torch.jit.load(io.BytesIO(archive.numpy().tobytes()), map_location="cpu")
+    name = f"script_{len(namespace)}"
+    namespace[name] = obj
+    try:
+        ops = [n.kind() for n in obj.graph.nodes()]
+    except (AttributeError, RuntimeError):  # a scripted module with no forward
+        ops = []
+    return {"name": name, "type": type(obj).__name__, "ops": ops,
+            "scripted": isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule))}
 
 
 def _text(get: Callable[[], Any], default: str) -> str:

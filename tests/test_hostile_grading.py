@@ -21,7 +21,10 @@ import time
 import pytest
 
 from test_autograder import LESSON, NOTEBOOK, autograder, read_csv, solution_version, student_version, with_answer
+
 from test_autograder import course  # noqa: F401 - the module-scoped toy course fixture
+
+COURSE_DIR = Path(__file__).resolve().parents[1] / "course"
 
 HUGE_INT = "1" * 5000
 
@@ -480,11 +483,12 @@ def scripted_layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
 """
 
 
-def test_memory_an_answer_makes_the_judge_hold_counts_toward_the_cap(tmp_path):
-    """What the judge computes, a learner's answer can drive: lesson 1's ``scripted_layer`` is loaded
-    from its TorchScript archive and run there. 8 GB allocated that way under a 1 GB cap was graded
-    "ok" (the judge had no cap and no data limit). The judge is held to the submission's cap on its
-    own count (``oom``), and to the same data limit, twice the cap, which refuses the allocation."""
+def test_memory_a_scripted_answer_holds_counts_toward_the_cap(tmp_path):
+    """A learner's TorchScript runs where it is loaded: in the judge, 8 GB allocated by a scripted
+    ``scripted_layer`` under a 1 GB cap was graded "ok" (the judge had no cap and no data limit).
+    It now runs in the script host, whose memory counts with the learner's process's against the
+    submission's cap (``oom``), under the same data limit, twice the cap, which refuses the
+    allocation; the judge holds only its own."""
     from autograder.sandbox import bwrap_works, run_program
 
     sandbox = "bwrap" if bwrap_works() else "none"
@@ -497,7 +501,8 @@ def test_memory_an_answer_makes_the_judge_hold_counts_toward_the_cap(tmp_path):
                            memory_mb=1000, log=tmp_path / f"{n}.log")
 
     held = run(400_000_000, 20)  # 1.6 GB for a second or more: under the data limit, over the cap
-    assert held.status == "oom" and "judge process" in held.detail, held
+    assert held.status == "oom" and "its TorchScript in the script host" in held.detail, held
+    assert held.judge_peak_mb < 700, held  # the judge held none of it
     huge = run(2_000_000_000, 3)  # 8 GB: past the data limit
     assert huge.status == "ok" and "torch.ones" in huge.cells[2].error, huge.cells[2]
     assert "ok: scripted_layer" not in huge.cells[2].output
@@ -506,10 +511,10 @@ def test_memory_an_answer_makes_the_judge_hold_counts_toward_the_cap(tmp_path):
     assert 0 < control.judge_peak_mb < 1000 and control.cells[3].output.strip() == "after", control
 
 
-def test_a_script_run_in_the_judge_leaves_no_global_state_to_a_later_cell(tmp_path):
+def test_a_scripted_answer_leaves_no_global_state_to_a_later_cell(tmp_path):
     """TorchScript can switch grad mode off and seed the global generator in whatever process runs
-    it, and lesson 1's ``scripted_layer`` runs in the judge. Every cell there starts from torch's
-    state as the set-up left it (before, every later check saw grad mode off)."""
+    it. Run in the judge, that carried into every later check; it now runs in the script host, and
+    every judge cell starts from torch's state as the set-up left it besides."""
     from autograder.sandbox import bwrap_works, run_program
 
     meddler = _HEAVY_SCRIPT.format(n=1, rounds=1).replace(
@@ -527,6 +532,69 @@ def test_a_script_run_in_the_judge_leaves_no_global_state_to_a_later_cell(tmp_pa
 
     seeded = torch.rand(1, generator=torch.Generator().manual_seed(0)).item()  # the learner's seed's first draw
     assert abs(float(later[3]) - seeded) > 1e-6, out.cells[3]
+
+
+# A scripted layer that reads a file by name (torch.from_file) and raises its first bytes as its
+# error, which a failed check shows on the learner's feedback page.
+_READER = """import torch
+@torch.jit.script
+def scripted_layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    b = torch.from_file("{path}", False, {size}, dtype=torch.uint8)
+    s = ""
+    for i in range({size}):
+        s += chr(int(b[i]))
+    raise RuntimeError("READ:" + s)
+    return x, (h0, c0)
+"""
+
+
+def test_a_scripted_answer_reads_nothing_of_the_graders(tmp_path):
+    """TorchScript reads files by name in whatever process runs it. Loaded in the judge, a
+    ``scripted_layer`` read the course's references (every lesson's, hidden from the learner's
+    process) and raised them into its own feedback. In the script host, confined as the learner's
+    process is, there are none to read; the control reads a file that is there (the course's own
+    ``__init__.py``), so the reader works."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    if not bwrap_works():
+        pytest.skip("bubblewrap is not available here: only the sandbox hides the references")
+    reference = (COURSE_DIR / "references" / "rnn.py").read_text(encoding="utf-8")
+
+    def run(path):
+        cells, setup = _served_program(_READER.format(path=path, size=60), "check_scripted_layer(scripted_layer)\n")
+        cells[1]["answers"] = ["scripted_layer"]
+        cells[3]["source"] = "print('after')"
+        return run_program(cells, judge_setup=setup, sandbox="bwrap", cell_timeout=120, timeout=300,
+                           memory_mb=2000, log=tmp_path / f"{len(path)}.log")
+
+    hidden = run("/grading/pkg/course/references/rnn.py")
+    assert hidden.status == "ok" and "No such file" in hidden.cells[2].error, hidden.cells[2]
+    assert reference[:40] not in hidden.cells[2].error and "READ:" not in hidden.cells[2].error
+    there = run("/grading/pkg/course/__init__.py")
+    first = (COURSE_DIR / "__init__.py").read_text(encoding="utf-8")[:60]
+    assert "READ:" + first[:30] in there.cells[2].error, there.cells[2]
+
+
+def test_a_scripted_answer_that_never_returns_costs_only_its_own_cell(tmp_path):
+    """TorchScript that loops forever never returns to Python, so no Python time limit lands in
+    it. In the judge it held the judge: the run ended ``timeout`` and every later cell was lost. In
+    the script host, the judge's wait for it is what the time limit ends: that cell fails with the
+    timeout, a later cell that asks for TorchScript fails at once, and the others are graded."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    forever = _HEAVY_SCRIPT.format(n=1, rounds=1).replace(
+        "    h, c = h0, c0\n", "    k = 0\n    while k >= 0:\n        k = (k + 1) % 7\n    h, c = h0, c0\n")
+    cells, setup = _served_program(forever, "check_scripted_layer(scripted_layer)\n")
+    cells[1]["answers"] = ["scripted_layer"]
+    again = dict(cells[2], index=3, id="d", grade_id="t2")
+    later = {"index": 4, "id": "e", "kind": "test", "grade_id": "t3", "served": True, "source": "print('graded')\n"}
+    cells = [*cells[:3], again, later]
+    out = run_program(cells, judge_setup=setup, sandbox="bwrap" if bwrap_works() else "none", cell_timeout=15,
+                      timeout=300, memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok", out
+    assert "TimeoutError" in out.cells[2].error, out.cells[2]
+    assert "still busy" in out.cells[3].error and out.cells[3].seconds < 5, out.cells[3]
+    assert out.cells[4].output.strip() == "graded" and not out.cells[4].error, out.cells[4]
 
 
 def test_a_few_sockets_and_memory_files_stay_within_the_cap(tmp_path):

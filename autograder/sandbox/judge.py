@@ -1,6 +1,7 @@
 """The trusted side of a served check: runs the instructor's test cells outside the learner's process.
 
-Started by ``parent.py`` as ``python -I judge.py IN_FD OUT_FD CALL_FD REPLY_FD PKG_ROOT LIMITS``,
+Started by ``parent.py`` as
+``python -I judge.py IN_FD OUT_FD CALL_FD REPLY_FD PKG_ROOT LIMITS HOST_CALL_FD HOST_REPLY_FD``,
 confined like the learner's process (bubblewrap, no network, ``nobody``) but sharing nothing with
 it: no memory, no module, no file. It runs only code from the grading checkout: the instructor's
 set-up cells that depend on no learner name (imports, sizes; chosen by ``program.py``), then each
@@ -10,7 +11,9 @@ bind is a :class:`course.remote.Remote`: the learner's value, reached over ``CAL
 (``child.py``). So the check, its references, its comparisons and the evidence it reports to
 the parent (the same messages as ``child.py``: records, cell start and end) are out of the
 learner's reach; what the learner's code contributes is outputs, as data, on inputs this process
-chose.
+chose. No learner code runs here, TorchScript included: a learner's archive is loaded and run by the
+script host (``script_host.py``, over ``HOST_CALL_FD``/``HOST_REPLY_FD``), which the parent starts
+when this process first asks for it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def learner_names(source: str, known: dict) -> list[str]:
 def main() -> int:
     in_fd, out_fd, call_fd, reply_fd, pkg_root, limits = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                                           int(sys.argv[4]), sys.argv[5], sys.argv[6])
+    host_call_fd, host_reply_fd = int(sys.argv[7]), int(sys.argv[8])
     protocol.set_limits(limits)
 
     def receive():
@@ -117,12 +121,25 @@ def main() -> int:
         the count again from what is resident now (and the parent's sampling, until the next call)."""
         return ask(protocol.PEAK, reset=bool(reset))
 
+    host: dict = {}
+
+    def script_host():
+        """The channel to the script host, which the parent starts at the first call: a learner's
+        TorchScript is loaded and run there, never here (``script_host.py``)."""
+        if "link" not in host:
+            if ask(protocol.HOST) < 1:
+                raise RuntimeError("grading: the parent could not start the process that runs TorchScript")
+            host["link"] = Link(host_call_fd, host_reply_fd)
+        if host["link"].broken:
+            raise RuntimeError(host["link"].broken)
+        return host["link"]
+
     # No learner frame is ever on this process's stack: the references serve the checks freely.
     alarm = protocol.Alarm()
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
                   refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
                   learner_peak=learner_peak,
-                  uninterrupted=alarm.uninterrupted, alarm=alarm.on_alarm)
+                  uninterrupted=alarm.uninterrupted, alarm=alarm.on_alarm, script_host=script_host)
 
     alarm.install()  # the parent's time limit, felt inside a cell's code only
     link = Link(call_fd, reply_fd)
@@ -138,8 +155,8 @@ def main() -> int:
             sys.stdout, sys.stderr = real_out, real_err
     trusted = dict(namespace)
     # torch's global state as the set-up left it, set back at the start of every cell as the
-    # namespace is: a learner's TorchScript runs here (lesson 1) and can switch grad mode off or
-    # seed the global generator, which no later cell's check should inherit.
+    # namespace is: a check that switches grad mode off or seeds the global generator (as a
+    # learner's TorchScript did when it ran here) leaves nothing to a later cell.
     trusted_torch = (torch.is_grad_enabled(), torch.get_rng_state())
     channel.send("ready", seal_entries=0)
 
@@ -166,6 +183,9 @@ def main() -> int:
         state["cell"] = None
         if isinstance(outcome, protocol.CellTimeout):
             error = f"TimeoutError: the cell ran longer than {setup['cell_timeout']:g} s and was interrupted"
+            if "link" in host:  # it may still be running what this cell asked of it (TorchScript that never returns)
+                host["link"].broken = ("the process that runs your TorchScript was still busy with a call that "
+                                       "ran past an earlier cell's time limit")
         elif outcome is not None:
             error = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
         else:

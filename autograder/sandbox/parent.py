@@ -26,9 +26,10 @@ outside it (``held.py``: its tmpfs files, memory files, socket buffers), and whe
 can be made, what the kernel charged it beyond that (``memcg.py``); the kernel enforces file size,
 process count, open descriptors and, on a CPU, data size (rlimits set in the child before learner
 code runs), the size of each tmpfs (the cap), and the memory group's limit (:data:`WALL` caps).
-The judge, whose work a learner's answers can drive (a TorchScript answer runs there), is held to
-the same limits, its memory on its own count against the same cap. Messages are bounded
-(``protocol.py``).
+The judge, whose work a learner's answers can drive, is held to the same limits, its memory on its
+own count against the same cap. The script host (``script_host.py``), started at the judge's
+request, runs a learner's TorchScript confined as the learner's process is, and its memory counts
+with the learner's. Messages are bounded (``protocol.py``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from .protocol import ProtocolError, Reader, decode
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "child.py"
 JUDGE = HERE / "judge.py"
+SCRIPT_HOST = HERE / "script_host.py"
 PROTOCOL = HERE / "protocol.py"
 #: This checkout's helper package: what the sandbox imports, whatever else is installed.
 COURSE = Path(__file__).resolve().parents[2] / "course"
@@ -273,10 +275,11 @@ def _bwrap_argv(script: str, args: list[str], uid: int | None = None, scratch_by
             "--perms", "1777", *size, "--tmpfs", "/tmp", *dirs, *binds, "--proc", "/proc", "--dev", "/dev", *devices,
             "--perms", "0755", *size, "--tmpfs", "/grading",
             "--ro-bind", str(CHILD), "/grading/child.py", "--ro-bind", str(JUDGE), "/grading/judge.py",
-            "--ro-bind", str(PROTOCOL), "/grading/protocol.py",
+            "--ro-bind", str(SCRIPT_HOST), "/grading/script_host.py", "--ro-bind", str(PROTOCOL), "/grading/protocol.py",
             "--perms", "0755", "--dir", "/grading/pkg", "--ro-bind", str(COURSE.resolve()), "/grading/pkg/course",
-            # The references that reproduce exercises are the judge's alone: hidden from the learner's process.
-            *(["--tmpfs", "/grading/pkg/course/references"] if script == "child.py" else []),
+            # The references that reproduce exercises are the judge's alone: hidden from every process
+            # that runs learner code (the learner's, the script host).
+            *(["--tmpfs", "/grading/pkg/course/references"] if script != "judge.py" else []),
             "--perms", "0777", "--dir", "/grading/cells", "--chdir", "/grading/cells",
             *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []), "--", *command]
 
@@ -654,7 +657,8 @@ class _Proc:
 def _sandbox_args(script: str, args: list[str]) -> list[str]:
     if script == "child.py":  # CELLS_DIR PKG_ROOT LIMITS [CALL_FD REPLY_FD]
         return ["/grading/cells", "/grading/pkg", *args]
-    return [*args[:2], "/grading/pkg", *args[2:]]  # judge: CALL_FD REPLY_FD PKG_ROOT LIMITS
+    # judge: CALL_FD REPLY_FD PKG_ROOT LIMITS HOST_CALL_FD HOST_REPLY_FD; script host: CALL_FD REPLY_FD PKG_ROOT LIMITS
+    return [*args[:2], "/grading/pkg", *args[2:]]
 
 
 def _local_args(script: str, args: list[str], cells: str) -> list[str]:
@@ -687,11 +691,15 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     served = [c for c in cells if c.get("served")]
     start = time.monotonic()
     call_r = call_w = reply_r = reply_w = None
+    host_fds: list[int] = []  # the script host's ends of its pipes to the judge, until it starts
     child_args = [limits]
     if served:
         call_r, call_w = os.pipe()    # judge -> learner: requests
         reply_r, reply_w = os.pipe()  # learner -> judge: replies
         child_args += [str(call_r), str(reply_w)]
+        host_call_r, host_call_w = os.pipe()    # judge -> script host
+        host_reply_r, host_reply_w = os.pipe()  # script host -> judge
+        host_fds = [host_call_r, host_reply_w]
     wall = int(WALL * memory_mb * 2**20)  # each process's memory group: the kernel's wall between looks
     # The learner's tmpfs folders can hold no more than the memory cap each (where bwrap sizes them);
     # what they hold counts toward the cap beside the processes' memory (the poll below).
@@ -700,16 +708,36 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                   memory_limit=wall)
     judge = None
     if served:
-        # The judge runs trusted code only, but what it computes the learner's answers can drive (a
-        # TorchScript function runs here; replies are kept): the submission's limits and memory cap
-        # hold for it too, on its own count (8 GB allocated by a scripted function under a 1 GB cap
-        # was graded "ok" before).
-        judge = _Proc("judge.py", [str(call_w), str(reply_r), limits], sandbox=sandbox,
-                      env=child_env, log=log.with_name(log.name + ".judge"), token=secrets.token_hex(16),
-                      extra_fds=(call_w, reply_r), memory_limit=wall)
-        for fd in (call_r, call_w, reply_r, reply_w):
+        # The judge runs trusted code only, but what it computes the learner's answers can drive
+        # (replies are kept): the submission's limits and memory cap hold for it too, on its own count
+        # (8 GB allocated by a scripted function, when TorchScript still ran in the judge, was graded
+        # "ok" under a 1 GB cap). It gets its ends of the script host's pipes now; the host itself
+        # starts when the judge first asks for it (start_host).
+        judge = _Proc("judge.py", [str(call_w), str(reply_r), limits, str(host_call_w), str(host_reply_r)],
+                      sandbox=sandbox, env=child_env, log=log.with_name(log.name + ".judge"),
+                      token=secrets.token_hex(16), extra_fds=(call_w, reply_r, host_call_w, host_reply_r),
+                      memory_limit=wall)
+        for fd in (call_r, call_w, reply_r, reply_w, host_call_w, host_reply_r):
             os.close(fd)
-    procs = [p for p in (child, judge) if p is not None]
+    procs = [p for p in (child, judge) if p is not None]  # the processes that run cells
+    host: _Proc | None = None  # the script host, once the judge asked for it (it runs no cell)
+
+    def start_host() -> bool:
+        """The script host, confined as the learner's process is, on the pipes the judge holds."""
+        nonlocal host
+        if host is None and host_fds:
+            try:
+                host = _Proc("script_host.py", [str(host_fds[0]), str(host_fds[1]), limits], sandbox=sandbox,
+                             env=child_env, log=log.with_name(log.name + ".script"), token=secrets.token_hex(16),
+                             extra_fds=tuple(host_fds), scratch_bytes=int(memory_mb * 2**20), memory_limit=wall)
+            except (OSError, subprocess.SubprocessError):
+                return False
+            finally:
+                for fd in host_fds:
+                    os.close(fd)
+                host_fds.clear()
+            clock.procs = (*clock.procs, host)  # paused with the submission for another's measurement
+        return host is not None
     pending = list(cells)  # sent one at a time, each after the previous cell ended
     owner: list[_Proc | None] = [None]  # who runs the cell now
 
@@ -751,7 +779,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     cell_started = start
     interrupted = False
     last_poll = 0.0
-    held: Pause | None = None  # the judge has the learner's process stopped (a baseline block)
+    held: list[Pause] | None = None  # the judge has the learner's processes stopped (a baseline block)
     watch = PeakWatch(child.proc.pid)  # the learner's memory between the judge's two PEAK messages
     held_for = Held(child.proc.pid) if sandbox == "bwrap" else None  # memory outside its processes
     closed: _Proc | None = None  # a process whose pipe closed before it said it was done
@@ -780,16 +808,22 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     continue
                 try:
                     rss, outside = _memory_look(proc, outside_of)
+                    scripts = 0.0  # the learner's TorchScript, run in the script host: the learner's count
+                    if proc is child and host is not None:
+                        scripts, more = _memory_look(host, None)
+                        scripts += sum(more.values()) / 2**20
                 except TooManyFiles as exc:
                     over = f"{exc} (the memory cap is {memory_mb:g} MB)"
                     break
-                used = rss + sum(outside.values()) / 2**20
+                used = rss + sum(outside.values()) / 2**20 + scripts
                 if proc is child:
-                    peak = max(peak, rss)
+                    peak = max(peak, rss + scripts)
                 else:  # the judge's own count, against the same cap
                     judge_peak = max(judge_peak, used)
                 if used > memory_mb:
                     said = "".join(f", {OUTSIDE[k]} {v / 2**20:.0f} MB" for k, v in outside.items() if v >= 2**20)
+                    if scripts >= 1:
+                        said += f", its TorchScript in the script host {scripts:.0f} MB"
                     over = (f"used more than the memory cap of {memory_mb:g} MB" if proc is child else
                             f"its answers made the judge process (served checks) hold {used:.0f} MB, more than "
                             f"the memory cap of {memory_mb:g} MB") + (f" (its processes {rss:.0f} MB{said})" if said else "")
@@ -875,9 +909,12 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         TURNS.end(clock)
                         holding, holding_since = None, None
                     elif kind == protocol.HOLD and source is judge and held is None:
-                        held = Pause(child)
-                        held.begin()
+                        held = [Pause(p) for p in (child, host) if p is not None]
+                        for pause in held:
+                            pause.begin()
                         source.go()
+                    elif kind == protocol.HOST and source is judge:
+                        source.answer(protocol.NUMBER_ANSWER.pack(1.0 if start_host() else 0.0))
                     elif kind == protocol.CPU and source is judge:
                         reading = (main_thread_cpu_seconds(child.proc.pid) if msg.get("main") is True
                                    else learner_cpu_seconds(child))
@@ -886,7 +923,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         reading = watch.start() if msg.get("reset") is True else watch.stop()
                         source.answer(protocol.NUMBER_ANSWER.pack(reading))
                     elif kind == protocol.RELEASE and source is judge and held is not None:
-                        ran, held = held.end(), None
+                        ran, held = next(filter(None, [pause.end() for pause in held]), ""), None
                         if ran and current is not None:  # the course's baseline was not timed alone
                             current.escaped = current.escaped or ran
                             flags.append(("escaped-pause", f"cell {current.index}: {ran}"[:300]))
@@ -906,8 +943,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if status or closed is not None or finished():
             break
     watch.stop()
-    if held is not None:
-        held.end()
+    for pause in held or []:
+        pause.end()
     if holding_since is not None:
         TURNS.end(clock)
     TURNS.remove(clock)
@@ -927,16 +964,20 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if index in reports:
             reports[index].tampered = True
     exits = {id(p): p.proc.poll() for p in procs}  # before close() kills what is left
-    for p in procs:
+    everyone = [*procs, *([host] if host is not None else [])]
+    for p in everyone:
         killed = p.memory.oom_kills() if p.memory is not None else 0
         if killed and status != "oom":  # the kernel's wall: between two looks, past WALL times the cap
-            whose = "" if p is child else ", in the judge process (served checks) its answers drove"
+            whose = ("" if p is child else ", in the judge process (served checks) its answers drove" if p is judge
+                     else ", in the script host, running its TorchScript")
             status, detail = "oom", (f"used more than {WALL:g} times the memory cap of {memory_mb:g} MB between two "
                                      f"looks{whose}: the kernel ended {killed} of its processes")
     if held_for is not None:
         held_for.close()
-    for p in procs:
+    for p in everyone:
         p.close()
+    for fd in host_fds:  # never started
+        os.close(fd)
     if not status:
         hungry = [r.index for r in reports.values() if r.error.startswith("MemoryError")]
         if done and hungry:  # the kernel's data limit refused an allocation; later cells still ran

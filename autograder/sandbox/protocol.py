@@ -44,8 +44,11 @@ READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE = (
 # kernel's peak set back, the resident bytes sampled from then on), PEAK without it ends it; both are
 # answered the same way (``parent.PeakWatch``).
 HOLD, RELEASE, CPU, PEAK = "hold", "release", "cpu", "peak"
+# Judge -> parent only: start the script host (``script_host.py``), answered by NUMBER_ANSWER (1.0:
+# started, 0.0: not).
+HOST = "host"
 NUMBER_ANSWER = struct.Struct(">d")
-KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE, HOLD, RELEASE, CPU, PEAK}
+KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE, HOLD, RELEASE, CPU, PEAK, HOST}
 
 
 def send_frame(fd: int, payload: bytes) -> None:

@@ -13,7 +13,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from course.checks.common import call, expect_grads, grader_references, name_mistake, ok, record, stored_answers
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
-from course.grading import expect_compiled, expect_scripted, graph_ops
+from course.grading import expect_compiled, expect_scripted, script_ops
 from course.numerics import assert_close, describe
 from course.remote import local_script, probe, prober
 from course.rnn import layer_norm_params, lstm_weights, make_lstm, masked_rnn_layer
@@ -140,8 +140,8 @@ def check_scripted_layer(scripted_layer, **sizes) -> None:
     the TorchScript itself is tested: its archive is loaded and run in the judge."""
     scripted = local_script(scripted_layer)
     expect_scripted(scripted, "scripted_layer")
-    graph = getattr(scripted, "graph", None)
-    if graph is not None and "prim::Loop" not in graph_ops(graph):
+    ops = script_ops(scripted)
+    if ops is not None and "prim::Loop" not in ops:
         raise AssertionError(
             "scripted_layer's graph has no loop: it looks traced, not scripted. torch.jit.trace records the ops "
             "of one run, so the time loop is unrolled for the example's length (and Python control flow is "
