@@ -262,6 +262,7 @@ class Link:
     def __init__(self, send_fd: int, recv_fd: int):
         self.send_fd, self.recv_fd, self.seq = send_fd, recv_fd, 0
         self.probes = 0  # probes asked for on this link (see probe)
+        self.busy = False  # a request sent and its reply not yet read (still so after a time limit cut it)
         self.broken = ""  # why the other side is no longer heard (a frame over the size limit)
         self.recipes = True  # the learner's side (serve) sends objects as what they are, never as recipes
         self._buffer = bytearray()  # bytes read and not yet taken: a read cut short keeps its place
@@ -319,6 +320,7 @@ class Link:
         if self.broken:
             raise RemoteError(self.broken)
         self.seq += 1
+        self.busy = True
         self.send({**message, "seq": self.seq})
         while True:
             reply = self.receive()
@@ -328,6 +330,7 @@ class Link:
                 break
             if not (isinstance(reply.get("seq"), int) and reply["seq"] < self.seq):
                 raise RemoteError("the learner's process answered a request that was never made")
+        self.busy = False
         if "ok" in reply:
             return reply["ok"]
         raise _exception(reply.get("raised"), reply.get("message"))

@@ -183,9 +183,10 @@ def main() -> int:
         state["cell"] = None
         if isinstance(outcome, protocol.CellTimeout):
             error = f"TimeoutError: the cell ran longer than {setup['cell_timeout']:g} s and was interrupted"
-            if "link" in host:  # it may still be running what this cell asked of it (TorchScript that never returns)
-                host["link"].broken = ("the process that runs your TorchScript was still busy with a call that "
-                                       "ran past an earlier cell's time limit")
+            if "link" in host and host["link"].busy:  # interrupted waiting for it: stopped, it runs nothing more
+                ask(protocol.HOST, stop=True)
+                host["link"].broken = ("the process that runs your TorchScript was stopped: a call to it ran past "
+                                       "an earlier cell's time limit")
         elif outcome is not None:
             error = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
         else:

@@ -913,6 +913,12 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         for pause in held:
                             pause.begin()
                         source.go()
+                    elif kind == protocol.HOST and source is judge and msg.get("stop") is True:
+                        if host is not None:  # a call the judge gave up on (TorchScript that never returns)
+                            kill_tree(host.proc.pid)
+                            if host.group is not None:
+                                host.group.kill()
+                        source.answer(protocol.NUMBER_ANSWER.pack(1.0))
                     elif kind == protocol.HOST and source is judge:
                         source.answer(protocol.NUMBER_ANSWER.pack(1.0 if start_host() else 0.0))
                     elif kind == protocol.CPU and source is judge:

@@ -45,7 +45,7 @@ READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE = (
 # answered the same way (``parent.PeakWatch``).
 HOLD, RELEASE, CPU, PEAK = "hold", "release", "cpu", "peak"
 # Judge -> parent only: start the script host (``script_host.py``), answered by NUMBER_ANSWER (1.0:
-# started, 0.0: not).
+# started, 0.0: not); with ``stop`` true, stop it (a call the judge gave up on at a time limit).
 HOST = "host"
 NUMBER_ANSWER = struct.Struct(">d")
 KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE, HOLD, RELEASE, CPU, PEAK, HOST}
