@@ -598,6 +598,26 @@ def test_a_scripted_answer_that_never_returns_costs_only_its_own_cell(tmp_path):
     assert out.cells[4].output.strip() == "graded" and not out.cells[4].error, out.cells[4]
 
 
+def test_a_script_host_that_cannot_start_is_the_graders_failure_not_the_learners(tmp_path, monkeypatch):
+    """Where the parent cannot start the script host (no uid left, no bwrap), the run raises (the
+    submission's row is ``error``, to grade again), rather than failing the learner's cell."""
+    from autograder.sandbox import bwrap_works, parent, run_program
+
+    real = parent._Proc
+
+    def no_host(script, *args, **kwargs):
+        if script == "script_host.py":
+            raise OSError("no uid left (planted)")
+        return real(script, *args, **kwargs)
+
+    monkeypatch.setattr(parent, "_Proc", no_host)
+    cells, setup = _served_program(_HEAVY_SCRIPT.format(n=1, rounds=1), "check_scripted_layer(scripted_layer)\n")
+    cells[1]["answers"] = ["scripted_layer"]
+    with pytest.raises(RuntimeError, match="could not start the process that runs a learner's TorchScript.*planted"):
+        run_program(cells, judge_setup=setup, sandbox="bwrap" if bwrap_works() else "none", cell_timeout=120,
+                    timeout=300, memory_mb=2000, log=tmp_path / "log")
+
+
 def test_a_few_sockets_and_memory_files_stay_within_the_cap(tmp_path):
     """The control: what honest code holds (a memory file of 16 MB, ten socket pairs with a little
     data waiting, a listening socket) is counted at its size and graded."""

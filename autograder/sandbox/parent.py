@@ -721,16 +721,18 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             os.close(fd)
     procs = [p for p in (child, judge) if p is not None]  # the processes that run cells
     host: _Proc | None = None  # the script host, once the judge asked for it (it runs no cell)
+    host_fault = ""  # why the script host could not be started: the grader's failure, not the learner's
 
     def start_host() -> bool:
         """The script host, confined as the learner's process is, on the pipes the judge holds."""
-        nonlocal host
+        nonlocal host, host_fault
         if host is None and host_fds:
             try:
                 host = _Proc("script_host.py", [str(host_fds[0]), str(host_fds[1]), limits], sandbox=sandbox,
                              env=child_env, log=log.with_name(log.name + ".script"), token=secrets.token_hex(16),
                              extra_fds=tuple(host_fds), scratch_bytes=int(memory_mb * 2**20), memory_limit=wall)
-            except (OSError, subprocess.SubprocessError):
+            except Exception as exc:  # noqa: BLE001 - no uid left, no bwrap, no memory group...
+                host_fault = f"{type(exc).__name__}: {exc}"
                 return False
             finally:
                 for fd in host_fds:
@@ -920,7 +922,10 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                                 host.group.kill()
                         source.answer(protocol.NUMBER_ANSWER.pack(1.0))
                     elif kind == protocol.HOST and source is judge:
-                        source.answer(protocol.NUMBER_ANSWER.pack(1.0 if start_host() else 0.0))
+                        started = start_host()
+                        source.answer(protocol.NUMBER_ANSWER.pack(1.0 if started else 0.0))
+                        if not started:  # the grader's own failure: raised below, the row says so (error)
+                            status = "crashed"
                     elif kind == protocol.CPU and source is judge:
                         reading = (main_thread_cpu_seconds(child.proc.pid) if msg.get("main") is True
                                    else learner_cpu_seconds(child))
@@ -984,6 +989,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         p.close()
     for fd in host_fds:  # never started
         os.close(fd)
+    if host_fault:
+        raise RuntimeError(f"the grader could not start the process that runs a learner's TorchScript ({host_fault})")
     if not status:
         hungry = [r.index for r in reports.values() if r.error.startswith("MemoryError")]
         if done and hungry:  # the kernel's data limit refused an allocation; later cells still ran
