@@ -115,14 +115,24 @@ def is_scripted(obj: Any) -> bool:
 
 
 def script_ops(obj: Any) -> list[str] | None:
-    """The op kinds of a TorchScript function's graph (``'prim::Loop'``...), wherever it runs;
-    None where it has no graph."""
+    """The op kinds a TorchScript function runs (``'prim::Loop'``, ``'aten::mm'``...): every node of
+    its graph with the functions it calls inlined, loop and branch bodies included; wherever it
+    runs (under the grader, read by the script host, :class:`course.remote.Scripted`). None where it
+    has no graph."""
     from course.remote import Scripted
 
     if isinstance(obj, Scripted):
         return obj.ops
-    graph = getattr(obj, "graph", None)
-    return graph_ops(graph) if graph is not None else None
+    try:
+        graph = obj.inlined_graph
+    except (AttributeError, RuntimeError):  # not TorchScript, or a scripted module with no forward
+        return None
+
+    def walk(block) -> list[str]:
+        return [kind for node in block.nodes()
+                for kind in [node.kind(), *(k for sub in node.blocks() for k in walk(sub))]]
+
+    return walk(graph)
 
 
 _COMPILE_WRAPPER = []

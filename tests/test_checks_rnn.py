@@ -197,3 +197,99 @@ def test_a_traced_layer_is_named_as_traced(rnn_solution):
     with pytest.raises(AssertionError, match="it looks traced, not scripted"):
         C.check_scripted_layer(traced)
     C.check_scripted_layer(s.scripted_layer)
+
+
+# -- answers that hand the work to PyTorch's own recurrent ops ------------------------------------
+
+def _cell_builtin(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+
+
+def _cell_aten(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    h2, c2 = torch.ops.aten.lstm_cell(x, [h, c], w_ih, w_hh, b_ih, b_hh)
+    return h2, c2
+
+
+def _cell_module(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    cell = torch.nn.LSTMCell(w_ih.shape[1], h.shape[1], dtype=x.dtype)
+    with torch.no_grad():
+        for name, t in zip(("weight_ih", "weight_hh", "bias_ih", "bias_hh"), (w_ih, w_hh, b_ih, b_hh)):
+            getattr(cell, name).copy_(t)
+    # the given weights, so that their gradients flow: functional_call
+    return torch.func.functional_call(cell, dict(zip(("weight_ih", "weight_hh", "bias_ih", "bias_hh"),
+                                                     (w_ih, w_hh, b_ih, b_hh))), (x, (h, c)))
+
+
+def _layer_builtin(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    out, h_n, c_n = torch.lstm(x, (h[None], c[None]), [w_ih, w_hh, b_ih, b_hh], True, 1, 0.0, False, False, False)
+    return out, (h_n[0], c_n[0])
+
+
+def _layer_of_cells(cell):
+    def layer(x, h, c, w_ih, w_hh, b_ih, b_hh):
+        outs = []
+        for t in range(x.shape[0]):
+            h, c = cell(x[t], h, c, w_ih, w_hh, b_ih, b_hh)
+            outs.append(h)
+        return torch.stack(outs), (h, c)
+    return layer
+
+
+def _stacked_builtin(x, states, weights):
+    h0 = torch.stack([h for h, _ in states])
+    c0 = torch.stack([c for _, c in states])
+    flat = [t for w in weights for t in w]
+    out, h_n, c_n = torch.lstm(x, (h0, c0), flat, True, len(weights), 0.0, False, False, False)
+    return out, [(h_n[k], c_n[k]) for k in range(len(weights))]
+
+
+def _masked_builtin(x, lengths, h, c, w_ih, w_hh, b_ih, b_hh):
+    outs = []
+    for t in range(x.shape[0]):
+        alive = (lengths > t).unsqueeze(1)
+        xt = torch.where(alive, x[t], torch.zeros_like(x[t]))
+        h_new, c_new = torch.lstm_cell(xt, (h, c), w_ih, w_hh, b_ih, b_hh)
+        h, c = torch.where(alive, h_new, h), torch.where(alive, c_new, c)
+        outs.append(torch.where(alive, h_new, torch.zeros_like(h_new)))
+    return torch.stack(outs), (h, c)
+
+
+@pytest.mark.parametrize("cell", [_cell_builtin, _cell_aten, _cell_module])
+def test_a_cell_from_pytorchs_own_lstm_cell_earns_nothing(cell):
+    """Exercise 1 asks for mm and pointwise ops: torch.lstm_cell, by any alias (torch.ops.aten, an
+    nn.LSTMCell), gives the right numbers and fails. The course's watcher sees every Python route
+    to a torch function (a TorchFunctionMode)."""
+    with pytest.raises(AssertionError, match="lstm_cell gives the right numbers, but it calls .*lstm_cell"):
+        C.check_lstm_cell(cell)
+
+
+@pytest.mark.parametrize("layer", [_layer_builtin, _layer_of_cells(_cell_builtin)])
+def test_a_layer_from_pytorchs_own_lstm_earns_nothing(layer):
+    with pytest.raises(AssertionError, match="lstm_layer gives the right numbers, but it calls .*lstm"):
+        C.check_lstm_layer(layer)
+    with pytest.raises(AssertionError, match="fast_lstm_layer gives the right numbers"):
+        C.check_lstm_layer(layer, label="fast_lstm_layer")
+
+
+def test_a_scripted_layer_whose_graph_runs_pytorchs_lstm_cell_earns_nothing():
+    """TorchScript calls no Python function a watcher could see: its graph (inlined, loop bodies
+    included) says what it runs, read in the script host under the grader."""
+    cell = torch.jit.script(_cell_builtin)
+
+    @torch.jit.script
+    def layer(x, h, c, w_ih, w_hh, b_ih, b_hh):
+        outs = []
+        for t in range(x.size(0)):
+            h, c = cell(x[t], h, c, w_ih, w_hh, b_ih, b_hh)
+            outs.append(h)
+        return torch.stack(outs), (h, c)
+
+    with pytest.raises(AssertionError, match="scripted_layer's graph calls aten::lstm_cell"):
+        C.check_scripted_layer(layer)
+
+
+def test_stacked_and_masked_layers_from_pytorchs_own_ops_earn_nothing():
+    with pytest.raises(AssertionError, match="stacked_lstm gives the right numbers, but it calls .*lstm"):
+        C.check_stacked_lstm(_stacked_builtin)
+    with pytest.raises(AssertionError, match="masked_lstm_layer gives the right numbers, but it calls .*lstm_cell"):
+        C.check_masked_lstm_layer(_masked_builtin, script=False)

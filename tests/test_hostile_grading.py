@@ -575,6 +575,26 @@ def test_a_scripted_answer_reads_nothing_of_the_graders(tmp_path):
     assert "READ:" + first[:30] in there.cells[2].error, there.cells[2]
 
 
+def test_a_scripted_answer_running_pytorchs_lstm_cell_is_read_in_the_script_host(tmp_path):
+    """What a scripted answer runs is its graph, read by the script host's own code (no learner
+    Python there): a layer whose loop calls torch.lstm_cell gives the right numbers and fails."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    builtin = _HEAVY_SCRIPT.format(n=1, rounds=1).replace(
+        "        gates = x[t] @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh + big[0] * 0.0\n"
+        "        i, f, g, o = gates.chunk(4, 1)\n"
+        "        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)\n"
+        "        h = torch.sigmoid(o) * torch.tanh(c)\n",
+        "        h, c = torch.lstm_cell(x[t], (h, c), w_ih, w_hh, b_ih, b_hh)\n")
+    assert "lstm_cell" in builtin
+    cells, setup = _served_program(builtin, "check_scripted_layer(scripted_layer)\n")
+    cells[1]["answers"] = ["scripted_layer"]
+    cells[3]["source"] = "print('after')"
+    out = run_program(cells, judge_setup=setup, sandbox="bwrap" if bwrap_works() else "none", cell_timeout=120,
+                      timeout=300, memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok" and "graph calls aten::lstm_cell" in out.cells[2].error, out.cells[2]
+
+
 def test_a_scripted_answer_that_never_returns_costs_only_its_own_cell(tmp_path):
     """TorchScript that loops forever never returns to Python, so no Python time limit lands in
     it. In the judge it held the judge: the run ended ``timeout`` and every later cell was lost. In

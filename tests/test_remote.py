@@ -194,6 +194,20 @@ class _Weird(Exception):
         raise RuntimeError("no message for you")
 
 
+def builtin_cell(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+
+
+@torch.jit.script
+def _builtin_layer(x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
+                   b_ih: torch.Tensor, b_hh: torch.Tensor):
+    outs = []
+    for t in range(x.size(0)):
+        h, c = torch.lstm_cell(x[t], (h, c), w_ih, w_hh, b_ih, b_hh)
+        outs.append(h)
+    return torch.stack(outs), (h, c)
+
+
 LEARNER = {
     "lstm_cell": lstm_cell, "lstm_layer": lstm_layer, "scripted_layer": torch.jit.script(lstm_layer),
     "plain_layer": lstm_layer, "masked_lstm_layer": masked,
@@ -204,6 +218,7 @@ LEARNER = {
     "not_a_tensor": lambda *a: (lambda: 0, "h"),
     "lying_shape": lambda *a: (torch.zeros(7, 7, dtype=torch.float64), torch.zeros(7, 7, dtype=torch.float64)),
     "data_not_code": 3.0,
+    "builtin_cell": builtin_cell, "builtin_scripted": _builtin_layer,
 }
 
 
@@ -249,6 +264,15 @@ def test_wrong_answers_across_the_boundary_fail_with_the_cause(remote, name, mes
 def test_torchscript_is_tested_as_compiled_in_the_judge(remote):
     with pytest.raises(AssertionError, match="should be what torch.jit.script returns, but it is a function"):
         check_scripted_layer(remote("plain_layer"))
+
+
+def test_pytorchs_own_lstm_cell_is_seen_across_the_boundary(remote):
+    """The course's watcher runs where the answer lives (a probe); a scripted answer's graph is read
+    where its archive is loaded."""
+    with pytest.raises(AssertionError, match="lstm_cell gives the right numbers, but it calls torch.lstm_cell"):
+        check_lstm_cell(remote("builtin_cell"))
+    with pytest.raises(AssertionError, match="scripted_layer's graph calls aten::lstm_cell"):
+        check_scripted_layer(remote("builtin_scripted"))
 
 
 def test_a_desynchronised_learner_stream_is_a_failed_check_not_a_crash():

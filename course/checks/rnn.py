@@ -9,16 +9,18 @@ from typing import Callable
 
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.overrides import TorchFunctionMode
 
 from course.checks.common import call, expect_grads, grader_references, name_mistake, ok, record, stored_answers
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
-from course.grading import expect_compiled, expect_scripted, script_ops
+from course.grading import expect_compiled, expect_scripted, is_scripted, script_ops
+from course.memory_format import op_name
 from course.numerics import assert_close, describe
 from course.remote import local_script, probe, prober
 from course.rnn import layer_norm_params, lstm_weights, make_lstm, masked_rnn_layer
 
-__all__ = ["bucketed_case", "check_bucketed", "check_compiled_layer", "check_layer_norm_cell", "check_lstm_cell",
+__all__ = ["builtin_rnn_calls", "bucketed_case", "check_bucketed", "check_compiled_layer", "check_layer_norm_cell", "check_lstm_cell",
            "check_lstm_layer", "check_masked_lstm_layer", "check_scripted_layer", "check_stacked_lstm"]
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
@@ -52,6 +54,52 @@ def _weight_variants(w_ih, w_hh, b_ih, b_hh) -> dict[str, tuple]:
     out["b_ih was left out (gates = x @ w_ih.T + b_ih + h @ w_hh.T + b_hh: both biases)"] = (w_ih, w_hh, zero, b_hh)
     out["both biases were left out"] = (w_ih, w_hh, zero, zero)
     return out
+
+
+#: PyTorch's own recurrent ops (``torch.lstm_cell``, ``nn.LSTM``'s ``lstm``, ``gru_cell``...), by the
+#: words in their names: what the lesson's exercises build from matrix products and pointwise ops.
+BUILTIN_RNN = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+BY_HAND = ("the exercise builds it from torch.mm (or @) and pointwise ops (sigmoid, tanh, *, +), "
+           "so that you see, and later fuse, every kernel; PyTorch's own recurrent ops do the whole step for you")
+
+
+def _builtin(names) -> list[str]:
+    return sorted({n for n in names if any(word in n.lower() for word in BUILTIN_RNN)})
+
+
+class _TorchCalls(TorchFunctionMode):
+    """Records the torch functions a call used, by name (whatever alias the code reached them by:
+    ``torch.lstm_cell``, ``torch._VF``, ``torch.ops.aten``, ``nn.LSTMCell`` all arrive here)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(op_name(func))
+        return func(*args, **(kwargs or {}))
+
+
+@prober
+def builtin_rnn_calls(fn: Callable, label: str, args: list) -> list[str]:
+    """The learner's side of :func:`_expect_by_hand`: ``fn(*args)`` once, without gradients, and the
+    names of PyTorch's own recurrent ops it called (the course's watcher in the learner's process:
+    that process's word; the values are checked in the judge)."""
+    with torch.no_grad(), _TorchCalls() as seen:
+        call(fn, *args, name=label)
+    return _builtin(seen.names)
+
+
+def _expect_by_hand(fn: Callable, label: str, args: list) -> None:
+    """``fn(*args)`` calls none of PyTorch's own recurrent ops (see :data:`BUILTIN_RNN`). TorchScript
+    calls no Python torch function to watch: its graph says what it runs (:func:`check_scripted_layer`)."""
+    if is_scripted(fn):
+        return
+    used = probe(fn, builtin_rnn_calls, label, list(args))
+    if not (isinstance(used, list) and all(isinstance(u, str) for u in used)):
+        raise AssertionError(f"{label}: the course's watcher came back malformed.")
+    if used:
+        raise AssertionError(f"{label} gives the right numbers, but it calls {', '.join(used)[:200]}: {BY_HAND}.")
 
 
 def _run_lstm(x, h, c, w) -> tuple:
@@ -104,6 +152,7 @@ def _check_layer_like(fn, label, *, seed, seq_len, batch, input_size, hidden_siz
     name_mistake(label, got, ref, _layer_variants(x, h0[0], c0[0], w))
     assert_close(got, ref, name=f"{label} -> (out, (h_n, c_n))", hint=hint)
     expect_grads(got, ref, args, [ref_x, ref_h0, ref_c0, *w], NAMES, label=label, hint=hint)
+    _expect_by_hand(fn, label, [x, h0[0], c0[0], *w])
     return f"T={seq_len}, B={batch}, I={input_size}, H={hidden_size}, seed {seed}"
 
 
@@ -122,6 +171,7 @@ def check_lstm_cell(lstm_cell: Callable, *, seed: int = 0, batch: int = 4, input
                                              for mistake, vw in _weight_variants(*w).items()})
     assert_close(got, ref, name="lstm_cell(...) -> (h', c')", hint=GATE_HINT)
     expect_grads(got, ref, args, [*ref_in, *w], NAMES, label="lstm_cell", hint=GATE_HINT)
+    _expect_by_hand(lstm_cell, "lstm_cell", [x[0], h0[0], c0[0], *w])
     ok(f"lstm_cell equals nn.LSTM, values and gradients (B={batch}, I={input_size}, H={hidden_size}, seed {seed})")
 
 
@@ -141,6 +191,8 @@ def check_scripted_layer(scripted_layer, **sizes) -> None:
     scripted = local_script(scripted_layer)
     expect_scripted(scripted, "scripted_layer")
     ops = script_ops(scripted)
+    if ops is not None and _builtin(ops):
+        raise AssertionError(f"scripted_layer's graph calls {', '.join(_builtin(ops))[:200]}: {BY_HAND}.")
     if ops is not None and "prim::Loop" not in ops:
         raise AssertionError(
             "scripted_layer's graph has no loop: it looks traced, not scripted. torch.jit.trace records the ops "
@@ -357,6 +409,7 @@ def check_stacked_lstm(stacked_lstm: Callable, *, seed: int = 0, num_layers: int
     ref_w = [t for w in weights for t in w]
     names = [f"layer {k} {n}" for k in range(num_layers) for n in NAMES[3:]]
     expect_grads(got, ref, [xs, *flat_w], [ref_in[0], *ref_w], ["x", *names], label="stacked_lstm", hint=hint)
+    _expect_by_hand(stacked_lstm, "stacked_lstm", [x, [(h0[k], c0[k]) for k in range(num_layers)], weights])
     ok(f"stacked_lstm equals a {num_layers}-layer nn.LSTM, values and gradients "
        f"(T={seq_len}, B={batch}, I={input_size}, H={hidden_size}, seed {seed})")
 
@@ -406,6 +459,7 @@ def check_masked_lstm_layer(masked_lstm_layer: Callable, *, seed: int = 0, max_l
     got = call(masked_lstm_layer, args[0], lengths_arg, *args[1:], name="masked_lstm_layer")
     assert_close(got, ref, name="masked_lstm_layer -> (out, (h_n, c_n)) [large values in the padding]", hint=hint)
     expect_grads(got, ref, args, [ref_x, ref_h0, ref_c0, *w], NAMES, label="masked_lstm_layer", hint=hint)
+    _expect_by_hand(masked_lstm_layer, "masked_lstm_layer", [x_nan, lengths_arg, h0, c0, *w])
 
     # 3. TorchScript can compile it
     if script:
