@@ -748,5 +748,16 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
                 outputs.append(out)
             if check is not None:
                 check(outputs)
-    # threads or processes of the learner's own do not hide a loop either
-    return [b * cpu_factor(u, torch.get_num_threads()) for b, u in zip(best, used)]
+    # threads or processes of the learner's own do not hide a loop either: a call counts at least its
+    # CPU time over the threads allowed, averaged over the calls. CPU time does not grow while a busy
+    # machine keeps the process waiting, so a slow wall time in one repetition cannot lower that
+    # charge (best wall x CPU/wall summed did: one stretched repetition diluted it).
+    return [max(b, _cpu_per_call(u, torch.get_num_threads())) for b, u in zip(best, used)]
+
+
+def _cpu_per_call(blocks: Sequence[tuple[float, float]], threads: int) -> float:
+    """The CPU seconds one of ``blocks`` used on average (less the readings' slack, paid once), over
+    the ``threads`` it was allowed; 0.0 where none was read."""
+    if not blocks:
+        return 0.0
+    return max(0.0, sum(c for _, c in blocks) - CPU_SLACK) / len(blocks) / max(1, threads)
