@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from course.guard import ReferenceRefused, answering
 from course.numerics import assert_close, describe
 
-__all__ = ["call", "clock_against_loop", "expect_grads", "ok", "record", "served_speedup", "weighted_sum"]
+__all__ = ["TorchCalls", "call", "clock_against_loop", "expect_grads", "ok", "record", "served_speedup", "weighted_sum"]
 
 
 def ok(message: str) -> None:
@@ -35,6 +36,23 @@ def not_written(label: str) -> AssertionError:
     """What a check says of an answer that is still the stub (its bare ``raise NotImplementedError()``)."""
     return AssertionError(f"{label} is not written yet: replace `raise NotImplementedError()` with your code, then run "
                           "its cell again.")
+
+
+class TorchCalls(TorchFunctionMode):
+    """Records, by name (``course.memory_format.op_name``), the torch functions code calls while it
+    is active: the course's watcher of how an answer was computed (a probe under the grader: that
+    process's word). Every Python route to a torch function arrives here, whatever alias the code
+    used (``torch.lstm_cell``, ``torch._VF``, ``torch.ops.aten``, a module's forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        from course.memory_format import op_name
+
+        self.names.append(op_name(func))
+        return func(*args, **(kwargs or {}))
 
 
 def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> Any:

@@ -29,13 +29,12 @@ from typing import Callable, Mapping
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
-from course.checks.common import call, grader_references, ok, record, served_speedup, stored_answers
+from course.checks.common import TorchCalls, call, grader_references, ok, record, served_speedup, stored_answers
 from course.data import randn
 from course.devices import pick_device
 from course.memory_format import (PLANTED_VARIANTS, autocast_witness, channels_last_strides_of, coord_conv_inputs,
-                                  coord_conv_planted, coordinate_planes, list_probe, memory_format_of, op_name,
+                                  coord_conv_planted, coordinate_planes, list_probe, memory_format_of,
                                   planted_model)
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
@@ -59,25 +58,13 @@ DATA_FILE = "03_memory_format.pt"
 
 # -- stride arithmetic ---------------------------------------------------------------------
 
-class _TorchCalls(TorchFunctionMode):
-    """Records the torch functions a learner's 'by hand' function calls (it should call none)."""
-
-    def __init__(self):
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.append(op_name(func))
-        return func(*args, **(kwargs or {}))
-
-
 @prober
 def by_hand_cases(fn: Callable, name: str, cases: list) -> list:
     """The learner's side of the "by hand" checks: ``fn(*case)`` for every case, each with the
     names of the torch functions that call used (it should use none)."""
     out = []
     for case in cases:
-        with _TorchCalls() as seen:
+        with TorchCalls() as seen:
             got = call(fn, *case, name=name)
         out.append((got, sorted(set(seen.names))))
     return out

@@ -9,13 +9,11 @@ from typing import Callable
 
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-from torch.overrides import TorchFunctionMode
 
-from course.checks.common import call, expect_grads, grader_references, name_mistake, ok, record, stored_answers
+from course.checks.common import TorchCalls, call, expect_grads, grader_references, name_mistake, ok, record, stored_answers
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
 from course.grading import expect_compiled, expect_scripted, is_scripted, script_ops
-from course.memory_format import op_name
 from course.numerics import assert_close, describe
 from course.remote import local_script, probe, prober
 from course.rnn import layer_norm_params, lstm_weights, make_lstm, masked_rnn_layer
@@ -67,25 +65,12 @@ def _builtin(names) -> list[str]:
     return sorted({n for n in names if any(word in n.lower() for word in BUILTIN_RNN)})
 
 
-class _TorchCalls(TorchFunctionMode):
-    """Records the torch functions a call used, by name (whatever alias the code reached them by:
-    ``torch.lstm_cell``, ``torch._VF``, ``torch.ops.aten``, ``nn.LSTMCell`` all arrive here)."""
-
-    def __init__(self):
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.add(op_name(func))
-        return func(*args, **(kwargs or {}))
-
-
 @prober
 def builtin_rnn_calls(fn: Callable, label: str, args: list) -> list[str]:
     """The learner's side of :func:`_expect_by_hand`: ``fn(*args)`` once, without gradients, and the
     names of PyTorch's own recurrent ops it called (the course's watcher in the learner's process:
     that process's word; the values are checked in the judge)."""
-    with torch.no_grad(), _TorchCalls() as seen:
+    with torch.no_grad(), TorchCalls() as seen:
         call(fn, *args, name=label)
     return _builtin(seen.names)
 
