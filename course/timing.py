@@ -603,13 +603,17 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                 harness.append(harness_took / block)
             r += 1
     notes = [f"{redone} round(s) measured again: a side was starved of CPU in them."] if redone else []
-    factor = cpu_factor(used, torch.get_num_threads())
-    if factor > 1.0:
-        times[cand_name] = [t * factor for t in times[cand_name]]
-        notes.append(f"{cand_name} used {factor * torch.get_num_threads():.1f} cores' worth of CPU while timed, "
-                     f"with {torch.get_num_threads()} thread(s) allowed: its times are its CPU time over "
-                     f"{torch.get_num_threads()} ({factor:.2f}x its wall time). Threads or processes of your own do "
-                     "not make a call faster here.")
+    # Each of the candidate's rounds counts at least its CPU time over the threads allowed (see
+    # charged_seconds): round by round, not one factor over the summed wall time, which rounds whose
+    # wall clock stretched (the process waiting, using no CPU) diluted for every other round.
+    charge = charged_seconds(used, torch.get_num_threads())
+    wall = sum(w for w, _ in used)
+    if len(charge) == len(times[cand_name]) and wall > 0 and sum(charge) > wall:
+        times[cand_name] = [c / block for c in charge]
+        notes.append(f"{cand_name} used {sum(c for _, c in used) / wall:.1f} cores' worth of CPU while timed, with "
+                     f"{torch.get_num_threads()} thread(s) allowed: each round counts its CPU time over "
+                     f"{torch.get_num_threads()} where that is longer ({sum(charge) / wall:.2f}x its wall time in "
+                     "all). Threads or processes of your own do not make a call faster here.")
     if there is not None:
         factors = [b / a for a, b in zip(times[base_name], times[there[0]]) if a > 0]
         worked = cpu_ratio()
@@ -748,16 +752,25 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
                 outputs.append(out)
             if check is not None:
                 check(outputs)
-    # threads or processes of the learner's own do not hide a loop either: a call counts at least its
-    # CPU time over the threads allowed, averaged over the calls. CPU time does not grow while a busy
-    # machine keeps the process waiting, so a slow wall time in one repetition cannot lower that
-    # charge (best wall x CPU/wall summed did: one stretched repetition diluted it).
-    return [max(b, _cpu_per_call(u, torch.get_num_threads())) for b, u in zip(best, used)]
+    # Threads or processes of the learner's own do not hide a loop either: each repetition of a
+    # learner's call counts at least its CPU time over the threads allowed (charged_seconds), and the
+    # best of those is kept.
+    threads_allowed = torch.get_num_threads()
+    return [min(charged_seconds(u, threads_allowed)) if len(u) == reps else b for b, u in zip(best, used)]
 
 
-def _cpu_per_call(blocks: Sequence[tuple[float, float]], threads: int) -> float:
-    """The CPU seconds one of ``blocks`` used on average (less the readings' slack, paid once), over
-    the ``threads`` it was allowed; 0.0 where none was read."""
+def charged_seconds(blocks: Sequence[tuple[float, float]], threads: int) -> list[float]:
+    """What each of a learner's timed ``blocks`` ((wall, CPU) seconds) counts: its wall time, or its CPU
+    time over the ``threads`` allowed where that is longer, a block's CPU taken at most at the blocks'
+    mean (less the readings' slack, paid once over all of them).
+
+    Block by block, so a block whose wall clock stretched (the process kept waiting: CPU time does
+    not grow then) lowers no other block's charge, as one factor over the summed wall time did. The
+    cap at the mean keeps a block's clock-tick rounding (a reading can be a tick over its wall time)
+    from charging an honest block more than the process worked per block; the same work costs
+    about the same CPU however it is spread over threads, so the cap does not help a learner's own
+    threads either."""
     if not blocks:
-        return 0.0
-    return max(0.0, sum(c for _, c in blocks) - CPU_SLACK) / len(blocks) / max(1, threads)
+        return []
+    mean = max(0.0, sum(c for _, c in blocks) - CPU_SLACK) / len(blocks)
+    return [max(w, min(c, mean) / max(1, threads)) for w, c in blocks]

@@ -21,7 +21,7 @@ import torch
 import course.grader_hooks as hooks
 from course.devices import threads
 from autograder.sandbox.parent import tree_cpu_seconds
-from course.timing import CPU_SLACK, best_times, compare_served, cpu_factor
+from course.timing import CPU_SLACK, best_times, charged_seconds, compare_served, cpu_factor
 
 
 def test_blocks_are_charged_their_cpu_time_over_the_threads_allowed_where_that_is_longer():
@@ -32,6 +32,25 @@ def test_blocks_are_charged_their_cpu_time_over_the_threads_allowed_where_that_i
     assert cpu_factor(four, 1) == pytest.approx((0.8 - CPU_SLACK) / 0.2)
     assert cpu_factor(four, 4) == 1.0  # four allowed: its wall time
     assert cpu_factor([], 1) == 1.0
+
+
+
+def test_each_block_is_charged_on_its_own_and_a_stretched_one_dilutes_none():
+    """A block counts its wall time, or its CPU time over the threads allowed where that is longer.
+    Blocks whose wall clock stretched (waiting: no CPU used) leave every other block's charge as it
+    was; one factor over the summed wall time let two such blocks take four cores' worth to 1.3."""
+    honest = [(0.010, 0.010)] * 20
+    assert charged_seconds(honest, 1) == [0.010] * 20
+    four = [(0.010, 0.040)] * 5 + [(0.080, 0.040)] * 2  # two blocks kept waiting, not starved (CPU >= half)
+    charged = charged_seconds(four, 1)
+    assert cpu_factor(four, 1) < 1.4  # the summed factor, diluted
+    assert all(c >= 0.040 - CPU_SLACK / 7 - 1e-12 for c in charged[:5]), charged
+    assert charged[5:] == [0.080, 0.080]  # the stretched ones: their wall time
+    assert charged_seconds(four, 4) == [w for w, _ in four]  # four threads allowed: wall time
+    # A reading a clock tick over its wall time charges an honest block no more than the mean it worked.
+    ticks = [(0.012, 0.010)] * 9 + [(0.012, 0.020)]
+    assert max(charged_seconds(ticks, 1)) <= 0.012 + 1e-12
+    assert charged_seconds([], 1) == []
 
 
 BURN = ("import threading, time, subprocess, sys\n"
@@ -90,6 +109,49 @@ def test_compare_served_charges_the_candidate_and_says_so(monkeypatch):
     # warm-up call made them 3 ms, and the slack alone took the charge from 4x to 2x (CI, 2026-11-28)
     speedup = report.speedup("yours").median
     assert speedup < 0.4, report.table()  # the same work, charged four cores' worth on one thread allowed
+    assert any("cores' worth of CPU" in note for note in report.notes), report.notes
+
+
+
+def test_compare_served_charges_each_round_so_rounds_kept_waiting_do_not_dilute_it(monkeypatch):
+    """A candidate that uses four cores' worth of CPU per round and waits (using no CPU, never long
+    enough to count as starved) in two of the rounds: one factor over the summed wall time fell to
+    about 1.3 and its other rounds counted little more than their wall time, so the median round
+    came out as fast as the baseline. Round by round, every round that did not wait counts four."""
+    from course.checks.broadcasting import distance_inputs, naive_sq_dists
+    from course.remote import Remote
+
+    used = {"cpu": 0.0, "blocks": 0}
+
+    class FourCoresSometimesWaiting:
+        __name__ = "yours"
+
+        def stage(self, constants):
+            return 0
+
+        def block(self, handle, factory, sizes, seeds, device, grad=False):
+            from course.remote import FACTORIES, checksum
+            used["blocks"] += 1
+            start = time.perf_counter()
+            sums = torch.stack([checksum(naive_sq_dists(*FACTORIES[factory](s, device=device, **sizes)))
+                                for s in seeds])
+            took = time.perf_counter() - start
+            used["cpu"] += 4 * took
+            if used["blocks"] in (4, 6):  # two of the timed rounds (after two warm-up calls) wait
+                time.sleep(5 * took)
+            return sums
+
+    monkeypatch.setattr("course.remote.is_remote",
+                        lambda obj: isinstance(obj, FourCoresSometimesWaiting) or isinstance(obj, Remote))
+    monkeypatch.setattr(hooks, "learner_cpu", lambda: used["cpu"])
+    with threads(1):
+        report = compare_served(("broadcast", naive_sq_dists), ("yours", FourCoresSometimesWaiting()),
+                                factory=distance_inputs, sizes=dict(n=128, m=128, d=16), device="cpu", rounds=7,
+                                min_run_time=0.2)
+    assert used["blocks"] >= 9, used
+    speedup = report.speedup("yours")
+    assert speedup.median < 0.4, report.table()
+    assert speedup.high < 0.6, report.table()
     assert any("cores' worth of CPU" in note for note in report.notes), report.notes
 
 
