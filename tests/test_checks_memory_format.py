@@ -90,6 +90,10 @@ MISTAKES = {
         "strides", "return (c * h * w, h * w, w, 1)", "return (c * h * w, h * w, 1, h)", "PyTorch's strides are"),
     "strides: asks torch": (
         "strides", "return (c * h * w, h * w, w, 1)", "return tuple(torch.empty(shape).stride())", "called torch"),
+    "strides: asks torch with the watcher switched off": (
+        "strides", "return (c * h * w, h * w, w, 1)",
+        "with torch._C.DisableTorchFunction():\n        return tuple(torch.empty(shape).stride())",
+        "the course watches which torch functions"),
     "rule: size-1 dims not skipped": (
         "is_cl", "            continue                # never", "            pass                # never",
         "ambiguous"),

@@ -293,3 +293,91 @@ def test_stacked_and_masked_layers_from_pytorchs_own_ops_earn_nothing():
         C.check_stacked_lstm(_stacked_builtin)
     with pytest.raises(AssertionError, match="masked_lstm_layer gives the right numbers, but it calls .*lstm_cell"):
         C.check_masked_lstm_layer(_masked_builtin, script=False)
+
+
+# -- answers that keep the course's watcher from seeing PyTorch's own ops -------------------------
+
+def _blind_disabled(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    with torch._C.DisableTorchFunction():  # no torch function mode sees what runs here
+        return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+
+
+def _blind_own_mode(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    from torch.overrides import TorchFunctionMode
+
+    class Quiet(TorchFunctionMode):  # handles every call itself, passing nothing on
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            with torch._C.DisableTorchFunction():
+                return func(*args, **(kwargs or {}))
+
+    with Quiet():
+        return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+
+
+def _blind_popped(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    from torch.overrides import _pop_mode_temporarily
+
+    if not torch._C._len_torch_function_stack():  # (the checks call it unwatched too)
+        return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+    with _pop_mode_temporarily():  # the course's mode off the stack while the op runs
+        return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+
+
+def _blind_thread(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    import threading
+
+    out = []  # modes are each thread's own
+    worker = threading.Thread(target=lambda: out.append(torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
+def _blind_disabled_impl(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    return torch._C._disabled_torch_function_impl(torch.lstm_cell, (), (x, (h, c), w_ih, w_hh, b_ih, b_hh), {})
+
+
+def _blind_names_cleared(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    out = torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+    if torch._C._len_torch_function_stack():
+        torch.overrides._get_current_function_mode().names.clear()  # the watcher's record, emptied
+    return out
+
+
+def _blind_stack_read(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    out = torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+    if torch._C._len_torch_function_stack():
+        torch._C._get_function_stack_at(0).names.clear()
+    return out
+
+
+@pytest.mark.parametrize("cell", [_blind_disabled, _blind_own_mode, _blind_popped, _blind_thread, _blind_disabled_impl,
+                                  _blind_names_cleared, _blind_stack_read])
+def test_a_cell_that_keeps_the_watcher_from_seeing_earns_nothing(cell):
+    """A TorchFunctionMode sees only what reaches it: each of these ran torch.lstm_cell unseen by it
+    (2026-11-29), one line each. A profile function beside the mode watches that it stays the one
+    handling torch functions (not switched off, popped, or covered by a mode of the answer's own,
+    its record not reached, no thread started), and the cell fails on any of it."""
+    with pytest.raises(AssertionError, match="lstm_cell: the course watches which torch functions an answer calls"):
+        C.check_lstm_cell(cell)
+    assert torch._C._len_torch_function_stack() == 0  # the stack as it was
+    import sys
+    assert sys.getprofile() is None
+
+
+def test_the_watcher_leaves_an_honest_cell_and_layer_alone(rnn_solution):
+    """The control: torch's own dispatch to the mode (torch.overrides, contextlib's helper) takes the
+    mode off the stack meanwhile, and a Python torch function (torch.split) goes through it: none of
+    it counts against an answer."""
+    s = rnn_solution
+    C.check_lstm_cell(s.lstm_cell)
+    C.check_lstm_layer(s.lstm_layer)
+    C.check_masked_lstm_layer(s.masked_lstm_layer, script=False)
+    C.check_lstm_cell(_split_cell)
+
+
+def _split_cell(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    gates = x @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh
+    i, f, g, o = torch.split(gates, gates.shape[1] // 4, dim=1)  # torch.functional: Python, via torch.overrides
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c

@@ -618,6 +618,45 @@ def test_a_scripted_answer_that_never_returns_costs_only_its_own_cell(tmp_path):
     assert out.cells[4].output.strip() == "graded" and not out.cells[4].error, out.cells[4]
 
 
+def test_an_answer_that_keeps_the_course_watcher_from_seeing_fails_under_the_grader(tmp_path):
+    """Lesson 1's "by hand" watcher is a TorchFunctionMode in the learner's process: one line of
+    plain Python (torch function handling switched off, the mode popped, a thread) ran
+    torch.lstm_cell unseen by it, and the cell earned full marks. Under the real sandbox (its audit
+    hook and seal in place), each fails with the watcher's message, and a right cell by hand passes."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    routes = {
+        "switched off": "    with torch._C.DisableTorchFunction():\n"
+                        "        return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)\n",
+        "popped": "    from torch.overrides import _pop_mode_temporarily\n"
+                  "    if not torch._C._len_torch_function_stack():\n"
+                  "        return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)\n"
+                  "    with _pop_mode_temporarily():\n"
+                  "        return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)\n",
+        "thread": "    import threading\n    out = []\n"
+                  "    t = threading.Thread(target=lambda: out.append(torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)))\n"
+                  "    t.start(); t.join()\n    return out[0]\n",
+        "by hand": "    i, f, g, o = (x @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh).chunk(4, 1)\n"
+                   "    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)\n"
+                   "    return torch.sigmoid(o) * torch.tanh(c), c\n",
+    }
+    cells, setup = _served_program("import torch\n")
+    program = [cells[0]]
+    for k, (route, body) in enumerate(routes.items()):
+        name = f"cell_{k}"
+        program.append(dict(cells[1], index=len(program), id=f"s{k}", grade_id=f"sol{k}", answers=[name],
+                            source=f"def {name}(x, h, c, w_ih, w_hh, b_ih, b_hh):\n{body}"))
+        program.append(dict(cells[2], index=len(program), id=f"t{k}", grade_id=f"t{k}",
+                            source=f"check_lstm_cell({name})\n"))
+    out = run_program(program, judge_setup=setup, sandbox="bwrap" if bwrap_works() else "none", cell_timeout=120,
+                      timeout=300, memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok", out
+    verdicts = {route: out.cells[2 + 2 * k] for k, route in enumerate(routes)}
+    for route in ("switched off", "popped", "thread"):
+        assert "the course watches which torch functions an answer calls" in verdicts[route].error, (route, verdicts[route])
+    assert not verdicts["by hand"].error, verdicts["by hand"]
+
+
 def test_a_script_host_that_cannot_start_is_the_graders_failure_not_the_learners(tmp_path, monkeypatch):
     """Where the parent cannot start the script host (no uid left, no bwrap), the run raises (the
     submission's row is ``error``, to grade again), rather than failing the learner's cell."""

@@ -208,6 +208,11 @@ def _builtin_layer(x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, w_ih: torc
     return torch.stack(outs), (h, c)
 
 
+def blind_cell(x, h, c, w_ih, w_hh, b_ih, b_hh):
+    with torch._C.DisableTorchFunction():  # kept from the course's watcher (a TorchFunctionMode)
+        return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+
+
 LEARNER = {
     "lstm_cell": lstm_cell, "lstm_layer": lstm_layer, "scripted_layer": torch.jit.script(lstm_layer),
     "plain_layer": lstm_layer, "masked_lstm_layer": masked,
@@ -218,7 +223,7 @@ LEARNER = {
     "not_a_tensor": lambda *a: (lambda: 0, "h"),
     "lying_shape": lambda *a: (torch.zeros(7, 7, dtype=torch.float64), torch.zeros(7, 7, dtype=torch.float64)),
     "data_not_code": 3.0,
-    "builtin_cell": builtin_cell, "builtin_scripted": _builtin_layer,
+    "builtin_cell": builtin_cell, "builtin_scripted": _builtin_layer, "blind_cell": blind_cell,
 }
 
 
@@ -273,6 +278,9 @@ def test_pytorchs_own_lstm_cell_is_seen_across_the_boundary(remote):
         check_lstm_cell(remote("builtin_cell"))
     with pytest.raises(AssertionError, match="scripted_layer's graph calls aten::lstm_cell"):
         check_scripted_layer(remote("builtin_scripted"))
+    # the watcher kept from seeing: the learner's side says so, and the judge fails the cell with it
+    with pytest.raises(AssertionError, match="lstm_cell: the course watches which torch functions .*switched off"):
+        check_lstm_cell(remote("blind_cell"))
 
 
 def test_a_desynchronised_learner_stream_is_a_failed_check_not_a_crash():

@@ -3,6 +3,9 @@ comparing gradients."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from sys import getprofile as _getprofile, setprofile as _setprofile  # held here: sealed with the module
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
@@ -42,17 +45,124 @@ class TorchCalls(TorchFunctionMode):
     """Records, by name (``course.memory_format.op_name``), the torch functions code calls while it
     is active: the course's watcher of how an answer was computed (a probe under the grader: that
     process's word). Every Python route to a torch function arrives here, whatever alias the code
-    used (``torch.lstm_cell``, ``torch._VF``, ``torch.ops.aten``, a module's forward)."""
+    used (``torch.lstm_cell``, ``torch._VF``, ``torch.ops.aten``, a module's forward).
 
-    def __init__(self):
+    A mode sees only what reaches it, so while it is active a profile function on the same thread
+    watches that it stays the one handling torch functions: torch function handling switched off
+    (``torch._C.DisableTorchFunction``), a mode of the code's own inside it, the course's mode taken
+    off the stack, torch's switches of that machinery called, or a thread started (modes are each
+    thread's own) all make the call fail on leaving, with ``label`` and what was seen. Code written
+    in C, or a thread started before the call, is not seen: that is why this stays a probe."""
+
+    def __init__(self, label: str = "your function"):
         super().__init__()
         self.names: list[str] = []
+        self.label = label
+        self.blinded: list[str] = []  # how the watcher was kept from seeing, in the order first seen
+        self._inside = 0  # in this mode's own handler, where torch has taken the mode off its stack
+        self._before = None
+        self._profile = self._watch  # (one bound method, to know it again)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        from course.memory_format import op_name
+        self._inside += 1  # first: what runs here (the name's lookup included) is not the answer's
+        try:
+            from course.memory_format import op_name
 
-        self.names.append(op_name(func))
-        return func(*args, **(kwargs or {}))
+            self.names.append(op_name(func))
+            return func(*args, **(kwargs or {}))
+        finally:
+            self._inside -= 1
+
+    def __enter__(self):
+        out = super().__enter__()
+        self._before = _getprofile()
+        _setprofile(self._profile)
+        return out
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None and _getprofile() is not self._profile:  # (an error raised in it also takes it off)
+            self._saw("the profile function the course set was replaced")
+        _setprofile(self._before)
+        depth = torch._C._len_torch_function_stack()
+        if depth and torch._C._get_function_stack_at(depth - 1) is self:
+            super().__exit__(exc_type, exc, tb)
+        else:  # taken off, or a mode of the code's own left on top of it
+            self._saw("the course's mode was not left on top of torch's mode stack")
+            _leave_mode(self)
+        if self._inside:  # the count this mode keeps of its own handler, changed from outside it
+            self._saw("the course's watcher was changed")
+        if self.blinded and exc_type is None:  # (an answer that raised fails as it is)
+            raise AssertionError(f"{self.label}: the course watches which torch functions an answer calls, and while "
+                                 f"it ran {'; '.join(self.blinded[:3])}. Write the answer as plain calls (no "
+                                 "torch._C.DisableTorchFunction, TorchFunctionMode of your own or threads), and run its "
+                                 "cell again.") from None
+        return False
+
+    def _saw(self, what: str) -> None:
+        if what not in self.blinded:
+            self.blinded.append(what)
+
+    def _watch(self, frame, event, arg):
+        if self._inside or frame.f_code is TorchCalls.__torch_function__.__code__:
+            return  # this mode's own handler, where torch has taken the mode off its stack
+        if _all_off():
+            self._saw("torch function handling was switched off")
+        name = owner = ""
+        if event == "c_call":
+            name = str(getattr(arg, "__name__", "") or "")
+            owner = str(getattr(arg, "__module__", None) or getattr(getattr(arg, "__self__", None), "__name__", None) or "")
+            if owner == "_thread" and name.startswith("start"):
+                self._saw("a thread was started")
+            elif name == "_disabled_torch_function_impl":
+                self._saw("torch._C._disabled_torch_function_impl was called")
+        overrides, helper, torch_dir = _dispatch_files()
+        here = frame.f_code.co_filename
+        if here == overrides or (here == helper and frame.f_back is not None
+                                 and frame.f_back.f_code.co_filename == overrides):
+            # torch's own dispatch to a mode, which takes the mode off the stack meanwhile; called
+            # from outside torch, its helpers hand out the modes themselves
+            if event == "call" and frame.f_code.co_name.startswith("_"):
+                caller = frame.f_back
+                while caller is not None and caller.f_code.co_filename == helper:
+                    caller = caller.f_back
+                if caller is not None and not caller.f_code.co_filename.startswith(torch_dir):
+                    self._saw(f"torch.overrides.{frame.f_code.co_name} was called")
+            return
+        depth = torch._C._len_torch_function_stack()
+        if depth == 0 or torch._C._get_function_stack_at(depth - 1) is not self:
+            self._saw("the course's mode was not the one handling torch functions")
+        if owner.startswith("torch._C") and name in ("_set_torch_function_state", "_pop_torch_function_stack",
+                                                     "_push_on_torch_function_stack", "_set_skip_next_torch_function",
+                                                     "_skip_one_hop_torch_function", "_get_function_stack_at",
+                                                     "_len_torch_function_stack"):
+            if not here.startswith(torch_dir):
+                self._saw(f"torch._C.{name} was called")
+
+
+def _dispatch_files() -> tuple[str, str, str]:
+    """The files of torch's own dispatch to modes (``torch.overrides``, and ``contextlib``'s helper
+    it enters a mode's handler with), and torch's folder: read off torch's functions, which the
+    grader's seal holds, not off names a notebook could rebind."""
+    overrides = torch.overrides.handle_torch_function.__code__.co_filename
+    helper = getattr(torch.overrides, "_pop_mode_temporarily", contextlib.contextmanager).__code__.co_filename
+    return overrides, helper, os.path.dirname(overrides) + os.sep
+
+
+def _all_off() -> bool:
+    """Whether all torch function handling is off now (``torch._C.DisableTorchFunction``; not the
+    switch for subclasses alone, which torch's own code uses)."""
+    off = getattr(torch._C, "_is_torch_function_all_disabled", None)
+    return bool(off()) if off is not None else not torch._C._is_torch_function_enabled()
+
+
+def _leave_mode(mode: TorchFunctionMode) -> None:
+    """Take ``mode``, and any mode pushed on top of it, off torch's stack (after code that left
+    them in disorder)."""
+    stack = [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+    if any(m is mode for m in stack):
+        while torch._C._len_torch_function_stack():
+            if torch._C._pop_torch_function_stack() is mode:
+                break
 
 
 def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> Any:

@@ -64,7 +64,7 @@ def by_hand_cases(fn: Callable, name: str, cases: list) -> list:
     names of the torch functions that call used (it should use none)."""
     out = []
     for case in cases:
-        with TorchCalls() as seen:
+        with TorchCalls(name) as seen:
             got = call(fn, *case, name=name)
         out.append((got, sorted(set(seen.names))))
     return out

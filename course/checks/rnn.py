@@ -70,7 +70,7 @@ def builtin_rnn_calls(fn: Callable, label: str, args: list) -> list[str]:
     """The learner's side of :func:`_expect_by_hand`: ``fn(*args)`` once, without gradients, and the
     names of PyTorch's own recurrent ops it called (the course's watcher in the learner's process:
     that process's word; the values are checked in the judge)."""
-    with torch.no_grad(), TorchCalls() as seen:
+    with torch.no_grad(), TorchCalls(label) as seen:
         call(fn, *args, name=label)
     return _builtin(seen.names)
 
