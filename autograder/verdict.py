@@ -258,6 +258,8 @@ def _speed(cell, mine: dict, ref: dict, program: Program, unproven: str | None =
                               f"and the bar {bar:.2f}x lies between: the grading machine was too busy to tell; "
                               "measured again when your instructor regrades")
         return f"checked again by the grader: {name} at least {value:.2f}x, below the bar {bar:.2f}x"
+    if cell.served and isinstance(mine.get("tol"), dict) and mine["tol"].get("trusted") is True:
+        return ""  # every side timed was the course's or torch's own, in the judge: nothing to be implausible
     witness = (mine.get("tol") or {}).get("witness") if cell.served and isinstance(mine.get("tol"), dict) else None
     if type(witness) is float:
         # The course's solution was timed in the same rounds (by the judge, which the learner's code

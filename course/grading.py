@@ -41,13 +41,14 @@ class SpeedUndecided(AssertionError):
 
 
 def expect_speedup(report: SpeedReport, name: str, *, bars: Mapping[str, float], over: str | None = None,
-                   hint: str | None = None, seen: str = "") -> float:
+                   hint: str | None = None, seen: str = "", trusted: bool = False) -> float:
     """Assert that ``name`` is at least ``bars[device kind]`` times faster than ``over``.
 
     Passes on the ratio's lower confidence bound (``Ratio.bound``), not its median: a slower
     candidate must not pass because a few rounds were lucky on a busy machine. Fails when the
     upper bound (``Ratio.ceiling``) is below the bar; in between, raises :class:`SpeedUndecided`.
-    ``seen``: what the profiler saw (``course.checks.why_slow``), added to either message."""
+    ``seen``: what the profiler saw (``course.checks.why_slow``), added to either message.
+    ``trusted``: every side timed is the course's or torch's own (see ``report_at_least``)."""
     if not isinstance(report, SpeedReport):
         raise TypeError(f"expect_speedup needs the SpeedReport that course.timing.compare returns, "
                         f"got {type(report).__name__}.")
@@ -55,7 +56,8 @@ def expect_speedup(report: SpeedReport, name: str, *, bars: Mapping[str, float],
     over = over or report.baseline
     ratio = report.speedup(name, over)
     witness = report.speedup(name, report.witness).bound if report.witness not in (None, name, over) else None
-    report_at_least(f"speed: {name} over {over}", ratio.bound, bar, ceiling=ratio.ceiling, witness=witness)
+    report_at_least(f"speed: {name} over {over}", ratio.bound, bar, ceiling=ratio.ceiling, witness=witness,
+                    trusted=trusted)
     verdict = ratio.verdict(bar)
     if verdict != "pass":
         rounds = len(report.times[name])

@@ -33,19 +33,22 @@ class observing_paused:
         _paused -= 1
 
 def report_at_least(name: str, value: float, bar: float, ceiling: float | None = None,
-                    witness: float | None = None) -> None:
+                    witness: float | None = None, trusted: bool = False) -> None:
     """Tell the autograder (if it is listening) that ``value`` was judged against ``bar`` with
     "at least": a speed check's measured ratio (its lower confidence bound; ``ceiling``, its upper
     bound, says whether a miss was decided). The grading parent checks it again, and compares it
     with the instructor's own measurement: ``witness``, where the course's own solution was timed in
-    the same rounds, is the lower bound of the candidate's speed over it. Outside the grader this
-    does nothing."""
+    the same rounds, is the lower bound of the candidate's speed over it. ``trusted``: every side
+    timed is the course's or torch's own (the learner's code only chose between them), so no ratio
+    can be implausible. Outside the grader this does nothing."""
     if grader_hooks.observer is not None and not _paused:
         tol = dict(name=name, kind="at_least")
         if ceiling is not None:
             tol["ceiling"] = float(ceiling)
         if witness is not None:
             tol["witness"] = float(witness)
+        if trusted:
+            tol["trusted"] = True
         grader_hooks.observer(float(value), float(bar), tol)
 
 

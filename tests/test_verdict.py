@@ -89,6 +89,26 @@ def test_a_ratio_moved_by_the_machines_load_is_judged_against_the_course_solutio
     assert "as fast as the course's own solution timed in the same rounds" in verdict.message
 
 
+@pytest.mark.parametrize("served", [True, False])
+def test_a_ratio_of_the_courses_own_sides_is_never_implausible(served):
+    """Lesson 5's picker speed times torch.func's jacfwd against jacrev in the judge (the learner's
+    code only chose one): the instructor's own notebook was flagged at 14.5x against its transcript's
+    3.65x (CI, 2026-11-29). A served record that says every side was trusted is judged on the bar
+    alone; a record from the learner's process could say anything, so there the check stands."""
+    program = _served_program() if served else _program()
+    transcript = Transcript.from_outcome(program, _outcome([_speed(3.65, 3.0)]))
+    record = _speed(14.5, 3.0)
+    record["tol"] = dict(record["tol"], trusted=True)
+    verdict = judge(program, _outcome([record]), transcript)[0]
+    if served:
+        assert verdict.points == 2.0 and not program.flags, verdict
+    else:
+        assert verdict.points == 0 and "implausible-speed" in program.flags
+    below = _speed(2.0, 3.0)
+    below["tol"] = dict(below["tol"], trusted=True)
+    assert judge(_served_program(), _outcome([below]), transcript)[0].points == 0  # the bar still holds
+
+
 def test_no_record_where_the_instructor_made_one_is_a_failure(transcript):
     verdict = judge(_program(), _outcome([]), transcript)[0]
     assert verdict.points == 0 and "made 0 comparison(s)" in verdict.message

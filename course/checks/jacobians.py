@@ -657,7 +657,10 @@ def check_picker_speed(pick_jacobian: Callable, *, bars: Mapping[str, float], ta
         report = _measure({other_name: slow, picked_name: fast}, inputs, check, picked_name, other_name, bar, rounds,
                           min_run_time, attempts, dev, num_threads)
         report.show()
-        expect_speedup(report, picked_name, over=other_name, bars=bars,
+        # both sides are torch.func's transforms, timed here: the learner's code only chose one, so no
+        # ratio is implausible (the instructor's own notebook was flagged at 14.5x against its
+        # transcript's 3.65x, CI 2026-11-29: the machine's load, nothing cached)
+        expect_speedup(report, picked_name, over=other_name, bars=bars, trusted=True,
                        hint="the picker chooses from the shapes; the chosen transform must do fewer passes.")
         reports[label] = report
     return reports
