@@ -288,8 +288,10 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
     make = inputs or (lambda: ())
     pick = random.SystemRandom()
 
-    # Warm-up, and how many calls make a block of at least min_run_time per candidate.
-    block = 1
+    # Warm-up, and how many calls make a block of at least min_run_time, for each candidate: a
+    # candidate a hundred times slower than another is not called a hundred times as often per round
+    # (one block size for all, set by the fastest, made a demonstration of a slow side take minutes).
+    blocks: dict[str, int] = {}
     args = make()
     for name in names:
         for _ in range(max(warmup, 1)):
@@ -303,9 +305,10 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
             _expect_a_moving_clock()
         if check is not None and warmup:
             check(name, out, fresh)
-        block = max(block, math.ceil(min_run_time / max(took, 1e-7)))
+        blocks[name] = math.ceil(min_run_time / max(took, 1e-7))
     per_call = max(_nbytes(args), 1)
-    block = max(1, min(block, MAX_BLOCK, MAX_BLOCK_BYTES // per_call))
+    blocks = {name: max(1, min(n, MAX_BLOCK, MAX_BLOCK_BYTES // per_call)) for name, n in blocks.items()}
+    block = max(blocks.values())
 
     times: dict[str, list[float]] = {n: [] for n in names}
     limit = max_rounds or (4 * rounds if until is not None else rounds)
@@ -331,7 +334,7 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
         starved = False
         for name in order:
             fn = candidates[name]
-            calls = [_fresh(v) for v in values]  # this candidate's own objects
+            calls = [_fresh(v) for v in values[:blocks[name]]]  # this candidate's own objects
             outs = []
             synchronize(dev)
             c0 = time.process_time()

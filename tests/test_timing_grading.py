@@ -23,6 +23,31 @@ def test_compare_ranks_more_work_as_slower_and_reports_ratios():
     assert "small" in repr(rep)
 
 
+def test_a_slow_candidate_runs_a_block_of_its_own_length_not_the_fast_ones():
+    """Lesson 8's bfloat16 demonstration: on a CPU without bfloat16 instructions a product is 60x
+    slower than in float32, and one block length for both (set by the fast side) made the slow side
+    run 60 times too many calls per round: 70 s for one cell. Each side's block is its own length."""
+    import time
+
+    calls = {"fast": 0, "slow": 0}
+
+    def spin(name, seconds):
+        def fn():
+            calls[name] += 1
+            end = time.process_time() + seconds
+            while time.process_time() < end:
+                pass
+        return fn
+
+    rep = compare({"fast": spin("fast", 0.002), "slow": spin("slow", 0.05)}, rounds=3, warmup=1,
+                  min_run_time=0.04, progress=False)
+    assert len(rep.times["slow"]) == 3
+    redone = sum(int(n.split()[0]) for n in rep.notes if "measured again" in n)  # a starved round runs again
+    assert calls["slow"] <= 1 + 3 + redone, calls            # one call a round: 0.05 s >= 0.04 s
+    assert calls["fast"] >= 1 + 3 * 20, calls                # twenty a round: 0.002 s x 20 = 0.04 s
+    assert rep.speedup("slow").median < 0.2, rep.table()     # the ratio is per call, as before
+
+
 def test_compare_checks_timed_outputs_every_round_on_objects_no_other_call_saw():
     seen, made, ids = [], [], {"a": [], "b": []}
 
