@@ -113,7 +113,7 @@ class Lesson:
         if cache.exists():
             data = torch.load(cache, weights_only=True)
             if not data.get("unproven"):  # (one that is, the next run measures again)
-                return Transcript(data["records"], data["seconds"])
+                return Transcript(data["records"], data["seconds"], peak_rss_mb=data.get("peak_rss_mb", 0.0))
         best = None
         for attempt in range(1 + settings.speed_retries):
             print(f"preparing {self.id}: running the instructor's solution in the sandbox"
@@ -134,7 +134,8 @@ class Lesson:
                   f"{', '.join(best.unproven)} on this machine (busy?)", flush=True)
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")  # shards may share the work folder
-        torch.save({"records": best.records, "seconds": best.seconds, "unproven": best.unproven}, tmp)
+        torch.save({"records": best.records, "seconds": best.seconds, "unproven": best.unproven,
+                    "peak_rss_mb": best.peak_rss_mb}, tmp)
         os.replace(tmp, cache)
         if best.unproven:  # kept all the same (acceptance reads it); the next grade run measures again
             print(f"warning: {self.id}: the instructor's own solution did not clear the speed bar of "

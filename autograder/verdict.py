@@ -108,6 +108,7 @@ class Transcript:
     records: dict[str, list[dict]]
     seconds: float
     unproven: dict[str, str] = field(default_factory=dict)
+    peak_rss_mb: float = 0.0  # the run's peak memory (the lesson's memory budget is checked against it)
 
     @classmethod
     def from_outcome(cls, program: Program, outcome: Outcome) -> "Transcript":
@@ -135,7 +136,7 @@ class Transcript:
         if problems:
             raise RuntimeError("the instructor's solution does not pass its own checks on this machine, so "
                                "nothing can be graded against it: " + "; ".join(problems)[:1500])
-        return cls(records, outcome.seconds, unproven)
+        return cls(records, outcome.seconds, unproven, outcome.peak_rss_mb)
 
 
 def _undecided_clock(cell, rep) -> bool:

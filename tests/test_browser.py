@@ -35,13 +35,12 @@ RUN_ALL_LIMIT_S = 600
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """`make lab` on a free port, over a folder holding the solved lessons 1, 4, 7, 8, 9 and 10."""
+    """`make lab` on a free port, over a folder holding the solved lessons 1, 4, 9 and 10."""
     chromium = system_package("chromium", "chromium", "COURSE_REQUIRE_BROWSER")
     pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
     base = tmp_path_factory.mktemp("lab")
     root = base / "lessons"
-    for lesson_id in ("01_custom_rnns", "04_forward_ad", "07_broadcasting_indexing_higher_order",
-                      "08_profiling_trace_diff", "09_attention_fast_paths", "10_data_parallel"):
+    for lesson_id in ("01_custom_rnns", "04_forward_ad", "09_attention_fast_paths", "10_data_parallel"):
         write_solved(root, lesson_id)
     untouched = root / "untouched" / "04_forward_ad.ipynb"  # the student version as released
     untouched.parent.mkdir()
@@ -158,9 +157,13 @@ def saved(lab, lesson_id: str) -> dict:
     return json.loads(path.read_text())
 
 
-#: Lessons run top to bottom in the browser: (id, number, graded cells, points), from the catalogue.
-RUN_IN_LAB = ("01_custom_rnns", "07_broadcasting_indexing_higher_order", "08_profiling_trace_diff",
-              "09_attention_fast_paths", "10_data_parallel")
+#: Lessons run top to bottom in the browser. Every lesson runs whole in tests/test_lessons.py (the learner's
+#: run, and the grader's); here, the ones whose cells do what only a kernel behind JupyterLab can get
+#: wrong: lesson 1 (the first a learner opens: TorchScript reading source from the kernel's cells,
+#: torch.compile, progress bars) and lesson 10 (processes started from a kernel's cells), with lesson 9
+#: (the quickest of the later lessons, with charts). Lessons 7 and 8 ran here too, until the suite
+#: outgrew CI's time: neither has a cell of that kind.
+RUN_IN_LAB = ("01_custom_rnns", "09_attention_fast_paths", "10_data_parallel")
 
 
 @pytest.mark.parametrize("lesson_id", RUN_IN_LAB)

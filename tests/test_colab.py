@@ -73,7 +73,6 @@ def colab(tmp_path_factory):
     python = fresh_venv(base / "venv", log)
     pip(python, ["install", "--quiet", TORCH], log)
     solved = write_solved(base / "work", "01_custom_rnns")
-    write_solved(base / "work", "07_broadcasting_indexing_higher_order")
     write_solved(base / "work", "08_profiling_trace_diff")
     write_solved(base / "work", "09_attention_fast_paths")
     write_solved(base / "work", "10_data_parallel")
@@ -143,7 +142,6 @@ def test_lesson_1_runs_to_the_end_with_every_exercise_passing(colab):
 
 
 @pytest.mark.parametrize("lesson_id, also", [
-    ("07_broadcasting_indexing_higher_order", None),
     # without Holistic Trace Analysis (not a dependency of the package): its one cell says so, the lesson goes on
     ("08_profiling_trace_diff", "HTA is not installed here"),
     ("09_attention_fast_paths", None),
