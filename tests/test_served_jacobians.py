@@ -399,7 +399,7 @@ def test_a_peak_set_back_from_native_code_in_the_sandbox_is_still_seen(tmp_path)
 
 
 def test_an_hvp_that_writes_the_hessian_out_beats_the_clock_but_not_the_kernels_count(learner, kernel_count):
-    from course.checks.jacobians import _hvp_growth
+    from course.checks.jacobians import _hvp_growth, _hvp_memory
 
     _hvp_growth(learner("hvp_closed_form"), "hvp_fwd_rev", 0)  # fast enough for the clock
     closed = learner("hvp_closed_form")
@@ -415,8 +415,10 @@ def test_an_hvp_that_writes_the_hessian_out_beats_the_clock_but_not_the_kernels_
                 assert re.search("built the Hessian .*as the operating system counts it", str(exc)), exc
                 break
             pytest.fail("an HVP that writes the Hessian out passed")
-        else:
-            pytest.fail("the clock could not decide in three runs of the check")
+        else:  # the clock could not tell on this busy machine (CI, 2026-11-29: three runs): the check then
+            # earns nothing yet, and the kernel's count, which comes next in the check, must fail it alone
+            with pytest.raises(AssertionError, match="built the Hessian .*as the operating system counts it"):
+                _hvp_memory(closed, "hvp_fwd_rev")
     right = learner("hvp_fwd_rev"), learner("hvp_rev_rev")
     check_hvp(*right)
     assert all(fn.__dict__["memory_reading"] < 8 * 2**20 for fn in right), [fn.__dict__["memory_reading"] for fn in right]
