@@ -400,10 +400,13 @@ def test_a_peak_set_back_from_native_code_in_the_sandbox_is_still_seen(tmp_path)
 
 def test_an_hvp_that_writes_the_hessian_out_beats_the_clock_but_not_the_kernels_count(learner, kernel_count):
     from course.checks.jacobians import _hvp_growth, _hvp_memory
-
-    _hvp_growth(learner("hvp_closed_form"), "hvp_fwd_rev", 0)  # fast enough for the clock
-    closed = learner("hvp_closed_form")
     from course.grading import SpeedUndecided
+
+    try:  # the clock passes it, or cannot tell: 0.37-0.41 of the loop, against a bar of 0.33 and a loop's 0.80
+        _hvp_growth(learner("hvp_closed_form"), "hvp_fwd_rev", 0)  # (an idle AMD EPYC, 2026-11-29)
+    except SpeedUndecided:
+        pass
+    closed = learner("hvp_closed_form")
 
     for seed in (0, 1):  # read once, judged at every call (the hidden tests ask again)
         for _ in range(3):  # the clock comes first: a busy moment can leave it undecided (CI, 2026-11-28: 0.37
