@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-__all__ = ["TooDeep", "grade_id", "is_solution", "is_test", "names", "nbgrader", "parse", "points", "source"]
+__all__ = ["TooDeep", "find", "grade_id", "is_solution", "is_test", "names", "nbgrader", "parse", "points", "source"]
 
 
 def nbgrader(cell: Any) -> dict:
@@ -31,6 +31,14 @@ def source(cell: Any) -> str:
 def grade_id(cell: Any, default: str = "") -> str:
     gid = nbgrader(cell).get("grade_id", default)
     return gid if isinstance(gid, str) else default
+
+
+def find(cells: list, wanted: str) -> Any:
+    """The first of ``cells`` whose grade id is ``wanted``; a KeyError naming it where none is."""
+    for cell in cells:
+        if grade_id(cell) == wanted:
+            return cell
+    raise KeyError(f"no cell has the grade id {wanted!r}")
 
 
 def is_solution(cell: Any) -> bool:

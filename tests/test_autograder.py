@@ -17,6 +17,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course import cells
+
 LESSON = "01_toy"
 NOTEBOOK = f"{LESSON}.ipynb"
 REPO = Path(__file__).resolve().parents[1]
@@ -99,11 +101,8 @@ def solution_version(course):
 
 
 def with_answer(nb, grade_id, source):
-    for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            cell.source = source
-            return nb
-    raise KeyError(grade_id)
+    cells.find(nb.cells, grade_id).source = source
+    return nb
 
 
 @pytest.fixture(scope="module")
@@ -361,15 +360,15 @@ def hostile_cases(course):
     # Edited, deleted, retyped and duplicated test cells: the instructor's are graded.
     nb = with_answer(sol(), "add_solution", WRONG_ADD)
     for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade"):
+        if cells.is_test(cell):
             cell.source = "pass"
     case("h_edit_tests", nb, 1, {"edited-tests"})
     nb = with_answer(sol(), "add_solution", WRONG_ADD)
-    nb.cells = [c for c in nb.cells if not c.metadata.get("nbgrader", {}).get("grade")]
+    nb.cells = [c for c in nb.cells if not cells.is_test(c)]
     case("h_delete_tests", nb, 1, {"deleted-tests"})
     nb = with_answer(sol(), "add_solution", WRONG_ADD)
     for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade"):
+        if cells.is_test(cell):
             cell.cell_type, cell.outputs, cell.execution_count = "markdown", None, None
             del cell["outputs"], cell["execution_count"]
     case("h_retype_tests", nb, 1, {"retyped-cells"})

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from course import cells
+
 from launch_helpers import ARTIFACTS, ROOT, free_port, system_package, write_solved
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.timeout(1800)]
@@ -205,7 +207,7 @@ def test_a_lesson_runs_all_cells_in_jupyterlab_and_ends_with_the_self_check(lab,
     assert not not_run, f"code cells never ran: {not_run}"
     assert not errors, f"cells raised errors in JupyterLab: {errors}"
     report = "".join("".join(o.get("text", "")) for o in code[-1].get("outputs", []))
-    graded = sum(1 for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade"))
+    graded = sum(1 for c in nb["cells"] if cells.is_test(c))
     points = lesson(lesson_id)["points"]
     assert f"{graded} of {graded} exercises pass, {points:g} of {points:g} points" in report, report[-2000:]
     assert "FAIL" not in report

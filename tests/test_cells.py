@@ -17,3 +17,14 @@ def test_malformed_cells_read_as_plain_cells():
                 {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": 3, "points": True}}}, []):
         assert cells.nbgrader(bad) in ({}, {"grade_id": 3, "points": True})
         assert cells.grade_id(bad) == "" and cells.points(bad) == 0.0
+
+
+def test_find_takes_the_first_cell_of_a_grade_id_and_names_a_missing_one():
+    a, b = ({"cell_type": "code", "source": n, "metadata": {"nbgrader": {"grade_id": "x"}}} for n in "ab")
+    assert cells.find([{"cell_type": "markdown"}, a, b], "x") is a
+    try:
+        cells.find([a], "y")
+    except KeyError as exc:
+        assert "'y'" in str(exc)
+    else:
+        raise AssertionError("found a grade id that no cell has")

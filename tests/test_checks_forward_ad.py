@@ -14,6 +14,7 @@ import torch
 
 from autograder.solution_code import load_solution, solution_source
 from course import forward_ad as FA
+from course import cells
 from course.checks import forward_ad as C
 from course.checks.common import visible_call
 from course.references import forward_ad as R
@@ -359,7 +360,6 @@ def test_the_stored_answers_are_for_the_visible_calls():
 def test_no_lesson_cell_uses_the_grader_references():
     """The lesson's own cells run in the learner's process, where course.references does not exist."""
     nb = json.loads((Path(__file__).resolve().parents[1] / "solutions" / LESSON / f"{LESSON}.ipynb").read_text())
-    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"
-             and not c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+    code = [cells.source(c) for c in nb["cells"] if c["cell_type"] == "code" and not cells.is_test(c)]
     for name in ("course.references", *R.__all__):
-        assert not any(name in cell for cell in cells), name
+        assert not any(name in cell for cell in code), name

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from course import cells
+
 from launch_helpers import ROOT, fresh_venv, pip, write_solved
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.timeout(1800)]
@@ -152,7 +154,7 @@ def test_a_later_lesson_runs_to_the_end_with_every_exercise_passing(colab, lesso
     solved = colab["solved"].parent.parent / lesson_id / f"{lesson_id}.ipynb"
     assert solved.is_file(), solved
     nb = json.loads((ROOT / "solutions" / lesson_id / f"{lesson_id}.ipynb").read_text())
-    graded = [c["metadata"]["nbgrader"]["points"] for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade")]
+    graded = [cells.points(c) for c in nb["cells"] if cells.is_test(c)]
     proc = run(colab, str(solved), str(colab["base"] / f"cells-{lesson_id[:2]}"), cwd=solved.parent)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     n, points = len(graded), f"{sum(graded):g}"

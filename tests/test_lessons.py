@@ -6,6 +6,7 @@ untouched student versions, and takes exactly the broken checks' points from a p
 from __future__ import annotations
 
 import csv
+import functools
 import html
 import json
 import re
@@ -18,6 +19,7 @@ from typing import Callable
 import pytest
 
 from autograder import acceptance, runtimes
+from course import cells
 from course.lessons import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,8 +42,7 @@ def notebook(lesson_id: str, folder: str) -> Path:
 
 def graded_cells(path: Path) -> dict[str, float]:
     nb = json.loads(path.read_text())
-    return {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"]
-            for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+    return {cells.grade_id(c): cells.points(c) for c in nb["cells"] if cells.is_test(c)}
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -83,8 +84,8 @@ def test_the_introduction_states_the_lessons_real_count_of_graded_cells_and_poin
     nb = json.loads(notebook(lesson_id, "solutions").read_text())
     found = re.search(r"\*\*Grading\*\*: (\d+) (?:exercises|graded cells), (\d+) points", nb["cells"][0]["source"])
     assert found, "the introduction should say how many graded cells and points the lesson has"
-    cells = graded_cells(notebook(lesson_id, "solutions"))
-    assert (int(found[1]), float(found[2])) == (len(cells), sum(cells.values())), found[0]
+    points = graded_cells(notebook(lesson_id, "solutions"))
+    assert (int(found[1]), float(found[2])) == (len(points), sum(points.values())), found[0]
 
 
 @pytest.mark.parametrize("lesson_id", LESSON_IDS)
@@ -136,9 +137,9 @@ def hostile(path: Path) -> dict:
     hooks error reporting. It must score 0 and be named."""
     nb = json.loads(path.read_text())
     for cell in nb["cells"]:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+        if cells.is_test(cell):
             cell["source"] = "pass"
-    first_test = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade"))
+    first_test = next(c for c in nb["cells"] if cells.is_test(c))
     nb["cells"].append(json.loads(json.dumps(first_test)))
     nb["cells"].insert(0, {"cell_type": "code", "id": "attack", "metadata": {}, "outputs": [],
                            "execution_count": None, "source": ATTACK})
@@ -183,13 +184,12 @@ def patched(src: Path) -> tuple[dict, float]:
     nb = json.loads(src.read_text())
     earned, seen = 0.0, False
     for cell in nb["cells"]:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        text = "".join(cell["source"])
+        text = cells.source(cell)
         if old in text:
             cell["source"] = text.replace(old, new) + "\n" + ATTACK
             seen = True
-        elif meta.get("grade") and (not seen or (_judged_alone(text) and meta["grade_id"] not in broken)):
-            earned += meta["points"]
+        elif cells.is_test(cell) and (not seen or (_judged_alone(text) and cells.grade_id(cell) not in broken)):
+            earned += cells.points(cell)
     assert seen
     return nb, earned
 
@@ -199,13 +199,12 @@ def patched_points(nb: dict) -> dict[str, float]:
     old, new, broken = PLANTED[PATCHED_LESSON]
     out, seen = {}, False
     for cell in nb["cells"]:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        text = "".join(cell["source"])
+        text = cells.source(cell)
         if new in text and ATTACK in text:
             seen = True
-        if meta.get("grade"):
-            keeps = not seen or (_judged_alone(text) and meta["grade_id"] not in broken)
-            out[meta["grade_id"]] = float(meta["points"]) if keeps else 0.0
+        if cells.is_test(cell):
+            keeps = not seen or (_judged_alone(text) and cells.grade_id(cell) not in broken)
+            out[cells.grade_id(cell)] = cells.points(cell) if keeps else 0.0
     return out
 
 
@@ -236,8 +235,7 @@ BORROWED = {
 
 def borrowed(nb: dict, lesson_id: str) -> dict:
     grade_id, answer, _ = BORROWED[lesson_id]
-    cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id)
-    cell["source"] = answer
+    cells.find(nb["cells"], grade_id)["source"] = answer
     return nb
 
 
@@ -246,9 +244,13 @@ def borrowed_beside_the_mistake(lesson_id: str) -> bool:
     touch different cells and break different checks (lesson 8's both touch find_races: apart)."""
     grade_id, _, lost = BORROWED[lesson_id]
     old, _, broken = PLANTED[lesson_id]
-    nb = json.loads(notebook(lesson_id, "solutions").read_text())
-    cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id)
-    return old not in "".join(cell["source"]) and lost not in broken
+    return old not in cells.source(cells.find(solution_cells(lesson_id), grade_id)) and lost not in broken
+
+
+@functools.cache
+def solution_cells(lesson_id: str) -> tuple:
+    """The cells of the lesson's solution notebook, read once (to look at, not to change)."""
+    return tuple(json.loads(notebook(lesson_id, "solutions").read_text())["cells"])
 
 
 def borrowed_student(lesson_id: str) -> str:
@@ -300,9 +302,8 @@ WORKER_CHEATS_LOSE = {"test_ring_all_reduce", "test_train_ddp", "test_fp16_hook"
 def worker_cheats(src: Path) -> dict:
     nb = json.loads(src.read_text())
     for cell in nb["cells"]:
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if grade_id in WORKER_CHEATS:
-            cell["source"] = WORKER_CHEATS[grade_id]
+        if cells.grade_id(cell) in WORKER_CHEATS:
+            cell["source"] = WORKER_CHEATS[cells.grade_id(cell)]
     return nb
 
 
@@ -461,10 +462,10 @@ def test_cheats_inside_lesson_10s_workers_earn_nothing_and_are_named(graded):
 @pytest.mark.notebooks
 def test_a_slow_answer_loses_its_speed_cell_and_the_feedback_says_what_the_profiler_saw(graded):
     expected = graded_cells(notebook(SLOW_LESSON, "solutions"))
-    cells = graded.cells[("mistake", SLOW_LESSON)]  # beside the planted mistake, in a cell of its own
+    got = graded.cells[("mistake", SLOW_LESSON)]  # beside the planted mistake, in a cell of its own
     lost = mistake_losses(SLOW_LESSON)
-    assert "test_attention_speed" in lost and cells["test_attention_speed"] == 0.0, cells
-    assert all(cells[g] == p for g, p in expected.items() if g not in lost), cells
+    assert "test_attention_speed" in lost and got["test_attention_speed"] == 0.0, got
+    assert all(got[g] == p for g, p in expected.items() if g not in lost), got
     page = next((graded.out / "feedback" / "mistake" / SLOW_LESSON).glob("*.html")).read_text()
     assert "What the profiler saw your code run" in page, page[-3000:]
     assert "no aten::_scaled_dot_product_flash_attention_for_cpu ran" in page, page[-3000:]

@@ -15,7 +15,7 @@ from torch import fx
 
 from autograder import program as prog
 from autograder.solution_code import load_solution, solution_source
-from course import graph_wire, remote, wire
+from course import cells, graph_wire, remote, wire
 from course.checks import fx as C
 from course.models import small_resnet
 from served_helpers import served, untouched
@@ -190,9 +190,7 @@ def test_code_the_lesson_gives_is_not_flagged_but_the_same_thing_added_is():
     release = ROOT / f"lessons/{LESSON}/{LESSON}.ipynb"
     submitted = json.loads(release.read_text())
     assert not prog.learner_program(LESSON, source, release, submitted).flags
-    for cell in submitted["cells"]:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "fuse":
-            src = "".join(cell["source"])
-            cell["source"] = src + "\nsetattr(torch, 'relu', torch.sigmoid)\n"
+    fuse = cells.find(submitted["cells"], "fuse")
+    fuse["source"] = cells.source(fuse) + "\nsetattr(torch, 'relu', torch.sigmoid)\n"
     flags = prog.learner_program(LESSON, source, release, submitted).flags
     assert list(flags) == ["patching"] and "calls setattr" in flags["patching"][0], flags
