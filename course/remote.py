@@ -8,7 +8,10 @@ answers) is a :class:`Remote`: calling it sends the inputs the check chose to th
 process (:mod:`course.wire`: data, never pickles) and returns the outputs. Gradients cross too:
 outputs that carry a gradient in the learner's process are joined to the judge's inputs by an
 autograd function whose backward asks the learner's process for the vector-Jacobian product
-with the judge's own ``grad_outputs``. So a check written for a local function works unchanged
+with the judge's own ``grad_outputs``. A function the check hands the learner's code (:func:`lend`:
+a layer to call) stays in the judge: the learner's side gets a handle, and each call of it comes
+back across the boundary, so what that function sees and does is the judge's to record. So a
+check written for a local function works unchanged
 on a remote one, and every value it compares was computed by the judge or returned, as data, by
 the learner's code on inputs the judge chose.
 
@@ -35,8 +38,8 @@ from torch import nn
 from course import wire
 
 __all__ = ["FACTORIES", "PROBES", "RECIPES", "Described", "Link", "Remote", "RemoteError", "build", "checksum",
-           "course_function", "disturbances", "factory", "is_remote", "local_script", "mirrored", "probe", "prober",
-           "recipe", "Scripted", "serve"]
+           "course_function", "disturbances", "factory", "is_remote", "lend", "Lending", "local_script", "mirrored",
+           "probe", "prober", "recipe", "Scripted", "serve"]
 
 _FRAME = struct.Struct(">Q")
 
@@ -125,9 +128,10 @@ def recipe(fn: Callable[..., Any]) -> Callable[..., Any]:
     return built
 
 
-def build(value: Any, device: str = "cpu") -> Any:
+def build(value: Any, device: str = "cpu", back: Callable[[int], Any] | None = None) -> Any:
     """``value`` with every :class:`course.wire.Recipe` in it built here by its registered builder,
-    and every tensor moved to ``device``: what the learner's process makes of a request's arguments."""
+    and every tensor moved to ``device``: what the learner's process makes of a request's arguments.
+    ``back(handle)``: the stand-in for a function the judge lent (a call's arguments only)."""
     if isinstance(value, wire.Recipe):
         obj = _registered(RECIPES, value.name, "recipe")(**{k: build(v, device) for k, v in value.args.items()})
         return getattr(obj, value.attr) if value.attr else obj
@@ -135,12 +139,16 @@ def build(value: Any, device: str = "cpu") -> Any:
         return _arrive(value, device)
     if isinstance(value, wire.GeneratorState):
         return value.generator()
+    if isinstance(value, wire.Lent):
+        if back is None:
+            raise ValueError("a lent function outside the arguments of a call")
+        return back(value.handle)
     if type(value) is list:
-        return [build(v, device) for v in value]
+        return [build(v, device, back) for v in value]
     if isinstance(value, tuple):
-        return tuple(build(v, device) for v in value)
+        return tuple(build(v, device, back) for v in value)
     if type(value) is dict:
-        return {k: build(v, device) for k, v in value.items()}
+        return {k: build(v, device, back) for k, v in value.items()}
     return value
 
 
@@ -265,6 +273,10 @@ class Link:
         self.busy = False  # a request sent and its reply not yet read (still so after a time limit cut it)
         self.broken = ""  # why the other side is no longer heard (a frame over the size limit)
         self.recipes = True  # the learner's side (serve) sends objects as what they are, never as recipes
+        self.lent: dict[int, Callable] = {}  # the judge's: functions lent for the call in flight (see lend)
+        self.lent_device = "cpu"  # ...and the device that call's tensors are on
+        self.serving: Any = None  # the learner's: the seq of the request being answered (see _Back)
+        self.pending: list = []  # the learner's: a request that arrived while a lent function waited
         self._buffer = bytearray()  # bytes read and not yet taken: a read cut short keeps its place
         self._unsent = bytearray()  # bytes of frames not yet written: a send cut short keeps its place
         os.set_blocking(send_fd, False)  # a write takes what the pipe holds, and never waits inside the guard
@@ -320,20 +332,39 @@ class Link:
         if self.broken:
             raise RemoteError(self.broken)
         self.seq += 1
+        seq = self.seq
         self.busy = True
-        self.send({**message, "seq": self.seq})
+        self.send({**message, "seq": seq})
         while True:
             reply = self.receive()
             if not isinstance(reply, dict):
                 raise RemoteError("the learner's process answered with something that is not a reply")
-            if reply.get("seq") == self.seq:
+            if reply.get("seq") == seq and "back" in reply:  # the learner's code calls a lent function
+                self._call_lent(reply, seq)
+                continue
+            if reply.get("seq") == seq:
                 break
-            if not (isinstance(reply.get("seq"), int) and reply["seq"] < self.seq):
+            if not (isinstance(reply.get("seq"), int) and reply["seq"] < seq):
                 raise RemoteError("the learner's process answered a request that was never made")
         self.busy = False
         if "ok" in reply:
             return reply["ok"]
         raise _exception(reply.get("raised"), reply.get("message"))
+
+
+    def _call_lent(self, message: dict, seq: int) -> None:
+        """Run the lent function the learner's code called, here, on the arguments it sent (data),
+        and send back its value or its exception (type name and message): the judge's code, run by
+        the judge, on what the learner's code chose to pass."""
+        fn, args, kwargs = self.lent.get(message.get("back")), message.get("args"), message.get("kwargs")
+        try:
+            if fn is None or type(args) is not list or type(kwargs) is not dict:
+                raise RuntimeError("the learner's process called a function the grader did not lend it for this call")
+            value = fn(*_to_device(args, self.lent_device), **_to_device(kwargs, self.lent_device))
+            reply = {"returned": value}
+        except Exception as exc:  # noqa: BLE001 - the lent function's error is the caller's to see
+            reply = {"raised": type(exc).__name__, "message": str(exc)[:4000]}
+        self.send({**reply, "seq": seq})
 
 
 def _exception(type_name: Any, message: Any) -> BaseException:
@@ -348,6 +379,75 @@ def _exception(type_name: Any, message: Any) -> BaseException:
         except Exception:  # noqa: BLE001 - builtins with other signatures
             pass
     return type(name[:60], (RemoteError,), {})(text)
+
+
+class Lending:
+    """A function a check hands the learner's code (see :func:`lend`). Called here, it is the
+    function; passed to a :class:`Remote`, it stays here and the learner's side calls it back."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "lent")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def lend(fn: Callable) -> Lending:
+    """``fn``, to be passed to a learner's function, for checks that must see how the learner's
+    code uses it (lesson 1's bucketing: the layer it calls, how often, on how many steps). For a
+    local answer, ``fn`` itself in effect; for a :class:`Remote`, ``fn`` never crosses: the
+    learner's code gets a stand-in whose calls run ``fn`` here (tensors in and out, as data), while
+    that one call of the learner's function lasts. What ``fn`` records is the judge's evidence."""
+    return Lending(fn)
+
+
+def _lent_out(value: Any, link: Link, handles: list, depth: int = 0) -> Any:
+    """``value`` with every :class:`Lending` in it registered on ``link`` and replaced by its handle."""
+    if isinstance(value, Lending):
+        handle = next(_HANDLES)
+        link.lent[handle] = value.fn
+        handles.append(handle)
+        return wire.Lent(handle)
+    if depth > wire.MAX_DEPTH:
+        return value
+    if type(value) is list:
+        return [_lent_out(v, link, handles, depth + 1) for v in value]
+    if type(value) is tuple:
+        return tuple(_lent_out(v, link, handles, depth + 1) for v in value)
+    if type(value) is dict:
+        return {k: _lent_out(v, link, handles, depth + 1) for k, v in value.items()}
+    return value
+
+
+_HANDLES = itertools.count(1)
+
+
+class _Back:
+    """In the learner's process: the stand-in for a function the judge lent for one call. Calling
+    it sends the arguments to the judge, which runs its function and sends the value back. Only
+    while that call is being answered: kept and called later, it refuses."""
+
+    def __init__(self, link: Link, handle: int, seq: Any, device: str):
+        self._link, self._handle, self._seq, self._device = link, handle, seq, device
+        self.__name__ = "layer"
+
+    def __repr__(self) -> str:
+        return "<a function the grader lent for this call>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        link = self._link
+        if link.serving != self._seq:
+            raise RuntimeError("this function was lent by the grader for one call of yours, which has returned: "
+                               "call it inside the call it was given to, and keep no copy of it")
+        link.send({"back": self._handle, "seq": self._seq, "args": list(args), "kwargs": dict(kwargs)})
+        reply = link.receive()
+        if not (isinstance(reply, dict) and reply.get("seq") == self._seq and ("returned" in reply or "raised" in reply)):
+            link.pending.append(reply)  # the judge moved on (a time limit): its request is served next
+            raise RemoteError("the grader's process stopped waiting for this call")
+        if "returned" in reply:
+            return build(reply["returned"], self._device)
+        raise _exception(reply.get("raised"), reply.get("message"))
 
 
 def is_remote(obj: Any) -> bool:
@@ -370,9 +470,16 @@ class Remote:
         device = _call_device((args, kwargs))
         grad = bool(leaves) and torch.is_grad_enabled()
         mirror = self.__dict__.get("mirror", False)
-        reply = self._link.request({"op": "call", "name": self.__name__, "args": list(args),
-                                    "kwargs": dict(kwargs), "grad": grad, "grad_mode": torch.is_grad_enabled(),
-                                    "device": device, "after": mirror})
+        link, handles = self._link, []
+        try:
+            sent = _lent_out((list(args), dict(kwargs)), link, handles)
+            link.lent_device = device
+            reply = link.request({"op": "call", "name": self.__name__, "args": sent[0], "kwargs": sent[1],
+                                  "grad": grad, "grad_mode": torch.is_grad_enabled(), "device": device,
+                                  "after": mirror})
+        finally:
+            for handle in handles:  # lent for this call only
+                link.lent.pop(handle, None)
         if not (isinstance(reply, dict) and isinstance(reply.get("id"), int) and "value" in reply
                 and isinstance(reply.get("differentiable"), list)):
             raise RemoteError("the learner's process sent a malformed result")
@@ -672,7 +779,7 @@ def serve(link: Link, namespace: dict, *, host: bool = False) -> int:
     answered = 0
     while True:
         try:
-            message = link.receive()
+            message = link.pending.pop(0) if link.pending else link.receive()
         except (EOFError, OSError):
             return answered
         except wire.WireError:
@@ -685,13 +792,16 @@ def serve(link: Link, namespace: dict, *, host: bool = False) -> int:
             elif host and message.get("op") == "end":
                 reply = {"ok": None}
             else:
-                reply = {"ok": _answer(message, namespace, calls, calls_staged)}
+                link.serving = message.get("seq")
+                reply = {"ok": _answer(message, namespace, calls, calls_staged, link)}
         except BaseException as exc:  # noqa: BLE001 - the learner's exception (or a timeout) is the answer
             name = _text(lambda: type(exc).__name__, "Exception")
             if name == "CellTimeout":  # the grader's time limit interrupted the call
                 name, exc = "TimeoutError", TimeoutError("interrupted at the cell's time limit")
             reply = {"raised": name,
                      "message": _text(lambda: str(exc), "(its message could not be read)")}
+        finally:
+            link.serving = None
         reply["seq"] = message.get("seq")
         try:
             link.send(reply)
@@ -728,15 +838,16 @@ def _text(get: Callable[[], Any], default: str) -> str:
         return default
 
 
-def _answer(message: dict, namespace: dict, calls: dict, staged: dict) -> Any:
+def _answer(message: dict, namespace: dict, calls: dict, staged: dict, link: Link | None = None) -> Any:
     from course.guard import answering  # the course's references refuse to serve as the answer here too
 
     op, name = message.get("op"), message.get("name")
     if op in ("call", "script", "describe", "block", "probe") and name not in namespace:
         raise NameError(f"name {name!r} is not defined")
     if op == "call":
-        device = message.get("device", "cpu")
-        args, kwargs = build(message.get("args", []), device), build(message.get("kwargs", {}), device)
+        device, seq = message.get("device", "cpu"), message.get("seq")
+        back = (lambda handle: _Back(link, handle, seq, device)) if link is not None else None
+        args, kwargs = build(message.get("args", []), device, back), build(message.get("kwargs", {}), device, back)
         # autograd on as in the judge's call (an answer may differentiate inside, whatever its inputs)
         with torch.set_grad_enabled(message.get("grad_mode", message.get("grad")) is True), answering():
             value = namespace[name](*args, **kwargs)

@@ -8,6 +8,7 @@ ambiguous shapes included, are what its checks judge); any other crosses contigu
 course builds from plain values, such as a seeded layer: its registered builder's name, the
 values, and at most one public attribute, ``Recipe``; see :func:`course.remote.recipe`), and a
 *named* object from a short allowlist (``torch.func.jacfwd``...), which decodes to that very object.
+A function the judge lends for one call crosses as a handle (``Lent``).
 A random generator crosses as its state (``GeneratorState``), a module the learner's side returns
 or changed as its type's name and its state (``ModuleState``; tensors on the ``meta`` device cross
 as their shape alone). :func:`decode` reads it back with limits on size, nesting and counts,
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_BYTES", "NAMED", "GeneratorState", "ModuleState", "Opaque", "Recipe", "WireError", "decode",
+__all__ = ["MAX_BYTES", "NAMED", "GeneratorState", "Lent", "ModuleState", "Opaque", "Recipe", "WireError", "decode",
            "encode"]
 
 #: Largest encoded value either side accepts.
@@ -69,6 +70,15 @@ class Recipe:
 
     def __repr__(self) -> str:
         return f"<{self.name}(...){'.' + self.attr if self.attr else ''}>"
+
+
+@dataclass(frozen=True)
+class Lent:
+    """A function the judge lends the learner's code for the length of one call (a layer it must
+    call: :func:`course.remote.lend`): only its handle crosses. The learner's side calls it back
+    across the boundary; the function runs where it was lent, and decoding never makes it callable."""
+
+    handle: int
 
 
 @dataclass(frozen=True)
@@ -184,6 +194,8 @@ def _to_json(v: Any, buffers: list[bytes], depth: int, recipes: bool = True) -> 
         return {"m": [[k, _to_json(x, buffers, depth + 1, recipes)] for k, x in v.items()]}
     if isinstance(v, Opaque):
         return {"o": v.type_name}
+    if isinstance(v, Lent):
+        return {"c": v.handle}
     if id(v) in _NAMED_IDS:
         return {"n": _NAMED_IDS[id(v)]}
     if isinstance(v, torch.Generator):
@@ -295,6 +307,8 @@ class _Reader:
             return Opaque(body[:200])
         if kind == "t":
             return self.tensor(body)
+        if kind == "c" and type(body) is int and 0 <= body < 2**31:
+            return Lent(body)
         if kind == "n" and body in NAMED:
             return NAMED[body]
         if kind == "g" and isinstance(body, list) and len(body) == 2 and isinstance(body[0], str) \

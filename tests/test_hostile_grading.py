@@ -991,6 +991,62 @@ def test_a_probe_report_forged_while_serving_sets_the_served_cell_aside(tmp_path
     assert any(name == "tampered" and "is_autocast_enabled" in detail for name, detail in out.flags), out.flags
 
 
+BUCKET_SERVERS = '''
+import torch
+import course.checks.rnn as R
+
+def serve_bucketed(layer, x, lengths, *rest, bucket=16):
+    T = x.shape[0]
+    steps = -(-T // bucket) * bucket
+    out, state = layer(torch.cat([x, x.new_zeros(steps - T, *x.shape[1:])]), lengths, *rest)
+    return out[:T], state
+
+def forged(layer, x, lengths, *rest, bucket=16):
+    # no padding (a graph per length), and every report this process could make is forged
+    R._padded = lambda T, b: T
+    R.int = lambda v: -(-v // bucket) * bucket  # the steps a probe here would have reported: padded
+    R._counted_layer = lambda: (layer, [], [])
+    torch.compile = lambda fn, **k: fn
+    return layer(x, lengths, *rest)
+
+kept = []
+def keeps(layer, x, lengths, *rest, bucket=16):
+    kept.append(layer)
+    if len(kept) > 1:
+        return kept[0](x, lengths, *rest)  # the layer lent for an earlier call
+    return serve_bucketed(layer, x, lengths, *rest, bucket=bucket)
+
+print("lent:", type(serve_bucketed).__name__)
+'''
+
+
+def test_the_bucket_layer_is_lent_from_the_judge_so_its_count_is_the_judges(tmp_path):
+    """Lesson 1's bucketing check hands the learner's function a layer that stays in the judge (each
+    call crosses back): which steps it was called on and how many graphs it compiled are counted in
+    the judge, with no probe in the learner's process. A server that forges everything its process
+    could report (the course's helpers, torch.compile) still fails on the steps; a layer kept from one
+    call and used in another refuses; the right server passes without resting on that process's word."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    setup = "import torch\nfrom course.checks.rnn import check_bucketed\n"
+    sizes = "bucket=8, lengths=(3, 5, 8, 12)"
+    cells = [
+        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
+        {"index": 1, "id": "b", "kind": "solution", "source": BUCKET_SERVERS, "grade_id": "sol",
+         "answers": ["serve_bucketed", "forged", "keeps"]},
+        *({"index": i, "id": f"t{i}", "kind": "test", "source": f"check_bucketed({name}, {sizes})\n",
+           "grade_id": f"t{i}", "served": True} for i, name in ((2, "serve_bucketed"), (3, "forged"), (4, "keeps"))),
+    ]
+    out = run_program(cells, judge_setup=[setup], sandbox=sandbox, cell_timeout=90, timeout=240, memory_mb=2000,
+                      log=tmp_path / "log")
+    assert out.status == "ok", out
+    right, forged, keeps = out.cells[2], out.cells[3], out.cells[4]
+    assert not right.error and "2 graph(s) compiled" in right.output and not right.probed, right
+    assert "gave the layer the batch as it came" in forged.error and not forged.probed, forged
+    assert "lent by the grader for one call" in keeps.error, keeps
+
+
 RESET_PEAK = '''
 import os, tempfile
 here = tempfile.mkdtemp()

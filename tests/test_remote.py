@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _random_value(rng: random.Random, depth: int = 0):
-    kinds = ["none", "bool", "int", "float", "str", "tensor", "dtype"] + (["list", "tuple", "dict"] if depth < 4 else [])
+    kinds = ["none", "bool", "int", "float", "str", "tensor", "dtype", "lent"] + (["list", "tuple", "dict"] if depth < 4 else [])
     kind = rng.choice(kinds)
     if kind == "none":
         return None
@@ -40,6 +40,8 @@ def _random_value(rng: random.Random, depth: int = 0):
         return "".join(rng.choice("aé∂\n\"{}[]\\x") for _ in range(rng.randint(0, 12)))
     if kind == "dtype":
         return rng.choice([torch.float32, torch.int64, torch.bool])
+    if kind == "lent":
+        return wire.Lent(rng.randint(0, 2**31 - 1))
     if kind == "tensor":
         dtype = rng.choice([torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8,
                             torch.bool, torch.complex64])
@@ -518,8 +520,9 @@ def _serve(layer, x, lengths, *rest, bucket=16, pad=True):
 
 
 def test_the_bucket_check_across_the_boundary(capsys):
-    """The compiled, counted layer is built in the learner's process (a layer cannot cross); the
-    answers come back and are checked in the judge against its own layer on the unpadded batches."""
+    """The compiled, counted layer stays in the judge and is lent to the learner's function (each call
+    crosses back); the answers come back and are checked against the judge's own layer on the unpadded
+    batches, and the judge counts the layer's calls and graphs itself."""
     from served_helpers import served
 
     import course.checks.rnn as C
@@ -532,8 +535,51 @@ def test_the_bucket_check_across_the_boundary(capsys):
             C.check_bucketed(learner("unpadded"), bucket=8, lengths=(3, 5, 8, 12))
         with pytest.raises(AssertionError, match="vs the layer on the unpadded batch"):
             C.check_bucketed(learner("shifted"), bucket=8, lengths=(3, 5, 8, 12))
-        with pytest.raises(AssertionError, match="nope is not defined in your notebook"):
+        with pytest.raises(AssertionError, match="is not defined in your notebook .name 'nope'"):
             C.check_bucketed(learner("nope"))
+
+
+def test_a_lent_function_runs_in_the_judge_for_the_length_of_one_call():
+    """What the learner's code calls is a stand-in: the lent function runs where it was lent, on the
+    tensors the learner sent, and its value or its error comes back; kept and called in a later call,
+    the stand-in refuses, and a forged handle reaches nothing. The channel stays in step throughout."""
+    from served_helpers import served
+
+    from course.remote import lend
+
+    kept = []
+
+    def twice(f, x):
+        return f(x) + f(x, scale=2.0)
+
+    def keep(f, x):
+        kept.append(f)
+        return kept[0](x) if len(kept) > 1 else f(x)
+
+    def forge(f, x):
+        return type(f)(f._link, f._handle + 1000, f._seq, "cpu")(x)
+
+    seen = []
+
+    def scaled(x, scale=1.0):
+        seen.append(x.clone())
+        if x.numel() > 3:
+            raise ValueError("too long")
+        return x * scale
+
+    for learner in served({"twice": twice, "keep": keep, "forge": forge}):
+        x = torch.arange(3.0)
+        assert torch.equal(learner("twice")(lend(scaled), x), 3 * x)
+        assert len(seen) == 2 and all(torch.equal(s, x) for s in seen)  # the judge saw each call itself
+        with pytest.raises(ValueError, match="too long"):  # the lent function's error, through the learner's code
+            learner("twice")(lend(scaled), torch.ones(5))
+        assert torch.equal(learner("keep")(lend(scaled), x), x)
+        with pytest.raises(RuntimeError, match="lent by the grader for one call of yours, which has returned"):
+            learner("keep")(lend(scaled), x)
+        with pytest.raises(RuntimeError, match="did not lend it for this call"):
+            learner("forge")(lend(scaled), x)
+        assert torch.equal(learner("twice")(lend(scaled), x), 3 * x)  # still in step
+    assert torch.equal(lend(scaled)(x, scale=3.0), 3 * x)  # here, it is the function
 
 
 def test_a_result_too_large_to_cross_is_the_learners_error_and_the_channel_goes_on(monkeypatch):

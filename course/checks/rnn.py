@@ -15,10 +15,10 @@ from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
 from course.grading import expect_compiled, expect_scripted, is_scripted, script_ops
 from course.numerics import assert_close, describe
-from course.remote import local_script, probe, prober
+from course.remote import lend, local_script, probe, prober
 from course.rnn import layer_norm_params, lstm_weights, make_lstm, masked_rnn_layer
 
-__all__ = ["builtin_rnn_calls", "bucketed_case", "check_bucketed", "check_compiled_layer", "check_layer_norm_cell", "check_lstm_cell",
+__all__ = ["builtin_rnn_calls", "check_bucketed", "check_compiled_layer", "check_layer_norm_cell", "check_lstm_cell",
            "check_lstm_layer", "check_masked_lstm_layer", "check_scripted_layer", "check_stacked_lstm"]
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
@@ -215,12 +215,11 @@ def _fresh(fn: Callable) -> Callable:
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-@prober
-def bucketed_case(serve_bucketed: Callable, batches: list, weights: tuple, bucket: int) -> dict:
-    """The learner's side of :func:`check_bucketed`: ``serve_bucketed`` given the course's masked
-    RNN layer compiled with a backend that counts the graphs Dynamo makes, one batch after another
-    (under no_grad). What comes back: each batch's answer, the steps and output of each call of
-    the layer, and the number of graphs (that process's word; the answers are checked in the judge)."""
+def _counted_layer() -> tuple[Callable, list, list]:
+    """The course's masked RNN layer compiled with a backend that counts the graphs Dynamo makes,
+    wrapped to note each call's steps and output: ``(layer, graphs, seen)``, where ``seen`` gets a
+    list per batch (append one before each). Built where the check runs; under the grader, the
+    judge, and lent to the learner's code (:func:`course.remote.lend`): the count is the judge's."""
     graphs: list[int] = []
 
     def counting(gm, example_inputs):
@@ -235,13 +234,7 @@ def bucketed_case(serve_bucketed: Callable, batches: list, weights: tuple, bucke
         seen[-1].append([int(x.shape[0]), out[0].detach().clone()])
         return out
 
-    answers = []
-    with torch.no_grad():
-        for x, lengths, h0 in batches:
-            seen.append([])
-            answers.append(call(serve_bucketed, layer, x, lengths, h0, *weights, bucket=int(bucket),
-                                name="serve_bucketed"))
-    return {"answers": answers, "seen": seen, "graphs": len(graphs)}
+    return layer, graphs, seen
 
 
 def _padded(T: int, bucket: int) -> int:
@@ -257,7 +250,9 @@ def check_bucketed(serve_bucketed: Callable, *, seed: int = 0, bucket: int = 16,
     (:func:`course.rnn.masked_rnn_layer`, compiled with a backend that counts graphs) and batches
     whose longest sequences are ``lengths``: every answer must equal the layer on the unpadded
     batch, each batch must call the layer once, on the bucket's length, and return what that call
-    gave; and the stream may compile no more graphs than it has buckets."""
+    gave; and the stream may compile no more graphs than it has buckets. Under the grader the layer
+    is lent (:func:`course.remote.lend`): it runs in the judge, which counts its calls and graphs
+    itself; the learner's process only ever sees a stand-in that forwards tensors."""
     dev = pick_device(device)
     g = torch.Generator().manual_seed(seed)
     w = (torch.randn(hidden_size, input_size, generator=g) * 0.5,
@@ -269,11 +264,17 @@ def check_bucketed(serve_bucketed: Callable, *, seed: int = 0, bucket: int = 16,
         seq[int(torch.randint(batch, (1,), generator=g))] = T  # the longest is T
         batches.append((torch.randn(T, batch, input_size, generator=g).to(dev), seq.to(dev),
                         (torch.randn(batch, hidden_size, generator=g) * 0.5).to(dev)))
-    reply = probe(serve_bucketed, bucketed_case, batches, w, bucket)
+    layer, graphs, seen = _counted_layer()
+    answers = []
+    with torch.no_grad():
+        for x, lengths, h0 in batches:
+            seen.append([])
+            answers.append(call(serve_bucketed, lend(layer), x, lengths, h0, *w, bucket=int(bucket),
+                                name="serve_bucketed"))
     hint = (f"pad x's time dimension with zeros up to the next multiple of bucket, -(-T // bucket) * bucket steps "
             "(torch.cat([x, x.new_zeros(steps - T, *x.shape[1:])])), call layer(padded, lengths, *rest) once with the "
             "true lengths, and return (out[:T], state).")
-    for (x, seq, h0), got, calls in zip(batches, reply["answers"], reply["seen"]):
+    for (x, seq, h0), got, calls in zip(batches, answers, seen):
         T, want = int(x.shape[0]), _padded(int(x.shape[0]), bucket)
         with torch.no_grad():
             ref = masked_rnn_layer(x, seq, h0, *w)
@@ -309,12 +310,12 @@ def check_bucketed(serve_bucketed: Callable, *, seed: int = 0, bucket: int = 16,
                      name=f"serve_bucketed(layer, x, ...) vs the layer on the unpadded batch of {T} steps", hint=hint)
         assert_close(got[0], out[:T], rtol=0, atol=0, name="what serve_bucketed returned vs what the layer gave it")
     buckets = len({_padded(int(x.shape[0]), bucket) for x, _, _ in batches})
-    if reply["graphs"] > buckets:
-        raise AssertionError(f"serve_bucketed made the compiled layer compile {reply['graphs']} graphs for batches of "
+    if len(graphs) > buckets:
+        raise AssertionError(f"serve_bucketed made the compiled layer compile {len(graphs)} graphs for batches of "
                              f"{len(batches)} lengths that fall in {buckets} buckets. Hint: {hint}")
-    record([reply["graphs"] <= buckets], [True], "serve_bucketed: graphs compiled, at most one per bucket")
+    record([len(graphs) <= buckets], [True], "serve_bucketed: graphs compiled, at most one per bucket")
     ok(f"serve_bucketed pads {len(batches)} batches of lengths {list(lengths)} to {buckets} buckets of {bucket}, "
-       f"{reply['graphs']} graph(s) compiled, each answer equal to the layer on the unpadded batch (seed {seed})")
+       f"{len(graphs)} graph(s) compiled, each answer equal to the layer on the unpadded batch (seed {seed})")
 
 
 def layer_norm_case(*, seed: int = 0, batch: int = 4, input_size: int = 6, hidden_size: int = 5,
