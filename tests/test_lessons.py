@@ -25,11 +25,12 @@ from course.lessons import catalog
 ROOT = Path(__file__).resolve().parents[1]
 LESSON_IDS = [item["id"] for item in catalog()]
 
-# One `grade` run serves the whole module: ten instructor transcripts and 26 submissions. On CI's 2-core
+# One `grade` run serves the whole module: ten instructor transcripts and 28 submissions. On CI's 2-core
 # machine it ran past 40 minutes once (2026-11-29: 40 of 48 graded when the limit struck, and the whole
 # suite past CI's 90): a guard against a hang, not a budget. Each submission costs a lesson's run, so
-# faults that touch cells of their own share one, and the instructor's notebook is not graded again as a
-# submission: the transcript is that run (see test_instructors_run_...).
+# faults that touch cells of their own share one, and the instructor's notebook is graded again as a
+# submission only where the planted mistake hides a speed verdict's right answer (PERFECT_LESSONS);
+# elsewhere the transcript is that run (see test_instructors_run_...).
 pytestmark = pytest.mark.timeout(3600)
 
 # One planted mistake per lesson (shared with the acceptance command): (anchor, replacement, cells it breaks).
@@ -309,8 +310,8 @@ def worker_cheats(src: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """One `grade` run over: every lesson's instructor notebook, and for each lesson with a
-    planted mistake, the untouched student version and the mistake."""
+    """One `grade` run over, for each lesson with a planted mistake, the untouched student version
+    and the mistake; the hostile, borrowed, workers, patched and perfect submissions where named."""
     tmp = tmp_path_factory.mktemp("grading")
     subs = tmp / "submissions"
     for lesson_id in LESSON_IDS:
@@ -337,6 +338,9 @@ def graded(tmp_path_factory):
         if lesson_id == WORKER_LESSON:
             (subs / "workers" / lesson_id).mkdir(parents=True)
             (subs / "workers" / lesson_id / src.name).write_text(json.dumps(worker_cheats(src)))
+        if lesson_id in PERFECT_LESSONS:
+            (subs / "perfect" / lesson_id).mkdir(parents=True)
+            shutil.copy(src, subs / "perfect" / lesson_id / src.name)
         if lesson_id == PATCHED_LESSON:
             nb, _ = patched(src)
             (subs / "patched" / lesson_id).mkdir(parents=True)
@@ -347,6 +351,14 @@ def graded(tmp_path_factory):
     print(proc.stdout[-4000:], proc.stderr[-4000:])
     assert proc.returncode == 0, proc.stderr[-2000:]
     return Graded(out, tmp / "work")
+
+
+#: The instructor's notebook graded as a submission, in the lessons whose planted mistake breaks a cell
+#: whose verdict does more than compare records (speed judged against the instructor's run: lesson 5's
+#: picker, lesson 7's segment sum): the right answer of every other cell earns its points beside the
+#: mistake, these cells' right answers here (the picker was once called "implausible" on the
+#: instructor's own notebook, and only this caught it).
+PERFECT_LESSONS = ("05_jacobians_hessians", "07_broadcasting_indexing_higher_order")
 
 
 #: The hostile submission (the untouched version, its tests emptied and duplicated, an attacking first cell)
@@ -409,6 +421,14 @@ def test_instructors_run_passes_every_check_in_the_sandbox_within_budget(graded,
     # A lesson that "ran" in almost no time did not run: the floor catches a silent skip.
     assert 5 < data["seconds"] < item["cpu_budget_s"], data["seconds"]
     assert 0 < data["peak_rss_mb"] < item["memory_budget_mb"], data["peak_rss_mb"]
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("lesson_id", PERFECT_LESSONS)
+def test_the_instructors_notebook_as_a_submission_earns_every_point_unflagged(graded, lesson_id):
+    row = graded.rows[("perfect", lesson_id)]
+    assert row["status"] == "graded" and not row["flags"], row
+    graded.expect("perfect", lesson_id, graded_cells(notebook(lesson_id, "solutions")))
 
 
 @pytest.mark.notebooks
