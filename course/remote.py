@@ -351,7 +351,6 @@ class Link:
             return reply["ok"]
         raise _exception(reply.get("raised"), reply.get("message"))
 
-
     def _call_lent(self, message: dict, seq: int) -> None:
         """Run the lent function the learner's code called, here, on the arguments it sent (data),
         and send back its value or its exception (type name and message): the judge's code, run by
