@@ -19,6 +19,7 @@ from typing import Callable
 import pytest
 
 from autograder import acceptance, runtimes
+from autograder.solution_code import solved_notebook
 from course import cells
 from course.lessons import catalog
 
@@ -338,9 +339,9 @@ def graded(tmp_path_factory):
         if lesson_id == WORKER_LESSON:
             (subs / "workers" / lesson_id).mkdir(parents=True)
             (subs / "workers" / lesson_id / src.name).write_text(json.dumps(worker_cheats(src)))
-        if lesson_id in PERFECT_LESSONS:
+        if lesson_id in PERFECT_LESSONS:  # as a learner who finished it has it: the student version, answered
             (subs / "perfect" / lesson_id).mkdir(parents=True)
-            shutil.copy(src, subs / "perfect" / lesson_id / src.name)
+            (subs / "perfect" / lesson_id / src.name).write_text(json.dumps(solved_notebook(lesson_id), indent=1))
         if lesson_id == PATCHED_LESSON:
             nb, _ = patched(src)
             (subs / "patched" / lesson_id).mkdir(parents=True)
@@ -353,7 +354,8 @@ def graded(tmp_path_factory):
     return Graded(out, tmp / "work")
 
 
-#: The instructor's notebook graded as a submission, in the lessons whose planted mistake breaks a cell
+#: The instructor's answers graded as a submission (in the student version: the solutions notebook's hidden
+#: tests would be flagged "edited-tests"), in the lessons whose planted mistake breaks a cell
 #: whose verdict does more than compare records (speed judged against the instructor's run: lesson 5's
 #: picker, lesson 7's segment sum): the right answer of every other cell earns its points beside the
 #: mistake, these cells' right answers here (the picker was once called "implausible" on the
