@@ -183,7 +183,7 @@ def _turn_holder(source: str) -> tuple[list[dict], list[str]]:
             {"index": 1, "id": "b", "kind": "test", "source": source, "grade_id": "t", "served": True}], [setup]
 
 
-def test_a_paused_submission_is_not_timed_out_by_a_classmates_timing_turn(tmp_path):
+def test_a_paused_submission_is_not_timed_out_by_a_classmates_timing_turn(tmp_path, monkeypatch):
     """A's check holds the machine for one measurement in its judge (8 s: a sleeping block is starved
     of CPU, so each of its 8 rounds is measured twice); B, paused meanwhile, has a 4 s cell with a
     6 s limit. Before, B's own alarm kept running while it was stopped and B timed out."""
@@ -194,32 +194,25 @@ def test_a_paused_submission_is_not_timed_out_by_a_classmates_timing_turn(tmp_pa
     sleeper = "import time\ntime.sleep(1.5)\nfor _ in range(5):\n    time.sleep(0.5)\nprint('done')\n"
     results, turns = {}, []
     begin = parent.TURNS.begin
-
-    def counted(clock):
-        turns.append(time.monotonic())
-        return begin(clock)
+    monkeypatch.setattr(parent.TURNS, "begin", lambda clock: turns.append(1) or begin(clock))
 
     def run(name, cells, setup, limit):
         results[name] = run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=limit, timeout=120,
                                     memory_mb=2000, log=tmp_path / f"{name}.log")
 
-    parent.TURNS.begin = counted
-    try:
-        a = threading.Thread(target=run, args=("a", *_turn_holder(holder), 60))
-        b = threading.Thread(target=run, args=("b", [_cell(sleeper)], [], 6))
-        a.start()
-        b.start()
-        a.join()
-        b.join()
-    finally:
-        parent.TURNS.begin = begin
+    a = threading.Thread(target=run, args=("a", *_turn_holder(holder), 60))
+    b = threading.Thread(target=run, args=("b", [_cell(sleeper)], [], 6))
+    a.start()
+    b.start()
+    a.join()
+    b.join()
     assert results["a"].status == "ok" and not results["a"].cells[1].error, results["a"]
     assert turns, "the judge's measurement never took the timing turn: B was never paused, and this proves nothing"
     assert results["b"].status == "ok", results["b"]
     assert not results["b"].cells[0].error and "done" in results["b"].cells[0].output, results["b"].cells[0]
 
 
-def test_a_demonstration_in_the_learners_process_takes_no_timing_turn(tmp_path):
+def test_a_demonstration_in_the_learners_process_takes_no_timing_turn(tmp_path, monkeypatch):
     """No grade rests on a lesson's own timing cells (every graded check is timed in the judge), so
     they run beside classmates instead of pausing them all: the learner's process asks for no turn,
     the judge's check does."""
@@ -232,12 +225,9 @@ def test_a_demonstration_in_the_learners_process_takes_no_timing_turn(tmp_path):
     cells[2]["index"] = 2
     turns = []
     begin = parent.TURNS.begin
-    parent.TURNS.begin = lambda clock: turns.append(1) or begin(clock)
-    try:
-        out = run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=60, timeout=120, memory_mb=2000,
-                          log=tmp_path / "log")
-    finally:
-        parent.TURNS.begin = begin
+    monkeypatch.setattr(parent.TURNS, "begin", lambda clock: turns.append(1) or begin(clock))
+    out = run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=60, timeout=120, memory_mb=2000,
+                      log=tmp_path / "log")
     assert out.status == "ok" and not out.cells[1].error and not out.cells[2].error, out
     assert len(turns) == 1, f"{len(turns)} timing turns: the demonstration's and the check's?"
 
