@@ -128,10 +128,11 @@ def recipe(fn: Callable[..., Any]) -> Callable[..., Any]:
     return built
 
 
-def build(value: Any, device: str = "cpu", back: Callable[[int], Any] | None = None) -> Any:
+def build(value: Any, device: str = "cpu", back: Callable[[wire.Lent], Any] | None = None) -> Any:
     """``value`` with every :class:`course.wire.Recipe` in it built here by its registered builder,
     and every tensor moved to ``device``: what the learner's process makes of a request's arguments.
-    ``back(handle)``: the stand-in for a function the judge lent (a call's arguments only)."""
+    ``back(lent)``: the stand-in for a function the judge lent, given its :class:`course.wire.Lent` (in a
+    call's arguments only)."""
     if isinstance(value, wire.Recipe):
         obj = _registered(RECIPES, value.name, "recipe")(**{k: build(v, device) for k, v in value.args.items()})
         return getattr(obj, value.attr) if value.attr else obj
@@ -142,7 +143,7 @@ def build(value: Any, device: str = "cpu", back: Callable[[int], Any] | None = N
     if isinstance(value, wire.Lent):
         if back is None:
             raise ValueError("a lent function outside the arguments of a call")
-        return back(value.handle)
+        return back(value)
     if type(value) is list:
         return [build(v, device, back) for v in value]
     if isinstance(value, tuple):
@@ -273,8 +274,8 @@ class Link:
         self.busy = False  # a request sent and its reply not yet read (still so after a time limit cut it)
         self.broken = ""  # why the other side is no longer heard (a frame over the size limit)
         self.recipes = True  # the learner's side (serve) sends objects as what they are, never as recipes
-        self.lent: dict[int, Callable] = {}  # the judge's: functions lent for the call in flight (see lend)
-        self.lent_device = "cpu"  # ...and the device that call's tensors are on
+        self.lent: dict[int, tuple[Callable, str]] = {}  # the judge's: functions lent for the calls in flight,
+        # each with the device of its call's tensors (see lend)
         self.serving: Any = None  # the learner's: the seq of the request being answered (see _Back)
         self.pending: list = []  # the learner's: a request that arrived while a lent function waited
         self._buffer = bytearray()  # bytes read and not yet taken: a read cut short keeps its place
@@ -355,11 +356,12 @@ class Link:
         """Run the lent function the learner's code called, here, on the arguments it sent (data),
         and send back its value or its exception (type name and message): the judge's code, run by
         the judge, on what the learner's code chose to pass."""
-        fn, args, kwargs = self.lent.get(message.get("back")), message.get("args"), message.get("kwargs")
+        lent, args, kwargs = self.lent.get(message.get("back")), message.get("args"), message.get("kwargs")
         try:
-            if fn is None or type(args) is not list or type(kwargs) is not dict:
+            if lent is None or type(args) is not list or type(kwargs) is not dict:
                 raise RuntimeError("the learner's process called a function the grader did not lend it for this call")
-            value = fn(*_to_device(args, self.lent_device), **_to_device(kwargs, self.lent_device))
+            fn, device = lent
+            value = fn(*_to_device(args, device), **_to_device(kwargs, device))
             reply = {"returned": value}
         except Exception as exc:  # noqa: BLE001 - the lent function's error is the caller's to see
             reply = {"raised": type(exc).__name__, "message": str(exc)[:4000]}
@@ -401,21 +403,23 @@ def lend(fn: Callable) -> Lending:
     return Lending(fn)
 
 
-def _lent_out(value: Any, link: Link, handles: list, depth: int = 0) -> Any:
-    """``value`` with every :class:`Lending` in it registered on ``link`` and replaced by its handle."""
+def _lent_out(value: Any, link: Link, device: str, handles: list, depth: int = 0) -> Any:
+    """``value`` with every :class:`Lending` in it registered on ``link`` (to run on ``device``, the
+    call's) and replaced by its handle."""
     if isinstance(value, Lending):
         handle = next(_HANDLES)
-        link.lent[handle] = value.fn
+        link.lent[handle] = (value.fn, device)
         handles.append(handle)
-        return wire.Lent(handle)
+        name = value.__name__ if isinstance(value.__name__, str) and value.__name__.isidentifier() else "lent"
+        return wire.Lent(handle, name[:60])
     if depth > wire.MAX_DEPTH:
         return value
     if type(value) is list:
-        return [_lent_out(v, link, handles, depth + 1) for v in value]
+        return [_lent_out(v, link, device, handles, depth + 1) for v in value]
     if type(value) is tuple:
-        return tuple(_lent_out(v, link, handles, depth + 1) for v in value)
+        return tuple(_lent_out(v, link, device, handles, depth + 1) for v in value)
     if type(value) is dict:
-        return {k: _lent_out(v, link, handles, depth + 1) for k, v in value.items()}
+        return {k: _lent_out(v, link, device, handles, depth + 1) for k, v in value.items()}
     return value
 
 
@@ -427,9 +431,9 @@ class _Back:
     it sends the arguments to the judge, which runs its function and sends the value back. Only
     while that call is being answered: kept and called later, it refuses."""
 
-    def __init__(self, link: Link, handle: int, seq: Any, device: str):
-        self._link, self._handle, self._seq, self._device = link, handle, seq, device
-        self.__name__ = "layer"
+    def __init__(self, link: Link, lent: wire.Lent, seq: Any, device: str):
+        self._link, self._handle, self._seq, self._device = link, lent.handle, seq, device
+        self.__name__ = self.__qualname__ = lent.name
 
     def __repr__(self) -> str:
         return "<a function the grader lent for this call>"
@@ -471,8 +475,7 @@ class Remote:
         mirror = self.__dict__.get("mirror", False)
         link, handles = self._link, []
         try:
-            sent = _lent_out((list(args), dict(kwargs)), link, handles)
-            link.lent_device = device
+            sent = _lent_out((list(args), dict(kwargs)), link, device, handles)
             reply = link.request({"op": "call", "name": self.__name__, "args": sent[0], "kwargs": sent[1],
                                   "grad": grad, "grad_mode": torch.is_grad_enabled(), "device": device,
                                   "after": mirror})
@@ -845,7 +848,7 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict, link: Lin
         raise NameError(f"name {name!r} is not defined")
     if op == "call":
         device, seq = message.get("device", "cpu"), message.get("seq")
-        back = (lambda handle: _Back(link, handle, seq, device)) if link is not None else None
+        back = (lambda lent: _Back(link, lent, seq, device)) if link is not None else None
         args, kwargs = build(message.get("args", []), device, back), build(message.get("kwargs", {}), device, back)
         # autograd on as in the judge's call (an answer may differentiate inside, whatever its inputs)
         with torch.set_grad_enabled(message.get("grad_mode", message.get("grad")) is True), answering():

@@ -79,6 +79,7 @@ class Lent:
     across the boundary; the function runs where it was lent, and decoding never makes it callable."""
 
     handle: int
+    name: str = "lent"  # the function's name, for the learner's messages and tracebacks
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ def _to_json(v: Any, buffers: list[bytes], depth: int, recipes: bool = True) -> 
     if isinstance(v, Opaque):
         return {"o": v.type_name}
     if isinstance(v, Lent):
-        return {"c": v.handle}
+        return {"c": [v.handle, v.name[:60]]}
     if id(v) in _NAMED_IDS:
         return {"n": _NAMED_IDS[id(v)]}
     if isinstance(v, torch.Generator):
@@ -307,8 +308,9 @@ class _Reader:
             return Opaque(body[:200])
         if kind == "t":
             return self.tensor(body)
-        if kind == "c" and type(body) is int and 0 <= body < 2**31:
-            return Lent(body)
+        if kind == "c" and isinstance(body, list) and len(body) == 2 and type(body[0]) is int \
+                and 0 <= body[0] < 2**31 and isinstance(body[1], str) and body[1].isidentifier() and len(body[1]) <= 60:
+            return Lent(body[0], body[1])
         if kind == "n" and body in NAMED:
             return NAMED[body]
         if kind == "g" and isinstance(body, list) and len(body) == 2 and isinstance(body[0], str) \

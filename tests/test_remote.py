@@ -41,7 +41,7 @@ def _random_value(rng: random.Random, depth: int = 0):
     if kind == "dtype":
         return rng.choice([torch.float32, torch.int64, torch.bool])
     if kind == "lent":
-        return wire.Lent(rng.randint(0, 2**31 - 1))
+        return wire.Lent(rng.randint(0, 2**31 - 1), rng.choice(["layer", "f", "lent"]))
     if kind == "tensor":
         dtype = rng.choice([torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8,
                             torch.bool, torch.complex64])
@@ -138,6 +138,8 @@ def test_wire_refuses_damaged_bytes_with_its_own_error(seed):
     b'{"t":["float32",[2,2],16,false,[4,1]]}',                # gaps: more memory than its bytes
     b'{"t":["float32",[2,2],16,false,[2]]}',                  # strides of another rank
     b'{"t":["float32",[2,2],16,false,[-1,2]]}',               # a negative stride
+    b'{"c":3}', b'{"c":[3,"a b"]}', b'{"c":[-3,"f"]}',           # lent handles: bare, a name no function has, < 0
+    b'{"c":[3,"' + b'f' * 61 + b'"]}',                        # a name over 60 characters
 ])
 def test_wire_refuses_values_built_to_hurt(header):
     data = len(header).to_bytes(4, "big") + header
@@ -557,7 +559,7 @@ def test_a_lent_function_runs_in_the_judge_for_the_length_of_one_call():
         return kept[0](x) if len(kept) > 1 else f(x)
 
     def forge(f, x):
-        return type(f)(f._link, f._handle + 1000, f._seq, "cpu")(x)
+        return type(f)(f._link, wire.Lent(f._handle + 1000, "layer"), f._seq, "cpu")(x)
 
     seen = []
 
@@ -567,8 +569,9 @@ def test_a_lent_function_runs_in_the_judge_for_the_length_of_one_call():
             raise ValueError("too long")
         return x * scale
 
-    for learner in served({"twice": twice, "keep": keep, "forge": forge}):
+    for learner in served({"twice": twice, "keep": keep, "forge": forge, "named": lambda f: f.__name__}):
         x = torch.arange(3.0)
+        assert learner("named")(lend(scaled)) == "scaled"  # the stand-in goes by the lent function's name
         assert torch.equal(learner("twice")(lend(scaled), x), 3 * x)
         assert len(seen) == 2 and all(torch.equal(s, x) for s in seen)  # the judge saw each call itself
         with pytest.raises(ValueError, match="too long"):  # the lent function's error, through the learner's code

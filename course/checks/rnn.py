@@ -215,26 +215,29 @@ def _fresh(fn: Callable) -> Callable:
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-def _counted_layer() -> tuple[Callable, list, list]:
-    """The course's masked RNN layer compiled with a backend that counts the graphs Dynamo makes,
-    wrapped to note each call's steps and output: ``(layer, graphs, seen)``, where ``seen`` gets a
-    list per batch (append one before each). Built where the check runs; under the grader, the
-    judge, and lent to the learner's code (:func:`course.remote.lend`): the count is the judge's."""
-    graphs: list[int] = []
+class _CountedLayer:
+    """The course's masked RNN layer compiled with a backend that counts the graphs Dynamo makes
+    (``graphs``), handed out batch by batch: ``for_batch(k)`` is the layer noting each call's steps
+    and output in ``calls[k]``. Built where the check runs; under the grader, the judge, and lent
+    to the learner's code (:func:`course.remote.lend`): the counts are the judge's."""
 
-    def counting(gm, example_inputs):
-        graphs.append(len(graphs))
-        return gm.forward
+    def __init__(self, batches: int):
+        self.graphs: list[int] = []
+        self.calls: list[list] = [[] for _ in range(batches)]
 
-    compiled = torch.compile(_fresh(masked_rnn_layer), backend=counting)
-    seen: list[list] = []
+        def counting(gm, example_inputs):
+            self.graphs.append(len(self.graphs))
+            return gm.forward
 
-    def layer(x, lengths, *rest):
-        out = compiled(x, lengths, *rest)
-        seen[-1].append([int(x.shape[0]), out[0].detach().clone()])
-        return out
+        self._compiled = torch.compile(_fresh(masked_rnn_layer), backend=counting)
 
-    return layer, graphs, seen
+    def for_batch(self, k: int) -> Callable:
+        def layer(x, lengths, *rest):
+            out = self._compiled(x, lengths, *rest)
+            self.calls[k].append([int(x.shape[0]), out[0].detach().clone()])
+            return out
+
+        return layer
 
 
 def _padded(T: int, bucket: int) -> int:
@@ -264,17 +267,14 @@ def check_bucketed(serve_bucketed: Callable, *, seed: int = 0, bucket: int = 16,
         seq[int(torch.randint(batch, (1,), generator=g))] = T  # the longest is T
         batches.append((torch.randn(T, batch, input_size, generator=g).to(dev), seq.to(dev),
                         (torch.randn(batch, hidden_size, generator=g) * 0.5).to(dev)))
-    layer, graphs, seen = _counted_layer()
-    answers = []
+    counted = _CountedLayer(len(batches))
     with torch.no_grad():
-        for x, lengths, h0 in batches:
-            seen.append([])
-            answers.append(call(serve_bucketed, lend(layer), x, lengths, h0, *w, bucket=int(bucket),
-                                name="serve_bucketed"))
+        answers = [call(serve_bucketed, lend(counted.for_batch(k)), x, lengths, h0, *w, bucket=int(bucket),
+                        name="serve_bucketed") for k, (x, lengths, h0) in enumerate(batches)]
     hint = (f"pad x's time dimension with zeros up to the next multiple of bucket, -(-T // bucket) * bucket steps "
             "(torch.cat([x, x.new_zeros(steps - T, *x.shape[1:])])), call layer(padded, lengths, *rest) once with the "
             "true lengths, and return (out[:T], state).")
-    for (x, seq, h0), got, calls in zip(batches, answers, seen):
+    for (x, seq, h0), got, calls in zip(batches, answers, counted.calls):
         T, want = int(x.shape[0]), _padded(int(x.shape[0]), bucket)
         with torch.no_grad():
             ref = masked_rnn_layer(x, seq, h0, *w)
@@ -310,12 +310,12 @@ def check_bucketed(serve_bucketed: Callable, *, seed: int = 0, bucket: int = 16,
                      name=f"serve_bucketed(layer, x, ...) vs the layer on the unpadded batch of {T} steps", hint=hint)
         assert_close(got[0], out[:T], rtol=0, atol=0, name="what serve_bucketed returned vs what the layer gave it")
     buckets = len({_padded(int(x.shape[0]), bucket) for x, _, _ in batches})
-    if len(graphs) > buckets:
-        raise AssertionError(f"serve_bucketed made the compiled layer compile {len(graphs)} graphs for batches of "
+    if len(counted.graphs) > buckets:
+        raise AssertionError(f"serve_bucketed made the compiled layer compile {len(counted.graphs)} graphs for batches of "
                              f"{len(batches)} lengths that fall in {buckets} buckets. Hint: {hint}")
-    record([len(graphs) <= buckets], [True], "serve_bucketed: graphs compiled, at most one per bucket")
+    record([len(counted.graphs) <= buckets], [True], "serve_bucketed: graphs compiled, at most one per bucket")
     ok(f"serve_bucketed pads {len(batches)} batches of lengths {list(lengths)} to {buckets} buckets of {bucket}, "
-       f"{len(graphs)} graph(s) compiled, each answer equal to the layer on the unpadded batch (seed {seed})")
+       f"{len(counted.graphs)} graph(s) compiled, each answer equal to the layer on the unpadded batch (seed {seed})")
 
 
 def layer_norm_case(*, seed: int = 0, batch: int = 4, input_size: int = 6, hidden_size: int = 5,
