@@ -58,6 +58,8 @@ class Program:
     flags: dict[str, list[str]] = field(default_factory=dict)
     #: The instructor's set-up cells the judge runs before served test cells (see :func:`judge_setup`).
     judge_setup: list[str] = field(default_factory=list)
+    #: Modules the learner's process imports before any learner code, beyond its own list (see :func:`preloads`).
+    preload: list[str] = field(default_factory=list)
 
     def flag(self, name: str, detail: str) -> None:
         self.flags.setdefault(name, [])
@@ -98,7 +100,7 @@ def instructor_program(lesson: str, source_nb: Path) -> Program:
                               answers=bound_names(src)))
         else:
             cells.append(Cell(index, cell.get("id", f"cell-{index}"), INSTRUCTOR, src, meta.get("grade_id", "")))
-    return Program(lesson, source_nb.name, cells, judge_setup=judge_setup(cells))
+    return Program(lesson, source_nb.name, cells, judge_setup=judge_setup(cells), preload=preloads(cells))
 
 
 def learner_program(lesson: str, source_nb: Path, release_nb: Path, submitted: dict) -> Program:
@@ -110,7 +112,7 @@ def learner_program(lesson: str, source_nb: Path, release_nb: Path, submitted: d
              if _meta(c).get("grade") and not _meta(c).get("solution")}
     by_grade = {c.grade_id: c for c in base.cells if c.grade_id}
     by_id = {c.id: c for c in base.cells}
-    program = Program(lesson, base.notebook, [], judge_setup=base.judge_setup)
+    program = Program(lesson, base.notebook, [], judge_setup=base.judge_setup, preload=base.preload)
 
     answers: dict[str, str] = {}
     added: dict[int, list[str]] = {}   # instructor cell index -> learner cells after it
@@ -198,6 +200,20 @@ def is_served(test_source: str) -> bool:
         return False
     called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     return bool(called) and called <= served_checks()
+
+
+#: Modules the learner's process imports before any learner code runs (so that the seal covers them
+#: from the start) only in lessons whose instructor's notebook uses them, by these marks in its code:
+#: importing ``torch._dynamo`` is about 2 s of every process's start-up, and most lessons never compile.
+#: Elsewhere a learner's cell that compiles imports it, and the seal covers it from the end of that cell.
+PRELOADS = {"torch._dynamo": ("torch.compile", "torch._dynamo", "torch.export", "dynamo")}
+
+
+def preloads(cells: list[Cell]) -> list[str]:
+    """The :data:`PRELOADS` the instructor's cells use (never a learner's: every submission of a
+    lesson starts the same way, as its instructor's run did)."""
+    text = "\n".join(c.source for c in cells if c.kind != ADDED)
+    return [module for module, marks in PRELOADS.items() if any(mark in text for mark in marks)]
 
 
 def judge_setup(cells: list[Cell]) -> list[str]:

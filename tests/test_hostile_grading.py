@@ -781,6 +781,26 @@ def test_the_sandbox_imports_the_grading_checkouts_course(tmp_path):
     assert where.startswith("/grading/pkg/course/" if sandbox == "bwrap" else repo_course), where
 
 
+def test_a_lesson_that_compiles_has_dynamo_sealed_before_any_learner_code(tmp_path):
+    """``torch._dynamo`` is imported before learner code only in lessons whose instructor's notebook
+    compiles (it is about 2 s of every start-up): there, a learner's cell that patches it is flagged."""
+    from autograder.program import instructor_program
+    from autograder.sandbox import bwrap_works, run_program
+
+    solutions = Path(__file__).resolve().parents[1] / "solutions"
+    preload = {lesson: instructor_program(lesson, solutions / lesson / f"{lesson}.ipynb").preload
+               for lesson in ("01_custom_rnns", "02_fx_transforms", "03_channels_last", "06_vmap_ensembles")}
+    assert preload == {"01_custom_rnns": ["torch._dynamo"], "02_fx_transforms": ["torch._dynamo"],
+                       "03_channels_last": [], "06_vmap_ensembles": []}, preload  # lesson 3 names it in prose only
+    sandbox = "bwrap" if bwrap_works() else "none"
+    patch = {"index": 0, "id": "a", "kind": "solution", "source": "import torch._dynamo\ntorch._dynamo.reset = lambda: None\n",
+             "grade_id": "sol", "answers": []}
+    out = run_program([patch, _cell("print('next')", 1)], sandbox=sandbox, cell_timeout=30, timeout=90,
+                      memory_mb=2000, log=tmp_path / "log", preload=["torch._dynamo"])
+    assert out.status == "ok" and out.cells[1].output.strip() == "next", out
+    assert any(name == "tampered" and "torch._dynamo.reset replaced" in detail for name, detail in out.flags), out.flags
+
+
 def test_feedback_never_shows_hidden_tests_whatever_the_submission_prints(hostile, course):  # noqa: F811
     row = hostile["rows"]["echo_hidden"]
     assert (row["status"], float(row["score"])) == ("graded", 1), row

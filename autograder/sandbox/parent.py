@@ -679,12 +679,15 @@ def _readable(fds: list[int], timeout_s: float) -> set[int]:
 
 def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout: float,
                 memory_mb: float, log: Path, env: dict[str, str] | None = None,
-                judge_setup: list[str] | None = None, tasks: int | None = None) -> Outcome:
+                judge_setup: list[str] | None = None, tasks: int | None = None,
+                preload: list[str] | None = None) -> Outcome:
     """Run ``cells`` (``Program.to_message()``) in a fresh child; never raises for the child's sake.
 
     Test cells marked ``served`` run in a second confined process, the judge (``judge.py``), after
     the instructor's ``judge_setup`` cells; the learner's process answers its calls meanwhile.
-    ``tasks``: the processes and threads the learner's sandbox may have (:func:`task_limit`)."""
+    ``tasks``: the processes and threads the learner's sandbox may have (:func:`task_limit`);
+    ``preload``: modules the learner's process imports before any learner code, beyond its own list
+    (:data:`autograder.program.PRELOADS`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     child_env = _env(env or {})
     limits = _limits(memory_mb, child_env, task_limit() if tasks is None else tasks)
@@ -762,7 +765,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             child.send(cell)
             owner[0] = child
 
-    child.send({"token": child.token, "count": len(cells), "cell_timeout": float(cell_timeout)})
+    child.send({"token": child.token, "count": len(cells), "cell_timeout": float(cell_timeout),
+                "preload": list(preload or [])})
     if judge is not None:
         judge.send({"token": judge.token, "count": len(served), "cell_timeout": float(cell_timeout),
                     "setup_cells": list(judge_setup or [])})
