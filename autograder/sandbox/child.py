@@ -517,12 +517,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # "done" is sent: nothing this process does from here is heard. Python's own ending (torch's
-    # modules torn down, a learner's atexit handlers) cost over a second of every submission.
-    for stream in (sys.__stdout__, sys.__stderr__):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed or replaced stream
-            pass
-    os._exit(code)
+    protocol.end(main())
