@@ -120,7 +120,8 @@ class Lesson:
                   + (f" (again, attempt {attempt + 1})" if attempt else ""), flush=True)
             outcome = run_program(self.program.to_message(), judge_setup=self.program.judge_setup,
                                   preload=self.program.preload, sandbox=settings.sandbox,
-                                  cell_timeout=settings.cell_timeout, timeout=settings.timeout, memory_mb=settings.memory_mb,
+                                  cell_timeout=settings.cell_timeout, timeout=settings.timeout,
+                                  memory_mb=settings.memory_mb,
                                   log=ws.log("trusted", f"{self.id}.log"), env=settings.child_env())
             try:
                 transcript = Transcript.from_outcome(self.program, outcome)

@@ -206,13 +206,13 @@ def is_served(test_source: str) -> bool:
 #: from the start) only in lessons whose instructor's notebook uses them, by these marks in its code:
 #: importing ``torch._dynamo`` is about 2 s of every process's start-up, and most lessons never compile.
 #: Elsewhere a learner's cell that compiles imports it, and the seal covers it from the end of that cell.
-PRELOADS = {"torch._dynamo": ("torch.compile", "torch._dynamo", "torch.export", "dynamo")}
+PRELOADS = {"torch._dynamo": ("torch.compile", "_dynamo", "torch.export")}
 
 
 def preloads(cells: list[Cell]) -> list[str]:
-    """The :data:`PRELOADS` the instructor's cells use (never a learner's: every submission of a
-    lesson starts the same way, as its instructor's run did)."""
-    text = "\n".join(c.source for c in cells if c.kind != ADDED)
+    """The :data:`PRELOADS` the instructor's cells use (the instructor's notebook only, never a
+    learner's: every submission of a lesson starts the same way, as its instructor's run did)."""
+    text = "\n".join(c.source for c in cells)
     return [module for module, marks in PRELOADS.items() if any(mark in text for mark in marks)]
 
 

@@ -388,7 +388,8 @@ class Lending:
 
     def __init__(self, fn: Callable):
         self.fn = fn
-        self.__name__ = getattr(fn, "__name__", "lent")
+        name = getattr(fn, "__name__", None)  # the stand-in's name in the learner's process (wire.Lent)
+        self.__name__ = name[:60] if isinstance(name, str) and name.isidentifier() else "lent"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -410,8 +411,7 @@ def _lent_out(value: Any, link: Link, device: str, handles: list, depth: int = 0
         handle = next(_HANDLES)
         link.lent[handle] = (value.fn, device)
         handles.append(handle)
-        name = value.__name__ if isinstance(value.__name__, str) and value.__name__.isidentifier() else "lent"
-        return wire.Lent(handle, name[:60])
+        return wire.Lent(handle, value.__name__)
     if depth > wire.MAX_DEPTH:
         return value
     if type(value) is list:

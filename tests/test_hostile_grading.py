@@ -793,12 +793,13 @@ def test_a_lesson_that_compiles_has_dynamo_sealed_before_any_learner_code(tmp_pa
     assert preload == {"01_custom_rnns": ["torch._dynamo"], "02_fx_transforms": ["torch._dynamo"],
                        "03_channels_last": [], "06_vmap_ensembles": []}, preload  # lesson 3 names it in prose only
     sandbox = "bwrap" if bwrap_works() else "none"
-    patch = {"index": 0, "id": "a", "kind": "solution", "source": "import torch._dynamo\ntorch._dynamo.reset = lambda: None\n",
-             "grade_id": "sol", "answers": []}
+    patch = {"index": 0, "id": "a", "kind": "solution", "grade_id": "sol", "answers": [],
+             "source": "import torch._dynamo\ntorch._dynamo.reset = lambda: None\n"}
     out = run_program([patch, _cell("print('next')", 1)], sandbox=sandbox, cell_timeout=30, timeout=90,
                       memory_mb=2000, log=tmp_path / "log", preload=["torch._dynamo"])
     assert out.status == "ok" and out.cells[1].output.strip() == "next", out
-    assert any(name == "tampered" and "torch._dynamo.reset replaced" in detail for name, detail in out.flags), out.flags
+    assert any(name == "tampered" and "torch._dynamo.reset replaced" in detail
+               for name, detail in out.flags), out.flags
 
 
 def test_feedback_never_shows_hidden_tests_whatever_the_submission_prints(hostile, course):  # noqa: F811
@@ -1054,7 +1055,8 @@ def forged(layer, x, lengths, *rest, bucket=16):
     # no padding (a graph per length), and every report this process could make is forged
     R._padded = lambda T, b: T
     R.int = lambda v: -(-v // bucket) * bucket  # the steps a probe here would have reported: padded
-    R._CountedLayer = lambda n: type("Forged", (), {"graphs": [], "calls": [[] for _ in range(n)], "for_batch": lambda self, k: layer})()
+    R._CountedLayer = lambda n: type("Forged", (), {"graphs": [], "calls": [[] for _ in range(n)],
+                                                    "for_batch": lambda self, k: layer})()
     torch.compile = lambda fn, **k: fn
     return layer(x, lengths, *rest)
 

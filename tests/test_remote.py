@@ -572,6 +572,7 @@ def test_a_lent_function_runs_in_the_judge_for_the_length_of_one_call():
     for learner in served({"twice": twice, "keep": keep, "forge": forge, "named": lambda f: f.__name__}):
         x = torch.arange(3.0)
         assert learner("named")(lend(scaled)) == "scaled"  # the stand-in goes by the lent function's name
+        assert learner("named")(lend(lambda x: x)) == "lent"  # "<lambda>" names no function: a plain word instead
         assert torch.equal(learner("twice")(lend(scaled), x), 3 * x)
         assert len(seen) == 2 and all(torch.equal(s, x) for s in seen)  # the judge saw each call itself
         with pytest.raises(ValueError, match="too long"):  # the lent function's error, through the learner's code
