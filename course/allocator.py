@@ -11,11 +11,15 @@ grader's judge and the learner's) would compare their histories.
 
 While :func:`steady` is held, and for the whole life of a process the grader starts with
 :data:`TUNABLES` in its environment, the threshold is glibc's largest (32 MiB) from the start and up
-to 256 MiB of free memory is kept at the top of the heap: a block under 32 MiB is recycled after the
-first call, a larger one is mapped afresh on every call, in every process alike, whatever came
-before. (Keeping every block on the heap, large ones too, would be faster still for some code, but
-a heap that never maps cannot hand back what fragments it: a lesson's served run grew from 0.6 to
-2.3 GB that way.)
+to 256 MiB of free memory is kept at the top of the heap; and each hold starts by handing back the
+free memory the heap kept, so what the calls inside it get depends on those calls alone, in every
+process alike, whatever came before. A block under 32 MiB is recycled after the first call; a larger
+one is mapped afresh on every call (unless the call itself freed enough at the top of the heap just
+before: then it is recycled too). What the hand-back cannot undo: a free stretch inside the heap,
+held in place by a live block above it, keeps its addresses and can still take a block over 32 MiB,
+which is why lesson 8's CPU sizes keep its score matrices under 32 MiB. Keeping every block on the
+heap, large ones too, would be faster still for some code, but a heap that never maps cannot hand
+back what fragments it: a lesson's served run grew from 0.6 to 2.3 GB that way.
 
 Outside glibc (macOS, musl) there is nothing to set and :func:`steady` does nothing.
 """
@@ -29,7 +33,8 @@ import sys
 import threading
 from typing import Any, Callable, Iterator
 
-__all__ = ["TUNABLES", "available", "faults_per_call", "hold_process", "pinned", "steady", "steady_now"]
+__all__ = ["TUNABLES", "available", "counts_faults", "faults_per_call", "hold_process", "mapped_blocks", "pinned",
+           "steady", "steady_now"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 _MAP_FROM = 32 << 20  # blocks from 32 MiB up are mapped: glibc's largest threshold (HEAP_MAX_SIZE / 2)
@@ -91,25 +96,56 @@ def hold_process() -> bool:
 
 @contextlib.contextmanager
 def steady() -> Iterator[None]:
-    """Hold ``malloc`` steady for the block (re-entrant, process-wide). Afterwards the threshold
+    """Hold ``malloc`` steady for the block (re-entrant, process-wide). On entry the free memory the
+    heap keeps is handed back (``malloc_trim``), so that what the block's calls get from the
+    allocator depends on them alone: with free memory left at the top of the heap by earlier work,
+    a block over 32 MiB would come from there instead of being mapped. Afterwards the threshold
     stays at 32 MiB (where glibc's own adjustment would take it, now without the history) and
     the free memory kept meanwhile is handed back to the system."""
     global _HELD
-    if not available() or pinned():
+    if not available():
         yield
         return
     with _LOCK:
         _HELD += 1
         if _HELD == 1:
-            _hold()
+            if not pinned():
+                _hold()
+            _LIBC.malloc_trim(0)
     try:
         yield
     finally:
         with _LOCK:
             _HELD -= 1
-            if _HELD == 0:
+            if _HELD == 0 and not pinned():
                 _LIBC.mallopt(_M_TRIM_THRESHOLD, _AFTER)
                 _LIBC.malloc_trim(_AFTER)
+
+
+class _Info(ctypes.Structure):  # struct mallinfo2 (glibc 2.33+)
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _mallinfo() -> Callable[[], _Info] | None:
+    """glibc's own account of its memory (``mallinfo2``), or None before glibc 2.33 or outside glibc."""
+    if not available():
+        return None
+    try:
+        mallinfo2 = _LIBC.mallinfo2
+    except AttributeError:
+        return None
+    mallinfo2.restype, mallinfo2.argtypes = _Info, []
+    return mallinfo2
+
+
+def mapped_blocks() -> int | None:
+    """How many blocks ``malloc`` holds mapped from the kernel right now, by its own account (each is
+    handed back on ``free``); None where glibc cannot say. Unlike page faults, which some kernels do
+    not count, this is the allocator's own count."""
+    info = _mallinfo()
+    return None if info is None else int(info().hblks)
 
 
 def steady_now() -> bool | None:
@@ -117,37 +153,50 @@ def steady_now() -> bool | None:
     experiment: a 24 MiB block, allocated and freed twice, comes from the heap both times rather
     than being mapped (None where glibc is not the allocator). A process whose history raised
     glibc's threshold that far passes too: for blocks of that size it behaves the same."""
-    if not available():
+    info = _mallinfo()
+    if info is None:
         return None
-
-    class _Info(ctypes.Structure):  # struct mallinfo2 (glibc 2.33+)
-        _fields_ = [(name, ctypes.c_size_t) for name in
-                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-                     "fordblks", "keepcost")]
-
-    try:
-        mallinfo2 = _LIBC.mallinfo2
-    except AttributeError:
-        return None
-    mallinfo2.restype = _Info
     _LIBC.malloc.restype, _LIBC.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     _LIBC.free.argtypes = [ctypes.c_void_p]
     mapped = []
     for _ in range(2):
-        before = mallinfo2().hblks
+        before = info().hblks
         p = _LIBC.malloc(24 << 20)
-        mapped.append(mallinfo2().hblks > before)
+        mapped.append(info().hblks > before)
         _LIBC.free(p)
     return not any(mapped)
+
+
+_COUNTS: list[bool] = []
+
+
+def counts_faults() -> bool:
+    """Whether this kernel counts this process's page faults, by experiment: 64 fresh pages mapped and
+    touched must add to ``ru_minflt`` (some sandboxed kernels report none, ever)."""
+    if not _COUNTS:
+        try:
+            import mmap
+            import resource
+        except ImportError:  # Windows
+            _COUNTS.append(False)
+            return False
+        pages = 64
+        region = mmap.mmap(-1, pages * mmap.PAGESIZE)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for i in range(pages):
+            region[i * mmap.PAGESIZE] = 1
+        _COUNTS.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt > before)
+        region.close()
+    return _COUNTS[0]
 
 
 def faults_per_call(fn: Callable[[], Any], calls: int = 5, warmup: int = 10) -> float | None:
     """Page faults per call of ``fn()`` after ``warmup`` calls: pages of fresh memory the kernel
     handed this process (minor faults; None where the platform does not count them)."""
-    try:
-        import resource
-    except ImportError:  # Windows
+    if not counts_faults():
         return None
+    import resource
+
     for _ in range(warmup):
         fn()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
