@@ -17,9 +17,10 @@ process alike, whatever came before. A block under 32 MiB is recycled after the 
 one is mapped afresh on every call (unless the call itself freed enough at the top of the heap just
 before: then it is recycled too). What the hand-back cannot undo: a free stretch inside the heap,
 held in place by a live block above it, keeps its addresses and can still take a block over 32 MiB,
-which is why lesson 8's CPU sizes keep its score matrices under 32 MiB. Keeping every block on the
-heap, large ones too, would be faster still for some code, but a heap that never maps cannot hand
-back what fragments it: a lesson's served run grew from 0.6 to 2.3 GB that way.
+which is why :func:`course.timing.compare_served` refuses to time the course's side of a comparison
+at sizes where it makes a tensor that large. Keeping every block on the heap, large ones too, would
+be faster still for some code, but a heap that never maps cannot hand back what fragments it: a
+lesson's served run grew from 0.6 to 2.3 GB that way.
 
 Outside glibc (macOS, musl) there is nothing to set and :func:`steady` does nothing.
 """
@@ -33,12 +34,13 @@ import sys
 import threading
 from typing import Any, Callable, Iterator
 
-__all__ = ["TUNABLES", "available", "counts_faults", "faults_per_call", "hold_process", "mapped_blocks", "pinned",
-           "steady", "steady_now"]
+__all__ = ["MAP_FROM", "TUNABLES", "available", "counts_faults", "faults_per_call", "hold_process", "largest_block",
+           "mapped_blocks", "pinned", "steady", "steady_now"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 _MAP_FROM = 32 << 20  # blocks from 32 MiB up are mapped: glibc's largest threshold (HEAP_MAX_SIZE / 2)
 _KEEP = 256 << 20  # free memory kept at the top of the heap while steady: 8 blocks of the largest kept size
+MAP_FROM = _MAP_FROM  #: the size from which a block is mapped afresh on every call, while steady
 _AFTER = 2 * _MAP_FROM  # and afterwards: what glibc's own adjustment sets beside a 32 MiB threshold
 
 #: glibc's tunables for a process steady from its first allocation (``GLIBC_TUNABLES``).
@@ -203,3 +205,26 @@ def faults_per_call(fn: Callable[[], Any], calls: int = 5, warmup: int = 10) -> 
     for _ in range(calls):
         fn()
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+
+
+def largest_block(fn: Callable[..., Any], *args: Any) -> int:
+    """Bytes of the largest CPU tensor any PyTorch operation makes in one call ``fn(*args)``: the
+    largest block the call asks ``malloc`` for (scratch memory inside a single kernel aside). Seen
+    through a dispatch mode, so it counts inside ``torch.func`` transforms too; the call runs once."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class _Largest(TorchDispatchMode):
+        seen = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                    self.seen = max(self.seen, t.untyped_storage().nbytes())
+            return out
+
+    with _Largest() as mode:
+        fn(*args)
+    return mode.seen

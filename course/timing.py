@@ -363,6 +363,41 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
     return SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads, notes=notes)
 
 
+_RECYCLED: set = set()  # (function, factory, sizes) already seen to stay under MAP_FROM
+
+
+def _recycled_sizes(local: Mapping[str, Callable | None], factory: Callable, sizes: Mapping[str, int],
+                    constants: Sequence[Any], grad: bool) -> None:
+    """Refuse to time the course's sides at sizes where one of their blocks would be mapped afresh on
+    every call (:data:`course.allocator.MAP_FROM`). Under glibc, what such a block costs depends on
+    the history of the process that makes it: lesson 7's broadcast (two 64 MiB tensors a call) ran
+    2.5x faster in a process that had first left a free stretch inside its heap (held in place by a
+    small tensor above it) than in one mapping fresh pages (40 against 104 ms a call, on the course's
+    2-core machine), so a learner's process could have passed the baseline's own code as faster.
+    Under the threshold both processes recycle, whatever came before.
+    Measured once per function, factory and sizes (one call each, on a CPU)."""
+    from course.allocator import MAP_FROM, available, largest_block
+
+    if not available():
+        return
+    for side, fn in local.items():
+        if fn is None:
+            continue
+        key = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)),
+               f"{factory.__module__}.{factory.__qualname__}", tuple(sorted(sizes.items())), len(constants))
+        if key in _RECYCLED:
+            continue
+        with observing_paused(), torch.set_grad_enabled(grad):
+            largest = largest_block(fn, *factory(0, device="cpu", **sizes), *constants)
+        if largest >= MAP_FROM:
+            raise ValueError(
+                f"the course's {side!r} makes a {largest / 2**20:.0f} MiB tensor at the sizes {dict(sizes)}: a block "
+                f"of {MAP_FROM >> 20} MiB or more is mapped afresh from the operating system on every call, at a cost "
+                "that depends on what the process did before, so it cannot be timed fairly against another process "
+                "(course.allocator). Time at sizes whose tensors stay under that (the lesson's declared sizes do).")
+        _RECYCLED.add(key)
+
+
 def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[str, Any], *, factory: Callable,
                    sizes: Mapping[str, int], constants: Sequence[Any] = (), device: str | torch.device | None = None,
                    rounds: int = 7, warmup: int = 2, min_run_time: float = 0.2, rtol: float = 1e-4,
@@ -445,6 +480,8 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             synchronize(dev)
         return torch.stack(sums).cpu()
 
+    if dev.type == "cpu":
+        _recycled_sizes(local, factory, sizes, constants, grad)
     with observing_paused(), steady(), grader_hooks.machine_turn():
         handle = cand.stage(list(constants)) if remote else None
 

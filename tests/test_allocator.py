@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import torch
+
 from course import allocator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,3 +157,14 @@ def test_the_course_times_its_candidates_steady():
             progress=False)
     best_times([(lambda: seen.append(allocator.steady_now()), ())], reps=1)
     assert seen and all(seen), seen
+
+
+def test_largest_block_sees_every_operations_output_inside_torch_func_too():
+    from torch.func import hessian
+
+    a, b = torch.randn(512, 64), torch.randn(512, 64)
+    assert allocator.largest_block(lambda: ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)) == 64 << 20
+    assert allocator.largest_block(lambda: a @ b.T) == 512 * 512 * 4
+    # lesson 5's Hessian clock: (2000, 2000) float64, 30.5 MiB, under the threshold
+    x = torch.randn(2000, dtype=torch.float64)
+    assert allocator.largest_block(hessian(lambda x: (x.sin() ** 2).sum()), x) == 2000 * 2000 * 8 < allocator.MAP_FROM

@@ -438,6 +438,19 @@ def test_distance_speed_check_fails_the_broadcast_itself():
     assert not isinstance(caught.value, SpeedUndecided), "a clear fail, not undecided"
 
 
+def test_distance_speed_check_refuses_sizes_whose_broadcast_would_be_mapped_afresh_every_call():
+    """At 512 x 512 x 64 the broadcast makes two 64 MiB tensors a call: over glibc's 32 MiB threshold,
+    what they cost depends on the process's history (a learner's process with a free stretch inside its
+    heap ran the same broadcast 2.5x faster than a fresh one), so the check does not time there at all."""
+    from course import allocator
+
+    if not allocator.available():
+        pytest.skip("glibc's malloc is not this process's allocator")
+    with pytest.raises(ValueError, match=r"'broadcast' makes a 64 MiB tensor .* mapped afresh"):
+        C.check_distance_speed(broadcast_dists, bars={"cpu": 3.0, "cuda": 3.0}, n=512, m=512, d=64, attempts=1,
+                               device="cpu", **SLOW)
+
+
 def segment_loop(values, index, num_segments):
     """A Python loop over the edges, offered as the answer: right, and no faster than the course's loop."""
     out = values.new_zeros((num_segments, *values.shape[1:]))
