@@ -534,25 +534,24 @@ def test_lesson_8_held_steady_the_score_matrix_is_recycled_under_32_mib_and_mapp
 
 
 def test_lesson_7_times_its_distances_where_the_broadcast_is_recycled_and_shows_them_where_it_is_not():
-    """Section 2's broadcast (512 x 512 x 64) is over glibc's 32 MiB threshold, mapped afresh on every
-    call; Exercise 4 times at 256 x 256, 16 MiB, under it (course.timing refuses the larger sizes)."""
+    """Section 2's broadcast (512 x 512 x 64, "64 MiB") is over glibc's 32 MiB threshold, mapped afresh
+    on every call; Exercise 4's check, called with the same sizes, times at 16 MiB, under it."""
     import re
 
     from course.allocator import MAP_FROM
+    from course.checks.broadcasting import distance_timing_sizes
 
     lesson = "07_broadcasting_indexing_higher_order"
     nb = json.loads((SOLUTIONS / lesson / f"{lesson}.ipynb").read_text())
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     cpu = eval(f"dict({re.search(r'cpu=dict[(]([^)]*)[)]', code).group(1)})")  # noqa: S307
-    shown, timed = cpu["n"] * cpu["m"] * cpu["d"] * 4, cpu["timed_points"] ** 2 * cpu["d"] * 4
+    shown = cpu["n"] * cpu["m"] * cpu["d"] * 4
     assert shown == 64 << 20 and shown >= MAP_FROM
-    assert timed == 16 << 20 and timed < MAP_FROM
+    assert "here 512 x 512 x 64 floats, 64 MiB" in prose(lesson)
     call = re.search(r"check_distance_speed\(pairwise_sq_dists,[^)]*\)", code).group(0)
-    assert re.search(r"n=S\.timed_points,\s+m=S\.timed_points, d=S\.d", call), call
-    text = prose(lesson)
-    for claim in ("here 512 x 512 x 64 floats, 64 MiB", "over glibc's 32 MiB threshold",
-                  "It times at 256 x 256 points on a CPU", "where the broadcast's intermediate is 16 MiB"):
-        assert claim in text, claim
+    assert re.search(r"n=S\.n, m=S\.m, d=S\.d", call), call
+    timed = distance_timing_sizes(cpu["n"], cpu["m"], cpu["d"], torch.device("cpu"))
+    assert timed["n"] * timed["m"] * timed["d"] * 4 == 16 << 20 < MAP_FROM
 
 
 def test_lesson_8_bfloat16_is_predicted_from_the_cpus_flags_not_torchs_vector_level(monkeypatch):
