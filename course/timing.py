@@ -363,7 +363,7 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
     return SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads, notes=notes)
 
 
-_RECYCLED: set = set()  # (function, factory, sizes) already seen to stay under MAP_FROM
+_RECYCLED: set = set()  # (function, factory, sizes, constants' shapes) already seen to stay under MAP_FROM
 
 
 def _recycled_sizes(local: Mapping[str, Callable | None], factory: Callable, sizes: Mapping[str, int],
@@ -375,7 +375,7 @@ def _recycled_sizes(local: Mapping[str, Callable | None], factory: Callable, siz
     small tensor above it) than in one mapping fresh pages (40 against 104 ms a call, on the course's
     2-core machine), so a learner's process could have passed the baseline's own code as faster.
     Under the threshold both processes recycle, whatever came before.
-    Measured once per function, factory and sizes (one call each, on a CPU)."""
+    Measured once per function, factory, sizes and constants' shapes (one call each, on a CPU)."""
     from course.allocator import MAP_FROM, available, largest_block
 
     if not available():
@@ -384,7 +384,8 @@ def _recycled_sizes(local: Mapping[str, Callable | None], factory: Callable, siz
         if fn is None:
             continue
         key = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)),
-               f"{factory.__module__}.{factory.__qualname__}", tuple(sorted(sizes.items())), len(constants))
+               f"{factory.__module__}.{factory.__qualname__}", tuple(sorted(sizes.items())),
+               tuple(tuple(c.shape) if isinstance(c, torch.Tensor) else repr(c) for c in constants))
         if key in _RECYCLED:
             continue
         with observing_paused(), torch.set_grad_enabled(grad):
