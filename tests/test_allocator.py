@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not allocator.available(), reason="glibc's mallo
 # count. Counts, not times: the same on a busy machine.
 HISTORY = r"""
 import contextlib, json, sys, torch
-from course.allocator import _mallinfo, counts_faults, faults_per_call, mapped_blocks, steady, steady_now
+from course.allocator import _mallinfo, counts_faults, mapped_blocks, steady, steady_now
 torch.set_num_threads(1)
 peak = []
 def work(n):
@@ -41,17 +41,20 @@ def work(n):
     del x, y
     return z.sum()
 def account(n, calls=10):
+    import resource, statistics
     with steady() if sys.argv[1] == "steady" else contextlib.nullcontext():
         top = _mallinfo()().keepcost  # free memory at the top of the heap as the hold starts
         for _ in range(10):
             work(n)
         peak.clear()
-        base, heap = mapped_blocks(), _mallinfo()().arena
-        for _ in range(calls):
+        base, grew, faults = mapped_blocks(), 0, []
+        for _ in range(calls):  # call by call: whether the heap grew, and the kernel's page faults
+            heap, f0 = _mallinfo()().arena, resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             work(n)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+            grew += _mallinfo()().arena > heap
         return {"top at entry": top, "mapped": min(peak) - base, "kept mapped": mapped_blocks() - base,
-                "heap growth": (_mallinfo()().arena - heap) / calls,
-                "faults": faults_per_call(lambda: work(n), calls=calls, warmup=0)}
+                "calls that grew the heap": grew, "faults": statistics.median(faults) if counts_faults() else None}
 out = {"first": steady_now() if "probe first" in sys.argv else None, "counts faults": counts_faults()}
 if "warmed" in sys.argv:
     x = torch.ones(30 << 18); del x
@@ -106,13 +109,13 @@ def test_held_steady_blocks_under_32_mib_are_recycled_and_larger_ones_mapped_eve
     small, large = held["small"], held["large"]
     # each hold starts from a heap that keeps no free memory at its top, whatever earlier work left there
     assert large["top at entry"] < 1 << 20 and small["top at entry"] < 1 << 20, held
-    # blocks under 32 MiB are recycled after the first calls: none is mapped, and the heap grows by
-    # less than a block's worth in ten calls (at most once: another of the process's allocations took a hole)...
-    assert small["mapped"] == 0 and small["heap growth"] < 0.15 * SMALL, held
+    # blocks under 32 MiB are recycled after the first calls: none is mapped, and the heap grows in at
+    # most one of ten calls (another of the process's allocations took a hole: seen once in CI)...
+    assert small["mapped"] == 0 and small["calls that grew the heap"] <= 1, held
     # ...and larger ones are mapped afresh on every call (all three of the call's tensors) and handed
     # back when freed, even where free memory left by earlier work could have held them
     assert large["mapped"] == 3 and large["kept mapped"] == 0, held
-    if held["counts faults"]:  # and the kernel agrees: fresh pages for the large, next to none for the small
+    if held["counts faults"]:  # and the kernel agrees (the median call): fresh pages for the large, next to none for the small
         # (each call maps three blocks, so even backed by huge pages they fault more than one block's worth)
         assert small["faults"] < 0.15 * PAGES_SMALL and large["faults"] > HUGE_40MIB, held
 
