@@ -550,7 +550,8 @@ print(json.dumps([kept, mapped]))
 
 def test_lesson_7_times_its_distances_where_the_broadcast_is_recycled_and_shows_them_where_it_is_not():
     """Section 2's broadcast (512 x 512 x 64, "64 MiB") is over glibc's 32 MiB threshold, mapped afresh
-    on every call; Exercise 4's check, called with the same sizes, times at 16 MiB, under it."""
+    on every call, as section 2 says; Exercise 4's check, called with the same sizes, times at 16 MiB,
+    under it, and Exercise 4 says at which sizes and why."""
     import re
 
     from course.allocator import MAP_FROM
@@ -567,6 +568,9 @@ def test_lesson_7_times_its_distances_where_the_broadcast_is_recycled_and_shows_
     assert re.search(r"n=S\.n, m=S\.m, d=S\.d", call), call
     timed = distance_timing_sizes(cpu["n"], cpu["m"], cpu["d"], torch.device("cpu"))
     assert timed["n"] * timed["m"] * timed["d"] * 4 == 16 << 20 < MAP_FROM
+    text = " ".join(prose(lesson).split())
+    assert "its memory comes fresh from the operating system, page by page, on every call" in text
+    assert f"On a CPU it times at {timed['n']} x {timed['m']} points" in text and "here 16 MiB" in text
 
 
 def test_lesson_8_bfloat16_is_predicted_from_the_cpus_flags_not_torchs_vector_level(monkeypatch):
