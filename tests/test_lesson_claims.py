@@ -550,13 +550,11 @@ print(json.dumps([kept, mapped]))
 
 def test_lesson_7_times_its_distances_where_the_broadcast_is_recycled_and_shows_them_where_it_is_not():
     """Section 2's broadcast (512 x 512 x 64, "64 MiB") is over glibc's 32 MiB threshold, mapped afresh
-    on every call, as section 2 says; Exercise 4's check, called with the same sizes, times at 16 MiB,
-    under it, and Exercise 4 says at which sizes and why."""
+    on every call, as section 2 says; Exercise 4's check times at the declared ``timed_points`` (16 MiB,
+    under it), and Exercise 4 says at which sizes and why."""
     import re
 
     from course.allocator import MAP_FROM
-    from course.checks.broadcasting import distance_timing_sizes
-
     lesson = "07_broadcasting_indexing_higher_order"
     nb = json.loads((SOLUTIONS / lesson / f"{lesson}.ipynb").read_text())
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
@@ -565,12 +563,13 @@ def test_lesson_7_times_its_distances_where_the_broadcast_is_recycled_and_shows_
     assert shown == 64 << 20 and shown >= MAP_FROM
     assert "here 512 x 512 x 64 floats, 64 MiB" in prose(lesson)
     call = re.search(r"check_distance_speed\(pairwise_sq_dists,[^)]*\)", code).group(0)
-    assert re.search(r"n=S\.n, m=S\.m, d=S\.d", call), call
-    timed = distance_timing_sizes(cpu["n"], cpu["m"], cpu["d"], torch.device("cpu"))
-    assert timed["n"] * timed["m"] * timed["d"] * 4 == 16 << 20 < MAP_FROM
+    assert re.search(r"n=S\.timed_points,\s*m=S\.timed_points, d=S\.d", call), call
+    timed = cpu["timed_points"]
+    assert timed * timed * cpu["d"] * 4 == 16 << 20 < MAP_FROM
     text = " ".join(prose(lesson).split())
     assert "its memory comes fresh from the operating system, page by page, on every call" in text
-    assert f"On a CPU it times at {timed['n']} x {timed['m']} points" in text and "here 16 MiB" in text
+    assert f"On a CPU it times at {timed} x {timed} points (`S.timed_points`)" in text
+    assert "the broadcast's intermediate is 16 MiB" in text
 
 
 def test_lesson_8_bfloat16_is_predicted_from_the_cpus_flags_not_torchs_vector_level(monkeypatch):

@@ -398,39 +398,22 @@ def distance_inputs(seed: int, *, device: str, n: int, m: int, d: int) -> tuple:
     return torch.randn(n, d, generator=g, device=device), torch.randn(m, d, generator=g, device=device)
 
 
-def distance_timing_sizes(n: int, m: int, d: int, device: torch.device) -> dict[str, int]:
-    """The sizes :func:`check_distance_speed` times at: ``n`` and ``m`` halved on a CPU until the
-    broadcast's ``(N, M, D)`` float32 intermediate is under :data:`course.allocator.MAP_FROM` (lesson 7
-    shows 512 x 512 points in 64 dimensions, 64 MiB; it is timed at 256 x 256, 16 MiB). A block that
-    large is mapped afresh on every call, at a cost that depends on the process's history, and
-    :func:`course.timing.compare_served` refuses to time the course's side there."""
-    from course.allocator import MAP_FROM
-
-    if device.type == "cpu":
-        while n * m * d * 4 >= MAP_FROM and min(n, m) > 1:
-            n, m = max(1, n // 2), max(1, m // 2)
-    return dict(n=n, m=m, d=d)
-
-
 def check_distance_speed(pairwise_sq_dists: Callable, *, bars: Mapping[str, float], n: int, m: int, d: int,
                          num_threads: int | None = None, rounds: int = 9, min_run_time: float = 0.2,
                          attempts: int = 3, device=None) -> SpeedReport:
     """``pairwise_sq_dists`` is at least ``bars[device]`` times as fast as the course's broadcast
-    (an ``(N, M, D)`` difference), side by side on fresh points, every output checked; on a CPU at
-    :func:`distance_timing_sizes`."""
+    (an ``(N, M, D)`` difference), side by side on fresh points, every output checked. On a CPU,
+    :func:`course.timing.compare_served` refuses sizes whose broadcast intermediate is 32 MiB or more
+    (mapped afresh on every call, at a cost that depends on the process's history): lesson 7 times at
+    its declared ``S.timed_points``."""
     dev = pick_device(device)
-    timed = distance_timing_sizes(n, m, d, dev)
-    if timed != dict(n=n, m=m, d=d):
-        print(f"Timed at {timed['n']} x {timed['m']} points, not {n} x {m}: there the broadcast's (N, M, D) "
-              f"intermediate is {timed['n'] * timed['m'] * d * 4 / 2**20:.0f} MiB, under the size from which the C "
-              "library maps every block afresh on each call (course.allocator), so both processes time it alike.")
     a, b = distance_inputs(12345, device=str(dev), n=min(n, 64), m=min(m, 64), d=d)
     with torch.no_grad():
         got = call(pairwise_sq_dists, a, b, name="pairwise_sq_dists")
         assert_close(got, naive_sq_dists(a, b), name="pairwise_sq_dists on points like the timed ones",
                      rtol=1e-4, atol=1e-3, hint="the timed function must be right before it is fast.")
     return served_speedup(("broadcast", naive_sq_dists), ("yours", pairwise_sq_dists), factory=distance_inputs,
-                          sizes=timed, bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
+                          sizes=dict(n=n, m=m, d=d), bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
                           min_run_time=min_run_time, attempts=attempts, rtol=1e-3,
                           explain="course.references.explain.sq_dists_identity",
                           hint="an (N, M, D) intermediate is what makes the broadcast slow: the identity |a|^2 + "
