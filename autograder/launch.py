@@ -41,19 +41,20 @@ if spec is None or spec.origin is None:  # not installed (a folder named `course
     if tuple(int(p) for p in re.findall(r"\\d+", version("torch"))[:2]) < ({torch_min_tuple}):
         raise RuntimeError(f"The course needs torch {torch_min} or newer; you have {{version('torch')}}. "
                            "Install a newer one (pytorch.org), restart, and run this cell again.")
-    keep = os.path.join(tempfile.mkdtemp(), "keep-torch.txt")
-    with open(keep, "w") as f:
-        f.write(f"torch=={{version('torch')}}\\n")  # pip may add packages, never replace torch
     source = os.environ.get("COURSE_PIP_SOURCE", "{requirement}")
-    pip = [sys.executable, "-m", "pip", "install", "-q", "-c", keep]
-    # The package alone, then what it needs except torch: a torch newer than this release was
-    # tested with ({torch_min} to below {torch_max}) is kept too; course.doctor() below says so.
-    if subprocess.run(pip + ["--no-deps", source]).returncode:
-        raise RuntimeError("pip could not install the course's helper package (its message is above).")
-    importlib.invalidate_caches()
-    needs = [r for r in requires("{name}") or [] if "extra ==" not in r and not re.match(r"torch\\b", r)]
-    if subprocess.run(pip + needs).returncode:
-        raise RuntimeError("pip could not install what the course needs besides torch (its message is above).")
+    with tempfile.TemporaryDirectory() as folder:  # removed, with what is in it, when the block ends
+        keep = os.path.join(folder, "keep-torch.txt")
+        with open(keep, "w") as f:
+            f.write(f"torch=={{version('torch')}}\\n")  # pip may add packages, never replace torch
+        pip = [sys.executable, "-m", "pip", "install", "-q", "-c", keep]
+        # The package alone, then what it needs except torch: a torch newer than this release was
+        # tested with ({torch_min} to below {torch_max}) is kept too; course.doctor() below says so.
+        if subprocess.run(pip + ["--no-deps", source]).returncode:
+            raise RuntimeError("pip could not install the course's helper package (its message is above).")
+        importlib.invalidate_caches()
+        needs = [r for r in requires("{name}") or [] if "extra ==" not in r and not re.match(r"torch\\b", r)]
+        if subprocess.run(pip + needs).returncode:
+            raise RuntimeError("pip could not install what the course needs besides torch (its message is above).")
     if getattr(sys.modules.get("course"), "__file__", "") is None:  # the folder, imported earlier
         del sys.modules["course"]
     importlib.invalidate_caches()

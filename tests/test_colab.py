@@ -111,10 +111,13 @@ def test_a_course_folder_in_the_working_directory_does_not_fool_the_setup_cell(c
     (here / "course" / "lessons").mkdir(parents=True)
     (here / "course" / "README.md").write_text("a clone of the course's repository\n")
     before = torch_record(colab["python"])
-    proc = run(colab, str(colab["solved"]), str(colab["base"] / "cells-folder"), "2", cwd=here)
+    scratch = colab["base"] / "scratch"  # the process's temporary folder: the cell leaves nothing there
+    scratch.mkdir()
+    proc = run(colab, str(colab["solved"]), str(colab["base"] / "cells-folder"), "2", cwd=here, TMPDIR=str(scratch))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "CELL 1 ok" in proc.stdout
     assert torch_record(colab["python"]) == before, "the set-up cell reinstalled torch"
+    assert not list(scratch.rglob("keep-torch.txt")), "the set-up cell left its constraints file behind"
 
 
 def test_setup_cell_installs_the_package_and_keeps_torch(colab):

@@ -256,6 +256,60 @@ def test_lesson_5_chunk_size_bounds_the_identity_jacrev_maps_over():
     assert "64 MiB for a Jacobian of 4 MiB" in text and 4096 * 4096 * 4 == 64 * 2**20 and 4096 * 256 * 4 == 4 * 2**20
 
 
+def test_lesson_5_on_a_cpu_the_unchunked_jacrev_pays_for_fresh_pages_and_a_chunk_of_1024_does_not():
+    """The chunk cell's CPU layer: unchunked, jacrev's (m, m) identity is over glibc's 32 MiB threshold
+    and is mapped afresh on every call (page faults each call, held steady as the lesson's clock holds
+    it); at chunk_size=1024 its blocks are under it and recycled. Run in a fresh process, as a learner's
+    kernel is (see lesson 8's test)."""
+    import re
+
+    from course import allocator
+    from course.allocator import MAP_FROM
+
+    if not (allocator.available() and allocator.counts_faults()):
+        pytest.skip("glibc's malloc is not this process's allocator, or this kernel does not count page faults")
+    lesson = "05_jacobians_hessians"
+    nb = json.loads((SOLUTIONS / lesson / f"{lesson}.ipynb").read_text())
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    import ast
+
+    cell = next("".join(c["source"]) for c in nb["cells"] if "S = course.sizes(" in "".join(c["source"]))
+    sizes = next(node for node in ast.walk(ast.parse(cell)) if isinstance(node, ast.Call)
+                 and ast.unparse(node.func) == "course.sizes")
+    cpu = next(k.value for k in sizes.keywords if k.arg == "cpu")
+    m, n = ast.literal_eval(next(k.value for k in cpu.keywords if k.arg == "chunk"))
+    sweep = eval(re.search(r"tqdm\((\[None, [^]]*\]), desc=\"chunk sizes\"\)", code).group(1))  # noqa: S307
+    assert 1024 in sweep and None in sweep
+    identity, chunked = m * m * 4, 1024 * m * 4
+    assert identity == 64 << 20 and identity >= MAP_FROM > chunked == 16 << 20
+    script = f"""
+import json, torch
+from torch.func import jacrev
+from course import allocator
+from course.jacobians import tanh_layer
+torch.set_num_threads(1)
+layer, x = tanh_layer({m}, {n}, seed=0), torch.randn({n})
+with allocator.steady():
+    whole = allocator.faults_per_call(lambda: jacrev(layer)(x), calls=3, warmup=3)
+    chunked = min(allocator.faults_per_call(lambda: jacrev(layer, chunk_size=1024)(x), calls=3, warmup=3)
+                  for _ in range(3))
+print(json.dumps([whole, chunked]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    whole, chunked_faults = json.loads(out.stdout.splitlines()[-1])
+    # at least the identity's worth of 2 MiB pages (the kernel may back some with huge pages), every call
+    assert whole > identity / (2 << 20) and whole > 100, whole
+    assert chunked_faults < 100, chunked_faults
+    text = " ".join(prose(lesson).split())
+    for claim in ("its 64 MiB identity is over glibc's 32 MiB threshold, so that memory comes fresh from the "
+                  "operating system, page by page, on every call, while the 16 MiB blocks of `chunk_size=1024` are "
+                  "recycled",
+                  "the unchunked call is not the fastest"):
+        assert claim in text, claim
+    assert "The time stays about flat" not in text
+
+
 def test_lesson_1_a_compiled_rnn_makes_a_graph_per_length_and_one_for_all_batch_sizes():
     """Lesson 1, section 10: Dynamo unrolls the loop over time, so every new length compiles again;
     the batch size turns dynamic after its first change; dynamic=True does not help the length,

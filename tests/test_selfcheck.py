@@ -135,8 +135,11 @@ def _run_setup_cell(monkeypatch, torch_version: str, course_spec) -> list[list[s
                         lambda name, *a: course_spec if name == "course" else real_find_spec(name, *a))
     monkeypatch.setattr(importlib.metadata, "version",
                         lambda name: torch_version if name == "torch" else real_version(name))
-    monkeypatch.setattr(subprocess, "run", lambda cmd, *a, **k: ran.append(list(cmd)) or
-                        subprocess.CompletedProcess(cmd, 0))
+    def run(cmd, *args, **kwargs):  # the constraints file as pip would read it: the cell removes it afterwards
+        ran.append([*cmd, "constraints:", open(cmd[cmd.index("-c") + 1]).read()])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(subprocess, "run", run)
     exec(compile(launch.setup_source(), "<setup cell>", "exec"), {"__name__": "__main__"})
     return ran
 
@@ -154,8 +157,10 @@ def test_setup_cell_installs_beside_any_newer_torch_and_past_a_course_folder(mon
         assert len(ran) == 2, ran
         package, needs = ran
         assert "--no-deps" in package and launch.requirement() in package
-        assert f"torch=={torch_version}" in open(package[package.index("-c") + 1]).read()
-        assert not any(r.startswith("torch") for r in needs[needs.index("-c") + 2:]), needs
+        assert package[-1] == needs[-1] == f"torch=={torch_version}\n"
+        assert not os.path.exists(package[package.index("-c") + 1]), "the constraints file was left behind"
+        needs = needs[needs.index("-c") + 2:-2]
+        assert not any(r.startswith("torch") for r in needs), needs
         assert any(r.startswith("opacus") for r in needs) and any(r.startswith("numpy") for r in needs)
 
 
