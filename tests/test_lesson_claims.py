@@ -29,6 +29,29 @@ def prose(lesson_id: str) -> str:
     return " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown").replace("\n", " ")
 
 
+def declared_sizes(lesson_id: str, device: str = "cpu"):
+    """The sizes a lesson's `S = course.sizes(...)` cell declares for ``device``, through the course's own
+    ``course.sizes`` (no parsing of the call)."""
+    import functools
+    from types import SimpleNamespace
+
+    import course
+
+    nb = json.loads((SOLUTIONS / lesson_id / f"{lesson_id}.ipynb").read_text())
+    cell = next("".join(c["source"]) for c in nb["cells"] if "S = course.sizes(" in "".join(c["source"]))
+    scope = {"course": SimpleNamespace(sizes=functools.partial(course.sizes, device=device))}
+    exec(cell, scope)  # noqa: S102 - the committed notebook's own cell
+    return scope["S"]
+
+
+def in_a_fresh_process(script: str):
+    """What ``script`` prints last, as JSON, run in a fresh Python: a learner's kernel has no history of
+    pytest's heap (a long-lived heap can hold a free stretch that takes a 64 MiB block)."""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 @pytest.mark.parametrize("lesson_id, wrong", [
     ("01_custom_rnns", "Since PyTorch 2.13"),
     ("01_custom_rnns", "or `prim::CudaFusionGroup`), each one kernel"),
@@ -271,13 +294,7 @@ def test_lesson_5_on_a_cpu_the_unchunked_jacrev_pays_for_fresh_pages_and_a_chunk
     lesson = "05_jacobians_hessians"
     nb = json.loads((SOLUTIONS / lesson / f"{lesson}.ipynb").read_text())
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-    import ast
-
-    cell = next("".join(c["source"]) for c in nb["cells"] if "S = course.sizes(" in "".join(c["source"]))
-    sizes = next(node for node in ast.walk(ast.parse(cell)) if isinstance(node, ast.Call)
-                 and ast.unparse(node.func) == "course.sizes")
-    cpu = next(k.value for k in sizes.keywords if k.arg == "cpu")
-    m, n = ast.literal_eval(next(k.value for k in cpu.keywords if k.arg == "chunk"))
+    m, n = declared_sizes(lesson).chunk
     sweep = eval(re.search(r"tqdm\((\[None, [^]]*\]), desc=\"chunk sizes\"\)", code).group(1))  # noqa: S307
     assert 1024 in sweep and None in sweep
     identity, chunked = m * m * 4, 1024 * m * 4
@@ -295,9 +312,7 @@ with allocator.steady():
                   for _ in range(3))
 print(json.dumps([whole, chunked]))
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    whole, chunked_faults = json.loads(out.stdout.splitlines()[-1])
+    whole, chunked_faults = in_a_fresh_process(script)
     # at least the identity's worth of 2 MiB pages (the kernel may back some with huge pages), every call
     assert whole > identity / (2 << 20) and whole > 100, whole
     assert chunked_faults < 100, chunked_faults
@@ -561,20 +576,15 @@ def test_lesson_8_held_steady_the_score_matrix_is_recycled_under_32_mib_and_mapp
     """The lesson's CPU score matrix is 16 MiB "below glibc's 32 MiB threshold"; held steady, naive
     attention then faults in no page per call, and at twice the length (64 MiB blocks) about
     three blocks' worth every call."""
-    import re
-
     from course import allocator
     from course.profiling import attention_inputs, naive_attention
 
     if not (allocator.available() and allocator.counts_faults()):
         pytest.skip("glibc's malloc is not this process's allocator, or this kernel does not count page faults")
-    nb = json.loads((SOLUTIONS / L8 / f"{L8}.ipynb").read_text())
-    cpu = re.search(r"cpu=dict\(([^)]*)\)", "".join(c["source"] for c in nb["cells"])).group(1)
-    sizes = {k: v for k, v in eval(f"dict({cpu})").items() if k in ("batch", "heads", "length", "dim")}  # noqa: S307
+    sizes = {k: v for k, v in declared_sizes(L8).items() if k in ("batch", "heads", "length", "dim")}
     block = sizes["batch"] * sizes["heads"] * sizes["length"] ** 2 * 4
     assert block == 16 * 2**20  # "the score matrix alone is 16 MiB"
-    # in a fresh process, as a learner's kernel is: pytest's own long-lived heap can hold a free stretch
-    # inside it that takes a 64 MiB block (course.allocator's residual), which a lesson's kernel has not
+    # in a fresh process, as a learner's kernel is (course.allocator's residual: see in_a_fresh_process)
     script = f"""
 import json, torch
 from course import allocator
@@ -587,9 +597,7 @@ with torch.no_grad(), allocator.steady():
     mapped = allocator.faults_per_call(lambda: naive_attention(*longer))
 print(json.dumps([kept, mapped]))
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    kept, mapped = json.loads(out.stdout.splitlines()[-1])
+    kept, mapped = in_a_fresh_process(script)
     assert kept < 100, kept
     # mapped afresh every call: up to 3.5 blocks of 4 KiB pages; fewer faults where the kernel backs part
     # of them with 2 MiB pages (how much varies run to run), but never less than one block's huge pages
@@ -612,7 +620,7 @@ def test_lesson_7_times_its_distances_where_the_broadcast_is_recycled_and_shows_
     lesson = "07_broadcasting_indexing_higher_order"
     nb = json.loads((SOLUTIONS / lesson / f"{lesson}.ipynb").read_text())
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-    cpu = eval(f"dict({re.search(r'cpu=dict[(]([^)]*)[)]', code).group(1)})")  # noqa: S307
+    cpu = declared_sizes(lesson)
     shown = cpu["n"] * cpu["m"] * cpu["d"] * 4
     assert shown == 64 << 20 and shown >= MAP_FROM
     assert "here 512 x 512 x 64 floats, 64 MiB" in prose(lesson)
