@@ -650,8 +650,10 @@ def test_a_scripted_answer_that_never_returns_costs_only_its_own_cell(tmp_path):
 def test_an_answer_that_keeps_the_course_watcher_from_seeing_fails_under_the_grader(tmp_path):
     """Lesson 1's "by hand" watcher is a TorchFunctionMode in the learner's process: one line of
     plain Python (torch function handling switched off, the mode popped, a thread) ran
-    torch.lstm_cell unseen by it, and the cell earned full marks. Under the real sandbox (its audit
-    hook and seal in place), each fails with the watcher's message, and a right cell by hand passes."""
+    torch.lstm_cell unseen by it, and the cell earned full marks; so did a TorchScript function
+    scripted in the cell and a thread started there, waiting for the work (2026-11-30). Under the
+    real sandbox (its audit hook and seal in place), each fails with the watcher's or its witnesses'
+    message, and a right cell by hand passes."""
     from autograder.sandbox import bwrap_works, run_program
 
     routes = {
@@ -665,16 +667,27 @@ def test_an_answer_that_keeps_the_course_watcher_from_seeing_fails_under_the_gra
         "thread": "    import threading\n    out = []\n"
                   "    t = threading.Thread(target=lambda: out.append(torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)))\n"
                   "    t.start(); t.join()\n    return out[0]\n",
+        "scripted": "    return scripted_cell(x, h, c, w_ih, w_hh, b_ih, b_hh)\n",
+        "waiting thread": "    inbox.put((x, h, c, w_ih, w_hh, b_ih, b_hh))\n    return outbox.get()\n",
         "by hand": "    i, f, g, o = (x @ w_ih.t() + b_ih + h @ w_hh.t() + b_hh).chunk(4, 1)\n"
                    "    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)\n"
                    "    return torch.sigmoid(o) * torch.tanh(c), c\n",
+    }
+    before = {  # made in the cell, before the call the watcher sees
+        "scripted": "@torch.jit.script\n"
+                    "def scripted_cell(x, h, c, w_ih, w_hh, b_ih, b_hh):\n"
+                    "    return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)\n\n",
+        "waiting thread": "import queue, threading\ninbox, outbox = queue.Queue(), queue.Queue()\n"
+                          "def serve():\n    while True:\n        x, h, c, *w = inbox.get()\n"
+                          "        outbox.put(torch.lstm_cell(x, (h, c), *w))\n"
+                          "threading.Thread(target=serve, daemon=True).start()\n\n",
     }
     cells, setup = _served_program("import torch\n")
     program = [cells[0]]
     for k, (route, body) in enumerate(routes.items()):
         name = f"cell_{k}"
         program.append(dict(cells[1], index=len(program), id=f"s{k}", grade_id=f"sol{k}", answers=[name],
-                            source=f"def {name}(x, h, c, w_ih, w_hh, b_ih, b_hh):\n{body}"))
+                            source=f"{before.get(route, '')}def {name}(x, h, c, w_ih, w_hh, b_ih, b_hh):\n{body}"))
         program.append(dict(cells[2], index=len(program), id=f"t{k}", grade_id=f"t{k}",
                             source=f"check_lstm_cell({name})\n"))
     out = run_program(program, judge_setup=setup, sandbox="bwrap" if bwrap_works() else "none", cell_timeout=120,
@@ -683,6 +696,10 @@ def test_an_answer_that_keeps_the_course_watcher_from_seeing_fails_under_the_gra
     verdicts = {route: out.cells[2 + 2 * k] for k, route in enumerate(routes)}
     for route in ("switched off", "popped", "thread"):
         assert "the course watches which torch functions an answer calls" in verdicts[route].error, (route, verdicts[route])
+    # the witnesses beside the watcher (course.checks.witnesses), in the sandbox: the dispatcher's
+    # record of TorchScript's ops, and the kernel's count of another thread's CPU time
+    assert "it calls aten::lstm_cell" in verdicts["scripted"].error, verdicts["scripted"]
+    assert "another thread of your notebook's process worked" in verdicts["waiting thread"].error, verdicts["waiting thread"]
     assert not verdicts["by hand"].error, verdicts["by hand"]
 
 

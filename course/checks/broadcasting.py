@@ -32,6 +32,7 @@ from course.broadcasting import (_timing_critic, critic, loop_penalty, loop_segm
                                  random_graph, with_copies)
 from course.checks.common import (call, grader_references, name_mistake, ok, record, same_values, served_speedup,
                                   stored_answers)
+from course.checks.witnesses import DispatcherOps, alone
 from course.data import device_generator, generator
 from course.devices import pick_device
 from course.numerics import assert_close, describe
@@ -185,22 +186,35 @@ def shapes_by_hand(broadcast_shape: Callable, pairs: list) -> dict:
 
     def watched(a, b):
         before = _getprofile()
-        _setprofile(watch)
+        ops = DispatcherOps()  # what a profile function cannot hear: TorchScript's ops
         try:
-            return broadcast_shape(a, b)
+            with ops:
+                _setprofile(watch)
+                try:
+                    return broadcast_shape(a, b)
+                finally:
+                    _setprofile(before)
         finally:
-            _setprofile(before)
+            for name in ops.names:
+                used.setdefault(name)
+            if ops.blocked:
+                used.setdefault(ops.blocked)
 
     watched.__name__ = "broadcast_shape"
-    outcomes = []
-    for a, b in pairs:
-        raised, got = _outcome(watched, (tuple(a), tuple(b)), f"broadcast_shape({tuple(a)}, {tuple(b)})")
-        if raised is not None:
-            outcomes.append({"raised": type(raised).__name__, "message": str(raised)[:300]})
-        elif isinstance(got, (tuple, list)) and all(type(s) is int and abs(s) < 2**62 for s in got):
-            outcomes.append({"shape": list(got)})
-        else:
-            outcomes.append({"other": describe(got)})
+
+    def run() -> list:
+        outcomes = []
+        for a, b in pairs:
+            raised, got = _outcome(watched, (tuple(a), tuple(b)), f"broadcast_shape({tuple(a)}, {tuple(b)})")
+            if raised is not None:
+                outcomes.append({"raised": type(raised).__name__, "message": str(raised)[:300]})
+            elif isinstance(got, (tuple, list)) and all(type(s) is int and abs(s) < 2**62 for s in got):
+                outcomes.append({"shape": list(got)})
+            else:
+                outcomes.append({"other": describe(got)})
+        return outcomes
+
+    outcomes = alone(run, label="broadcast_shape")  # and no thread the notebook started works for it
     return {"outcomes": outcomes, "used": list(used)}
 
 

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
+from course.checks.witnesses import DispatcherOps
 from course.guard import ReferenceRefused, answering
 from course.numerics import assert_close, describe
 
@@ -51,8 +52,13 @@ class TorchCalls(TorchFunctionMode):
     watches that it stays the one handling torch functions: torch function handling switched off
     (``torch._C.DisableTorchFunction``), a mode of the code's own inside it, the course's mode taken
     off the stack, torch's switches of that machinery called, or a thread started (modes are each
-    thread's own) all make the call fail on leaving, with ``label`` and what was seen. Code written
-    in C, or a thread started before the call, is not seen: that is why this stays a probe."""
+    thread's own) all make the call fail on leaving, with ``label`` and what was seen.
+
+    Beside it, :class:`course.checks.witnesses.DispatcherOps` records the ATen ops the dispatcher
+    ran on this thread (``aten::lstm_cell``): TorchScript's too, which no mode hears; its names join
+    ``names``, and stopping it fails the call as the rest does. A thread the notebook started
+    before the call is :func:`course.checks.witnesses.alone`'s to see (the probes run this watcher
+    inside it); code written in C is not seen: that is why this stays a probe."""
 
     def __init__(self, label: str = "your function"):
         super().__init__()
@@ -62,6 +68,7 @@ class TorchCalls(TorchFunctionMode):
         self._inside = 0  # in this mode's own handler, where torch has taken the mode off its stack
         self._before = None
         self._profile = self._watch  # (one bound method, to know it again)
+        self._ops: DispatcherOps | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self._inside += 1  # first: what runs here (the name's lookup included) is not the answer's
@@ -74,6 +81,7 @@ class TorchCalls(TorchFunctionMode):
             self._inside -= 1
 
     def __enter__(self):
+        self._ops = DispatcherOps().__enter__()
         out = super().__enter__()
         self._before = _getprofile()
         _setprofile(self._profile)
@@ -83,6 +91,10 @@ class TorchCalls(TorchFunctionMode):
         if exc_type is None and _getprofile() is not self._profile:  # (an error raised in it also takes it off)
             self._saw("the profile function the course set was replaced")
         _setprofile(self._before)
+        self._ops.__exit__(None, None, None)
+        self.names.extend(self._ops.names)
+        if self._ops.blocked:
+            self._saw(self._ops.blocked)
         depth = torch._C._len_torch_function_stack()
         if depth and torch._C._get_function_stack_at(depth - 1) is self:
             super().__exit__(exc_type, exc, tb)
@@ -115,6 +127,9 @@ class TorchCalls(TorchFunctionMode):
                 self._saw("a thread was started")
             elif name == "_disabled_torch_function_impl":
                 self._saw("torch._C._disabled_torch_function_impl was called")
+            elif "profiler" in name.lower() and owner.startswith("torch") and \
+                    not frame.f_code.co_filename.startswith(_dispatch_files()[2]):
+                self._saw(f"{owner}.{name} was called (the course's profiler watches the answer)")
         overrides, helper, torch_dir = _dispatch_files()
         here = frame.f_code.co_filename
         if here == overrides or (here == helper and frame.f_back is not None

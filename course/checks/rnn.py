@@ -11,6 +11,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from course.checks.common import TorchCalls, call, expect_grads, grader_references, name_mistake, ok, record, stored_answers
+from course.checks.witnesses import alone
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
 from course.grading import expect_compiled, expect_scripted, is_scripted, script_ops
@@ -62,17 +63,22 @@ BY_HAND = ("the exercise builds it from torch.mm (or @) and pointwise ops (sigmo
 
 
 def _builtin(names) -> list[str]:
-    return sorted({n for n in names if any(word in n.lower() for word in BUILTIN_RNN)})
+    found = {n for n in names if any(word in n.lower() for word in BUILTIN_RNN)}
+    return sorted(found, key=lambda n: (n.startswith("aten::"), n))  # what the code called, then the op it ran
 
 
 @prober
 def builtin_rnn_calls(fn: Callable, label: str, args: list) -> list[str]:
     """The learner's side of :func:`_expect_by_hand`: ``fn(*args)`` once, without gradients, and the
     names of PyTorch's own recurrent ops it called (the course's watcher in the learner's process:
-    that process's word; the values are checked in the judge)."""
-    with torch.no_grad(), TorchCalls(label) as seen:
-        call(fn, *args, name=label)
-    return _builtin(seen.names)
+    that process's word; the values are checked in the judge), made while no other thread of the
+    process works (:func:`course.checks.witnesses.alone`)."""
+    def run() -> list[str]:
+        with torch.no_grad(), TorchCalls(label) as seen:
+            call(fn, *args, name=label)
+        return _builtin(seen.names)
+
+    return alone(run, label=label)
 
 
 def _expect_by_hand(fn: Callable, label: str, args: list) -> None:

@@ -37,27 +37,33 @@ def dense_strides(shape, order) -> list[int]:
 def stride_cases(seed: int, cases: int) -> list[tuple[tuple[int, ...], list[int]]]:
     """Exercise 2's ``(shape, strides)`` cases: six fixed ones (the ambiguous shapes among them),
     then ``cases`` drawn from ``seed``: NCHW, NHWC, permuted, sliced (a stride stretched) and odd
-    (a stride of 0 or 7), with many dimensions of size 1."""
+    (a stride of 0 or 7), with many dimensions of size 1; then a tenth as many again with sizes up
+    to 4096, which no table of answers worked out with torch before the call can hold."""
     rng = random.Random(seed)
     out = [((4, 1, 8, 8), [64, 64, 8, 1]), ((4, 16, 1, 1), [16, 1, 1, 1]), ((2, 3, 4, 5), [60, 20, 5, 1]),
            ((2, 3, 4, 5), [60, 1, 15, 3]), ((1, 3, 4, 5), [7, 1, 15, 3]), ((2, 3, 4, 5), [60, 1, 3, 12])]
     for _ in range(cases):
-        shape = tuple(rng.choice([1, 1, 2, 3, 4, 6]) for _ in range(4))
-        kind = rng.randrange(5)
-        if kind == 0:
-            strides = dense_strides(shape, [0, 1, 2, 3])
-        elif kind == 1:
-            strides = dense_strides(shape, [0, 2, 3, 1])
-        elif kind == 2:
-            strides = dense_strides(shape, rng.sample(range(4), 4))
-        elif kind == 3:  # a slice: one stride stretched
-            strides = dense_strides(shape, rng.choice([[0, 1, 2, 3], [0, 2, 3, 1]]))
-            strides[rng.randrange(4)] *= rng.choice([2, 3])
-        else:  # an odd stride: broadcast (0) or arbitrary
-            strides = dense_strides(shape, [0, 2, 3, 1])
-            strides[rng.randrange(4)] = rng.choice([0, 7])
-        out.append((shape, strides))
+        out.append(_stride_case(rng, tuple(rng.choice([1, 1, 2, 3, 4, 6]) for _ in range(4))))
+    for _ in range(max(2, cases // 10)):
+        out.append(_stride_case(rng, tuple(rng.choice([1, rng.randint(2, 4096)]) for _ in range(4))))
     return out
+
+
+def _stride_case(rng: random.Random, shape: tuple[int, ...]) -> tuple[tuple[int, ...], list[int]]:
+    kind = rng.randrange(5)
+    if kind == 0:
+        strides = dense_strides(shape, [0, 1, 2, 3])
+    elif kind == 1:
+        strides = dense_strides(shape, [0, 2, 3, 1])
+    elif kind == 2:
+        strides = dense_strides(shape, rng.sample(range(4), 4))
+    elif kind == 3:  # a slice: one stride stretched
+        strides = dense_strides(shape, rng.choice([[0, 1, 2, 3], [0, 2, 3, 1]]))
+        strides[rng.randrange(4)] *= rng.choice([2, 3])
+    else:  # an odd stride: broadcast (0) or arbitrary
+        strides = dense_strides(shape, [0, 2, 3, 1])
+        strides[rng.randrange(4)] = rng.choice([0, 7])
+    return shape, strides
 
 
 class FormatLossWatcher(TorchFunctionMode):
