@@ -39,6 +39,19 @@ def with_(**kw):
     return lambda *a, **m: masked(*a, **m, **kw)
 
 
+def masked_by_sdpa(q, k, v, attn_mask=None, key_padding_mask=None, is_causal=False):
+    """Right values, through SDPA (Exercise 2's tool): every mask folded into one boolean mask."""
+    L, S = q.shape[-2], k.shape[-2]
+    keep = torch.ones(L, S, dtype=torch.bool, device=q.device)
+    if attn_mask is not None:
+        keep = keep & attn_mask
+    if key_padding_mask is not None:
+        keep = keep & ~key_padding_mask[:, None, None, :]
+    if is_causal:
+        keep = keep & torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
 def test_right_masked_attention_passes():
     for seed in range(3):
         check_masked_attention(masked, seed=seed)
@@ -57,6 +70,7 @@ def test_right_masked_attention_passes():
     (with_(always_causal=True), "though is_causal=False"),
     (lambda q, k, v, **m: masked(q, k, v, **m).float(), None),
     (lambda q, k, v, **m: masked(q, k, v, **m)[..., :-1], "shape"),
+    (masked_by_sdpa, "it calls torch.nn.functional.scaled_dot_product_attention"),  # (2026-11-30: it passed)
 ])
 def test_masked_attention_mistakes_fail_and_are_named(wrong, named):
     with pytest.raises(AssertionError) as exc:

@@ -10,8 +10,8 @@ import pytest
 from course.checks.fastpath import (check_autocast_guard, check_fast_path_predictions, check_jagged_mlp,
                                     check_masked_attention, check_sdpa_attention, check_sdpa_encoder_layer)
 from served_helpers import UNDECIDED, expect_refused, never_failed, served
-from test_checks_fastpath import (always_slow, by_hand, guarded, jagged, masked, packed, predict, sdpa, sdpa_both,
-                                  sdpa_per_sample, stub)
+from test_checks_fastpath import (always_slow, by_hand, guarded, jagged, masked, masked_by_sdpa, packed, predict, sdpa,
+                                  sdpa_both, sdpa_per_sample, stub)
 
 
 def borrowed_prediction(c):
@@ -33,7 +33,8 @@ def learner():
     yield from served(dict(masked=masked, sdpa=sdpa, predict=predict, guarded=guarded, stub=stub,
                            sdpa_both=sdpa_both, sdpa_per_sample=sdpa_per_sample, always_slow=always_slow,
                            borrowed_prediction=borrowed_prediction, borrowed_attention=borrowed_attention, jagged=jagged,
-                           packed=packed, by_hand=by_hand, layer_itself=layer_itself))
+                           packed=packed, by_hand=by_hand, layer_itself=layer_itself,
+                           masked_by_sdpa=masked_by_sdpa))
 
 
 def test_right_answers_pass_every_served_check(learner, capsys):
@@ -59,7 +60,8 @@ def test_unwritten_answers_fail_with_a_friendly_message_across_the_boundary(lear
     (check_sdpa_attention, "sdpa_per_sample", "times for one batch"),
     (check_autocast_guard, "always_slow", "no longer takes the fast path"),
     (check_jagged_mlp, "packed", "the MLP was given"),
-    (check_sdpa_encoder_layer, "layer_itself", "the layer itself")])
+    (check_sdpa_encoder_layer, "layer_itself", "the layer itself"),
+    (check_masked_attention, "masked_by_sdpa", "it calls torch.nn.functional.scaled_dot_product_attention")])
 def test_what_only_the_learners_process_sees_is_watched_there(learner, check, name, says):
     with pytest.raises(AssertionError, match=says):
         check(learner(name))

@@ -22,7 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from course.checks.common import call, grader_references, name_mistake, ok, record, served_speedup, stored_answers
+from course.checks.common import (TorchCalls, call, grader_references, name_mistake, ok, record, served_speedup,
+                                  stored_answers)
+from course.checks.witnesses import alone
 from course.data import generator
 from course.devices import pick_device
 from course.fastpath import (BASE_CONFIG, encoder, encoder_config, encoder_layer, fast_path_taken, masked_attention_inputs,
@@ -170,6 +172,20 @@ def _check_masks(fn: Callable, name: str, seed: int, device, hint: str, attn_mas
     return len(cases) + 1
 
 
+@prober
+def attention_ops(masked_attention: Callable, q, k, v, key_padding_mask) -> list[str]:
+    """The learner's side of the "by hand" check: ``masked_attention`` once, causal and padded, and
+    the torch functions and ops it called whose names say attention (SDPA, its fused kernels,
+    ``multi_head_attention_forward``), seen by the course's watcher and its witnesses
+    (:func:`course.checks.witnesses.alone`): that process's word; the values are the judge's."""
+    def run() -> list[str]:
+        with torch.no_grad(), TorchCalls("masked_attention") as seen:
+            call(masked_attention, q, k, v, key_padding_mask=key_padding_mask, is_causal=True, name="masked_attention")
+        return sorted({n for n in seen.names if "attention" in n.lower()}, key=lambda n: (n.startswith("aten::"), n))
+
+    return alone(run, label="masked_attention")
+
+
 def check_masked_attention(masked_attention: Callable, *, seed: int = 0, device=None) -> None:
     """``masked_attention(q, k, v, attn_mask=None, key_padding_mask=None, is_causal=False)`` by hand:
     ``softmax(q k^T / sqrt(d)) v`` on ``(B, H, L, D)`` inputs, where a boolean ``attn_mask``
@@ -179,6 +195,14 @@ def check_masked_attention(masked_attention: Callable, *, seed: int = 0, device=
             "seen: ~attn_mask, key_padding_mask[:, None, None, :], and above the diagonal when is_causal; then "
             "softmax over the last dimension and multiply by v.")
     n = _check_masks(masked_attention, "masked_attention", seed, device, hint)
+    q, k, v, pad = _float32_case(seed, pick_device(device))
+    used = probe(masked_attention, attention_ops, q, k, v, pad)
+    if not (isinstance(used, list) and all(isinstance(u, str) for u in used)):
+        raise AssertionError("masked_attention: the course's watcher came back malformed.")
+    if used:
+        raise AssertionError(f"masked_attention gives the right numbers, but it calls {', '.join(used)[:200]}: this "
+                             "exercise writes attention by hand (scores, masks, softmax, then v), so that you see what "
+                             "the fused kernel saves; F.scaled_dot_product_attention is Exercise 2's.")
     ok(f"masked_attention equals the float64 reference on {n} combinations of masks (seed {seed})")
 
 
