@@ -455,6 +455,14 @@ def served_speedup(baseline: tuple[str, Callable], candidate: tuple[str, Callabl
     return report
 
 
+def names_with(names: Iterable[str], words: Iterable[str]) -> list[str]:
+    """The names (a watcher's record: ``torch.lstm_cell``, ``aten::lstm_cell``) in which any of
+    ``words`` appears, once each: what the code called first, then the ATen ops it ran."""
+    words = [w.lower() for w in words]
+    found = {n for n in names if any(w in n.lower() for w in words)}
+    return sorted(found, key=lambda n: (n.startswith("aten::"), n))
+
+
 def probed_names(answer: Any, prober: Callable, *args: Any, label: str) -> list[str]:
     """What a course probe that lists op names (lesson 6's ``kl_fallbacks``) reported from
     where ``answer`` lives (:func:`course.remote.probe`): a list of strings, or a failed check

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from course.checks.common import (TorchCalls, call, grader_references, name_mistake, ok, record, served_speedup,
-                                  stored_answers)
+from course.checks.common import (TorchCalls, call, grader_references, name_mistake, names_with, ok, probed_names,
+                                  record, served_speedup, stored_answers)
 from course.checks.witnesses import alone
 from course.data import generator
 from course.devices import pick_device
@@ -181,7 +181,7 @@ def attention_ops(masked_attention: Callable, q, k, v, key_padding_mask) -> list
     def run() -> list[str]:
         with torch.no_grad(), TorchCalls("masked_attention") as seen:
             call(masked_attention, q, k, v, key_padding_mask=key_padding_mask, is_causal=True, name="masked_attention")
-        return sorted({n for n in seen.names if "attention" in n.lower()}, key=lambda n: (n.startswith("aten::"), n))
+        return names_with(seen.names, ("attention",))
 
     return alone(run, label="masked_attention")
 
@@ -196,9 +196,7 @@ def check_masked_attention(masked_attention: Callable, *, seed: int = 0, device=
             "softmax over the last dimension and multiply by v.")
     n = _check_masks(masked_attention, "masked_attention", seed, device, hint)
     q, k, v, pad = _float32_case(seed, pick_device(device))
-    used = probe(masked_attention, attention_ops, q, k, v, pad)
-    if not (isinstance(used, list) and all(isinstance(u, str) for u in used)):
-        raise AssertionError("masked_attention: the course's watcher came back malformed.")
+    used = probed_names(masked_attention, attention_ops, q, k, v, pad, label="masked_attention")
     if used:
         raise AssertionError(f"masked_attention gives the right numbers, but it calls {', '.join(used)[:200]}: this "
                              "exercise writes attention by hand (scores, masks, softmax, then v), so that you see what "

@@ -10,13 +10,14 @@ from typing import Callable
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from course.checks.common import TorchCalls, call, expect_grads, grader_references, name_mistake, ok, record, stored_answers
+from course.checks.common import (TorchCalls, call, expect_grads, grader_references, name_mistake, names_with, ok,
+                                  probed_names, record, stored_answers)
 from course.checks.witnesses import alone
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
 from course.grading import expect_compiled, expect_scripted, is_scripted, script_ops
 from course.numerics import assert_close, describe
-from course.remote import lend, local_script, probe, prober
+from course.remote import lend, local_script, prober
 from course.rnn import layer_norm_params, lstm_weights, make_lstm, masked_rnn_layer
 
 __all__ = ["builtin_rnn_calls", "check_bucketed", "check_compiled_layer", "check_layer_norm_cell", "check_lstm_cell",
@@ -63,8 +64,7 @@ BY_HAND = ("the exercise builds it from torch.mm (or @) and pointwise ops (sigmo
 
 
 def _builtin(names) -> list[str]:
-    found = {n for n in names if any(word in n.lower() for word in BUILTIN_RNN)}
-    return sorted(found, key=lambda n: (n.startswith("aten::"), n))  # what the code called, then the op it ran
+    return names_with(names, BUILTIN_RNN)
 
 
 @prober
@@ -86,9 +86,7 @@ def _expect_by_hand(fn: Callable, label: str, args: list) -> None:
     calls no Python torch function to watch: its graph says what it runs (:func:`check_scripted_layer`)."""
     if is_scripted(fn):
         return
-    used = probe(fn, builtin_rnn_calls, label, list(args))
-    if not (isinstance(used, list) and all(isinstance(u, str) for u in used)):
-        raise AssertionError(f"{label}: the course's watcher came back malformed.")
+    used = probed_names(fn, builtin_rnn_calls, label, list(args), label=label)
     if used:
         raise AssertionError(f"{label} gives the right numbers, but it calls {', '.join(used)[:200]}: {BY_HAND}.")
 

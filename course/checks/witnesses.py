@@ -132,14 +132,12 @@ class OtherThreads:
     def __init__(self, every: bool = True):
         self.every = every
         self.worked: list[str] = []
-        self.readable = True
         self._before: dict[int, int] = {}
 
     def _threads(self) -> list[int]:
         me = _native_id()
         if self.every:
-            tids = _task_ids()
-            self.readable = bool(tids)  # (no /proc: nothing to read, and nothing claimed)
+            tids = _task_ids()  # (no /proc: nothing to read, and nothing claimed)
         else:
             tids = [t.native_id for t in _python_threads() if t.native_id is not None]
         return [t for t in tids if t != me and not _ambient(t)]
