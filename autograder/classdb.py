@@ -1,7 +1,8 @@
 """The class's results in the gradebook's database, shared by every shard.
 
-nbgrader's gradebook holds each graded cell's score; this module adds one table beside it,
-``autograder_results``, with everything else ``grade`` decides per submission: its row of
+nbgrader's gradebook holds each graded cell's score; this module adds two tables beside it:
+``autograder_class``, the class's secret seed key (:func:`seed_key`), and ``autograder_results``,
+with everything else ``grade`` decides per submission: its row of
 ``grades.csv`` (status, detail, flags, time, memory), its cells with their verdicts, and its
 feedback page. So N shards on N machines (no shared disk needed) write one database, and
 ``python -m autograder collect`` rebuilds the class's files from it; a shard started again on
@@ -57,13 +58,25 @@ def _table():
                     sa.Column("updated", sa.Float, nullable=False))
 
 
+#: The class's own settings beside the results: one row per name (today only ``seed-key``).
+CLASS_TABLE = "autograder_class"
+
+
+def _class_table():
+    import sqlalchemy as sa
+
+    return sa.Table(CLASS_TABLE, sa.MetaData(),
+                    sa.Column("name", sa.String(64), primary_key=True),
+                    sa.Column("value", sa.Text, nullable=False))
+
+
 def _ensure_table(eng) -> None:
     import sqlalchemy as sa
 
-    table = _table()
-    for attempt in range(5):  # shards starting together may race to create it
+    for attempt in range(5):  # shards starting together may race to create them
         try:
-            table.metadata.create_all(eng, checkfirst=True)
+            for table in (_table(), _class_table()):
+                table.metadata.create_all(eng, checkfirst=True)
             return
         except sa.exc.SQLAlchemyError:
             if attempt == 4:
@@ -119,6 +132,36 @@ def everything(db_url: str) -> list[dict]:
         rows = conn.execute(sa.select(table).order_by(table.c.student_id, table.c.lesson_id)).all()
     return [dict(student=r.student_id, lesson=r.lesson_id, result=json.loads(r.result), feedback=r.feedback,
                  shard=r.shard) for r in rows]
+
+
+def seed_key(db_url: str, work: Path) -> bytes:
+    """The class's secret (32 random bytes, made at its first grading run): under the grader the
+    seeds the test cells name are drawn from it (:func:`course.checks.draw_seeds`), the same for the
+    instructor's run and every submission of the class, on every shard and machine that writes
+    this gradebook, and never known to a learner beforehand. Kept in the gradebook, which only the
+    instructor reads and no sandbox sees."""
+    import os
+
+    import sqlalchemy as sa
+
+    from . import UsageError
+
+    table = _class_table()
+    with exclusive(db_url, work, "seed-key"):
+        with engine(db_url).begin() as conn:
+            got = conn.execute(sa.select(table.c.value).where(table.c.name == "seed-key")).scalar()
+            if got is None:
+                got = os.urandom(32).hex()
+                conn.execute(sa.insert(table).values(name="seed-key", value=got))
+    try:
+        key = bytes.fromhex(got)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise UsageError(f"the gradebook's seed key (table {CLASS_TABLE}, name 'seed-key') is not one: expected at "
+                         f"least 32 hexadecimal digits, found {len(got)} characters. Delete that row to draw a new "
+                         "key (every lesson's instructor run is then made again, and every submission graded again).")
+    return key
 
 
 @contextlib.contextmanager

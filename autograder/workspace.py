@@ -16,7 +16,8 @@ repository. Layout::
       results/<student>/     each submission's decided row, keyed by its bytes (re-runs resume)
       flags/                 what each flagged submission tried, in detail
       logs/...               nbgrader calls, sandbox runs (logs/runs/), grader errors (logs/errors/)
-      gradebook.db           default gradebook (``--db`` overrides it)
+      gradebook.db           default gradebook (``--db`` overrides it); it also keeps the class's
+                             seed key, the secret the hidden tests' seeds are drawn from
 
 The learners' feedback pages are written to ``OUT/feedback/``, not here.
 """

@@ -434,6 +434,18 @@ def test_the_instructors_notebook_as_a_submission_earns_every_point_unflagged(gr
 
 
 @pytest.mark.notebooks
+def test_the_grade_run_drew_the_seeds_its_test_cells_name(graded):
+    """Under the grader a test cell's seeds are drawn from the class's key (``course.checks.draw_seeds``):
+    the perfect lesson 7 submission's graded notebook says which seed each broadcasting check used, and
+    none is the one its cell names (0 in the visible call, 7 in the hidden one)."""
+    lesson_id = "07_broadcasting_indexing_higher_order"
+    graded_nb = graded.work / "autograded" / "perfect" / lesson_id / f"{lesson_id}.ipynb"
+    text = "".join(o.get("text", "") for c in json.loads(graded_nb.read_text())["cells"] for o in c.get("outputs", []))
+    seeds = [int(x) for x in re.findall(r"agrees with torch.broadcast_shapes on \d+ pairs.*?\(seed (\d+)\)", text)]
+    assert len(seeds) == 2 and all(s >= 2 ** 20 for s in seeds), (seeds, text[-2000:])
+
+
+@pytest.mark.notebooks
 @pytest.mark.parametrize("lesson_id", sorted(PLANTED))
 def test_untouched_student_version_gets_zero_on_every_graded_test(graded, lesson_id):
     row = graded.rows[("untouched", lesson_id)]

@@ -11,7 +11,8 @@ bind is a :class:`course.remote.Remote`: the learner's value, reached over ``CAL
 (``child.py``). So the check, its references, its comparisons and the evidence it reports to
 the parent (the same messages as ``child.py``: records, cell start and end) are out of the
 learner's reach; what the learner's code contributes is outputs, as data, on inputs this process
-chose. No learner code runs here, TorchScript included: a learner's archive is loaded and run by the
+chose (from seeds drawn from the class's secret key: ``course.checks.draw_seeds``). No
+learner code runs here, TorchScript included: a learner's archive is loaded and run by the
 script host (``script_host.py``, over ``HOST_CALL_FD``/``HOST_REPLY_FD``), which the parent starts
 when this process first asks for it.
 """
@@ -68,7 +69,9 @@ def main() -> int:
     import course
     if not os.path.realpath(course.__file__).startswith(os.path.realpath(pkg_root) + os.sep):
         raise SystemExit(f"grading: imported course from {course.__file__}, not from {pkg_root}")
-    import course.checks  # noqa: F401
+    import course.checks
+    if setup.get("seed_key"):  # before the set-up cells import the checks: the seeds they name are drawn
+        course.checks.draw_seeds(bytes.fromhex(setup["seed_key"]))
     from course.allocator import hold_process
     hold_process()  # C memory steady in this process, as in the other: fair timings
     import course.grader_hooks as hooks

@@ -680,14 +680,16 @@ def _readable(fds: list[int], timeout_s: float) -> set[int]:
 def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout: float,
                 memory_mb: float, log: Path, env: dict[str, str] | None = None,
                 judge_setup: list[str] | None = None, tasks: int | None = None,
-                preload: list[str] | None = None) -> Outcome:
+                preload: list[str] | None = None, seed_key: bytes | None = None) -> Outcome:
     """Run ``cells`` (``Program.to_message()``) in a fresh child; never raises for the child's sake.
 
     Test cells marked ``served`` run in a second confined process, the judge (``judge.py``), after
     the instructor's ``judge_setup`` cells; the learner's process answers its calls meanwhile.
     ``tasks``: the processes and threads the learner's sandbox may have (:func:`task_limit`);
     ``preload``: modules the learner's process imports before any learner code, beyond its own list
-    (:data:`autograder.program.PRELOADS`)."""
+    (:data:`autograder.program.PRELOADS`); ``seed_key``: the class's secret key, from which the
+    judge draws the seeds its checks use (:func:`course.checks.draw_seeds`; ``None``: the seeds the
+    cells name)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     child_env = _env(env or {})
     limits = _limits(memory_mb, child_env, task_limit() if tasks is None else tasks)
@@ -769,7 +771,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                 "preload": list(preload or [])})
     if judge is not None:
         judge.send({"token": judge.token, "count": len(served), "cell_timeout": float(cell_timeout),
-                    "setup_cells": list(judge_setup or [])})
+                    "setup_cells": list(judge_setup or []), "seed_key": seed_key.hex() if seed_key else None})
     send_next()
     clock = _Child(*procs)
     TURNS.add(clock)

@@ -133,11 +133,28 @@ def _random_pairs(seed: int, n: int) -> list[tuple[tuple, tuple]]:
             i = rng.randrange(len(target))
             target[i] = target[i] + rng.choice([2, 4]) if target[i] != 1 else 4
         pairs.append((tuple(a), tuple(b)))
+    return pairs + _large_pairs(rng, max(2, n // 5))
+
+
+def _large_pairs(rng: random.Random, n: int) -> list[tuple[tuple, tuple]]:
+    """``n`` pairs with sizes up to 4,096, drawn after the small ones: the small sizes' pairs are a
+    few million in all, a table of torch's answers made before the call could hold most of them;
+    these, none. In a spoiled pair two aligned sizes differ by one."""
+    pairs = []
+    for _ in range(n):
+        out = [rng.choice([1, rng.randint(2, 4096), rng.randint(2, 4096)]) for _ in range(rng.randint(1, 5))]
+        a = [rng.choice([s, s, 1]) for s in out[rng.randint(0, len(out) - 1):]]
+        b = [rng.choice([s, 1]) for s in out[rng.randint(0, len(out)):]]
+        if rng.random() < 0.3 and b:  # spoil one aligned pair of sizes: they differ by one, neither is 1
+            j, size = rng.randint(1, min(len(a), len(b))), rng.randint(3, 4096)
+            a[-j], b[-j] = size, size + rng.choice([-1, 1])
+        pairs.append((tuple(a), tuple(b)))
     return pairs
 
 
 def shape_pairs(seed: int, n: int) -> list[tuple[tuple, tuple]]:
-    """Exercise 1's pairs of shapes: the fixed ones, then ``n`` drawn from ``seed``."""
+    """Exercise 1's pairs of shapes: the fixed ones, then ``n`` drawn from ``seed`` with small sizes and
+    a fifth as many with sizes up to 4,096."""
     return FIXED_PAIRS + _random_pairs(seed, n)
 
 
