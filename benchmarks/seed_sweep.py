@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", nargs=2, metavar=("LESSON", "KEY_HEX"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run_one(args.one[0], bytes.fromhex(args.one[1]))))
-        return 0
+        print(json.dumps(run_one(args.one[0], bytes.fromhex(args.one[1]))), flush=True)
+        os._exit(0)  # no interpreter shutdown: the serving thread and torch's pools are not torn down
     from autograder.workspace import lesson_ids
 
     lessons = args.lesson or lesson_ids(ROOT / "solutions")
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             out = subprocess.run([sys.executable, __file__, "--one", lesson, key], capture_output=True, text=True,
                                  cwd=ROOT, timeout=1800)
             if out.returncode != 0:
-                print(f"{lesson} key {key[:8]}: the sweep itself failed:\n{out.stderr[-2000:]}", flush=True)
+                print(f"{lesson} key {key}: the sweep itself failed (rc {out.returncode}):\n{out.stderr[-2000:]}",
+                      flush=True)
                 failed += 1
                 continue
             results = json.loads(out.stdout.strip().splitlines()[-1])
