@@ -96,3 +96,24 @@ def expect_refused(monkeypatch, run: Callable[[], object]) -> None:
     with pytest.raises(AssertionError, match="one of the course's references"):
         run()
     assert refused
+
+
+#: Lesson 7's broadcasting rule written by hand, as a learner's cell would hold it (a source, so that
+#: sandboxed tests can send it as a cell); :func:`broadcast_rule` gives the function.
+BROADCAST_RULE = """def broadcast_shape(a, b):
+    a, b = tuple(a), tuple(b)
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise ValueError(f"sizes {x} and {y} do not broadcast")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+"""
+
+
+def broadcast_rule() -> Callable:
+    namespace: dict = {}
+    exec(BROADCAST_RULE, namespace)
+    return namespace["broadcast_shape"]

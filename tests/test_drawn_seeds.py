@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from course.checks import SEED_BITS, drawn_seed, served_checks
+from served_helpers import BROADCAST_RULE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,17 +117,6 @@ def broadcast_shape(a, b):
     return got
 """
 
-_BY_HAND = """def broadcast_shape(a, b):
-    a, b = tuple(a), tuple(b)
-    n = max(len(a), len(b))
-    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
-    out = []
-    for x, y in zip(a, b):
-        if x != y and 1 not in (x, y):
-            raise ValueError(f"sizes {x} and {y} do not broadcast")
-        out.append(y if x == 1 else x)
-    return tuple(out)
-"""
 
 
 @pytest.mark.parametrize("answer", ["table", "by hand"])
@@ -139,7 +129,7 @@ def test_a_table_of_torchs_answers_for_guessable_seeds_fails_under_the_grader(tm
     setup = "import torch\nfrom course.checks.broadcasting import check_broadcast_shape\n"
     cells = [
         {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
-        {"index": 1, "id": "b", "kind": "solution", "source": _TABLE if answer == "table" else _BY_HAND,
+        {"index": 1, "id": "b", "kind": "solution", "source": _TABLE if answer == "table" else BROADCAST_RULE,
          "grade_id": "sol", "answers": ["broadcast_shape"]},
         {"index": 2, "id": "c", "kind": "test", "source": "check_broadcast_shape(broadcast_shape, seed=7, n=60)\n",
          "grade_id": "t", "served": True},

@@ -23,6 +23,7 @@ from course.checks import memory_format as M
 from course.checks import rnn as R
 from course.checks.common import TorchCalls
 from course.checks.witnesses import DispatcherOps, OtherThreads, alone
+from served_helpers import broadcast_rule
 
 with warnings.catch_warnings():  # torch 2.15 calls TorchScript deprecated; it still runs, which is the point
     warnings.simplefilter("ignore")
@@ -306,18 +307,7 @@ def test_lesson_7_broadcasting_from_a_waiting_thread_fails(helper):
 
 def test_lesson_7_an_honest_rule_passes_beside_an_idle_thread(helper):
     helper(lambda *a: None)
-
-    def rule(a, b):
-        n = max(len(a), len(b))
-        a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
-        out = []
-        for x, y in zip(a, b):
-            if x != y and 1 not in (x, y):
-                raise ValueError(f"{x} against {y}")
-            out.append(y if x == 1 else x)
-        return tuple(out)
-
-    B.check_broadcast_shape(rule, seed=3, n=40)
+    B.check_broadcast_shape(broadcast_rule(), seed=3, n=40)
 
 
 def test_the_witnesses_cost_little():
