@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import threading
 import time
@@ -44,30 +45,36 @@ def engine(db_url: str):
         return _engines[db_url]
 
 
-def _table():
-    import sqlalchemy as sa
-
-    meta = sa.MetaData()
-    return sa.Table(TABLE, meta,
-                    sa.Column("student_id", sa.String(128), primary_key=True),
-                    sa.Column("lesson_id", sa.String(128), primary_key=True),
-                    sa.Column("grading_key", sa.String(64), nullable=False),
-                    sa.Column("result", sa.Text, nullable=False),      # JSON: row, cells, verdicts
-                    sa.Column("feedback", sa.Text, nullable=False),    # the feedback page's HTML
-                    sa.Column("shard", sa.String(32), nullable=False),
-                    sa.Column("updated", sa.Float, nullable=False))
-
-
 #: The class's own settings beside the results: one row per name (today only ``seed-key``).
 CLASS_TABLE = "autograder_class"
 
 
-def _class_table():
+@functools.lru_cache(maxsize=None)
+def _schema():
+    """The gradebook's tables, on one ``MetaData``: the results, and the class's settings."""
     import sqlalchemy as sa
 
-    return sa.Table(CLASS_TABLE, sa.MetaData(),
-                    sa.Column("name", sa.String(64), primary_key=True),
-                    sa.Column("value", sa.Text, nullable=False))
+    meta = sa.MetaData()
+    results = sa.Table(TABLE, meta,
+                       sa.Column("student_id", sa.String(128), primary_key=True),
+                       sa.Column("lesson_id", sa.String(128), primary_key=True),
+                       sa.Column("grading_key", sa.String(64), nullable=False),
+                       sa.Column("result", sa.Text, nullable=False),      # JSON: row, cells, verdicts
+                       sa.Column("feedback", sa.Text, nullable=False),    # the feedback page's HTML
+                       sa.Column("shard", sa.String(32), nullable=False),
+                       sa.Column("updated", sa.Float, nullable=False))
+    settings = sa.Table(CLASS_TABLE, meta,
+                        sa.Column("name", sa.String(64), primary_key=True),
+                        sa.Column("value", sa.Text, nullable=False))
+    return meta, results, settings
+
+
+def _table():
+    return _schema()[1]
+
+
+def _class_table():
+    return _schema()[2]
 
 
 def _ensure_table(eng) -> None:
@@ -75,8 +82,7 @@ def _ensure_table(eng) -> None:
 
     for attempt in range(5):  # shards starting together may race to create them
         try:
-            for table in (_table(), _class_table()):
-                table.metadata.create_all(eng, checkfirst=True)
+            _schema()[0].create_all(eng, checkfirst=True)
             return
         except sa.exc.SQLAlchemyError:
             if attempt == 4:

@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -61,7 +60,7 @@ def run_one(lesson: str, key: bytes) -> list[dict]:
     from autograder.sandbox.judge import learner_names
     from autograder.solution_code import load_solution, solution_source
     from course.grading import SpeedUndecided
-    from course.remote import Link, Remote, serve
+    from course.remote import Remote, serve_in_thread
 
     os.environ["COURSE_SELF_CHECK_SKIP"] = "1"
     course.checks.draw_seeds(key)
@@ -72,27 +71,22 @@ def run_one(lesson: str, key: bytes) -> list[dict]:
     for source in program.judge_setup:
         exec(compile(source, "<instructor set-up>", "exec"), trusted)
 
-    sys.setswitchinterval(1e-5)  # a thread here, a process under the grader
-    a_r, a_w = os.pipe()
-    b_r, b_w = os.pipe()
-    judge, learner = Link(a_w, b_r), Link(b_w, a_r)
-    threading.Thread(target=serve, args=(learner, dict(vars(solution))), daemon=True).start()
     results = []
-    for call in hidden_calls(lesson):
-        namespace = dict(trusted)
-        for name in learner_names(call, trusted):
-            namespace[name] = Remote(judge, name)
-        start = time.monotonic()
-        error = undecided = ""
-        try:
-            exec(compile(call, "<hidden test>", "exec"), namespace)
-        except SpeedUndecided as exc:  # a structure clock a busy machine left undecided: not the seed's doing
-            undecided = str(exc)[:300]
-        except BaseException as exc:  # noqa: BLE001 - reported, the sweep goes on
-            error = f"{type(exc).__name__}: {exc}"[:1500]
-        results.append({"call": call, "error": error, "undecided": undecided,
-                        "seconds": round(time.monotonic() - start, 2)})
-    judge.send({"op": "end"})
+    with serve_in_thread(vars(solution)) as judge:  # a thread here, a process under the grader
+        for call in hidden_calls(lesson):
+            namespace = dict(trusted)
+            for name in learner_names(call, trusted):
+                namespace[name] = Remote(judge, name)
+            start = time.monotonic()
+            error = undecided = ""
+            try:
+                exec(compile(call, "<hidden test>", "exec"), namespace)
+            except SpeedUndecided as exc:  # a structure clock a busy machine left undecided: not the seed's doing
+                undecided = str(exc)[:300]
+            except BaseException as exc:  # noqa: BLE001 - reported, the sweep goes on
+                error = f"{type(exc).__name__}: {exc}"[:1500]
+            results.append({"call": call, "error": error, "undecided": undecided,
+                            "seconds": round(time.monotonic() - start, 2)})
     return results
 
 

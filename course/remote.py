@@ -38,7 +38,7 @@ from torch import nn
 from course import wire
 
 __all__ = ["FACTORIES", "PROBES", "RECIPES", "Described", "Link", "Remote", "RemoteError", "build", "checksum",
-           "course_function", "disturbances", "factory", "is_remote", "lend", "Lending", "local_script", "mirrored",
+           "course_function", "disturbances", "factory", "is_remote", "lend", "Lending", "local_script", "mirrored", "serve_in_thread",
            "probe", "prober", "recipe", "Scripted", "serve"]
 
 _FRAME = struct.Struct(">Q")
@@ -268,8 +268,11 @@ class Link:
     wait keeps the rest of its frame, and the next send writes that first; a receive keeps what it
     read."""
 
-    def __init__(self, send_fd: int, recv_fd: int):
+    def __init__(self, send_fd: int, recv_fd: int, codec: tuple[Callable, Callable] | None = None):
         self.send_fd, self.recv_fd, self.seq = send_fd, recv_fd, 0
+        # How a value becomes bytes and back: course.wire's format, or (the bare host, which has no
+        # torch to decode it) the judge's JSON (``codec``: encode, decode).
+        self._encode, self._decode = codec or (lambda value: wire.encode(value, recipes=self.recipes), wire.decode)
         self.probes = 0  # probes asked for on this link (see probe)
         self.busy = False  # a request sent and its reply not yet read (still so after a time limit cut it)
         self.broken = ""  # why the other side is no longer heard (a frame over the size limit)
@@ -283,7 +286,7 @@ class Link:
         os.set_blocking(send_fd, False)  # a write takes what the pipe holds, and never waits inside the guard
 
     def send(self, value: Any) -> None:
-        data = wire.encode(value, recipes=self.recipes)
+        data = self._encode(value)
         if len(data) > wire.MAX_BYTES:  # the other side would refuse it: say so instead of sending it
             raise wire.WireError(f"a value of {len(data) / 2**20:.0f} MB, over the {wire.MAX_BYTES // 2**20} MB "
                                  "that can cross between the grader's processes")
@@ -316,7 +319,7 @@ class Link:
         with _uninterrupted():
             data = bytes(self._buffer[_FRAME.size:_FRAME.size + size])
             del self._buffer[:_FRAME.size + size]
-        return wire.decode(data)
+        return self._decode(data)
 
     def _fill(self, n: int) -> None:
         while len(self._buffer) < n:
@@ -769,6 +772,34 @@ def _to_device(value: Any, device: str) -> Any:
 
 
 # -- the learner's side ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def serve_in_thread(namespace: dict):
+    """``namespace`` served (:func:`serve`) from a thread of this process, as the grader serves a
+    learner's from a process of its own; yields the judge's end of the channel, on which to make
+    :class:`Remote` names. For the course's tests and tools: a thread shares everything with its
+    caller, so nothing here is confined. The thread hands the interpreter lock over as often as a
+    separate process would not need to, or every crossing of the pipe would wait for it."""
+    import sys
+    import threading
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    judge, learner = Link(a_w, b_r), Link(b_w, a_r)
+    thread = threading.Thread(target=serve, args=(learner, dict(namespace)), daemon=True)
+    thread.start()
+    try:
+        yield judge
+    finally:
+        judge.send({"op": "end"})
+        thread.join(10)
+        for fd in (a_r, a_w, b_r, b_w):
+            os.close(fd)
+        sys.setswitchinterval(interval)
+
 
 def serve(link: Link, namespace: dict, *, host: bool = False) -> int:
     """Answer the judge's requests on ``link`` from ``namespace`` until it says ``end``; return

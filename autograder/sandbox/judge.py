@@ -1,7 +1,8 @@
 """The trusted side of a served check: runs the instructor's test cells outside the learner's process.
 
 Started by ``parent.py`` as
-``python -I judge.py IN_FD OUT_FD CALL_FD REPLY_FD PKG_ROOT LIMITS HOST_CALL_FD HOST_REPLY_FD``,
+``python -I judge.py IN_FD OUT_FD CALL_FD REPLY_FD PKG_ROOT LIMITS HOST_CALL_FD HOST_REPLY_FD BARE_CALL_FD
+BARE_REPLY_FD``,
 confined like the learner's process (bubblewrap, no network, ``nobody``) but sharing nothing with
 it: no memory, no module, no file. It runs only code from the grading checkout: the instructor's
 set-up cells that depend on no learner name (imports, sizes; chosen by ``program.py``), then each
@@ -14,7 +15,8 @@ learner's reach; what the learner's code contributes is outputs, as data, on inp
 chose (from seeds drawn from the class's secret key: ``course.checks.draw_seeds``). No
 learner code runs here, TorchScript included: a learner's archive is loaded and run by the
 script host (``script_host.py``, over ``HOST_CALL_FD``/``HOST_REPLY_FD``), which the parent starts
-when this process first asks for it.
+when this process first asks for it; an answer the lesson asks for by hand is run again by the bare
+host (``bare_host.py``, over ``BARE_CALL_FD``/``BARE_REPLY_FD``), a Python without torch.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def learner_names(source: str, known: dict) -> list[str]:
 def main() -> int:
     in_fd, out_fd, call_fd, reply_fd, pkg_root, limits = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                                           int(sys.argv[4]), sys.argv[5], sys.argv[6])
-    host_call_fd, host_reply_fd = int(sys.argv[7]), int(sys.argv[8])
+    host_fds = {"script": (int(sys.argv[7]), int(sys.argv[8])), "bare": (int(sys.argv[9]), int(sys.argv[10]))}
     protocol.set_limits(limits)
 
     def receive():
@@ -124,25 +126,34 @@ def main() -> int:
         the count again from what is resident now (and the parent's sampling, until the next call)."""
         return ask(protocol.PEAK, reset=bool(reset))
 
-    host: dict = {}
+    links: dict = {}  # the hosts' channels, once started
+
+    def host_link(which: str):
+        """The channel to the host ``which``, which the parent starts at the first call."""
+        if which not in links:
+            if ask(protocol.HOST, which=which) < 1:
+                raise RuntimeError(f"grading: the parent could not start the {which} host")
+            links[which] = Link(*host_fds[which], codec=(protocol.json_payload, protocol.json_value)
+                                if which == "bare" else None)
+        if links[which].broken:
+            raise RuntimeError(links[which].broken)
+        return links[which]
 
     def script_host():
-        """The channel to the script host, which the parent starts at the first call: a learner's
-        TorchScript is loaded and run there, never here (``script_host.py``)."""
-        if "link" not in host:
-            if ask(protocol.HOST) < 1:
-                raise RuntimeError("grading: the parent could not start the process that runs TorchScript")
-            host["link"] = Link(host_call_fd, host_reply_fd)
-        if host["link"].broken:
-            raise RuntimeError(host["link"].broken)
-        return host["link"]
+        """A learner's TorchScript is loaded and run there, never here (``script_host.py``)."""
+        return host_link("script")
+
+    def bare_host():
+        """A learner's answer by hand runs there again, in a Python without torch (``bare_host.py``)."""
+        return host_link("bare")
 
     # No learner frame is ever on this process's stack: the references serve the checks freely.
     alarm = protocol.Alarm()
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
                   refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
                   learner_peak=learner_peak,
-                  uninterrupted=alarm.uninterrupted, alarm=alarm.on_alarm, script_host=script_host)
+                  uninterrupted=alarm.uninterrupted, alarm=alarm.on_alarm, script_host=script_host,
+                  bare_host=bare_host)
 
     alarm.install()  # the parent's time limit, felt inside a cell's code only
     link = Link(call_fd, reply_fd)
@@ -186,10 +197,11 @@ def main() -> int:
         state["cell"] = None
         if isinstance(outcome, protocol.CellTimeout):
             error = f"TimeoutError: the cell ran longer than {setup['cell_timeout']:g} s and was interrupted"
-            if "link" in host and host["link"].busy:  # interrupted waiting for it: stopped, it runs nothing more
-                ask(protocol.HOST, stop=True)
-                host["link"].broken = ("the process that runs your TorchScript was stopped: a call to it ran past "
-                                       "an earlier cell's time limit")
+            for which, host in links.items():
+                if host.busy:  # interrupted waiting for it: stopped, it runs nothing more
+                    ask(protocol.HOST, stop=True, which=which)
+                    host.broken = (f"the process that runs your {'TorchScript' if which == 'script' else 'answer by hand'}"
+                                   " was stopped: a call to it ran past an earlier cell's time limit")
         elif outcome is not None:
             error = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
         else:

@@ -29,7 +29,9 @@ code runs), the size of each tmpfs (the cap), and the memory group's limit (:dat
 The judge, whose work a learner's answers can drive, is held to the same limits, its memory on its
 own count against the same cap. The script host (``script_host.py``), started at the judge's
 request, runs a learner's TorchScript confined as the learner's process is, and its memory counts
-with the learner's. Messages are bounded (``protocol.py``).
+with the learner's; so does the bare host's (``bare_host.py``), which runs a learner's answers by
+hand in a Python that has its standard library and no installed package (no torch, no NumPy).
+Messages are bounded (``protocol.py``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ HERE = Path(__file__).resolve().parent
 CHILD = HERE / "child.py"
 JUDGE = HERE / "judge.py"
 SCRIPT_HOST = HERE / "script_host.py"
+BARE_HOST = HERE / "bare_host.py"
 PROTOCOL = HERE / "protocol.py"
 #: This checkout's helper package: what the sandbox imports, whatever else is installed.
 COURSE = Path(__file__).resolve().parents[2] / "course"
@@ -69,6 +72,8 @@ GRACE = 30.0
 #: The kernel's wall on a learner's memory group (``memcg``), in memory caps: the poll decides at
 #: the cap; the kernel holds this between two of its looks (like RLIMIT_DATA's, per process).
 WALL = 2.0
+#: What each host runs of a learner's (in messages).
+HOSTED = {"script": "TorchScript", "bare": "answer by hand"}
 #: Seconds between two looks at a learner's memory.
 POLL = 0.2
 
@@ -236,6 +241,37 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def bare_python() -> str:
+    """The interpreter the bare host runs: this environment's base Python (a virtual
+    environment's ``python`` is a link to it, and the environment itself is not mounted there)."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+#: Where installed packages live below a folder the sandbox mounts (``/usr``, ``/lib``, the base
+#: Python's prefix...): hidden from the bare host under an empty folder each.
+PACKAGE_FOLDERS = ("python3*/site-packages", "python3*/dist-packages", "lib/python3*/site-packages",
+                   "lib/python3*/dist-packages", "lib64/python3*/site-packages", "lib64/python3*/dist-packages",
+                   "local/lib/python3*/site-packages", "local/lib/python3*/dist-packages",
+                   "local/lib64/python3*/site-packages", "local/lib64/python3*/dist-packages")
+
+
+def package_folders(roots: list[str]) -> list[str]:
+    """Every folder of installed packages below ``roots`` (as the sandbox sees them: the same
+    paths), this interpreter's own site folders included."""
+    import glob
+    import site
+
+    found = {path for root in roots for pattern in PACKAGE_FOLDERS
+             for path in glob.glob(os.path.join(root, pattern))}
+    try:
+        found.update(site.getsitepackages())
+        found.add(site.getusersitepackages())
+    except AttributeError:  # an interpreter without them (some embedded builds)
+        pass
+    return sorted(p for p in found if os.path.isdir(p) and not os.path.islink(p)
+                  and any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots))
+
+
 def _bwrap_argv(script: str, args: list[str], uid: int | None = None, scratch_bytes: int | None = None,
                 seccomp_fd: int | None = None) -> list[str]:
     """bwrap's argv to run ``/grading/<script> ARGS`` (``child.py`` or ``judge.py``) confined;
@@ -245,21 +281,27 @@ def _bwrap_argv(script: str, args: list[str], uid: int | None = None, scratch_by
     descriptor bwrap reads the filter from (:mod:`.seccomp`: no namespaces of its own)."""
     size = ["--size", str(int(scratch_bytes))] if scratch_bytes and bwrap_sizes_tmpfs() else []
     binds: list[str] = []
-    for path in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc"):
+    system = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc")
+    for path in system:
         binds += ["--ro-bind-try", path, path]
-    envs = sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix})
+    bare = script == "bare_host.py"  # the interpreter and its standard library, no installed package
+    envs = sorted({os.path.realpath(sys.base_prefix)} if bare else
+                  {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix})
     # Mount points' parents as plain 0755 folders: the environment may sit below a private one
     # (/root, a checkout made by mktemp -d) that the sandbox's user could not otherwise pass.
     parents = sorted({str(a) for path in envs for a in Path(path).parents if str(a) != "/"}, key=len)
     dirs = [x for a in parents for x in ("--perms", "0755", "--dir", a)]
     for path in envs:
         binds += ["--ro-bind", path, path]
+    if bare:  # after the binds: each folder of packages mounted over with an empty one
+        binds += [x for path in package_folders([*system, *envs]) for x in ("--tmpfs", path)]
     devices: list[str] = []
-    if Path("/dev/nvidiactl").exists():  # a GPU runner: let the child reach the devices
+    if Path("/dev/nvidiactl").exists() and not bare:  # a GPU runner: let the child reach the devices
         # After --dev /dev (below), which mounts a fresh /dev over anything bound there before.
         names = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{i}" for i in range(16))]
         devices = [x for name in names for x in ("--dev-bind-try", f"/dev/{name}", f"/dev/{name}")]
-    command = [sys.executable, "-I", f"/grading/{script}", *args]
+    command = [bare_python(), "-I", "-S", f"/grading/{script}", *args] if bare else \
+        [sys.executable, "-I", f"/grading/{script}", *args]
     if os.geteuid() == 0:
         # No user namespace (inside it, uid 65534 would be host root): bwrap makes the mounts as
         # root, then the child runs as a uid of its own, with no capabilities left.
@@ -276,10 +318,13 @@ def _bwrap_argv(script: str, args: list[str], uid: int | None = None, scratch_by
             "--perms", "0755", *size, "--tmpfs", "/grading",
             "--ro-bind", str(CHILD), "/grading/child.py", "--ro-bind", str(JUDGE), "/grading/judge.py",
             "--ro-bind", str(SCRIPT_HOST), "/grading/script_host.py", "--ro-bind", str(PROTOCOL), "/grading/protocol.py",
-            "--perms", "0755", "--dir", "/grading/pkg", "--ro-bind", str(COURSE.resolve()), "/grading/pkg/course",
+            "--ro-bind", str(BARE_HOST), "/grading/bare_host.py",
+            # The course is not the bare host's: it imports torch, and the bare host has none.
+            *(["--perms", "0755", "--dir", "/grading/pkg", "--ro-bind", str(COURSE.resolve()), "/grading/pkg/course"]
+              if not bare else []),
             # The references that reproduce exercises are the judge's alone: hidden from every process
             # that runs learner code (the learner's, the script host).
-            *(["--tmpfs", "/grading/pkg/course/references"] if script != "judge.py" else []),
+            *(["--tmpfs", "/grading/pkg/course/references"] if script not in ("judge.py", "bare_host.py") else []),
             "--perms", "0777", "--dir", "/grading/cells", "--chdir", "/grading/cells",
             *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []), "--", *command]
 
@@ -589,8 +634,8 @@ class _Proc:
         else:
             self.scratch = tempfile.mkdtemp(prefix="grading-")
             (Path(self.scratch) / "cells").mkdir()
-            argv = [sys.executable, "-I", str(HERE / script), *fds,
-                    *_local_args(script, args, f"{self.scratch}/cells")]
+            argv = [*([bare_python(), "-I", "-S"] if script == "bare_host.py" else [sys.executable, "-I"]),
+                    str(HERE / script), *fds, *_local_args(script, args, f"{self.scratch}/cells")]
             cwd = f"{self.scratch}/cells"
         also = [self.memory.procs()] if self.memory is not None and self.memory.own else []
         if self.group is not None:
@@ -657,13 +702,18 @@ class _Proc:
 def _sandbox_args(script: str, args: list[str]) -> list[str]:
     if script == "child.py":  # CELLS_DIR PKG_ROOT LIMITS [CALL_FD REPLY_FD]
         return ["/grading/cells", "/grading/pkg", *args]
-    # judge: CALL_FD REPLY_FD PKG_ROOT LIMITS HOST_CALL_FD HOST_REPLY_FD; script host: CALL_FD REPLY_FD PKG_ROOT LIMITS
+    if script == "bare_host.py":  # CALL_FD REPLY_FD LIMITS: no course there
+        return list(args)
+    # judge: CALL_FD REPLY_FD PKG_ROOT LIMITS SCRIPT_CALL_FD SCRIPT_REPLY_FD BARE_CALL_FD BARE_REPLY_FD;
+    # script host: CALL_FD REPLY_FD PKG_ROOT LIMITS
     return [*args[:2], "/grading/pkg", *args[2:]]
 
 
 def _local_args(script: str, args: list[str], cells: str) -> list[str]:
     if script == "child.py":
         return [cells, str(COURSE.parent), *args]
+    if script == "bare_host.py":
+        return list(args)
     return [*args[:2], str(COURSE.parent), *args[2:]]
 
 
@@ -696,15 +746,18 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     served = [c for c in cells if c.get("served")]
     start = time.monotonic()
     call_r = call_w = reply_r = reply_w = None
-    host_fds: list[int] = []  # the script host's ends of its pipes to the judge, until it starts
+    host_fds: dict[str, list[int]] = {}  # each host's ends of its pipes to the judge, until it starts
+    judge_host_fds: list[int] = []  # the judge's ends: script host's call and reply, then the bare host's
     child_args = [limits]
     if served:
         call_r, call_w = os.pipe()    # judge -> learner: requests
         reply_r, reply_w = os.pipe()  # learner -> judge: replies
         child_args += [str(call_r), str(reply_w)]
-        host_call_r, host_call_w = os.pipe()    # judge -> script host
-        host_reply_r, host_reply_w = os.pipe()  # script host -> judge
-        host_fds = [host_call_r, host_reply_w]
+        for which in protocol.HOSTS:  # the script host (TorchScript), the bare host (answers by hand)
+            host_call_r, host_call_w = os.pipe()    # judge -> host
+            host_reply_r, host_reply_w = os.pipe()  # host -> judge
+            host_fds[which] = [host_call_r, host_reply_w]
+            judge_host_fds += [host_call_w, host_reply_r]
     wall = int(WALL * memory_mb * 2**20)  # each process's memory group: the kernel's wall between looks
     # The learner's tmpfs folders can hold no more than the memory cap each (where bwrap sizes them);
     # what they hold counts toward the cap beside the processes' memory (the poll below).
@@ -716,35 +769,39 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         # The judge runs trusted code only, but what it computes the learner's answers can drive
         # (replies are kept): the submission's limits and memory cap hold for it too, on its own count
         # (8 GB allocated by a scripted function, when TorchScript still ran in the judge, was graded
-        # "ok" under a 1 GB cap). It gets its ends of the script host's pipes now; the host itself
-        # starts when the judge first asks for it (start_host).
-        judge = _Proc("judge.py", [str(call_w), str(reply_r), limits, str(host_call_w), str(host_reply_r)],
+        # "ok" under a 1 GB cap). It gets its ends of the hosts' pipes now; each host starts when
+        # the judge first asks for it (start_host).
+        judge = _Proc("judge.py", [str(call_w), str(reply_r), limits, *map(str, judge_host_fds)],
                       sandbox=sandbox, env=child_env, log=log.with_name(log.name + ".judge"),
-                      token=secrets.token_hex(16), extra_fds=(call_w, reply_r, host_call_w, host_reply_r),
+                      token=secrets.token_hex(16), extra_fds=(call_w, reply_r, *judge_host_fds),
                       memory_limit=wall)
-        for fd in (call_r, call_w, reply_r, reply_w, host_call_w, host_reply_r):
+        for fd in (call_r, call_w, reply_r, reply_w, *judge_host_fds):
             os.close(fd)
     procs = [p for p in (child, judge) if p is not None]  # the processes that run cells
-    host: _Proc | None = None  # the script host, once the judge asked for it (it runs no cell)
-    host_fault = ""  # why the script host could not be started: the grader's failure, not the learner's
+    # The hosts the judge asked for (they run no cell): "script" runs the learner's TorchScript,
+    # "bare" the learner's answers by hand, in a Python without torch (bare_host.py).
+    hosts: dict[str, _Proc] = {}
+    host_fault = ""  # why a host could not be started: the grader's failure, not the learner's
 
-    def start_host() -> bool:
-        """The script host, confined as the learner's process is, on the pipes the judge holds."""
-        nonlocal host, host_fault
-        if host is None and host_fds:
+    def start_host(which: str = "script") -> bool:
+        """The host ``which``, confined as the learner's process is, on the pipes the judge holds."""
+        nonlocal host_fault
+        fds = host_fds.get(which)
+        if which not in hosts and fds:
             try:
-                host = _Proc("script_host.py", [str(host_fds[0]), str(host_fds[1]), limits], sandbox=sandbox,
-                             env=child_env, log=log.with_name(log.name + ".script"), token=secrets.token_hex(16),
-                             extra_fds=tuple(host_fds), scratch_bytes=int(memory_mb * 2**20), memory_limit=wall)
+                hosts[which] = _Proc(f"{which}_host.py", [str(fds[0]), str(fds[1]), limits], sandbox=sandbox,
+                                     env=child_env, log=log.with_name(f"{log.name}.{which}"),
+                                     token=secrets.token_hex(16), extra_fds=tuple(fds),
+                                     scratch_bytes=int(memory_mb * 2**20), memory_limit=wall)
             except Exception as exc:  # noqa: BLE001 - no uid left, no bwrap, no memory group...
-                host_fault = f"{type(exc).__name__}: {exc}"
+                host_fault = f"the {which} host: {type(exc).__name__}: {exc}"
                 return False
             finally:
-                for fd in host_fds:
+                for fd in fds:
                     os.close(fd)
-                host_fds.clear()
-            clock.procs = (*clock.procs, host)  # paused with the submission for another's measurement
-        return host is not None
+                fds.clear()
+            clock.procs = (*clock.procs, hosts[which])  # paused with the submission for another's measurement
+        return which in hosts
     pending = list(cells)  # sent one at a time, each after the previous cell ended
     owner: list[_Proc | None] = [None]  # who runs the cell now
 
@@ -816,10 +873,12 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     continue
                 try:
                     rss, outside = _memory_look(proc, outside_of)
-                    scripts = 0.0  # the learner's TorchScript, run in the script host: the learner's count
-                    if proc is child and host is not None:
-                        scripts, more = _memory_look(host, None)
-                        scripts += sum(more.values()) / 2**20
+                    # The learner's TorchScript and answers by hand, run in the hosts: the learner's count.
+                    in_hosts: dict[str, float] = {}
+                    for which, host in (hosts.items() if proc is child else ()):
+                        rss_host, more = _memory_look(host, None)
+                        in_hosts[which] = rss_host + sum(more.values()) / 2**20
+                    scripts = sum(in_hosts.values())
                 except TooManyFiles as exc:
                     over = f"{exc} (the memory cap is {memory_mb:g} MB)"
                     break
@@ -830,8 +889,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     judge_peak = max(judge_peak, used)
                 if used > memory_mb:
                     said = "".join(f", {OUTSIDE[k]} {v / 2**20:.0f} MB" for k, v in outside.items() if v >= 2**20)
-                    if scripts >= 1:
-                        said += f", its TorchScript in the script host {scripts:.0f} MB"
+                    said += "".join(f", its {HOSTED[w]} in the {w} host {mb:.0f} MB" for w, mb in in_hosts.items() if mb >= 1)
                     over = (f"used more than the memory cap of {memory_mb:g} MB" if proc is child else
                             f"its answers made the judge process (served checks) hold {used:.0f} MB, more than "
                             f"the memory cap of {memory_mb:g} MB") + (f" (its processes {rss:.0f} MB{said})" if said else "")
@@ -917,18 +975,22 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         TURNS.end(clock)
                         holding, holding_since = None, None
                     elif kind == protocol.HOLD and source is judge and held is None:
-                        held = [Pause(p) for p in (child, host) if p is not None]
+                        # The bare host runs only while the judge waits for it, never during a hold.
+                        held = [Pause(p) for p in (child, hosts.get("script")) if p is not None]
                         for pause in held:
                             pause.begin()
                         source.go()
+                    elif kind == protocol.HOST and source is judge and msg.get("which", "script") not in protocol.HOSTS:
+                        raise ProtocolError("a request for a host of no known kind")
                     elif kind == protocol.HOST and source is judge and msg.get("stop") is True:
-                        if host is not None:  # a call the judge gave up on (TorchScript that never returns)
+                        host = hosts.get(msg.get("which", "script"))
+                        if host is not None:  # a call the judge gave up on (code that never returns)
                             kill_tree(host.proc.pid)
                             if host.group is not None:
                                 host.group.kill()
                         source.answer(protocol.NUMBER_ANSWER.pack(1.0))
                     elif kind == protocol.HOST and source is judge:
-                        started = start_host()
+                        started = start_host(msg.get("which", "script"))
                         source.answer(protocol.NUMBER_ANSWER.pack(1.0 if started else 0.0))
                         if not started:  # the grader's own failure: raised below, the row says so (error)
                             status = "crashed"
@@ -981,22 +1043,23 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if index in reports:
             reports[index].tampered = True
     exits = {id(p): p.proc.poll() for p in procs}  # before close() kills what is left
-    everyone = [*procs, *([host] if host is not None else [])]
+    everyone = [*procs, *hosts.values()]
     for p in everyone:
         killed = p.memory.oom_kills() if p.memory is not None else 0
         if killed and status != "oom":  # the kernel's wall: between two looks, past WALL times the cap
             whose = ("" if p is child else ", in the judge process (served checks) its answers drove" if p is judge
-                     else ", in the script host, running its TorchScript")
+                     else ", in the script host, running its TorchScript" if p is hosts.get("script")
+                     else ", in the bare host, running its answer by hand")
             status, detail = "oom", (f"used more than {WALL:g} times the memory cap of {memory_mb:g} MB between two "
                                      f"looks{whose}: the kernel ended {killed} of its processes")
     if held_for is not None:
         held_for.close()
     for p in everyone:
         p.close()
-    for fd in host_fds:  # never started
+    for fd in [fd for fds in host_fds.values() for fd in fds]:  # never started
         os.close(fd)
     if host_fault:
-        raise RuntimeError(f"the grader could not start the process that runs a learner's TorchScript ({host_fault})")
+        raise RuntimeError(f"the grader could not start a process that runs a learner's code for the judge ({host_fault})")
     if not status:
         hungry = [r.index for r in reports.values() if r.error.startswith("MemoryError")]
         if done and hungry:  # the kernel's data limit refused an allocation; later cells still ran

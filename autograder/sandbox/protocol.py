@@ -44,11 +44,45 @@ READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE = (
 # kernel's peak set back, the resident bytes sampled from then on), PEAK without it ends it; both are
 # answered the same way (``parent.PeakWatch``).
 HOLD, RELEASE, CPU, PEAK = "hold", "release", "cpu", "peak"
-# Judge -> parent only: start the script host (``script_host.py``), answered by NUMBER_ANSWER (1.0:
-# started, 0.0: not); with ``stop`` true, stop it (a call the judge gave up on at a time limit).
+# Judge -> parent only: start a host, answered by NUMBER_ANSWER (1.0: started, 0.0: not); with
+# ``stop`` true, stop it (a call the judge gave up on at a time limit). ``which``: the script host
+# (``script_host.py``, the default) or the bare host (``bare_host.py``), one of HOSTS.
 HOST = "host"
+HOSTS = ("script", "bare")
 NUMBER_ANSWER = struct.Struct(">d")
 KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE, HOLD, RELEASE, CPU, PEAK, HOST}
+
+
+#: The judge and the bare host (``bare_host.py``, a Python with its standard library alone) speak
+#: JSON: plain values (None, booleans, numbers, strings, lists, dicts with string keys), framed
+#: like every message here (HEADER, then the payload). Integers longer than this many digits are
+#: refused, as are NaN and the infinities.
+JSON_DIGITS = 24
+
+
+def json_payload(value) -> bytes:
+    """``value`` (plain values only) as one JSON payload."""
+    import json
+
+    return json.dumps(value, allow_nan=False, separators=(",", ":")).encode()
+
+
+def json_value(payload: bytes):
+    """The plain value in ``payload``, or :class:`ProtocolError`: never more than JSON can say."""
+    import json
+
+    def number(text: str):
+        if len(text) > JSON_DIGITS:
+            raise ValueError("an integer too long")
+        return int(text)
+
+    def refuse(name: str):
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        return json.loads(bytes(payload).decode("utf-8"), parse_int=number, parse_constant=refuse)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"an unreadable JSON message ({type(exc).__name__})") from None
 
 
 def send_frame(fd: int, payload: bytes) -> None:

@@ -36,6 +36,7 @@ from course.checks.witnesses import DispatcherOps, alone
 from course.data import device_generator, generator
 from course.devices import pick_device
 from course.numerics import assert_close, describe
+from course.bare import outcome_value, run_bare
 from course.remote import factory, is_remote, mirrored, probe, prober
 from course.timing import SpeedReport
 
@@ -235,22 +236,22 @@ def shapes_by_hand(broadcast_shape: Callable, pairs: list) -> dict:
     return {"outcomes": outcomes, "used": list(used)}
 
 
-def check_broadcast_shape(broadcast_shape: Callable, *, seed: int = 0, n: int = 30) -> None:
-    """``broadcast_shape(a, b)`` is the shape two tensors of shapes ``a`` and ``b`` broadcast to,
-    as ``torch.broadcast_shapes`` says, on fixed and random pairs (``seed``); for pairs that do
-    not broadcast it raises ``ValueError`` (``RuntimeError`` accepted, as torch raises). The rule
-    must be the learner's own: a call into torch or NumPy while it runs (``torch.broadcast_shapes``,
-    tensors, meta tensors, ``np.broadcast_shapes``) fails the check."""
-    label = "broadcast_shape"
-    pairs = shape_pairs(seed, n)
-    shapes = _answers("broadcast_shape", seed, torch.device("cpu"), n=n)["shapes"]
-    report = probe(broadcast_shape, shapes_by_hand, [[list(a), list(b)] for a, b in pairs])
-    outcomes = report.get("outcomes") if isinstance(report, dict) else None
-    if not isinstance(outcomes, list) or len(outcomes) != len(pairs):
-        raise AssertionError(f"{label}: the learner's process did not report one outcome per pair.")
+def _bare_outcome(outcome: dict) -> dict:
+    """An outcome of the bare host (:func:`course.bare.run_bare`) as :func:`shapes_by_hand` reports one."""
+    if "value" in outcome:
+        got = outcome["value"]
+        if isinstance(got, list) and all(type(s) is int for s in got):
+            return {"shape": got}
+        return {"other": describe(outcome_value(outcome))}
+    return outcome
+
+
+def _compare(pairs: list, outcomes: list, shapes: list, label: str, where: str = "") -> int:
+    """How many of ``outcomes`` (one per pair) agree with torch's ``shapes``; the first that does not
+    is an ``AssertionError`` naming the likely mistake (``where``: said after the call)."""
     agreed = 0
     for (a, b), outcome, want in zip(pairs, outcomes, shapes):
-        case = f"{label}({a}, {b})"
+        case = f"{label}({a}, {b}){where}"
         if not isinstance(outcome, dict):
             raise AssertionError(f"{case}: the learner's process sent no outcome for this pair.")
         if want is None:
@@ -276,12 +277,34 @@ def check_broadcast_shape(broadcast_shape: Callable, *, seed: int = 0, n: int = 
                 why = " A size 1 stretches to the other size, 0 included: 1 against 0 gives 0 (an empty dimension)."
             raise AssertionError(f"{case} returned {got}; torch broadcasts them to {want}.{why}")
         agreed += 1
+    return agreed
+
+
+def check_broadcast_shape(broadcast_shape: Callable, *, seed: int = 0, n: int = 30) -> None:
+    """``broadcast_shape(a, b)`` is the shape two tensors of shapes ``a`` and ``b`` broadcast to,
+    as ``torch.broadcast_shapes`` says, on fixed and random pairs (``seed``); for pairs that do
+    not broadcast it raises ``ValueError`` (``RuntimeError`` accepted, as torch raises). The rule
+    must be the learner's own: a call into torch or NumPy while it runs (``torch.broadcast_shapes``,
+    tensors, meta tensors, ``np.broadcast_shapes``) fails the check."""
+    label = "broadcast_shape"
+    pairs = shape_pairs(seed, n)
+    shapes = _answers("broadcast_shape", seed, torch.device("cpu"), n=n)["shapes"]
+    report = probe(broadcast_shape, shapes_by_hand, [[list(a), list(b)] for a, b in pairs])
+    outcomes = report.get("outcomes") if isinstance(report, dict) else None
+    if not isinstance(outcomes, list) or len(outcomes) != len(pairs):
+        raise AssertionError(f"{label}: the learner's process did not report one outcome per pair.")
+    agreed = _compare(pairs, outcomes, shapes, label)
     used = report.get("used") or []  # right values, and the rule still not its own
     if used:
         raise AssertionError(
             f"{label} called {', '.join(str(u) for u in list(used)[:4])}: the exercise is the rule itself, in plain "
             "Python. Inside broadcast_shape, call neither torch (torch.broadcast_shapes, tensors of those shapes, "
             "meta tensors included) nor NumPy; the check watches the calls it makes.")
+    # Under the grader, the same rule run again where there is no torch or NumPy to call (the bare
+    # host): the watcher above is the learner's process's word, this is the kernel's.
+    bare = run_bare(broadcast_shape, [[list(a), list(b)] for a, b in pairs], name=label)
+    if bare is not None:
+        _compare(pairs, [_bare_outcome(o) for o in bare], shapes, label, where=", run without torch,")
     record(torch.tensor(float(agreed)), torch.tensor(float(len(pairs))), name=f"{label}: pairs that agree with torch")
     ok(f"{label} agrees with torch.broadcast_shapes on {len(pairs)} pairs, and raises where they do not "
        f"broadcast (seed {seed})")

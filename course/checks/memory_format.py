@@ -39,6 +39,7 @@ from course.memory_format import (PLANTED_VARIANTS, autocast_witness, channels_l
                                   planted_model)
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
+from course.bare import outcome_value, run_bare
 from course.remote import probe, prober
 from course.timing import SpeedReport
 from course.wire import ModuleState
@@ -90,7 +91,23 @@ def _by_hand(fn: Callable, cases: list, *, name: str) -> list:
                                  "plain Python arithmetic on the shape (and strides), no tensors.")
     if len(results) != len(cases):
         raise AssertionError(f"{name}: the answers came back malformed (expected one per case).")
-    return [got for got, _ in results]
+    answers = [got for got, _ in results]
+    # Under the grader, the same function run again where there is no torch to call (the bare host):
+    # the watcher above is the learner's process's word, this is the kernel's.
+    bare = run_bare(fn, [list(c) for c in cases], name=name)
+    for case, got, outcome in zip(cases, answers, bare or []):
+        if "raised" in outcome:
+            raise AssertionError(f"{name}{tuple(case)}, run without torch, raised {outcome['raised']}: "
+                                 f"{outcome.get('message')}")
+        if _tuples(outcome_value(outcome)) != _tuples(got):
+            raise AssertionError(f"{name}{tuple(case)} returned {got!r} in your notebook's process, and "
+                                 f"{outcome_value(outcome)!r} run without torch: work it out by hand, the same way "
+                                 "every time.")
+    return answers
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def _shapes(seed: int, cases: int) -> list[tuple[int, int, int, int]]:

@@ -1,0 +1,267 @@
+"""The bare host: an answer asked for by hand runs again where there is no torch (``course.bare``,
+``autograder/sandbox/bare_host.py``). In the learner's process, "called no torch function" is the
+course watcher's report, which a learner who forges from C controls; in the bare host it is the
+kernel's fact: its filesystem has the interpreter and the standard library, and no installed package."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+import secrets
+import sys
+import textwrap
+
+import pytest
+
+from served_helpers import BROADCAST_RULE, served as _served
+
+served = contextlib.contextmanager(_served)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A notebook's functions, as a learner writes them: a helper, a standard-library module and name,
+# a constant, and a table too large to travel (and torch, which must not).
+_NOTEBOOK = BROADCAST_RULE.replace("def broadcast_shape", "def _unused") + textwrap.dedent('''
+    import math
+    from functools import reduce
+    from typing import Tuple
+
+    import torch
+
+    ONE = 1
+    TABLE = {i: str(i) for i in range(5000)}
+    x = torch.ones(3)
+
+
+    def pad(shape, n):
+        return (ONE,) * (n - len(shape)) + tuple(shape)
+
+
+    def broadcast_shape(a: Tuple[int, ...], b: Tuple[int, ...]) -> Tuple[int, ...]:
+        n = max(len(a), len(b))
+        out = []
+        for p, q in zip(pad(a, n), pad(b, n)):
+            if p != q and ONE not in (p, q):
+                raise ValueError(f"sizes {p} and {q} differ")
+            out.append(q if p == ONE else p)
+        assert reduce(lambda u, v: u * v, out, 1) == math.prod(out)
+        return tuple(out)
+
+
+    def with_torch(a, b):
+        return tuple(torch.broadcast_shapes(a, b))
+
+
+    def with_table(a, b):
+        return TABLE[len(a)]
+
+
+    def from_tensor(a, b):
+        return tuple(x.shape)
+    ''')
+
+
+@pytest.fixture(scope="module")
+def notebook(tmp_path_factory):
+    """The functions above, defined from a file (as the grader's cells are: their source is readable)."""
+    path = tmp_path_factory.mktemp("notebook") / "cell.py"
+    path.write_text(_NOTEBOOK)
+    spec = importlib.util.spec_from_file_location("learner_cell", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bare_link(tmp_path_factory):
+    """A bare host started as the grader starts it (bubblewrap where it works), and the judge's end."""
+    from autograder.sandbox import bwrap_works, parent, protocol
+    from course.remote import Link
+
+    call_r, call_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    env = parent._env({})
+    host = parent._Proc("bare_host.py", [str(call_r), str(reply_w), parent._limits(2000, env)],
+                        sandbox="bwrap" if bwrap_works() else "none", env=env,
+                        log=tmp_path_factory.mktemp("bare") / "log", token=secrets.token_hex(8),
+                        extra_fds=(call_r, reply_w), scratch_bytes=64 * 2**20)
+    os.close(call_r)
+    os.close(reply_w)
+    link = Link(call_w, reply_r, codec=(protocol.json_payload, protocol.json_value))
+    link.confined = bwrap_works()
+    yield link
+    os.close(call_w)
+    os.close(reply_r)
+    host.close()
+
+
+def test_a_program_carries_the_notebooks_functions_imports_and_constants_and_nothing_of_torch(notebook):
+    from course.bare import bare_program
+
+    program = bare_program(notebook.broadcast_shape)
+    source = program["source"]
+    assert program["name"] == "broadcast_shape"
+    assert "import math as math" in source and "import reduce as reduce" in source, source
+    assert "ONE = 1" in source and "def pad(" in source and "def broadcast_shape(" in source, source
+    assert "torch" not in source.replace("Tuple", "") and "TABLE" not in source, source
+    assert "def _unused" not in source and "def with_torch" not in source  # only what it reaches
+    assert {"torch"} <= set(bare_program(notebook.with_torch)["left"])
+    assert "TABLE" in bare_program(notebook.with_table)["left"]  # over 20,000 characters: not carried
+    assert "x" in bare_program(notebook.from_tensor)["left"]
+    namespace: dict = {}
+    exec(source, namespace)  # the program stands alone
+    assert namespace["broadcast_shape"]((3, 1), (4,)) == (3, 4)
+
+
+def test_what_is_not_a_function_defined_with_def_has_no_program():
+    from course.bare import bare_program
+
+    assert "not a function defined with def" in bare_program(max)["error"]
+    assert "not a function defined with def" in bare_program(functools.partial(max, 1))["error"]
+    namespace: dict = {}
+    exec("def f(a, b):\n    return a\n", namespace)  # no file behind it: its source cannot be read
+    assert "could not be read" in bare_program(namespace["f"])["error"]
+
+
+def test_the_bare_host_runs_a_rule_and_reports_each_outcome(notebook, bare_link):
+    from course.bare import bare_program
+
+    program = bare_program(notebook.broadcast_shape)
+    reply = bare_link.request({"op": "run", "source": program["source"], "name": "broadcast_shape",
+                               "cases": [[[3, 1], [4]], [[2], [3]], [[], [2, 3]]]})
+    assert reply["outcomes"][0] == {"value": [3, 4]}, reply
+    assert reply["outcomes"][1]["raised"] == "ValueError", reply
+    assert reply["outcomes"][2] == {"value": [2, 3]}, reply
+    broken = bare_link.request({"op": "run", "source": "def f(:\n", "name": "f", "cases": []})
+    assert broken["error"].startswith("SyntaxError"), broken
+
+
+# What a learner's program could try, in the bare host, to reach torch or NumPy anyway: every
+# folder of packages the grader's own interpreter knows put back on the path, the shared library
+# loaded by its path, and the whole filesystem searched.
+_REACH = '''
+import ctypes, os, sys
+def reach(paths, libraries):
+    found, walked = [], 0
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    for name in ("torch", "numpy"):
+        try:
+            __import__(name)
+            found.append("imported " + name)
+        except ImportError:
+            pass
+    for lib in libraries:
+        try:
+            ctypes.CDLL(lib)
+            found.append("loaded " + lib)
+        except OSError:
+            pass
+    for top in ("/usr", "/lib", "/lib64", "/opt", "/root", "/home", "/work", "/tmp", "/etc", sys.prefix):
+        for folder, dirs, files in os.walk(top):
+            walked += len(files)
+            for name in files:
+                if name.startswith(("libtorch", "libnumpy", "_multiarray_umath")):
+                    found.append(os.path.join(folder, name))
+            if os.path.basename(folder) in ("torch", "numpy") and "__init__.py" in files:
+                found.append(folder)
+            if len(found) > 20:
+                return found
+    return found or walked
+'''
+
+
+def test_the_bare_host_has_no_torch_or_numpy_to_import_load_or_find(bare_link):
+    import site
+
+    import numpy
+    import torch
+
+    if not bare_link.confined:
+        pytest.skip("bubblewrap does not work here: the bare host is not confined (its run is flagged unconfined)")
+    paths = sorted({*sys.path, *site.getsitepackages(), site.getusersitepackages(),
+                    os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(os.path.dirname(numpy.__file__))})
+    libraries = [os.path.join(os.path.dirname(torch.__file__), "lib", name)
+                 for name in ("libtorch.so", "libtorch_cpu.so", "libtorch_python.so")]
+    reply = bare_link.request({"op": "run", "source": _REACH, "name": "reach", "cases": [[paths, libraries]]})
+    outcome = reply["outcomes"][0]
+    assert isinstance(outcome.get("value"), int) and outcome["value"] > 1000, reply  # files seen, none of theirs
+
+
+def _forging(monkeypatch, module, name: str, forge) -> None:
+    """The course's probe ``module.name`` replaced, in the (thread-served) learner's side, by
+    ``forge(real, *args)``, whose report is clean: what a learner who forges from C could make it say."""
+    from course import remote
+
+    real = getattr(module, name)
+
+    @functools.wraps(real)
+    def forged(*args, **kwargs):
+        return forge(real, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, forged)
+    monkeypatch.setitem(remote.PROBES, f"{module.__name__}.{name}", forged)
+
+
+@pytest.fixture
+def judged(monkeypatch, bare_link):
+    """The judge's hook to the bare host, as ``judge.py`` installs it."""
+    from course import grader_hooks
+
+    monkeypatch.setattr(grader_hooks, "bare_host", lambda: bare_link)
+
+
+def test_a_forged_watcher_report_is_not_enough_for_lesson_7(monkeypatch, notebook, judged):
+    """``torch.broadcast_shapes`` with the watcher's report made clean passes in the learner's
+    process and fails run without torch; the rule by hand passes both (the control)."""
+    from course.checks import broadcasting
+
+    _forging(monkeypatch, broadcasting, "shapes_by_hand", lambda real, *args: {**real(*args), "used": []})
+    with served({"broadcast_shape": notebook.with_torch, "rule": notebook.broadcast_shape}) as remote:
+        with pytest.raises(AssertionError, match=r"run without torch.*name 'torch' is not defined"):
+            broadcasting.check_broadcast_shape(remote("broadcast_shape"), seed=11, n=20)
+        broadcasting.check_broadcast_shape(remote("rule"), seed=11, n=20)
+
+
+def test_a_forged_watcher_report_is_not_enough_for_lesson_3(monkeypatch, judged, tmp_path):
+    """Lesson 3's strides from a meta tensor, the watcher's report made clean: fails run without torch."""
+    from course.checks import memory_format
+
+    path = tmp_path / "cell.py"
+    path.write_text("import torch\n\ndef nchw(shape):\n    return tuple(torch.empty(shape, device='meta').stride())\n\n"
+                    "def nhwc(shape):\n    n, c, h, w = shape\n    return (h * w * c, 1, w * c, c)\n")
+    spec = importlib.util.spec_from_file_location("learner_cell3", path)
+    cell = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cell)
+    _forging(monkeypatch, memory_format, "by_hand_cases", lambda real, fn, name, cases: [(fn(*c), []) for c in cases])
+    with served({"nchw_strides": cell.nchw, "nhwc_strides": cell.nhwc}) as remote:
+        with pytest.raises(AssertionError, match=r"nchw_strides.*run without torch.*'torch' is not defined"):
+            memory_format.check_strides(remote("nchw_strides"), remote("nhwc_strides"), seed=5, cases=10)
+
+
+def test_an_answer_that_hangs_only_without_torch_costs_its_cells_not_the_run(tmp_path):
+    """Across the real sandbox: a rule that loops forever where torch is not loaded passes the
+    watcher and hangs in the bare host; the cell's time limit ends it (the host is stopped, a later
+    cell that needs it says so) and the notebook goes on."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    hang = ("import sys\n" + BROADCAST_RULE.replace(
+        "def broadcast_shape(a, b):\n", "def broadcast_shape(a, b):\n    while 'torch' not in sys.modules:\n        pass\n"))
+    assert "while 'torch'" in hang
+    setup = "import torch\nfrom course.checks.broadcasting import check_broadcast_shape\n"
+    check = "check_broadcast_shape(broadcast_shape, seed=7, n=20)\n"
+    cells = [
+        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
+        {"index": 1, "id": "b", "kind": "solution", "source": hang, "grade_id": "sol", "answers": ["broadcast_shape"]},
+        {"index": 2, "id": "c", "kind": "test", "source": check, "grade_id": "t1", "served": True},
+        {"index": 3, "id": "d", "kind": "test", "source": check, "grade_id": "t2", "served": True},
+        {"index": 4, "id": "e", "kind": "instructor", "source": "print('after', broadcast_shape((2, 1), (3,)))",
+         "grade_id": ""},
+    ]
+    out = run_program(cells, judge_setup=[setup], sandbox="bwrap" if bwrap_works() else "none", cell_timeout=15,
+                      timeout=240, memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok", out
+    assert "TimeoutError" in out.cells[2].error, out.cells[2]
+    assert "answer by hand was stopped" in out.cells[3].error, out.cells[3]
+    assert out.cells[4].output.strip() == "after (2, 3)", out.cells[4]
