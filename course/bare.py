@@ -50,6 +50,20 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
+def _definition_names(source: str) -> set[str]:
+    """The names a ``def``'s decorators and default values read: evaluated where it is defined, so
+    its code does not name them."""
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError, RecursionError):
+        return set()
+    node = body[0] if body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return set()
+    exprs = [*node.decorator_list, *node.args.defaults, *[d for d in node.args.kw_defaults if d is not None]]
+    return {n.id for e in exprs for n in ast.walk(e) if isinstance(n, ast.Name)}
+
+
 def _literal(value: Any) -> str | None:
     """``repr(value)`` if it is a plain constant that reads back as itself (numbers, strings,
     containers of them), short enough to carry; else None."""
@@ -100,7 +114,7 @@ def bare_program(fn: Callable) -> dict:
             sources.append(textwrap.dedent(inspect.getsource(f)))
         except (OSError, TypeError) as exc:
             return {"error": f"the source of {getattr(f, '__name__', '?')} could not be read ({exc})"}
-        for name in sorted(_global_names(f.__code__) - seen_names):
+        for name in sorted((_global_names(f.__code__) | _definition_names(sources[-1])) - seen_names):
             seen_names.add(name)
             if name not in home:
                 continue  # a builtin, an attribute's name, or unbound: the program reads it as fn would

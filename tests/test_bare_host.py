@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A notebook's functions, as a learner writes them: a helper, a standard-library module and name,
 # a constant, and a table too large to travel (and torch, which must not).
 _NOTEBOOK = BROADCAST_RULE.replace("def broadcast_shape", "def _unused") + textwrap.dedent('''
+    import functools
     import math
     from functools import reduce
     from typing import Tuple
@@ -48,6 +49,11 @@ _NOTEBOOK = BROADCAST_RULE.replace("def broadcast_shape", "def _unused") + textw
             out.append(q if p == ONE else p)
         assert reduce(lambda u, v: u * v, out, 1) == math.prod(out)
         return tuple(out)
+
+
+    @functools.lru_cache(maxsize=None)
+    def cached(a, b, one=ONE):
+        return broadcast_shape(a, b)
 
 
     def with_torch(a, b):
@@ -113,6 +119,11 @@ def test_a_program_carries_the_notebooks_functions_imports_and_constants_and_not
     namespace: dict = {}
     exec(source, namespace)  # the program stands alone
     assert namespace["broadcast_shape"]((3, 1), (4,)) == (3, 4)
+    cached = bare_program(notebook.cached)  # a decorator and a default value are read where it is defined
+    assert "import functools as functools" in cached["source"] and cached["name"] == "cached", cached
+    namespace = {}
+    exec(cached["source"], namespace)
+    assert namespace["cached"]((2, 1), (3,)) == (2, 3)
 
 
 def test_what_is_not_a_function_defined_with_def_has_no_program():
@@ -259,7 +270,7 @@ def test_an_answer_that_hangs_only_without_torch_costs_its_cells_not_the_run(tmp
         {"index": 4, "id": "e", "kind": "instructor", "source": "print('after', broadcast_shape((2, 1), (3,)))",
          "grade_id": ""},
     ]
-    out = run_program(cells, judge_setup=[setup], sandbox="bwrap" if bwrap_works() else "none", cell_timeout=15,
+    out = run_program(cells, judge_setup=[setup], sandbox="bwrap" if bwrap_works() else "none", cell_timeout=8,
                       timeout=240, memory_mb=2000, log=tmp_path / "log")
     assert out.status == "ok", out
     assert "TimeoutError" in out.cells[2].error, out.cells[2]

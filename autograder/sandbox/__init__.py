@@ -5,6 +5,10 @@
   at a served test cell it answers the judge's calls instead (``course.remote.serve``);
 - ``judge.py``: the trusted side of served checks, a second confined process that runs the
   instructor's set-up and served test cells, calling the learner's code across the boundary;
+- ``script_host.py``: where a learner's TorchScript is loaded and run for the judge, confined as
+  the learner's process is;
+- ``bare_host.py``: where a learner's answer by hand runs again for the judge, in a Python with its
+  standard library and no installed package (no torch to call); it speaks JSON with the judge;
 - ``cgroup.py``, ``uids.py``: a cgroup and, as root, a host uid of its own for every process;
 - ``seccomp.py``: the system calls every confined process is refused (new namespaces, kernel-held IPC);
 - ``held.py``, ``memcg.py``: the memory the kernel holds for a sandbox outside its processes'
