@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from course.remote import is_remote, probe, prober
 
-__all__ = ["bare_program", "run_bare", "outcome_value"]
+__all__ = ["Other", "as_tuples", "bare_program", "outcome_value", "run_bare"]
 
 #: Largest constant of the notebook's that a program carries (its ``repr``), and the program itself.
 MAX_CONSTANT_CHARS = 20_000
@@ -144,11 +144,15 @@ class Other:
         return f"<{self.text}>"
 
 
+def as_tuples(value: Any) -> Any:
+    """``value`` with every list and tuple in it a tuple: an answer as the bare host's JSON carries
+    it (lists) and as the learner's process returned it (either) compare alike."""
+    return tuple(as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
 def outcome_value(outcome: dict) -> Any:
     """The value an outcome of the bare host carries (lists come back as tuples), or :class:`Other`."""
-    def tuples(v):
-        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
-    return tuples(outcome["value"]) if "value" in outcome else Other(outcome.get("other", "?"))
+    return as_tuples(outcome["value"]) if "value" in outcome else Other(outcome.get("other", "?"))
 
 
 def _shown(case) -> tuple:

@@ -39,7 +39,7 @@ from course.memory_format import (PLANTED_VARIANTS, autocast_witness, channels_l
                                   planted_model)
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
-from course.bare import outcome_value, run_bare
+from course.bare import as_tuples, outcome_value, run_bare
 from course.remote import probe, prober
 from course.timing import SpeedReport
 from course.wire import ModuleState
@@ -99,15 +99,12 @@ def _by_hand(fn: Callable, cases: list, *, name: str) -> list:
         if "raised" in outcome:
             raise AssertionError(f"{name}{tuple(case)}, run without torch, raised {outcome['raised']}: "
                                  f"{outcome.get('message')}")
-        if _tuples(outcome_value(outcome)) != _tuples(got):
+        if outcome_value(outcome) != as_tuples(got):
             raise AssertionError(f"{name}{tuple(case)} returned {got!r} in your notebook's process, and "
                                  f"{outcome_value(outcome)!r} run without torch: work it out by hand, the same way "
                                  "every time.")
     return answers
 
-
-def _tuples(value):
-    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def _shapes(seed: int, cases: int) -> list[tuple[int, int, int, int]]:
