@@ -37,8 +37,10 @@ MAX_CONSTANT_CHARS = 20_000
 MAX_PROGRAM_CHARS = 200_000
 
 
-def _stdlib(module_name: str) -> bool:
-    return isinstance(module_name, str) and module_name.split(".")[0] in sys.stdlib_module_names
+def _stdlib(module_name: str, modules: tuple = ()) -> bool:
+    """Whether ``module_name`` is of the standard library, or one of ``modules`` (or inside one)."""
+    return isinstance(module_name, str) and (module_name.split(".")[0] in sys.stdlib_module_names or any(
+        module_name == m or module_name.startswith(m + ".") for m in modules))
 
 
 def _global_names(code: types.CodeType) -> set[str]:
@@ -78,26 +80,29 @@ def _literal(value: Any) -> str | None:
     return text
 
 
-def _import_line(name: str, value: Any) -> str | None:
-    """The line that binds ``name`` to ``value`` from the standard library, if it comes from there."""
+def _import_line(name: str, value: Any, modules: tuple = ()) -> str | None:
+    """The line that binds ``name`` to ``value`` from the standard library (or from one of
+    ``modules``), if it comes from there."""
     if isinstance(value, types.ModuleType):
-        return f"import {value.__name__} as {name}" if _stdlib(value.__name__) else None
+        return f"import {value.__name__} as {name}" if _stdlib(value.__name__, modules) else None
     module = getattr(value, "__module__", None)
-    if not _stdlib(module) or module not in sys.modules:
-        return None
-    for attr in dict.fromkeys((name, getattr(value, "__name__", None))):
-        if isinstance(attr, str) and attr.isidentifier() and getattr(sys.modules[module], attr, None) is value:
-            return f"from {module} import {attr} as {name}"
+    homes = [m for m in dict.fromkeys((module, *modules)) if _stdlib(m, modules) and m in sys.modules]
+    for home in homes:  # torch.einsum's __module__ is torch.functional; it is imported from torch
+        for attr in dict.fromkeys((name, getattr(value, "__name__", None))):
+            if isinstance(attr, str) and attr.isidentifier() and getattr(sys.modules[home], attr, None) is value:
+                return f"from {home} import {attr} as {name}"
     return None
 
 
 @prober
-def bare_program(fn: Callable) -> dict:
+def bare_program(fn: Callable, modules: list | tuple = ()) -> dict:
     """The learner's side: ``fn``'s program as text (``{"source": ..., "name": ...}``), or why
     there is none (``{"error": ...}``). The program binds what ``fn`` reads as globals, so that it
     runs in a fresh namespace: standard-library imports first, then plain constants, then the
     source of every function of the notebook it reaches. Anything else it reads (torch, NumPy,
-    a tensor, an object) is left out, and the program fails where it reads it."""
+    a tensor, an object) is left out, and the program fails where it reads it. ``modules``: more
+    modules whose imports travel (``"torch"``: for :mod:`course.hand`, whose host has torch)."""
+    modules = tuple(m for m in modules if isinstance(m, str))
     fn = inspect.unwrap(fn)
     if not isinstance(fn, types.FunctionType):
         return {"error": f"it is a {type(fn).__name__}, not a function defined with def"}
@@ -121,7 +126,7 @@ def bare_program(fn: Callable) -> dict:
             value = home[name]
             if isinstance(value, types.FunctionType) and value.__globals__ is home:
                 todo.append(value)
-            elif (line := _import_line(name, value)) is not None:
+            elif (line := _import_line(name, value, modules)) is not None:
                 imports.append(line)
             elif (text := _literal(value)) is not None:
                 constants.append(f"{name} = {text}")

@@ -775,12 +775,13 @@ def _to_device(value: Any, device: str) -> Any:
 
 
 @contextlib.contextmanager
-def serve_in_thread(namespace: dict):
+def serve_in_thread(namespace: dict, *, host: bool = False):
     """``namespace`` served (:func:`serve`) from a thread of this process, as the grader serves a
     learner's from a process of its own; yields the judge's end of the channel, on which to make
     :class:`Remote` names. For the course's tests and tools: a thread shares everything with its
     caller, so nothing here is confined. The thread hands the interpreter lock over as often as a
-    separate process would not need to, or every crossing of the pipe would wait for it."""
+    separate process would not need to, or every crossing of the pipe would wait for it. ``host``:
+    served as the script host serves (archives and programs too)."""
     import sys
     import threading
 
@@ -789,14 +790,17 @@ def serve_in_thread(namespace: dict):
     a_r, a_w = os.pipe()
     b_r, b_w = os.pipe()
     judge, learner = Link(a_w, b_r), Link(b_w, a_r)
-    thread = threading.Thread(target=serve, args=(learner, dict(namespace)), daemon=True)
+    thread = threading.Thread(target=serve, args=(learner, dict(namespace)), kwargs={"host": host}, daemon=True)
     thread.start()
     try:
         yield judge
     finally:
-        judge.send({"op": "end"})
+        if host:  # a host serves until its channel closes
+            os.close(a_w)
+        else:
+            judge.send({"op": "end"})
         thread.join(10)
-        for fd in (a_r, a_w, b_r, b_w):
+        for fd in (a_r, b_r, b_w) if host else (a_r, a_w, b_r, b_w):
             os.close(fd)
         sys.setswitchinterval(interval)
 
@@ -822,6 +826,8 @@ def serve(link: Link, namespace: dict, *, host: bool = False) -> int:
         try:
             if host and message.get("op") == "load":
                 reply = {"ok": _load(message.get("archive"), namespace)}
+            elif host and message.get("op") == "program":
+                reply = {"ok": _define(message, namespace)}
             elif host and message.get("op") == "end":
                 reply = {"ok": None}
             else:
@@ -860,6 +866,17 @@ def _load(archive: Any, namespace: dict) -> dict:
     ops = script_ops(obj) or []
     return {"name": name, "type": type(obj).__name__, "ops": ops,
             "scripted": isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule))}
+
+
+def _define(message: dict, namespace: dict) -> str:
+    """In the script host: a program the judge read (:mod:`course.hand`) defined into ``namespace``
+    under a name of its own; that name."""
+    from course.hand import define
+
+    fn = define(message.get("source"), message.get("bindings"), message.get("name"))
+    name = f"program_{len(namespace)}"
+    namespace[name] = fn
+    return name
 
 
 def _text(get: Callable[[], Any], default: str) -> str:

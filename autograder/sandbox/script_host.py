@@ -16,6 +16,10 @@ The judge sends each archive (``course.remote.local_script``) on ``CALL_FD`` and
 loaded as it calls the learner's process (:func:`course.remote.serve`, data both ways, never
 pickles); what comes back is outputs the judge compares, and what this process's trusted code
 read off the loaded object (its TorchScript type and graph's ops).
+
+It also defines the programs of answers by hand that need torch (lessons 1 and 9; ``course.hand``),
+after the judge has read them: only the program's own code runs there, with the imports the judge
+read and a short list of builtins, and the judge calls and watches it as it calls the learner's.
 """
 
 from __future__ import annotations

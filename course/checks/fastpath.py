@@ -27,6 +27,7 @@ from course.checks.common import (TorchCalls, call, grader_references, name_mist
 from course.checks.witnesses import alone
 from course.data import generator
 from course.devices import pick_device
+from course.hand import hosted
 from course.fastpath import (BASE_CONFIG, encoder, encoder_config, encoder_layer, fast_path_taken, masked_attention_inputs,
                              padded_token_mlp, ragged_batch, token_mlp, valid_tokens)
 from course.numerics import assert_close, describe
@@ -201,6 +202,13 @@ def check_masked_attention(masked_attention: Callable, *, seed: int = 0, device=
         raise AssertionError(f"masked_attention gives the right numbers, but it calls {', '.join(used)[:200]}: this "
                              "exercise writes attention by hand (scores, masks, softmax, then v), so that you see what "
                              "the fused kernel saves; F.scaled_dot_product_attention is Exercise 2's.")
+    again = hosted(masked_attention, "masked_attention", forbidden=("attention",),
+                   helpers=("course.fastpath.causal_mask",))
+    if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+        again_name = "masked_attention, its program run again by the grader,"
+        _check_masks(again, again_name, seed, device, hint)
+        if probed_names(again, attention_ops, q, k, v, pad, label=again_name):
+            raise AssertionError(f"{again_name} calls an attention op: this exercise writes attention by hand.")
     ok(f"masked_attention equals the float64 reference on {n} combinations of masks (seed {seed})")
 
 

@@ -16,6 +16,7 @@ from course.checks.witnesses import alone
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
 from course.grading import expect_compiled, expect_scripted, is_scripted, script_ops
+from course.hand import hosted
 from course.numerics import assert_close, describe
 from course.remote import lend, local_script, prober
 from course.rnn import layer_norm_params, lstm_weights, make_lstm, masked_rnn_layer
@@ -81,14 +82,34 @@ def builtin_rnn_calls(fn: Callable, label: str, args: list) -> list[str]:
     return alone(run, label=label)
 
 
-def _expect_by_hand(fn: Callable, label: str, args: list) -> None:
+def _expect_by_hand(fn: Callable, label: str, args: list, ref, *, hint: str = GATE_HINT) -> None:
     """``fn(*args)`` calls none of PyTorch's own recurrent ops (see :data:`BUILTIN_RNN`). TorchScript
-    calls no Python torch function to watch: its graph says what it runs (:func:`check_scripted_layer`)."""
+    calls no Python torch function to watch: its graph says what it runs (:func:`check_scripted_layer`).
+    Under the grader, the answer's program is also read by the judge and run again in the script
+    host (:mod:`course.hand`), where it must return ``ref`` and, watched there, call none either."""
     if is_scripted(fn):
         return
     used = probed_names(fn, builtin_rnn_calls, label, list(args), label=label)
     if used:
         raise AssertionError(f"{label} gives the right numbers, but it calls {', '.join(used)[:200]}: {BY_HAND}.")
+    again = hosted(fn, label, forbidden=BUILTIN_RNN)
+    if again is None:  # outside the grader: read as the grader reads it, and the watcher above decides
+        return
+    with torch.no_grad():
+        got = call(again, *args, name=label)
+    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], tuple) and isinstance(ref[1], list):
+        got = (got[0], list(got[1]))
+    assert_close(got, _detached(ref), name=f"{label}, its program run again by the grader", hint=hint)
+    used = probed_names(again, builtin_rnn_calls, label, list(args), label=label)
+    if used:
+        raise AssertionError(f"{label}, its program run again by the grader, calls {', '.join(used)[:200]}: "
+                             f"{BY_HAND}.")
+
+
+def _detached(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    return type(value)(_detached(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def _run_lstm(x, h, c, w) -> tuple:
@@ -141,7 +162,7 @@ def _check_layer_like(fn, label, *, seed, seq_len, batch, input_size, hidden_siz
     name_mistake(label, got, ref, _layer_variants(x, h0[0], c0[0], w))
     assert_close(got, ref, name=f"{label} -> (out, (h_n, c_n))", hint=hint)
     expect_grads(got, ref, args, [ref_x, ref_h0, ref_c0, *w], NAMES, label=label, hint=hint)
-    _expect_by_hand(fn, label, [x, h0[0], c0[0], *w])
+    _expect_by_hand(fn, label, [x, h0[0], c0[0], *w], ref, hint=hint)
     return f"T={seq_len}, B={batch}, I={input_size}, H={hidden_size}, seed {seed}"
 
 
@@ -160,7 +181,7 @@ def check_lstm_cell(lstm_cell: Callable, *, seed: int = 0, batch: int = 4, input
                                              for mistake, vw in _weight_variants(*w).items()})
     assert_close(got, ref, name="lstm_cell(...) -> (h', c')", hint=GATE_HINT)
     expect_grads(got, ref, args, [*ref_in, *w], NAMES, label="lstm_cell", hint=GATE_HINT)
-    _expect_by_hand(lstm_cell, "lstm_cell", [x[0], h0[0], c0[0], *w])
+    _expect_by_hand(lstm_cell, "lstm_cell", [x[0], h0[0], c0[0], *w], ref)
     ok(f"lstm_cell equals nn.LSTM, values and gradients (B={batch}, I={input_size}, H={hidden_size}, seed {seed})")
 
 
@@ -399,7 +420,8 @@ def check_stacked_lstm(stacked_lstm: Callable, *, seed: int = 0, num_layers: int
     ref_w = [t for w in weights for t in w]
     names = [f"layer {k} {n}" for k in range(num_layers) for n in NAMES[3:]]
     expect_grads(got, ref, [xs, *flat_w], [ref_in[0], *ref_w], ["x", *names], label="stacked_lstm", hint=hint)
-    _expect_by_hand(stacked_lstm, "stacked_lstm", [x, [(h0[k], c0[k]) for k in range(num_layers)], weights])
+    _expect_by_hand(stacked_lstm, "stacked_lstm", [x, [(h0[k], c0[k]) for k in range(num_layers)], weights], ref,
+                    hint=hint)
     ok(f"stacked_lstm equals a {num_layers}-layer nn.LSTM, values and gradients "
        f"(T={seq_len}, B={batch}, I={input_size}, H={hidden_size}, seed {seed})")
 
@@ -449,7 +471,7 @@ def check_masked_lstm_layer(masked_lstm_layer: Callable, *, seed: int = 0, max_l
     got = call(masked_lstm_layer, args[0], lengths_arg, *args[1:], name="masked_lstm_layer")
     assert_close(got, ref, name="masked_lstm_layer -> (out, (h_n, c_n)) [large values in the padding]", hint=hint)
     expect_grads(got, ref, args, [ref_x, ref_h0, ref_c0, *w], NAMES, label="masked_lstm_layer", hint=hint)
-    _expect_by_hand(masked_lstm_layer, "masked_lstm_layer", [x_nan, lengths_arg, h0, c0, *w])
+    _expect_by_hand(masked_lstm_layer, "masked_lstm_layer", [x_nan, lengths_arg, h0, c0, *w], ref, hint=hint)
 
     # 3. TorchScript can compile it
     if script:

@@ -1,0 +1,273 @@
+"""Answers by hand that need torch (``course.hand``): the judge reads the answer's program against a
+list of what it may do and runs it again in the script host, where nothing else of the learner's
+ran. In the learner's process "called no recurrent op" (lesson 1) and "called no attention op"
+(lesson 9) are the course watcher's report, which a learner who forges from C controls; the
+program the judge reads cannot name PyTorch's one-call op, nor what would blind a watcher."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import textwrap
+
+import pytest
+
+from course.hand import BUILTINS, Refused, define, read_program
+from course.remote import serve_in_thread
+from served_helpers import served as _served
+
+served = contextlib.contextmanager(_served)
+
+RNN = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+
+# A learner's notebook: the lessons' answers by hand, and the same answers with PyTorch's one-call ops.
+_NOTEBOOK = textwrap.dedent('''
+    import math
+    from typing import List, Tuple
+
+    import torch
+    import torch.nn.functional as F
+    from torch import Tensor
+
+    from course.fastpath import causal_mask
+
+    CELL = torch.lstm_cell
+
+
+    def lstm_cell(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor,
+                  b_ih: Tensor, b_hh: Tensor) -> Tuple[Tensor, Tensor]:
+        gates = torch.mm(x, w_ih.t()) + b_ih + torch.mm(h, w_hh.t()) + b_hh
+        i, f, g, o = gates.chunk(4, 1)
+        c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c_new), c_new
+
+
+    def lstm_layer(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor,
+                   b_ih: Tensor, b_hh: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        outputs: List[Tensor] = []
+        for t in range(x.size(0)):
+            h, c = lstm_cell(x[t], h, c, w_ih, w_hh, b_ih, b_hh)
+            outputs.append(h)
+        return torch.stack(outputs), (h, c)
+
+
+    def builtin_cell(x, h, c, w_ih, w_hh, b_ih, b_hh):
+        return torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+
+
+    def cell_from_a_global(x, h, c, w_ih, w_hh, b_ih, b_hh):
+        return CELL(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+
+
+    def cell_through_getattr(x, h, c, w_ih, w_hh, b_ih, b_hh):
+        return getattr(torch, "lstm" + "_cell")(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+
+
+    def masked_attention(q, k, v, attn_mask=None, key_padding_mask=None, is_causal=False):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        hidden = torch.zeros(scores.shape[-2:], dtype=torch.bool, device=q.device)
+        if attn_mask is not None:
+            hidden = hidden | ~attn_mask
+        if key_padding_mask is not None:
+            hidden = hidden | key_padding_mask[:, None, None, :]
+        if is_causal:
+            hidden = hidden | ~causal_mask(*scores.shape[-2:], device=q.device)
+        return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1) @ v
+
+
+    def sdpa_attention(q, k, v, attn_mask=None, key_padding_mask=None, is_causal=False):
+        keys = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+        if attn_mask is not None:
+            keys = keys & attn_mask
+        if key_padding_mask is not None:
+            keys = keys & ~key_padding_mask[:, None, None, :]
+        if is_causal:
+            keys = keys & causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keys)
+    ''')
+
+
+@pytest.fixture(scope="module")
+def notebook(tmp_path_factory):
+    """The functions above, defined from a file (as the grader's cells are: their source is readable)."""
+    path = tmp_path_factory.mktemp("notebook") / "cell.py"
+    path.write_text(_NOTEBOOK)
+    spec = importlib.util.spec_from_file_location("learner_cell_hand", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _program(fn, *modules) -> str:
+    from course.bare import bare_program
+
+    program = bare_program(fn, ["torch", *modules])
+    assert "source" in program, program
+    return program["source"]
+
+
+def test_the_lessons_answers_by_hand_are_read_as_allowed(notebook):
+    """Controls: the instructor's way of writing lesson 1's layer (with its cell) and lesson 9's
+    attention (with the course's causal_mask) pass the reading; annotations (``Tensor``, ``List``)
+    are never read, and typing's names need not travel."""
+    source, bindings = read_program(_program(notebook.lstm_layer), forbidden=RNN)
+    assert bindings == {"torch": "torch"} and "def lstm_cell" in source and "def lstm_layer" in source
+    source, bindings = read_program(_program(notebook.masked_attention, "course.fastpath"), forbidden=("attention",),
+                                    helpers=("course.fastpath.causal_mask",))
+    assert bindings == {"causal_mask": "course.fastpath:causal_mask", "math": "math", "torch": "torch"}
+
+
+def _with_torch(body: str) -> str:
+    return "import torch as torch\nimport torch.nn.functional as F\n" + textwrap.dedent(body)
+
+
+#: Programs the reading refuses, and what its message names: PyTorch's one-call ops under any name,
+#: and every way to reach what a watcher relies on (torch's internals, builtins that reach anything,
+#: attributes that lead to code or frames, assignments to modules, classes, imports inside).
+REFUSED = {
+    "torch.lstm_cell": ("def f(x):\n    return torch.lstm_cell(x)\n", r"calls torch\.lstm_cell"),
+    "an alias": ("from torch import lstm_cell as cell\ndef f(x):\n    return cell(x)\n", r"torch\.lstm_cell.*as cell"),
+    "nn.LSTM": ("def f(x):\n    return torch.nn.LSTM(3, 4)(x)\n", r"calls torch\.nn\.LSTM"),
+    "getattr": ("def f(x):\n    return getattr(torch, 'lstm_cell')(x)\n", r"builtin getattr"),
+    "__dict__": ("def f(x):\n    return torch.__dict__['lstm_cell'](x)\n", r"torch\.__dict__"),
+    "torch._C": ("def f(x):\n    return torch._C._VariableFunctions.lstm_cell(x)\n", r"torch\._C"),
+    "torch.ops": ("def f(x):\n    return torch.ops.aten.lstm_cell(x)\n", r"torch\.ops"),
+    "torch.overrides": ("def f(x):\n    torch.overrides._pop_mode()\n    return x\n", r"torch\.overrides"),
+    "an assignment to torch": ("def f(x):\n    torch.sigmoid = torch.tanh\n    return x\n", r"assigns to an attr"),
+    "vars": ("def f(x):\n    return vars(torch)['lstm_cell'](x)\n", r"builtin vars"),
+    "a dunder": ("def f(x):\n    return x.__class__\n", r"\.__class__"),
+    "str.format": ("def f(x):\n    return '{0.__class__}'.format(x)\n", r"\.format"),
+    "a hook": ("def f(x):\n    x.register_hook(print)\n    return x\n", r"\.register_hook"),
+    "grad_fn": ("def f(x):\n    return x.grad_fn.next_functions\n", r"\.grad_fn"),
+    "a frame": ("def f(x):\n    return (i for i in x).gi_frame\n", r"\.gi_frame"),
+    "an import inside": ("def f(x):\n    import ctypes\n    return x\n", r"import inside"),
+    "torch rebound": ("def f(x, torch=None):\n    return x\n", r"binds torch again"),
+    "a class": ("class A:\n    pass\ndef f(x):\n    return x\n", r"top level"),
+    "a decorator": ("import functools as functools\n@functools.cache\ndef f(x):\n    return x\n", r"decorator"),
+    "a nested decorator": ("def f(x):\n    @print\n    def g():\n        pass\n    return x\n", r"decorator"),
+    "sys": ("import sys as sys\ndef f(x):\n    return sys.modules\n", r"reads sys"),
+    "a with": ("def f(x):\n    with torch.no_grad():\n        return x\n", r"with statement"),
+    "eval": ("def f(x):\n    return eval('x')\n", r"builtin eval"),
+    "type": ("def f(x):\n    return type(x)\n", r"builtin type"),
+    "statement at the top": ("torch.sigmoid = 1\ndef f(x):\n    return x\n", r"top level"),
+    "a constant that is not": ("X = [].append\ndef f(x):\n    return x\n", r"plain constant"),
+    "torch's state": ("def f(x):\n    torch.set_grad_enabled(False)\n    return x\n", r"torch\.set_grad_enabled"),
+    "torch.Tensor": ("def f(x):\n    return torch.Tensor.sigmoid(x)\n", r"torch\.Tensor"),
+    "torch.jit": ("def f(x):\n    return torch.jit.script(x)\n", r"torch\.jit"),
+    "torch.compile": ("def f(x):\n    return torch.compile(x)\n", r"torch\.compile"),
+    "a file": ("def f(x):\n    return torch.load('/etc/passwd')\n", r"torch\.load"),
+    "a default": ("def f(x, g=lambda: __import__('os')):\n    return x\n", r"__import__"),
+    "an f-string": ("def f(x):\n    return f'{x.__class__}'\n", r"\.__class__"),
+    "a pattern": ("def f(x):\n    match x:\n        case torch.nn.LSTM():\n            return 1\n    return x\n",
+                  r"torch\.nn\.LSTM"),
+    "SDPA": ("def f(q):\n    return F.scaled_dot_product_attention(q, q, q)\n", r"scaled_dot_product_attention"),
+    "multi-head": ("def f(q):\n    return F.multi_head_attention_forward(q)\n", r"multi_head_attention_forward"),
+    "a helper not offered": ("from course.fastpath import ops_that_ran as o\ndef f(x):\n    return o(x)\n",
+                             r"reads o"),
+    "a name left behind": ("def f(x):\n    return W @ x\n", r"reads W, which the program does not define"),
+    "not Python": ("def f(x:\n", r"could not be read"),
+    "a deep chain": ("def f(x):\n    return x" + ".T" * 60_000 + "\n", r"could not be read|too deeply"),
+    "a lazy submodule": ("def f(x):\n    return torch.onnx.export(x)\n", r"torch\.onnx"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_the_reading_refuses(name):
+    body, message = REFUSED[name]
+    with pytest.raises(Refused, match=message):
+        read_program(_with_torch(body), forbidden=RNN + ("attention",), helpers=("course.fastpath.causal_mask",))
+
+
+def test_a_program_defined_for_the_judge_has_only_its_builtins_and_prints_nothing(capsys):
+    """The host's second wall: whatever the reading let through finds only the listed builtins
+    (``open``, ``__import__``, ``getattr`` are not there) and its annotations are never evaluated."""
+    fn = define("def f(x: Undefined) -> Nowhere:\n    print('hidden')\n    return open\n", {"torch": "torch"}, "f")
+    with pytest.raises(NameError, match="open"):
+        fn(1)
+    assert capsys.readouterr().out == ""
+    assert set(define("def g():\n    return 1\n", {}, "g").__globals__["__builtins__"]) == {*BUILTINS, "__import__"}
+    importer = define("def g():\n    return 1\n", {}, "g").__globals__["__builtins__"]["__import__"]
+    with pytest.raises(ImportError, match="may not be imported"):
+        importer("antigravity")  # only what is imported already, for torch's C++ (masked_fill with a float)
+    with pytest.raises(ValueError, match="may not bind"):
+        define("def g():\n    return 1\n", {"os": "os"}, "g")
+
+
+@pytest.fixture
+def script_host(monkeypatch):
+    """The judge's hook to a script host served from a thread (the grader's is a confined process)."""
+    from course import grader_hooks
+
+    with serve_in_thread({}, host=True) as link:
+        monkeypatch.setattr(grader_hooks, "script_host", lambda: link)
+        yield link
+
+
+def _forging(monkeypatch, module, name: str, forge) -> None:
+    """The course's probe ``module.name`` replaced by ``forge(real, *args)``, whose report is clean:
+    what a learner who forges from C could make the learner's process say."""
+    from course import remote
+
+    real = getattr(module, name)
+
+    @functools.wraps(real)
+    def forged(*args, **kwargs):
+        return forge(real, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, forged)
+    monkeypatch.setitem(remote.PROBES, f"{module.__name__}.{name}", forged)
+
+
+@pytest.mark.parametrize("answer, message", [
+    ("builtin_cell", r"read by the grader: it calls torch\.lstm_cell"),
+    ("cell_from_a_global", r"read by the grader: it calls torch\.lstm_cell.* \(as CELL\)"),
+    ("cell_through_getattr", r"read by the grader: it uses the builtin getattr"),
+])
+def test_a_forged_watcher_report_is_not_enough_for_lesson_1(monkeypatch, notebook, script_host, answer, message):
+    """PyTorch's own LSTM cell, under three names, with the learner's watcher made to report
+    nothing: the values are right, and the judge's reading of the program refuses it."""
+    from course.checks import rnn
+
+    _forging(monkeypatch, rnn, "builtin_rnn_calls", lambda real, *args: [])
+    with served({"lstm_cell": getattr(notebook, answer)}) as remote:
+        with pytest.raises(AssertionError, match=message):
+            rnn.check_lstm_cell(remote("lstm_cell"), seed=3)
+
+
+def test_lesson_1s_answers_by_hand_pass_through_the_script_host(notebook, script_host):
+    """Controls: the cell and the layer (which calls the cell) by hand keep their marks, run again
+    there; the hosted program is called and watched in the host (a :class:`course.hand.Hosted`)."""
+    from course.checks import rnn
+
+    with served({"lstm_cell": notebook.lstm_cell, "lstm_layer": notebook.lstm_layer}) as remote:
+        rnn.check_lstm_cell(remote("lstm_cell"), seed=3)
+        rnn.check_lstm_layer(remote("lstm_layer"), seed=3)
+
+
+def test_a_forged_watcher_report_is_not_enough_for_lesson_9(monkeypatch, notebook, script_host):
+    """SDPA with the watcher's report made clean: refused by the reading; the attention by hand,
+    with the course's causal_mask, passes (control)."""
+    from course.checks import fastpath
+
+    _forging(monkeypatch, fastpath, "attention_ops", lambda real, *args: [])
+    with served({"sdpa": notebook.sdpa_attention, "by_hand": notebook.masked_attention}) as remote:
+        with pytest.raises(AssertionError, match=r"read by the grader: it calls .*scaled_dot_product_attention"):
+            fastpath.check_masked_attention(remote("sdpa"), seed=2)
+        fastpath.check_masked_attention(remote("by_hand"), seed=2)
+
+
+def test_a_program_that_is_not_the_notebooks_still_has_to_be_right(monkeypatch, notebook, script_host):
+    """The program is the learner's process's word: one that sends a clean program whose values are
+    wrong (here, the gates in another order) fails on the judge's inputs, whatever the notebook's
+    function returned."""
+    from course import bare
+    from course.checks import rnn
+
+    wrong = _program(notebook.lstm_cell).replace("i, f, g, o = gates.chunk", "f, i, g, o = gates.chunk")
+    _forging(monkeypatch, rnn, "builtin_rnn_calls", lambda real, *args: [])
+    _forging(monkeypatch, bare, "bare_program",
+             lambda real, fn, modules=(): {"source": wrong, "name": "lstm_cell", "left": []})
+    with served({"lstm_cell": notebook.builtin_cell}) as remote:
+        with pytest.raises(AssertionError, match=r"lstm_cell, its program run again by the grader"):
+            rnn.check_lstm_cell(remote("lstm_cell"), seed=3)
