@@ -71,6 +71,8 @@ def _literal(value: Any) -> str | None:
     containers of them), short enough to carry; else None."""
     if not isinstance(value, (int, float, str, bytes, tuple, list, dict, set, frozenset, type(None))):
         return None
+    if type(value) is float and value != value or value in (float("inf"), float("-inf")):
+        return f"float({repr(value)!r})"  # NEG_INF = float("-inf"): no literal writes it
     try:
         text = repr(value)
         if len(text) > MAX_CONSTANT_CHARS or ast.literal_eval(text) != value:

@@ -12,24 +12,24 @@ grader's):
 1. The learner's process sends the program: the answer's ``def``, the notebook's functions it
    calls, and the imports and constants it reads (:func:`course.bare.bare_program`). That text is
    its word, and it need not be believed: whatever comes is what runs.
-2. The judge reads it (:func:`read_program`) against a list of what such a program may do: at its
+2. The judge reads it (:func:`read_program`) against lists of what such a program may do: at its
    top level only imports of torch, its ``nn.functional``, ``linalg``, ``special`` and ``fft``,
-   ``math`` and the check's own helpers, plain constants and ``def``\\s without decorators; inside, names
-   that the program binds, a short list of builtins, module members that are tensor functions
-   (PyTorch's one-call ops for the exercise and anything that sets torch's global state, loads,
-   saves or compiles are not), and attributes read on values by names public on tensors, lists,
-   tuples, dicts and strings (hooks, storage, ``apply_``, ``format`` are not). No ``_`` name,
-   no attribute assigned, no class, ``global``, ``import`` or ``with`` inside. What is not on the
-   list is refused with a message that names it: the list is what makes forging impossible to
-   write, not a search for the ways to forge.
+   ``math`` and the check's own helpers, plain constants and ``def``\\s without decorators; inside,
+   only listed syntax (no class, ``match``, ``with``, ``global``, import, ``yield``), the names the
+   program binds (no ``__`` name), a short list of builtins, module members on the lists of
+   :mod:`course.allowed_ops` (never the exercise's one-call op, by the words in its name), a module
+   only as the object of such a member (never held as a value), and attributes of values by a list
+   of names. No attribute assigned. What is not on the lists is refused with a message that names
+   it: the lists are what makes forging impossible to write, not a search for the ways to forge.
 3. The script host builds a namespace from the imports the judge read, with those builtins only,
    and defines the program there (annotations are not evaluated). The judge then calls it as it
    calls the learner's process, on its own inputs, compares the values, and runs the course's
    watcher there: in a process where nothing of the learner's ran before, on a program that
    cannot name what would blind it.
 
-Outside the grader there is no script host, and :func:`hosted` returns None: the watcher in the
-learner's process decides alone (the learner's own notebook).
+Outside the grader there is no script host, and :func:`hosted` returns None after reading the
+program as the judge would (a learner hears of a refusal in the notebook): the watcher in the
+learner's process decides alone.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 import torch
 
+from course import allowed_ops
 from course.cells import TooDeep, parse
 from course.remote import Remote, is_remote, probe
 
@@ -54,42 +55,28 @@ MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.sp
 
 #: Builtins a program may read: plain Python on plain values. ``print`` prints nothing there.
 BUILTINS = ("abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter", "float", "frozenset", "int",
-            "isinstance", "iter", "len", "list", "map", "max", "min", "next", "pow", "print", "range", "repr",
-            "reversed", "round", "set", "slice", "sorted", "str", "sum", "tuple", "zip",
+            "isinstance", "iter", "len", "list", "map", "max", "min", "next", "pow", "print", "range", "reversed", "round", "set", "slice", "sorted", "str", "sum", "tuple", "zip",
             "ArithmeticError", "AssertionError", "Exception", "IndexError", "KeyError", "NotImplementedError",
             "RuntimeError", "TypeError", "ValueError", "ZeroDivisionError")
 
-#: Module members never allowed, whatever the exercise: torch's global state, files, compilers.
-DENIED_MEMBERS = frozenset({"load", "save", "from_file", "compile", "manual_seed", "seed", "initial_seed", "cond",
-                            "while_loop", "fork", "wait", "import_ir_module", "import_ir_module_from_buffer",
-                            "export", "jit", "vmap", "library", "ops", "classes", "overrides", "frombuffer",
-                            "from_dlpack", "from_numpy", "asarray"})
-DENIED_PREFIXES = ("set_", "register", "use_", "sym_", "enable_", "disable_")
-
-#: Attribute names never allowed on values: what reaches code, memory or autograd's machinery.
-DENIED_ATTRIBUTES = frozenset({"register_hook", "register_post_accumulate_grad_hook", "backward", "grad_fn",
-                               "data_ptr", "storage", "untyped_storage", "storage_type", "apply_", "map_", "map2_",
-                               "as_subclass", "numpy", "share_memory_", "set_", "record_stream", "module_load",
-                               "format", "format_map", "mro", "maketrans", "retain_grad", "new",
-                               "pin_memory", "is_shared", "to_dlpack"})
-
-#: Statements and expressions a program may not contain anywhere.
-_REFUSED_NODES = {ast.Global: "a global statement", ast.Nonlocal: "a nonlocal statement",
-                  ast.ClassDef: "a class", ast.AsyncFunctionDef: "an async def", ast.Await: "await",
-                  ast.AsyncFor: "async for", ast.AsyncWith: "async with", ast.With: "a with statement",
-                  ast.Yield: "yield", ast.YieldFrom: "yield from", ast.Import: "an import inside a function",
-                  ast.ImportFrom: "an import inside a function"}
+#: The syntax a program may use: everything else (a class, ``match``, ``with``, ``global``, an import
+#: inside a function, ``yield``, ``async``, and whatever a later Python adds) is refused.
+_SYNTAX = frozenset({
+    ast.FunctionDef, ast.arguments, ast.arg, ast.Return, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For,
+    ast.While, ast.If, ast.Expr, ast.Pass, ast.Break, ast.Continue, ast.Raise, ast.Assert, ast.Try, ast.ExceptHandler,
+    ast.Delete, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Lambda, ast.IfExp, ast.Dict, ast.Set, ast.ListComp,
+    ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.comprehension, ast.Compare, ast.Call, ast.keyword,
+    ast.JoinedStr, ast.FormattedValue, ast.Constant, ast.Attribute, ast.Subscript, ast.Starred, ast.Name, ast.List,
+    ast.Tuple, ast.Slice, ast.NamedExpr, ast.Load, ast.Store, ast.Del,
+    *(getattr(ast, n) for n in ("And", "Or", "Add", "Sub", "Mult", "MatMult", "Div", "Mod", "Pow", "LShift", "RShift",
+                                "BitOr", "BitXor", "BitAnd", "FloorDiv", "Invert", "Not", "UAdd", "USub", "Eq", "NotEq",
+                                "Lt", "LtE", "Gt", "GtE", "Is", "IsNot", "In", "NotIn"))})
+_NAMED = {ast.ClassDef: "a class", ast.Match: "a match statement", ast.With: "a with statement",
+          ast.Global: "a global statement", ast.Nonlocal: "a nonlocal statement", ast.Import: "an import inside a function",
+          ast.ImportFrom: "an import inside a function", ast.Yield: "yield", ast.YieldFrom: "yield from",
+          ast.AsyncFunctionDef: "async def", ast.Await: "await"}
 
 MAX_PROGRAM_CHARS = 200_000
-
-
-def _public_attributes(*types_: type) -> frozenset:
-    return frozenset(a for t in types_ for a in dir(t) if not a.startswith("_"))
-
-
-#: Attribute names a program may read on a value.
-ATTRIBUTES = _public_attributes(torch.Tensor, torch.Size, torch.dtype, torch.device, list, tuple, dict, str, int,
-                                float) - DENIED_ATTRIBUTES
 
 
 class Refused(AssertionError):
@@ -97,44 +84,50 @@ class Refused(AssertionError):
 
 
 def _member_refusal(module: types.ModuleType, attr: str, forbidden: tuple) -> str | None:
-    """Why ``module.attr`` may not be read by a program (None: it may)."""
+    """Why ``module.attr`` may not be read by a program (None: it may): it must be on the list
+    (:mod:`course.allowed_ops`), and never the exercise's one-call op (``forbidden``'s words)."""
     where = f"{module.__name__}.{attr}"
-    if attr.startswith("_"):
-        return f"it reads {where}: names that start with _ are not for a program"
     if any(word in attr.lower() for word in forbidden):
         return f"it calls {where}, the one-call version of what the exercise asks to write"
-    if attr in DENIED_MEMBERS or attr.startswith(DENIED_PREFIXES):
-        return f"it reads {where}, which is not among the tensor functions a program may use"
     member = vars(module).get(attr)  # what the module holds (no lazy import of a submodule here)
-    if isinstance(member, types.ModuleType):
-        return None if member.__name__ in MODULES else f"it reads the module {member.__name__}"
-    if isinstance(member, (torch.dtype, bool, int, float)):
+    if module.__name__ == "math" and not attr.startswith("_") and member is not None:
+        return None  # arithmetic on numbers
+    if module is torch and (isinstance(member, torch.dtype) or type(member) is float):
+        return None  # torch.float64, torch.inf
+    if member is not None and attr in allowed_ops.CLASSES.get(module.__name__, ()):
+        return None  # only as isinstance's second argument (the walk sees to it)
+    if member is not None and attr in allowed_ops.MEMBERS.get(module.__name__, ()):
         return None
-    if isinstance(member, types.BuiltinFunctionType) and (
-            member.__self__ is None or getattr(member.__self__, "__name__", None) in _OP_HOMES):
-        return None  # one of PyTorch's ops (torch.sigmoid, F.linear, torch.linalg.inv) or math's
-    if isinstance(member, types.FunctionType) and member.__module__ in _FUNCTION_HOMES:
-        return None  # written in Python from those ops (torch.einsum, F.softmax)
+    if attr in allowed_ops.SUBMODULES.get(module.__name__, ()):
+        return None
     return f"it reads {where}, which is not among the tensor functions a program may use"
-
-
-#: Where the builtin functions a program may call are bound: PyTorch's op tables, and math.
-_OP_HOMES = frozenset({"torch._C._nn", "torch._C._linalg", "torch._C._special", "torch._C._fft", "math"})
-#: The modules whose Python functions a program may call.
-_FUNCTION_HOMES = frozenset({"torch.functional", "torch.nn.functional", "torch._linalg_utils", "torch._lowrank",
-                             "torch._lobpcg"})
 
 
 def _module_of(node: ast.AST, modules: dict) -> types.ModuleType | None:
     """The module an expression names (a module's alias, or an allowed submodule of one), else None."""
     if isinstance(node, ast.Name):
         return modules.get(node.id)
-    if isinstance(node, ast.Attribute) and not node.attr.startswith("_"):
+    if isinstance(node, ast.Attribute):
         parent = _module_of(node.value, modules)
-        member = vars(parent).get(node.attr) if parent is not None else None
-        if isinstance(member, types.ModuleType) and member.__name__ in MODULES:
-            return member
+        if parent is not None and node.attr in allowed_ops.SUBMODULES.get(parent.__name__, ()):
+            return vars(parent).get(node.attr)
     return None
+
+
+def _constant(node: ast.expr) -> bool:
+    """Whether ``node`` is a plain constant: a literal, or ``float("inf")``, ``-float("inf")``,
+    ``float("nan")`` (how :func:`course.bare.bare_program` writes the floats a literal cannot)."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "float" and not node.keywords
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in ("inf", "-inf", "nan")):
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Call):
+        return _constant(node.operand)
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return False
+    return True
 
 
 def _children(node: ast.AST):
@@ -207,6 +200,7 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
     bindings: dict[str, str] = {}
     modules: dict[str, types.ModuleType] = {}
     unavailable: dict[str, str] = {}  # names imported from elsewhere (typing's, for annotations): not read
+    classes: dict[str, str] = {}  # names bound to a class of allowed_ops.CLASSES
     kept: list[ast.stmt] = []
     for stmt in tree.body:
         if isinstance(stmt, ast.FunctionDef):
@@ -215,10 +209,8 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
             kept.append(stmt)
             continue
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            try:
-                ast.literal_eval(stmt.value)
-            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-                raise Refused(f"it sets {stmt.targets[0].id} to something other than a plain constant") from None
+            if not _constant(stmt.value):
+                raise Refused(f"it sets {stmt.targets[0].id} to something other than a plain constant")
             kept.append(stmt)
             continue
         for alias, module, member in _imports(stmt, helpers):
@@ -232,26 +224,42 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
                 why = _member_refusal(importlib.import_module(module), member, forbidden)
                 if why is None:
                     bindings[alias] = f"{module}:{member}"
+                    if member in allowed_ops.CLASSES.get(module, ()):
+                        classes[alias] = full
                 else:
                     unavailable[alias] = f"{why} (as {alias})"
             else:
                 unavailable[alias] = f"it reads {alias} ({full}), which a program may not use"
     bound = _bound_names(ast.Module(body=kept, type_ignores=[]))
-    for name in bound & (set(bindings) | set(unavailable)):
+    for name in sorted(bound & (set(bindings) | set(unavailable))):
         raise Refused(f"it binds {name} again, a name it imports")
+    for name in sorted(bound):
+        if name.startswith("__"):
+            raise Refused(f"it binds {name}: names that start with __ are not for a program")
     problems: list[tuple[tuple, str]] = []  # every refusal; the first in reading order is reported
 
     def refuse(node: ast.AST, why: str) -> None:
         problems.append(((getattr(node, "lineno", 0), getattr(node, "col_offset", 0),
                           getattr(node, "end_col_offset", 0)), why))
 
+    # a module may be read only as the object of an attribute the list allows (torch.sigmoid), never
+    # held as a value (T = torch, a default argument, a list of it), whose attributes nothing would check
+    everything = list(ast.walk(ast.Module(body=kept, type_ignores=[])))
+    objects = {id(n.value) for n in everything if isinstance(n, ast.Attribute)}
+    # a class only where isinstance reads it: isinstance(x, torch.Tensor), isinstance(x, (Tensor, list))
+    slots = {id(s) for n in everything if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == "isinstance" and len(n.args) == 2 and not n.keywords
+             for s in ([n.args[1], *n.args[1].elts] if isinstance(n.args[1], ast.Tuple) else [n.args[1]])}
     stack: list[ast.AST] = list(kept)
     while stack:
         node = stack.pop()
-        kind = _REFUSED_NODES.get(type(node))
-        if kind:
-            refuse(node, f"it uses {kind} (line {getattr(node, 'lineno', '?')})")
-        elif isinstance(node, ast.FunctionDef) and node.decorator_list:
+        line = getattr(node, "lineno", "?")
+        if type(node) not in _SYNTAX:
+            refuse(node, f"it uses {_NAMED.get(type(node)) or type(node).__name__} (line {line}), which a program may not")
+            continue
+        if isinstance(node, ast.keyword) and node.arg is not None and node.arg.startswith("_"):
+            refuse(node, f"it passes the keyword {node.arg} (line {line}): names that start with _ are not for a program")
+        elif isinstance(node, ast.FunctionDef) and (node.decorator_list or getattr(node, "type_params", None)):
             refuse(node, f"{node.name} has a decorator: define it with a plain def")
         elif isinstance(node, ast.Name):
             if node.id.startswith("__"):
@@ -262,17 +270,29 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
                     if hasattr(builtins, node.id) else
                     f"it reads {node.id}, which the program does not define (only what it defines, imports of torch "
                     "and math, plain constants, and a few builtins are there)"))
+            elif node.id in classes and id(node) not in slots:
+                refuse(node, f"it uses {classes[node.id]} (line {line}) other than as isinstance's second argument")
+            elif node.id in modules and id(node) not in objects:
+                refuse(node, f"it uses the module {node.id} as a value (line {line}): call its functions, "
+                             f"{node.id}.<function>(...), and hold nothing else of it")
         elif isinstance(node, ast.Attribute):
             module = _module_of(node.value, modules)
             if not isinstance(node.ctx, ast.Load):
-                refuse(node, f"it assigns to an attribute (.{node.attr}, line {node.lineno})")
+                refuse(node, f"it assigns to an attribute (.{node.attr}, line {line})")
             elif module is not None:
                 why = _member_refusal(module, node.attr, forbidden)
                 if why:
                     refuse(node, why)
-            elif node.attr not in ATTRIBUTES:
-                refuse(node, f"it reads .{node.attr} (line {node.lineno}), which is not among the attributes a "
-                             "program may use (those of tensors, lists, tuples, dicts and strings)")
+                elif node.attr in allowed_ops.CLASSES.get(module.__name__, ()) and id(node) not in slots:
+                    refuse(node, f"it uses {module.__name__}.{node.attr} (line {line}) other than as isinstance's "
+                                 "second argument")
+                elif _module_of(node, modules) is not None and id(node) not in objects:
+                    refuse(node, f"it uses the module {module.__name__}.{node.attr} as a value (line {line}): call its "
+                                 "functions, and hold nothing else of it")
+            elif node.attr not in allowed_ops.ATTRIBUTES or any(w in node.attr.lower() for w in forbidden):
+                refuse(node, f"it reads .{node.attr} (line {line}), which is not among the attributes a program may use "
+                             "(tensors' methods of the allowed functions, shape, dtype, device and the like, and those "
+                             "of lists, dicts and strings)")
         stack.extend(_children(node))
     if problems:
         raise Refused(min(problems)[1])

@@ -99,3 +99,33 @@ def broadcast_rule() -> Callable:
     namespace: dict = {}
     exec(BROADCAST_RULE, namespace)
     return namespace["broadcast_shape"]
+
+
+def cell_module(directory, source: str, name: str):
+    """``source`` defined as a module from a file in ``directory``, as the grader's cells are
+    defined: their functions' source can be read (``inspect.getsource``), so they have a program."""
+    import importlib.util
+
+    path = directory / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def forging(monkeypatch, module, name: str, forge: Callable) -> None:
+    """The course's probe ``module.name`` replaced, in the (thread-served) learner's side, by
+    ``forge(real, *args)``, whose report is clean: what a learner who forges from C could make it say."""
+    import functools
+
+    from course import remote
+
+    real = getattr(module, name)
+
+    @functools.wraps(real)
+    def forged(*args, **kwargs):
+        return forge(real, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, forged)
+    monkeypatch.setitem(remote.PROBES, f"{module.__name__}.{name}", forged)

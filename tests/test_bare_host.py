@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import os
 import secrets
 import sys
@@ -15,7 +14,7 @@ import textwrap
 
 import pytest
 
-from served_helpers import BROADCAST_RULE, served as _served
+from served_helpers import BROADCAST_RULE, cell_module, forging, served as _served
 
 served = contextlib.contextmanager(_served)
 
@@ -72,12 +71,7 @@ _NOTEBOOK = BROADCAST_RULE.replace("def broadcast_shape", "def _unused") + textw
 @pytest.fixture(scope="module")
 def notebook(tmp_path_factory):
     """The functions above, defined from a file (as the grader's cells are: their source is readable)."""
-    path = tmp_path_factory.mktemp("notebook") / "cell.py"
-    path.write_text(_NOTEBOOK)
-    spec = importlib.util.spec_from_file_location("learner_cell", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return cell_module(tmp_path_factory.mktemp("notebook"), _NOTEBOOK, "learner_cell")
 
 
 @pytest.fixture(scope="module")
@@ -200,19 +194,6 @@ def test_the_bare_host_has_no_torch_or_numpy_to_import_load_or_find(bare_link):
     assert isinstance(outcome.get("value"), int) and outcome["value"] > 1000, reply  # files seen, none of theirs
 
 
-def _forging(monkeypatch, module, name: str, forge) -> None:
-    """The course's probe ``module.name`` replaced, in the (thread-served) learner's side, by
-    ``forge(real, *args)``, whose report is clean: what a learner who forges from C could make it say."""
-    from course import remote
-
-    real = getattr(module, name)
-
-    @functools.wraps(real)
-    def forged(*args, **kwargs):
-        return forge(real, *args, **kwargs)
-
-    monkeypatch.setattr(module, name, forged)
-    monkeypatch.setitem(remote.PROBES, f"{module.__name__}.{name}", forged)
 
 
 @pytest.fixture
@@ -228,7 +209,7 @@ def test_a_forged_watcher_report_is_not_enough_for_lesson_7(monkeypatch, noteboo
     process and fails run without torch; the rule by hand passes both (the control)."""
     from course.checks import broadcasting
 
-    _forging(monkeypatch, broadcasting, "shapes_by_hand", lambda real, *args: {**real(*args), "used": []})
+    forging(monkeypatch, broadcasting, "shapes_by_hand", lambda real, *args: {**real(*args), "used": []})
     with served({"broadcast_shape": notebook.with_torch, "rule": notebook.broadcast_shape}) as remote:
         with pytest.raises(AssertionError, match=r"run without torch.*name 'torch' is not defined"):
             broadcasting.check_broadcast_shape(remote("broadcast_shape"), seed=11, n=20)
@@ -239,13 +220,10 @@ def test_a_forged_watcher_report_is_not_enough_for_lesson_3(monkeypatch, judged,
     """Lesson 3's strides from a meta tensor, the watcher's report made clean: fails run without torch."""
     from course.checks import memory_format
 
-    path = tmp_path / "cell.py"
-    path.write_text("import torch\n\ndef nchw(shape):\n    return tuple(torch.empty(shape, device='meta').stride())\n\n"
-                    "def nhwc(shape):\n    n, c, h, w = shape\n    return (h * w * c, 1, w * c, c)\n")
-    spec = importlib.util.spec_from_file_location("learner_cell3", path)
-    cell = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cell)
-    _forging(monkeypatch, memory_format, "by_hand_cases", lambda real, fn, name, cases: [(fn(*c), []) for c in cases])
+    cell = cell_module(tmp_path, "import torch\n\ndef nchw(shape):\n    return tuple(torch.empty(shape, device='meta').stride())"
+                                 "\n\ndef nhwc(shape):\n    n, c, h, w = shape\n    return (h * w * c, 1, w * c, c)\n",
+                       "learner_cell3")
+    forging(monkeypatch, memory_format, "by_hand_cases", lambda real, fn, name, cases: [(fn(*c), []) for c in cases])
     with served({"nchw_strides": cell.nchw, "nhwc_strides": cell.nhwc}) as remote:
         with pytest.raises(AssertionError, match=r"nchw_strides.*run without torch.*'torch' is not defined"):
             memory_format.check_strides(remote("nchw_strides"), remote("nhwc_strides"), seed=5, cases=10)

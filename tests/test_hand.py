@@ -7,19 +7,17 @@ program the judge reads cannot name PyTorch's one-call op, nor what would blind 
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib.util
 import textwrap
 
 import pytest
 
 from course.hand import BUILTINS, Refused, define, read_program
 from course.remote import serve_in_thread
-from served_helpers import served as _served
+from served_helpers import cell_module, forging, served as _served
 
 served = contextlib.contextmanager(_served)
 
-RNN = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+RNN = ("lstm", "gru", "rnn")
 
 # A learner's notebook: the lessons' answers by hand, and the same answers with PyTorch's one-call ops.
 _NOTEBOOK = textwrap.dedent('''
@@ -91,12 +89,7 @@ _NOTEBOOK = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def notebook(tmp_path_factory):
     """The functions above, defined from a file (as the grader's cells are: their source is readable)."""
-    path = tmp_path_factory.mktemp("notebook") / "cell.py"
-    path.write_text(_NOTEBOOK)
-    spec = importlib.util.spec_from_file_location("learner_cell_hand", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return cell_module(tmp_path_factory.mktemp("notebook"), _NOTEBOOK, "learner_cell_hand")
 
 
 def _program(fn, *modules) -> str:
@@ -116,6 +109,22 @@ def test_the_lessons_answers_by_hand_are_read_as_allowed(notebook):
     source, bindings = read_program(_program(notebook.masked_attention, "course.fastpath"), forbidden=("attention",),
                                     helpers=("course.fastpath.causal_mask",))
     assert bindings == {"causal_mask": "course.fastpath:causal_mask", "math": "math", "torch": "torch"}
+
+
+def test_everyday_idioms_of_an_honest_answer_are_read_as_allowed():
+    """Controls from the red team's list of what learners write: ``torch.finfo(dtype).min``,
+    ``isinstance(x, torch.Tensor)``, ``torch.is_tensor``, a constant ``-inf``, ``.max(dim).values``."""
+    source, _ = read_program(_with_torch("""
+        NEG_INF = float("-inf")
+        def f(x, mask):
+            assert isinstance(x, torch.Tensor) and isinstance(mask, (Tensor, list)) and torch.is_tensor(mask)
+            low = torch.finfo(x.dtype).min
+            top = x.max(dim=-1, keepdim=True).values
+            causal = torch.ones(3, 3, dtype=torch.bool).tril_().data
+            return F.softmax(x.masked_fill(mask, NEG_INF).masked_fill(causal, -torch.inf) - top, dim=-1).clamp_min(low)
+        """).replace("import torch as torch\n", "import torch as torch\nfrom torch import Tensor as Tensor\n"),
+        forbidden=("attention",))
+    assert "NEG_INF = float('-inf')" in source
 
 
 def _with_torch(body: str) -> str:
@@ -153,14 +162,40 @@ REFUSED = {
     "statement at the top": ("torch.sigmoid = 1\ndef f(x):\n    return x\n", r"top level"),
     "a constant that is not": ("X = [].append\ndef f(x):\n    return x\n", r"plain constant"),
     "torch's state": ("def f(x):\n    torch.set_grad_enabled(False)\n    return x\n", r"torch\.set_grad_enabled"),
-    "torch.Tensor": ("def f(x):\n    return torch.Tensor.sigmoid(x)\n", r"torch\.Tensor"),
+    "torch.Tensor's hooks": ("def f(x):\n    return torch.Tensor.register_hook\n", r"torch\.Tensor .*isinstance"),
     "torch.jit": ("def f(x):\n    return torch.jit.script(x)\n", r"torch\.jit"),
     "torch.compile": ("def f(x):\n    return torch.compile(x)\n", r"torch\.compile"),
     "a file": ("def f(x):\n    return torch.load('/etc/passwd')\n", r"torch\.load"),
     "a default": ("def f(x, g=lambda: __import__('os')):\n    return x\n", r"__import__"),
     "an f-string": ("def f(x):\n    return f'{x.__class__}'\n", r"\.__class__"),
     "a pattern": ("def f(x):\n    match x:\n        case torch.nn.LSTM():\n            return 1\n    return x\n",
-                  r"torch\.nn\.LSTM"),
+                  r"match statement"),
+    # a class pattern's keywords are strings the walk never meets: any attribute, dunders too (red team, 2026-12-01)
+    "a pattern's keywords": ("def f(x):\n    match x:\n        case int(__class__=c):\n            return c\n"
+                             "    return x\n", r"match statement"),
+    "the module held": ("def f(x):\n    T = torch\n    return T.cuda.device\n", r"module torch as a value"),
+    "the module as a default": ("def f(x, T=torch):\n    return T.xpu\n", r"module torch as a value"),
+    "the module in a list": ("def f(x):\n    return [torch][0].cuda\n", r"module torch as a value"),
+    "a submodule held": ("def f(x):\n    G = F\n    return G.grad\n", r"module F as a value"),
+    "a submodule by path held": ("def f(x):\n    G = torch.nn\n    return G\n", r"module torch\.nn as a value"),
+    "an LSTM named otherwise": ("def f(x, h, c, *w):\n    return torch.mkldnn_rnn_layer(x, *w, h, c)\n",
+                                r"torch\.mkldnn_rnn_layer"),
+    "ROCm's RNN": ("def f(x):\n    return torch.miopen_rnn(x)\n", r"torch\.miopen_rnn"),
+    "a sparse tensor": ("def f(x):\n    s = torch.sparse_coo_tensor(torch.tensor([[7]]), x, (4,))\n"
+                        "    return torch.zeros(4) + s\n", r"torch\.sparse_coo_tensor"),
+    "a pointer": ("def f(x):\n    return x.const_data_ptr()\n", r"\.const_data_ptr"),
+    "str.format by way of F": ("def f(x):\n    return F.assert_int_or_pair([1], x, '{0.__globals__}')\n",
+                               r"assert_int_or_pair"),
+    "builtins rebound": ("def __builtins__():\n    pass\ndef f(x):\n    return x\n", r"binds __builtins__"),
+    # a listed class called: torch.Tensor's legacy constructor takes a C++ pointer as an integer, from which
+    # the red team's second round read and wrote memory and reached the real builtins (2026-12-01)
+    "a pointer made a tensor": ("def f(x):\n    return torch.Tensor(cdata=16)\n", r"torch\.Tensor .*isinstance"),
+    "the class imported and called": ("from torch import Tensor as Tensor\ndef f(x):\n    return Tensor(cdata=16)\n",
+                                      r"torch\.Tensor .*isinstance"),
+    "the class held": ("def f(x):\n    T = torch.Tensor\n    return isinstance(x, T)\n", r"torch\.Tensor .*isinstance"),
+    "an address": ("def f(x):\n    return repr(x.add)\n", r"builtin repr"),
+    "a private keyword": ("def f(x):\n    return torch.zeros(1, _x=2)\n", r"keyword _x"),
+    "a dunder parameter": ("def f(x, __y=1):\n    return x\n", r"binds __y"),
     "SDPA": ("def f(q):\n    return F.scaled_dot_product_attention(q, q, q)\n", r"scaled_dot_product_attention"),
     "multi-head": ("def f(q):\n    return F.multi_head_attention_forward(q)\n", r"multi_head_attention_forward"),
     "a helper not offered": ("from course.fastpath import ops_that_ran as o\ndef f(x):\n    return o(x)\n",
@@ -204,19 +239,6 @@ def script_host(monkeypatch):
         yield link
 
 
-def _forging(monkeypatch, module, name: str, forge) -> None:
-    """The course's probe ``module.name`` replaced by ``forge(real, *args)``, whose report is clean:
-    what a learner who forges from C could make the learner's process say."""
-    from course import remote
-
-    real = getattr(module, name)
-
-    @functools.wraps(real)
-    def forged(*args, **kwargs):
-        return forge(real, *args, **kwargs)
-
-    monkeypatch.setattr(module, name, forged)
-    monkeypatch.setitem(remote.PROBES, f"{module.__name__}.{name}", forged)
 
 
 @pytest.mark.parametrize("answer, message", [
@@ -229,7 +251,7 @@ def test_a_forged_watcher_report_is_not_enough_for_lesson_1(monkeypatch, noteboo
     nothing: the values are right, and the judge's reading of the program refuses it."""
     from course.checks import rnn
 
-    _forging(monkeypatch, rnn, "builtin_rnn_calls", lambda real, *args: [])
+    forging(monkeypatch, rnn, "builtin_rnn_calls", lambda real, *args: [])
     with served({"lstm_cell": getattr(notebook, answer)}) as remote:
         with pytest.raises(AssertionError, match=message):
             rnn.check_lstm_cell(remote("lstm_cell"), seed=3)
@@ -250,7 +272,7 @@ def test_a_forged_watcher_report_is_not_enough_for_lesson_9(monkeypatch, noteboo
     with the course's causal_mask, passes (control)."""
     from course.checks import fastpath
 
-    _forging(monkeypatch, fastpath, "attention_ops", lambda real, *args: [])
+    forging(monkeypatch, fastpath, "attention_ops", lambda real, *args: [])
     with served({"sdpa": notebook.sdpa_attention, "by_hand": notebook.masked_attention}) as remote:
         with pytest.raises(AssertionError, match=r"read by the grader: it calls .*scaled_dot_product_attention"):
             fastpath.check_masked_attention(remote("sdpa"), seed=2)
@@ -265,8 +287,8 @@ def test_a_program_that_is_not_the_notebooks_still_has_to_be_right(monkeypatch, 
     from course.checks import rnn
 
     wrong = _program(notebook.lstm_cell).replace("i, f, g, o = gates.chunk", "f, i, g, o = gates.chunk")
-    _forging(monkeypatch, rnn, "builtin_rnn_calls", lambda real, *args: [])
-    _forging(monkeypatch, bare, "bare_program",
+    forging(monkeypatch, rnn, "builtin_rnn_calls", lambda real, *args: [])
+    forging(monkeypatch, bare, "bare_program",
              lambda real, fn, modules=(): {"source": wrong, "name": "lstm_cell", "left": []})
     with served({"lstm_cell": notebook.builtin_cell}) as remote:
         with pytest.raises(AssertionError, match=r"lstm_cell, its program run again by the grader"):

@@ -57,9 +57,9 @@ def _weight_variants(w_ih, w_hh, b_ih, b_hh) -> dict[str, tuple]:
     return out
 
 
-#: PyTorch's own recurrent ops (``torch.lstm_cell``, ``nn.LSTM``'s ``lstm``, ``gru_cell``...), by the
+#: PyTorch's own recurrent ops (``torch.lstm_cell``, ``nn.LSTM``'s ``lstm``, ``gru_cell``, ``mkldnn_rnn_layer``...), by the
 #: words in their names: what the lesson's exercises build from matrix products and pointwise ops.
-BUILTIN_RNN = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+BUILTIN_RNN = ("lstm", "gru", "rnn")
 BY_HAND = ("the exercise builds it from torch.mm (or @) and pointwise ops (sigmoid, tanh, *, +), "
            "so that you see, and later fuse, every kernel; PyTorch's own recurrent ops do the whole step for you")
 

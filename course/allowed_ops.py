@@ -1,0 +1,89 @@
+"""What a program the judge reads (:mod:`course.hand`) may use: lists, not a search for what to refuse.
+
+Each name here was put on the list because answers by hand (an LSTM from matrix products and
+pointwise ops, attention from a softmax) are written with it, and because it computes on tensors and
+nothing else: no callable it runs, no global state it sets, no memory it reaches unchecked (sparse
+tensors, whose invariants PyTorch does not check by default, and pointers are not here). A name a
+release does not have is simply not there. What is not listed is refused, with a message that names it.
+"""
+
+from __future__ import annotations
+
+_POINTWISE = """
+abs absolute add sub subtract mul multiply div divide true_divide floor_divide remainder fmod neg negative reciprocal
+pow float_power sqrt rsqrt square exp exp2 expm1 log log2 log10 log1p sigmoid tanh sin cos tan asin acos atan atan2
+arcsin arccos arctan arctan2 sinh cosh asinh acosh atanh erf erfc erfinv sign sgn clamp clip clamp_min clamp_max
+maximum minimum fmax fmin floor ceil round trunc frac lerp addcmul addcdiv hypot logaddexp logaddexp2 xlogy nan_to_num
+relu logit eq ne lt le gt ge greater greater_equal less less_equal not_equal logical_and logical_or logical_not
+logical_xor bitwise_and bitwise_or bitwise_not bitwise_xor masked_fill fill zero
+""".split()
+
+_OTHER = """
+softmax log_softmax where equal isclose allclose isnan isinf isfinite isneginf isposinf
+sum nansum mean nanmean prod max min amax amin aminmax argmax argmin std var std_mean var_mean norm logsumexp cumsum
+cumprod cummax cummin logcumsumexp all any count_nonzero median sort argsort topk kthvalue
+mm bmm matmul mv dot vdot outer ger addmm addbmm baddbmm addmv addr einsum tensordot kron inner cross chain_matmul
+trace det inverse
+cat concat concatenate stack hstack vstack dstack column_stack split chunk tensor_split unbind reshape flatten unflatten
+squeeze unsqueeze transpose swapaxes swapdims permute movedim moveaxis t narrow select index_select masked_select
+gather scatter scatter_add scatter_reduce take take_along_dim flip fliplr flipud roll rot90 tile repeat_interleave
+broadcast_to broadcast_tensors atleast_1d atleast_2d atleast_3d diag diagonal diag_embed diagflat tril triu
+tril_indices triu_indices meshgrid block_diag cartesian_prod nonzero argwhere index_add index_fill index_copy
+index_put searchsorted bucketize unique unique_consecutive
+tensor as_tensor zeros ones full empty eye arange linspace logspace zeros_like ones_like full_like empty_like rand randn
+randint rand_like randn_like randint_like randperm complex polar is_tensor is_floating_point is_complex numel
+get_default_dtype result_type promote_types can_cast finfo iinfo
+""".split()
+
+#: What ``torch.<name>`` a program may read (with the dtypes, ``torch.float32`` and the like, and
+#: its float constants, ``torch.inf``).
+TORCH = frozenset(_POINTWISE + _OTHER)
+
+#: Classes a program may name only as ``isinstance``'s second argument: called, ``torch.Tensor``
+#: has a legacy constructor that takes a C++ pointer as an integer (``Tensor(cdata=...)``; red
+#: team, 2026-12-01), and its unbound methods need no class.
+CLASSES = {"torch": frozenset({"Tensor"})}
+
+#: ``torch.nn.functional.<name>``.
+FUNCTIONAL = frozenset("""
+linear bilinear relu relu6 elu selu celu gelu silu mish leaky_relu hardtanh hardswish hardsigmoid softplus softsign
+tanhshrink sigmoid tanh logsigmoid softmax softmin log_softmax glu normalize layer_norm group_norm batch_norm
+instance_norm rms_norm dropout pad one_hot embedding cosine_similarity pairwise_distance mse_loss cross_entropy nll_loss
+binary_cross_entropy binary_cross_entropy_with_logits l1_loss smooth_l1_loss huber_loss kl_div conv1d conv2d conv3d
+avg_pool1d avg_pool2d max_pool1d max_pool2d adaptive_avg_pool1d adaptive_avg_pool2d interpolate unfold fold
+""".split())
+
+#: ``torch.linalg``, ``torch.special`` and ``torch.fft``.
+LINALG = frozenset("""
+norm vector_norm matrix_norm inv solve det slogdet eigh eigvalsh svd svdvals qr cholesky lstsq pinv matrix_power
+matrix_exp cross vecdot multi_dot diagonal
+""".split())
+SPECIAL = frozenset("""
+expit logit erf erfc erfinv xlogy log_softmax softmax logsumexp entr gammaln digamma i0 ndtr ndtri sinc log1p expm1 exp2
+round
+""".split())
+FFT = frozenset("""
+fft ifft rfft irfft fft2 ifft2 rfft2 irfft2 fftn ifftn rfftn irfftn fftfreq rfftfreq fftshift ifftshift hfft ihfft
+""".split())
+
+#: Module by module: what a program may read there. ``math``'s whole public namespace is pure
+#: arithmetic on numbers; ``torch.nn`` is only the way to ``torch.nn.functional``.
+MEMBERS = {"torch": TORCH, "torch.nn": frozenset({"functional"}), "torch.nn.functional": FUNCTIONAL,
+           "torch.linalg": LINALG, "torch.special": SPECIAL, "torch.fft": FFT}
+SUBMODULES = {"torch": frozenset({"nn", "linalg", "special", "fft"}), "torch.nn": frozenset({"functional"})}
+
+#: Attribute names a program may read on a value: tensors' methods of the functions above, their
+#: in-place forms, what describes a tensor (shape, dtype, device...) and converts it, what describes
+#: a dtype, a device or ``finfo``, and the everyday methods of lists, tuples, dicts and strings.
+_IN_PLACE = [f"{n}_" for n in _POINTWISE + "tril triu unsqueeze squeeze t transpose swapaxes swapdims index_fill "
+             "index_add index_copy scatter scatter_add scatter_reduce masked_scatter".split()]
+ATTRIBUTES = frozenset(_POINTWISE + _OTHER + _IN_PLACE + """
+shape size dim ndim ndimension nelement dtype device T mT H mH real imag view view_as reshape_as expand expand_as repeat
+contiguous is_contiguous clone detach data to cpu cuda float double half bfloat16 int long short bool byte char type_as item
+tolist requires_grad requires_grad_ is_leaf grad is_floating_point is_complex masked_scatter copy_ new_zeros new_ones
+new_full new_empty new_tensor index_put_ index_add_ index_fill_ index_copy_ scatter_ scatter_add_ scatter_reduce_
+clamp_ stride element_size is_cuda is_cpu sum_to_size unfold
+is_signed itemsize type index eps tiny bits resolution smallest_normal values indices
+append extend insert pop count reverse copy clear remove items keys values get update setdefault join split strip
+startswith endswith lower upper replace
+""".split())
