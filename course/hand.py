@@ -77,6 +77,8 @@ _NAMED = {ast.ClassDef: "a class", ast.Match: "a match statement", ast.With: "a 
           ast.AsyncFunctionDef: "async def", ast.Await: "await"}
 
 MAX_PROGRAM_CHARS = 200_000
+#: Keywords no listed function needs that some of PyTorch's constructors read as a C++ pointer.
+_KEYWORDS_REFUSED = frozenset({"cdata"})
 
 
 class Refused(AssertionError):
@@ -236,6 +238,8 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
     for name in sorted(bound):
         if name.startswith("__"):
             raise Refused(f"it binds {name}: names that start with __ are not for a program")
+        if name in BUILTINS:  # the reading relies on them (isinstance's second argument, float("inf"))
+            raise Refused(f"it binds {name}, the name of a builtin: call the variable something else")
     problems: list[tuple[tuple, str]] = []  # every refusal; the first in reading order is reported
 
     def refuse(node: ast.AST, why: str) -> None:
@@ -257,8 +261,10 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
         if type(node) not in _SYNTAX:
             refuse(node, f"it uses {_NAMED.get(type(node)) or type(node).__name__} (line {line}), which a program may not")
             continue
-        if isinstance(node, ast.keyword) and node.arg is not None and node.arg.startswith("_"):
-            refuse(node, f"it passes the keyword {node.arg} (line {line}): names that start with _ are not for a program")
+        if isinstance(node, ast.keyword) and node.arg is None:
+            refuse(node, f"it passes keywords from a dict (**, line {line}): name each keyword")
+        elif isinstance(node, ast.keyword) and (node.arg.startswith("_") or node.arg in _KEYWORDS_REFUSED):
+            refuse(node, f"it passes the keyword {node.arg} (line {line}), which is not for a program")
         elif isinstance(node, ast.FunctionDef) and (node.decorator_list or getattr(node, "type_params", None)):
             refuse(node, f"{node.name} has a decorator: define it with a plain def")
         elif isinstance(node, ast.Name):
