@@ -32,7 +32,7 @@ tril_indices triu_indices meshgrid block_diag cartesian_prod nonzero argwhere in
 index_put searchsorted bucketize unique unique_consecutive
 tensor as_tensor zeros ones full empty eye arange linspace logspace zeros_like ones_like full_like empty_like rand randn
 randint rand_like randn_like randint_like randperm complex polar is_tensor is_floating_point is_complex numel
-get_default_dtype result_type promote_types can_cast finfo iinfo
+get_default_dtype result_type promote_types can_cast finfo iinfo is_grad_enabled is_autocast_enabled
 """.split()
 
 #: What ``torch.<name>`` a program may read (with the dtypes, ``torch.float32`` and the like, and
@@ -44,6 +44,11 @@ TORCH = frozenset(_POINTWISE + _OTHER)
 #: team, 2026-12-01), and its unbound methods need no class.
 CLASSES = {"torch": frozenset({"Tensor"})}
 
+#: Context managers a program may name only as the call of a ``with`` statement, without ``as``
+#: (``with torch.autocast("cpu", enabled=False):``): they set torch's thread-local modes and put
+#: them back on leaving, and the program never holds the object.
+CONTEXTS = {"torch": frozenset({"autocast", "no_grad", "enable_grad", "inference_mode"})}
+
 #: ``torch.nn.functional.<name>``.
 FUNCTIONAL = frozenset("""
 linear bilinear relu relu6 elu selu celu gelu silu mish leaky_relu hardtanh hardswish hardsigmoid softplus softsign
@@ -51,6 +56,7 @@ tanhshrink sigmoid tanh logsigmoid softmax softmin log_softmax glu normalize lay
 instance_norm rms_norm dropout pad one_hot embedding cosine_similarity pairwise_distance mse_loss cross_entropy nll_loss
 binary_cross_entropy binary_cross_entropy_with_logits l1_loss smooth_l1_loss huber_loss kl_div conv1d conv2d conv3d
 avg_pool1d avg_pool2d max_pool1d max_pool2d adaptive_avg_pool1d adaptive_avg_pool2d interpolate unfold fold
+scaled_dot_product_attention
 """.split())
 
 #: ``torch.linalg``, ``torch.special`` and ``torch.fft``.
@@ -75,6 +81,13 @@ SUBMODULES = {"torch": frozenset({"nn", "linalg", "special", "fft"}), "torch.nn"
 #: Attribute names a program may read on a value: tensors' methods of the functions above, their
 #: in-place forms, what describes a tensor (shape, dtype, device...) and converts it, what describes
 #: a dtype, a device or ``finfo``, and the everyday methods of lists, tuples, dicts and strings.
+#: What describes a layer the judge gives an answer (lesson 9's ``nn.TransformerEncoderLayer`` and its
+#: parts): its submodules, weights and settings, read and called, never changed (no attribute is
+#: assigned, and no module method beyond the tensor ones above is listed).
+_LAYERS = """
+self_attn num_heads head_dim embed_dim batch_first in_proj_weight in_proj_bias out_proj weight bias norm1 norm2
+linear1 linear2 norm_first normalized_shape activation
+""".split()
 _IN_PLACE = [f"{n}_" for n in _POINTWISE + "tril triu unsqueeze squeeze t transpose swapaxes swapdims index_fill "
              "index_add index_copy scatter scatter_add scatter_reduce masked_scatter".split()]
 ATTRIBUTES = frozenset(_POINTWISE + _OTHER + _IN_PLACE + """
@@ -86,4 +99,4 @@ clamp_ stride element_size is_cuda is_cpu sum_to_size unfold
 is_signed itemsize type index eps tiny bits resolution smallest_normal values indices
 append extend insert pop count reverse copy clear remove items keys values get update setdefault join split strip
 startswith endswith lower upper replace
-""".split())
+""".split() + _LAYERS)

@@ -15,7 +15,8 @@ grader's):
 2. The judge reads it (:func:`read_program`) against lists of what such a program may do: at its
    top level only imports of torch, its ``nn.functional``, ``linalg``, ``special`` and ``fft``,
    ``math`` and the check's own helpers, plain constants and ``def``\\s without decorators; inside,
-   only listed syntax (no class, ``match``, ``with``, ``global``, import, ``yield``), the names the
+   only listed syntax (no class, ``match``, ``global``, import, ``yield``; ``with`` only as
+   ``with torch.no_grad():`` or ``torch.autocast(...)``, never holding the object), the names the
    program binds (no ``__`` name), a short list of builtins, module members on the lists of
    :mod:`course.allowed_ops` (never the exercise's one-call op, by the words in its name), a module
    only as the object of such a member (never held as a value), and attributes of values by a list
@@ -59,19 +60,20 @@ BUILTINS = ("abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter"
             "ArithmeticError", "AssertionError", "Exception", "IndexError", "KeyError", "NotImplementedError",
             "RuntimeError", "TypeError", "ValueError", "ZeroDivisionError")
 
-#: The syntax a program may use: everything else (a class, ``match``, ``with``, ``global``, an import
-#: inside a function, ``yield``, ``async``, and whatever a later Python adds) is refused.
+#: The syntax a program may use: everything else (a class, ``match``, ``global``, an import inside a
+#: function, ``yield``, ``async``, and whatever a later Python adds) is refused. ``with`` only as
+#: ``with torch.no_grad():`` and the like (:data:`course.allowed_ops.CONTEXTS`, no ``as``).
 _SYNTAX = frozenset({
     ast.FunctionDef, ast.arguments, ast.arg, ast.Return, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For,
     ast.While, ast.If, ast.Expr, ast.Pass, ast.Break, ast.Continue, ast.Raise, ast.Assert, ast.Try, ast.ExceptHandler,
     ast.Delete, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Lambda, ast.IfExp, ast.Dict, ast.Set, ast.ListComp,
     ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.comprehension, ast.Compare, ast.Call, ast.keyword,
     ast.JoinedStr, ast.FormattedValue, ast.Constant, ast.Attribute, ast.Subscript, ast.Starred, ast.Name, ast.List,
-    ast.Tuple, ast.Slice, ast.NamedExpr, ast.Load, ast.Store, ast.Del,
+    ast.Tuple, ast.Slice, ast.NamedExpr, ast.Load, ast.Store, ast.Del, ast.With, ast.withitem,
     *(getattr(ast, n) for n in ("And", "Or", "Add", "Sub", "Mult", "MatMult", "Div", "Mod", "Pow", "LShift", "RShift",
                                 "BitOr", "BitXor", "BitAnd", "FloorDiv", "Invert", "Not", "UAdd", "USub", "Eq", "NotEq",
                                 "Lt", "LtE", "Gt", "GtE", "Is", "IsNot", "In", "NotIn"))})
-_NAMED = {ast.ClassDef: "a class", ast.Match: "a match statement", ast.With: "a with statement",
+_NAMED = {ast.ClassDef: "a class", ast.Match: "a match statement",
           ast.Global: "a global statement", ast.Nonlocal: "a nonlocal statement", ast.Import: "an import inside a function",
           ast.ImportFrom: "an import inside a function", ast.Yield: "yield", ast.YieldFrom: "yield from",
           ast.AsyncFunctionDef: "async def", ast.Await: "await"}
@@ -98,6 +100,8 @@ def _member_refusal(module: types.ModuleType, attr: str, forbidden: tuple) -> st
         return None  # torch.float64, torch.inf
     if member is not None and attr in allowed_ops.CLASSES.get(module.__name__, ()):
         return None  # only as isinstance's second argument (the walk sees to it)
+    if member is not None and attr in allowed_ops.CONTEXTS.get(module.__name__, ()):
+        return None  # only as the call of a with statement (the walk sees to it)
     if member is not None and attr in allowed_ops.MEMBERS.get(module.__name__, ()):
         return None
     if attr in allowed_ops.SUBMODULES.get(module.__name__, ()):
@@ -114,6 +118,15 @@ def _module_of(node: ast.AST, modules: dict) -> types.ModuleType | None:
         if parent is not None and node.attr in allowed_ops.SUBMODULES.get(parent.__name__, ()):
             return vars(parent).get(node.attr)
     return None
+
+
+def _context_of(node: ast.AST, modules: dict, contexts: dict) -> bool:
+    """Whether ``node`` names a context manager of :data:`course.allowed_ops.CONTEXTS` (``torch.no_grad``,
+    or a name imported as one)."""
+    if isinstance(node, ast.Name):
+        return node.id in contexts
+    module = _module_of(node.value, modules) if isinstance(node, ast.Attribute) else None
+    return module is not None and node.attr in allowed_ops.CONTEXTS.get(module.__name__, ())
 
 
 def _constant(node: ast.expr) -> bool:
@@ -203,6 +216,7 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
     modules: dict[str, types.ModuleType] = {}
     unavailable: dict[str, str] = {}  # names imported from elsewhere (typing's, for annotations): not read
     classes: dict[str, str] = {}  # names bound to a class of allowed_ops.CLASSES
+    contexts: dict[str, str] = {}  # names bound to a context manager of allowed_ops.CONTEXTS
     kept: list[ast.stmt] = []
     for stmt in tree.body:
         if isinstance(stmt, ast.FunctionDef):
@@ -228,6 +242,8 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
                     bindings[alias] = f"{module}:{member}"
                     if member in allowed_ops.CLASSES.get(module, ()):
                         classes[alias] = full
+                    if member in allowed_ops.CONTEXTS.get(module, ()):
+                        contexts[alias] = full
                 else:
                     unavailable[alias] = f"{why} (as {alias})"
             else:
@@ -254,6 +270,9 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
     slots = {id(s) for n in everything if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id == "isinstance" and len(n.args) == 2 and not n.keywords
              for s in ([n.args[1], *n.args[1].elts] if isinstance(n.args[1], ast.Tuple) else [n.args[1]])}
+    # a context manager only as the call of a with statement, never held: with torch.no_grad():
+    entered = {id(item.context_expr.func) for n in everything if isinstance(n, ast.With) for item in n.items
+               if isinstance(item.context_expr, ast.Call) and item.optional_vars is None}
     stack: list[ast.AST] = list(kept)
     while stack:
         node = stack.pop()
@@ -265,6 +284,12 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
             refuse(node, f"it passes keywords from a dict (**, line {line}): name each keyword")
         elif isinstance(node, ast.keyword) and (node.arg.startswith("_") or node.arg in _KEYWORDS_REFUSED):
             refuse(node, f"it passes the keyword {node.arg} (line {line}), which is not for a program")
+        elif isinstance(node, ast.withitem) and not (isinstance(node.context_expr, ast.Call)
+                                                     and id(node.context_expr.func) in entered
+                                                     and _context_of(node.context_expr.func, modules, contexts)):
+            refuse(node.context_expr, f"it uses a with statement (line {getattr(node.context_expr, 'lineno', '?')}) "
+                                      "other than `with torch.no_grad():`, `torch.enable_grad()`, "
+                                      "`torch.inference_mode()` or `torch.autocast(...)`, without `as`")
         elif isinstance(node, ast.FunctionDef) and (node.decorator_list or getattr(node, "type_params", None)):
             refuse(node, f"{node.name} has a decorator: define it with a plain def")
         elif isinstance(node, ast.Name):
@@ -278,6 +303,8 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
                     "and math, plain constants, and a few builtins are there)"))
             elif node.id in classes and id(node) not in slots:
                 refuse(node, f"it uses {classes[node.id]} (line {line}) other than as isinstance's second argument")
+            elif node.id in contexts and id(node) not in entered:
+                refuse(node, f"it uses {contexts[node.id]} (line {line}) other than as `with {node.id}(...):`, without as")
             elif node.id in modules and id(node) not in objects:
                 refuse(node, f"it uses the module {node.id} as a value (line {line}): call its functions, "
                              f"{node.id}.<function>(...), and hold nothing else of it")
@@ -292,6 +319,9 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
                 elif node.attr in allowed_ops.CLASSES.get(module.__name__, ()) and id(node) not in slots:
                     refuse(node, f"it uses {module.__name__}.{node.attr} (line {line}) other than as isinstance's "
                                  "second argument")
+                elif node.attr in allowed_ops.CONTEXTS.get(module.__name__, ()) and id(node) not in entered:
+                    refuse(node, f"it uses {module.__name__}.{node.attr} (line {line}) other than as "
+                                 f"`with {module.__name__}.{node.attr}(...):`, without as")
                 elif _module_of(node, modules) is not None and id(node) not in objects:
                     refuse(node, f"it uses the module {module.__name__}.{node.attr} as a value (line {line}): call its "
                                  "functions, and hold nothing else of it")

@@ -83,6 +83,58 @@ _NOTEBOOK = textwrap.dedent('''
         if is_causal:
             keys = keys & causal_mask(q.shape[-2], k.shape[-2], device=q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keys)
+
+
+    def sdpa_by_halves(q, k, v, key_padding_mask=None, is_causal=False):
+        half = q.shape[0] // 2
+        pad = torch.zeros(q.shape[0], k.shape[-2], dtype=torch.bool) if key_padding_mask is None else key_padding_mask
+        return torch.cat([sdpa_attention(q[:half], k[:half], v[:half], key_padding_mask=pad[:half], is_causal=is_causal),
+                          sdpa_attention(q[half:], k[half:], v[half:], key_padding_mask=pad[half:], is_causal=is_causal)])
+
+
+    def sdpa_encoder_layer(layer, x, key_padding_mask):
+        attn = layer.self_attn
+        b, n, d = x.shape
+        heads = attn.num_heads
+
+        def attention(z):
+            qkv = F.linear(z, attn.in_proj_weight, attn.in_proj_bias)
+            q, k, v = (t.reshape(b, n, heads, d // heads).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=~key_padding_mask[:, None, None, :])
+            return F.linear(o.transpose(1, 2).reshape(b, n, d), attn.out_proj.weight, attn.out_proj.bias)
+
+        def feed_forward(z):
+            return layer.linear2(layer.activation(layer.linear1(z)))
+
+        if layer.norm_first:
+            x = x + attention(layer.norm1(x))
+            return x + feed_forward(layer.norm2(x))
+        x = layer.norm1(x + attention(x))
+        return layer.norm2(x + feed_forward(x))
+
+
+    def layer_through_its_attention(layer, x, key_padding_mask):
+        attn = layer.self_attn
+        with torch.no_grad():
+            a = attn(x, x, x, key_padding_mask=key_padding_mask, need_weights=False)[0]
+        if layer.norm_first:
+            x = x + attn(layer.norm1(x), layer.norm1(x), layer.norm1(x), key_padding_mask=key_padding_mask,
+                         need_weights=False)[0]
+            return x + layer.linear2(F.relu(layer.linear1(layer.norm2(x))))
+        x = layer.norm1(x + a)
+        return layer.norm2(x + layer.linear2(F.relu(layer.linear1(x))))
+
+
+    def guarded_forward(enc, x, key_padding_mask=None):
+        if not torch.is_autocast_enabled("cpu"):
+            return enc(x, src_key_padding_mask=key_padding_mask)
+        with torch.autocast("cpu", enabled=False):
+            return enc(x.float(), src_key_padding_mask=key_padding_mask)
+
+
+    def guarded_off_the_fast_path(enc, x, key_padding_mask=None):
+        with torch.enable_grad(), torch.autocast("cpu", enabled=False):
+            return enc(x.float(), src_key_padding_mask=key_padding_mask).detach()
     ''')
 
 
@@ -120,7 +172,8 @@ def test_everyday_idioms_of_an_honest_answer_are_read_as_allowed():
             assert isinstance(x, torch.Tensor) and isinstance(mask, (Tensor, list)) and torch.is_tensor(mask)
             low = torch.finfo(x.dtype).min
             top = x.max(dim=-1, keepdim=True).values
-            causal = torch.ones(3, 3, dtype=torch.bool).tril_().data
+            with torch.no_grad():
+                causal = torch.ones(3, 3, dtype=torch.bool).tril_().data
             return F.softmax(x.masked_fill(mask, NEG_INF).masked_fill(causal, -torch.inf) - top, dim=-1).clamp_min(low)
         """).replace("import torch as torch\n", "import torch as torch\nfrom torch import Tensor as Tensor\n"),
         forbidden=("attention",))
@@ -156,7 +209,8 @@ REFUSED = {
     "a decorator": ("import functools as functools\n@functools.cache\ndef f(x):\n    return x\n", r"decorator"),
     "a nested decorator": ("def f(x):\n    @print\n    def g():\n        pass\n    return x\n", r"decorator"),
     "sys": ("import sys as sys\ndef f(x):\n    return sys.modules\n", r"reads sys"),
-    "a with": ("def f(x):\n    with torch.no_grad():\n        return x\n", r"with statement"),
+    "a with on a function of its own": ("def g():\n    return 1\ndef f(x):\n    with g():\n        return x\n",
+                                        r"with statement .* other than `with torch\.no_grad\(\):`"),
     "eval": ("def f(x):\n    return eval('x')\n", r"builtin eval"),
     "type": ("def f(x):\n    return type(x)\n", r"builtin type"),
     "statement at the top": ("torch.sigmoid = 1\ndef f(x):\n    return x\n", r"top level"),
@@ -213,6 +267,16 @@ REFUSED = {
     "not Python": ("def f(x:\n", r"could not be read"),
     "a deep chain": ("def f(x):\n    return x" + ".T" * 60_000 + "\n", r"could not be read|too deeply"),
     "a lazy submodule": ("def f(x):\n    return torch.onnx.export(x)\n", r"torch\.onnx"),
+    "a context manager held": ("def f(x):\n    with torch.no_grad() as mode:\n        return mode\n",
+                               r"torch\.no_grad .* other than as `with torch\.no_grad\(\.\.\.\):`, without as"),
+    "a context manager kept": ("def f(x):\n    c = torch.autocast\n    with c('cpu'):\n        return x\n",
+                               r"torch\.autocast .* other than as"),
+    "with on a value": ("def f(x):\n    with x:\n        return x\n", r"with statement .* other than"),
+    "with a context not listed": ("def f(x):\n    with torch.set_grad_enabled(False):\n        return x\n",
+                                  r"torch\.set_grad_enabled"),
+    "a layer's hooks": ("def f(layer, x):\n    layer.register_forward_pre_hook(print)\n    return layer(x)\n",
+                        r"\.register_forward_pre_hook"),
+    "a layer's state": ("def f(layer, x):\n    return layer.state_dict()\n", r"\.state_dict"),
 }
 
 
@@ -302,3 +366,50 @@ def test_a_program_that_is_not_the_notebooks_still_has_to_be_right(monkeypatch, 
     with served({"lstm_cell": notebook.builtin_cell}) as remote:
         with pytest.raises(AssertionError, match=r"lstm_cell, its program run again by the grader"):
             rnn.check_lstm_cell(remote("lstm_cell"), seed=3)
+
+
+def _clean_in_the_learners_process(clean):
+    """A forged probe for :func:`forging`: ``clean(real, fn, *args)`` where the learner's process runs it,
+    the real probe where the script host runs the program the judge read (defined in a module named
+    ``answer``): a learner who forges from C controls the one, not the other."""
+    def forge(real, fn, *args, **kwargs):
+        if getattr(fn, "__module__", None) == "answer":
+            return real(fn, *args, **kwargs)
+        return clean(real, fn, *args, **kwargs)
+    return forge
+
+
+def test_lesson_9s_sdpa_answers_keep_their_marks_run_again_in_the_script_host(notebook, script_host):
+    """Controls: the instructor's ``sdpa_attention`` (with the course's causal_mask), ``sdpa_encoder_layer``
+    (a layer's parts read and called: ``self_attn``, ``in_proj_weight``, ``norm1``...) and
+    ``guarded_forward`` (``with torch.autocast(...)``) pass, their programs run again and watched there."""
+    from course.checks import fastpath
+
+    with served({"sdpa": notebook.sdpa_attention, "layer": notebook.sdpa_encoder_layer,
+                 "guard": notebook.guarded_forward}) as remote:
+        fastpath.check_sdpa_attention(remote("sdpa"), seed=2)
+        fastpath.check_sdpa_encoder_layer(remote("layer"), seed=2)
+        fastpath.check_autocast_guard(remote("guard"), seed=2)
+
+
+@pytest.mark.parametrize("check, answer, probe, clean, message", [
+    ("check_sdpa_attention", "sdpa_by_halves", "sdpa_calls",
+     lambda real, fn, *args: [{"mask": "bool", "causal": False}],
+     r"sdpa_attention, its program run again by the grader, called F\.scaled_dot_product_attention 2 times"),
+    ("check_sdpa_encoder_layer", "layer_through_its_attention", "layer_by_hand",
+     lambda real, fn, *args: (real(fn, *args)[0], {"sdpa": 1, "modules": []}),
+     r"its program run again by the grader,\(post-norm .* called layer\.self_attn"),
+    ("check_autocast_guard", "guarded_off_the_fast_path", "fast_path_kept", lambda real, fn, *args: True,
+     r"guarded_forward, its program run again by the grader,\(nested=True\) no longer takes the fast path"),
+])
+def test_a_forged_probe_is_not_enough_for_lesson_9s_structure(monkeypatch, notebook, script_host, check, answer,
+                                                               probe, clean, message):
+    """Right values, the wrong structure (SDPA called twice; the layer's own attention module called; the
+    fast path lost), and the learner's probe made to report the right one: the program, run again in
+    the script host and watched there, fails."""
+    from course.checks import fastpath
+
+    forging(monkeypatch, fastpath, probe, _clean_in_the_learners_process(clean))
+    with served({"answer": getattr(notebook, answer)}) as remote:
+        with pytest.raises(AssertionError, match=message):
+            getattr(fastpath, check)(remote("answer"), seed=2)

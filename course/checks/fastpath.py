@@ -7,7 +7,11 @@ Every check is ``SERVED``: under the grader it runs in the judge and calls the l
 across the boundary on inputs it drew from a seed. Numbers are always compared here, with the
 course's float64 references. What only the learner's process can see (how its function called
 SDPA, what it did under autocast) is asked of the course's own probes running there; their word
-can only add a failure, never replace a comparison made here. Truth about the fast path is
+can only add a failure, never replace a comparison made here. The answers whose structure is graded
+(masked attention by hand, SDPA once, the encoder layer rebuilt, the autocast guard) are then read by
+the judge and run again in the script host (:func:`course.hand.hosted`), where the same probes watch
+a program that cannot name what would blind them; only the jagged MLP's input stays that process's
+word (its program would need nested tensors, whose offsets PyTorch does not check). Truth about the fast path is
 measured, by the op that ran, on the PyTorch installed (:func:`course.fastpath.fast_path_taken`),
 so a prediction is graded against the release it runs on.
 """
@@ -247,6 +251,28 @@ def sdpa_calls(sdpa_attention: Callable, q, k, v, key_padding_mask, is_causal: b
     return calls.calls
 
 
+def _sdpa_once(sdpa_attention: Callable, label: str, seed: int, dev: torch.device, hint: str) -> None:
+    """Causal and not, on a padded batch: ``sdpa_attention`` called SDPA once, with a boolean mask or none
+    (as the probe watching it reports: the learner's process's word, or the script host's for the program)."""
+    g = generator(seed + 3)
+    for causal in (False, True):
+        q, k, v = (torch.randn(2, 2, 6, 8, generator=g, dtype=F64).to(dev) for _ in range(3))
+        _, pad = ragged_batch(seed + 4, batch=2, length=6, dim=1)
+        pad[:, 0] = False
+        calls = probe(sdpa_attention, sdpa_calls, q, k, v, pad.to(dev), causal)
+        if not isinstance(calls, list):
+            raise AssertionError(f"{label} could not be watched (got {describe(calls)}).")
+        if len(calls) != 1:
+            raise AssertionError(f"{label} called F.scaled_dot_product_attention {len(calls)} times for one "
+                                 "batch; call it exactly once (the fused kernel does the whole batch). " + hint)
+        call_ = calls[0]
+        if not isinstance(call_, dict):
+            raise AssertionError(f"{label} could not be watched (got {describe(call_)}).")
+        if call_.get("mask") not in (None, "bool"):
+            raise AssertionError(f"{label} passed SDPA an attn_mask of dtype {call_.get('mask')}; "
+                                 "pass a boolean mask (True = attend): SDPA then needs no -inf arithmetic.")
+
+
 def check_sdpa_attention(sdpa_attention: Callable, *, seed: int = 0, device=None) -> None:
     """``sdpa_attention(q, k, v, key_padding_mask=None, is_causal=False)``: the same attention through
     one call of ``F.scaled_dot_product_attention``, written to run on every supported PyTorch: an
@@ -255,25 +281,13 @@ def check_sdpa_attention(sdpa_attention: Callable, *, seed: int = 0, device=None
     hint = ("SDPA's boolean attn_mask means True = attend: pass ~key_padding_mask[:, None, None, :]; with "
             "is_causal as well, combine it with the causal mask (torch.ones(L, L, dtype=torch.bool).tril()) "
             "into that one mask; without a padding mask, pass is_causal to SDPA.")
-    dev = pick_device(device)
-    g = generator(seed + 3)
-    for causal in (False, True):
-        q, k, v = (torch.randn(2, 2, 6, 8, generator=g, dtype=F64).to(dev) for _ in range(3))
-        _, pad = ragged_batch(seed + 4, batch=2, length=6, dim=1)
-        pad[:, 0] = False
-        calls = probe(sdpa_attention, sdpa_calls, q, k, v, pad.to(dev), causal)
-        if not isinstance(calls, list):
-            raise AssertionError(f"sdpa_attention could not be watched (got {describe(calls)}).")
-        if len(calls) != 1:
-            raise AssertionError(f"sdpa_attention called F.scaled_dot_product_attention {len(calls)} times for one "
-                                 "batch; call it exactly once (the fused kernel does the whole batch). " + hint)
-        call_ = calls[0]
-        if not isinstance(call_, dict):
-            raise AssertionError(f"sdpa_attention could not be watched (got {describe(call_)}).")
-        if call_.get("mask") not in (None, "bool"):
-            raise AssertionError(f"sdpa_attention passed SDPA an attn_mask of dtype {call_.get('mask')}; "
-                                 "pass a boolean mask (True = attend): SDPA then needs no -inf arithmetic.")
+    _sdpa_once(sdpa_attention, "sdpa_attention", seed, pick_device(device), hint)
     n = _check_masks(sdpa_attention, "sdpa_attention", seed, device, hint, attn_masks=False)
+    again = hosted(sdpa_attention, "sdpa_attention", helpers=("course.fastpath.causal_mask",))
+    if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+        again_name = "sdpa_attention, its program run again by the grader,"
+        _sdpa_once(again, again_name, seed, pick_device(device), hint)
+        _check_masks(again, again_name, seed, device, hint, attn_masks=False)
     ok(f"sdpa_attention equals the float64 reference on {n} masked batches, calling SDPA once, portably "
        f"(seed {seed})")
 
@@ -393,6 +407,17 @@ def check_autocast_guard(guarded_forward: Callable, *, seed: int = 0) -> None:
     hint = ("the fast path ignores CPU autocast (it asks torch.is_autocast_enabled() without a device, which "
             "means CUDA). When torch.is_autocast_enabled('cpu') is true, run the encoder inside "
             "torch.autocast('cpu', enabled=False) on x.float(); otherwise call it as it is.")
+    count = _guard_cases(guarded_forward, "guarded_forward", seed, hint)
+    again = hosted(guarded_forward, "guarded_forward")
+    if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+        _guard_cases(again, "guarded_forward, its program run again by the grader,", seed, hint)
+    ok(f"guarded_forward survives CPU autocast in all {count} cases (float32, equal to the encoder without "
+       f"autocast) and keeps the fast path without it (seed {seed})")
+
+
+def _guard_cases(guarded_forward: Callable, name: str, seed: int, hint: str) -> int:
+    """Every case of :func:`check_autocast_guard` (nested tensors or not, a padding mask or not, under
+    autocast or not) on ``guarded_forward``; how many were compared."""
     count = 0
     for nested in (True, False):
         enc = encoder(seed, nested=nested)
@@ -403,7 +428,7 @@ def check_autocast_guard(guarded_forward: Callable, *, seed: int = 0) -> None:
         for masked in (True, False):
             mask = pad if masked else None
             for autocast in (True, False):
-                label = (f"guarded_forward(nested={nested}, padding mask {'given' if masked else 'None'}"
+                label = (f"{name}(nested={nested}, padding mask {'given' if masked else 'None'}"
                          f"{', under CPU autocast' if autocast else ''})")
                 got = probe(guarded_forward, under_autocast, enc, x.clone(), None if mask is None else mask.clone(),
                             autocast)
@@ -418,10 +443,9 @@ def check_autocast_guard(guarded_forward: Callable, *, seed: int = 0) -> None:
                              rtol=1e-5, atol=1e-5, hint=hint)
                 count += 1
         if not probe(guarded_forward, fast_path_kept, enc, x, pad):
-            raise AssertionError(f"guarded_forward(nested={nested}) no longer takes the fast path without autocast; "
+            raise AssertionError(f"{name}(nested={nested}) no longer takes the fast path without autocast; "
                                  "guard only the autocast case (the fast path is the point of this lesson).")
-    ok(f"guarded_forward survives CPU autocast in all {count} cases (float32, equal to the encoder without "
-       f"autocast) and keeps the fast path without it (seed {seed})")
+    return count
 
 
 # -- 5. a token MLP on a jagged batch ------------------------------------------------------------------
@@ -523,11 +547,29 @@ def check_sdpa_encoder_layer(sdpa_encoder_layer: Callable, *, seed: int = 0) -> 
             "transposed to (B, heads, L, d); SDPA with attn_mask ~key_padding_mask[:, None, None, :]; back to (B, L, "
             "D), out_proj; then the residual and norm1, linear1, ReLU, linear2, the residual and norm2 (with "
             "norm_first, each norm comes before its block instead).")
+    count = _layer_cases(sdpa_encoder_layer, "sdpa_encoder_layer", seed, hint)
+    again = hosted(sdpa_encoder_layer, "sdpa_encoder_layer")
+    if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+        _layer_cases(again, "sdpa_encoder_layer, its program run again by the grader,", seed, hint)
+    with torch.no_grad():
+        layer = encoder_layer(seed + 1)
+        x, pad = ragged_batch(seed + 40, batch=2, length=9, dim=16, dtype=F64)
+        got = call(sdpa_encoder_layer, layer, x, pad, name="sdpa_encoder_layer")
+        want = layer(x, src_key_padding_mask=pad)
+    assert_close(valid_tokens(got, pad), valid_tokens(want, pad), name="sdpa_encoder_layer on another layer",
+                 hint=hint, **TIGHT)
+    ok(f"sdpa_encoder_layer equals nn.TransformerEncoderLayer on every unpadded token, post-norm and norm_first, "
+       f"with one SDPA call (seed {seed})")
+
+
+def _layer_cases(sdpa_encoder_layer: Callable, name: str, seed: int, hint: str) -> int:
+    """Post-norm and ``norm_first``: ``sdpa_encoder_layer`` called neither the layer nor its attention
+    module, called SDPA once, and equals the layer on every unpadded token; how many were compared."""
     count = 0
     for norm_first in (False, True):
         layer = encoder_layer(seed, norm_first=norm_first)
         x, pad = ragged_batch(seed + 30 + norm_first, batch=3, length=7, dim=16, dtype=F64)
-        label = f"sdpa_encoder_layer({'norm_first' if norm_first else 'post-norm'} layer, x {tuple(x.shape)})"
+        label = f"{name}({'norm_first' if norm_first else 'post-norm'} layer, x {tuple(x.shape)})"
         got, seen = probe(sdpa_encoder_layer, layer_by_hand, layer, x.clone(), pad.clone())
         if not isinstance(seen, dict):
             raise AssertionError(f"{label} could not be watched (got {describe(seen)}).")
@@ -545,12 +587,4 @@ def check_sdpa_encoder_layer(sdpa_encoder_layer: Callable, *, seed: int = 0) -> 
         assert_close(valid_tokens(got, pad), valid_tokens(want, pad), name=f"{label} on unpadded tokens",
                      hint=hint, **TIGHT)
         count += 1
-    with torch.no_grad():
-        layer = encoder_layer(seed + 1)
-        x, pad = ragged_batch(seed + 40, batch=2, length=9, dim=16, dtype=F64)
-        got = call(sdpa_encoder_layer, layer, x, pad, name="sdpa_encoder_layer")
-        want = layer(x, src_key_padding_mask=pad)
-    assert_close(valid_tokens(got, pad), valid_tokens(want, pad), name="sdpa_encoder_layer on another layer",
-                 hint=hint, **TIGHT)
-    ok(f"sdpa_encoder_layer equals nn.TransformerEncoderLayer on every unpadded token, post-norm and norm_first, "
-       f"with one SDPA call (seed {seed})")
+    return count
