@@ -47,7 +47,8 @@ CLASSES = {"torch": frozenset({"Tensor"})}
 #: Context managers a program may name only as the call of a ``with`` statement, without ``as``
 #: (``with torch.autocast("cpu", enabled=False):``): they set torch's thread-local modes and put
 #: them back on leaving, and the program never holds the object.
-CONTEXTS = {"torch": frozenset({"autocast", "no_grad", "enable_grad", "inference_mode"})}
+CONTEXTS = {"torch": frozenset({"autocast", "no_grad", "enable_grad", "inference_mode"}),
+            "torch.autograd.forward_ad": frozenset({"dual_level"})}
 
 #: ``torch.nn.functional.<name>``.
 FUNCTIONAL = frozenset("""
@@ -72,21 +73,32 @@ FFT = frozenset("""
 fft ifft rfft irfft fft2 ifft2 rfft2 irfft2 fftn ifftn rfftn irfftn fftfreq rfftfreq fftshift ifftshift hfft ihfft
 """.split())
 
+#: ``torch.func``'s transforms and ``torch.autograd.forward_ad``'s duals (lesson 4's JVPs and Jacobians
+#: by forward and reverse mode): they run the program's own functions, which the reading has read,
+#: and the model the judge gives (``functional_call`` sets only tensors, by name, and puts them back).
+#: Not ``jacfwd``, ``jacrev``, ``hessian``: the one-call versions of the exercises.
+FUNC = frozenset("functional_call jvp vjp vmap grad".split())
+FORWARD_AD = frozenset("make_dual unpack_dual".split())
+
 #: Module by module: what a program may read there. ``math``'s whole public namespace is pure
 #: arithmetic on numbers; ``torch.nn`` is only the way to ``torch.nn.functional``.
 MEMBERS = {"torch": TORCH, "torch.nn": frozenset({"functional"}), "torch.nn.functional": FUNCTIONAL,
-           "torch.linalg": LINALG, "torch.special": SPECIAL, "torch.fft": FFT}
-SUBMODULES = {"torch": frozenset({"nn", "linalg", "special", "fft"}), "torch.nn": frozenset({"functional"})}
+           "torch.linalg": LINALG, "torch.special": SPECIAL, "torch.fft": FFT, "torch.func": FUNC,
+           "torch.autograd": frozenset({"forward_ad"}), "torch.autograd.forward_ad": FORWARD_AD}
+SUBMODULES = {"torch": frozenset({"nn", "linalg", "special", "fft", "func", "autograd"}),
+              "torch.nn": frozenset({"functional"}), "torch.autograd": frozenset({"forward_ad"})}
 
 #: Attribute names a program may read on a value: tensors' methods of the functions above, their
 #: in-place forms, what describes a tensor (shape, dtype, device...) and converts it, what describes
 #: a dtype, a device or ``finfo``, and the everyday methods of lists, tuples, dicts and strings.
-#: What describes a layer the judge gives an answer (lesson 9's ``nn.TransformerEncoderLayer`` and its
-#: parts): its submodules, weights and settings, read and called, never changed (no attribute is
-#: assigned, and no module method beyond the tensor ones above is listed).
+#: What describes a layer or model the judge gives an answer (lesson 9's ``nn.TransformerEncoderLayer``
+#: and its parts, lesson 4's MLP): its submodules, weights and settings, read and called, never changed
+#: (no attribute is assigned, and no module method beyond the tensor ones above is listed); a dual's
+#: ``primal`` and ``tangent``.
 _LAYERS = """
 self_attn num_heads head_dim embed_dim batch_first in_proj_weight in_proj_bias out_proj weight bias norm1 norm2
 linear1 linear2 norm_first normalized_shape activation
+named_parameters parameters primal tangent
 """.split()
 _IN_PLACE = [f"{n}_" for n in _POINTWISE + "tril triu unsqueeze squeeze t transpose swapaxes swapdims index_fill "
              "index_add index_copy scatter scatter_add scatter_reduce masked_scatter".split()]

@@ -13,8 +13,8 @@ grader's):
    calls, and the imports and constants it reads (:func:`course.bare.bare_program`). That text is
    its word, and it need not be believed: whatever comes is what runs.
 2. The judge reads it (:func:`read_program`) against lists of what such a program may do: at its
-   top level only imports of torch, its ``nn.functional``, ``linalg``, ``special`` and ``fft``,
-   ``math`` and the check's own helpers, plain constants and ``def``\\s without decorators; inside,
+   top level only imports of torch, its ``nn.functional``, ``linalg``, ``special``, ``fft``, ``func``
+   and ``autograd.forward_ad``, ``math`` and the check's own helpers, plain constants and ``def``\\s without decorators; inside,
    only listed syntax (no class, ``match``, ``global``, import, ``yield``; ``with`` only as
    ``with torch.no_grad():`` or ``torch.autocast(...)``, never holding the object), the names the
    program binds (no ``__`` name), a short list of builtins, module members on the lists of
@@ -52,7 +52,8 @@ from course.remote import Remote, is_remote, probe
 __all__ = ["Hosted", "define", "hosted", "read_program"]
 
 #: Modules a program may import and read members of (and the check's named helpers).
-MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.special", "torch.fft", "math")
+MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.special", "torch.fft", "torch.func",
+           "torch.autograd", "torch.autograd.forward_ad", "math")
 
 #: Builtins a program may read: plain Python on plain values. ``print`` prints nothing there.
 BUILTINS = ("abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter", "float", "frozenset", "int",
@@ -79,8 +80,9 @@ _NAMED = {ast.ClassDef: "a class", ast.Match: "a match statement",
           ast.AsyncFunctionDef: "async def", ast.Await: "await"}
 
 MAX_PROGRAM_CHARS = 200_000
-#: Keywords no listed function needs that some of PyTorch's constructors read as a C++ pointer.
-_KEYWORDS_REFUSED = frozenset({"cdata"})
+#: Keywords no listed function needs: some of PyTorch's constructors read ``cdata`` as a C++ pointer;
+#: ``level`` picks forward AD's level by number (``dual_level()`` is the way in).
+_KEYWORDS_REFUSED = frozenset({"cdata", "level"})
 
 
 class Refused(AssertionError):

@@ -413,3 +413,86 @@ def test_a_forged_probe_is_not_enough_for_lesson_9s_structure(monkeypatch, noteb
     with served({"answer": getattr(notebook, answer)}) as remote:
         with pytest.raises(AssertionError, match=message):
             getattr(fastpath, check)(remote("answer"), seed=2)
+
+
+# Lesson 4's answers: the instructor's, and right values by the other mode or API.
+_LESSON_4 = textwrap.dedent('''
+    import torch
+    import torch.autograd.forward_ad as fwAD
+    from torch import Tensor, nn
+    from torch.func import functional_call, jvp, vjp, vmap
+
+
+    def param_jvp(model: nn.Module, x: Tensor, tangents):
+        params = dict(model.named_parameters())
+        with fwAD.dual_level():
+            dual = {name: fwAD.make_dual(params[name], t) for name, t in tangents.items()}
+            out = functional_call(model, dual, (x,))
+            primal, tangent = fwAD.unpack_dual(out)
+        return primal, tangent
+
+
+    def param_jvp_func(model: nn.Module, x: Tensor, tangents):
+        params = dict(model.named_parameters())
+        primals = {name: params[name] for name in tangents}
+        return jvp(lambda p: functional_call(model, p, (x,)), (primals,), (dict(tangents),))
+
+
+    def jacobian_fwd(f, x):
+        basis = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
+        column = lambda v: jvp(f, (x,), (v,))[1]
+        return vmap(column, out_dims=1)(basis)
+
+
+    def jacobian_rev(f, x):
+        out, pullback = vjp(f, x)
+        basis = torch.eye(out.numel(), dtype=out.dtype, device=out.device)
+        return vmap(pullback)(basis)[0]
+    ''')
+
+
+@pytest.fixture(scope="module")
+def lesson_4(tmp_path_factory):
+    return cell_module(tmp_path_factory.mktemp("lesson_4"), _LESSON_4, "learner_cell_hand_4")
+
+
+def test_lesson_4s_answers_keep_their_marks_run_again_in_the_script_host(lesson_4, script_host):
+    """Controls: the instructor's JVPs (forward AD's duals inside ``with fwAD.dual_level():``,
+    ``torch.func.jvp`` over a lambda) and Jacobians (``vmap`` over ``jvp`` and over ``vjp``'s pullback)
+    pass, their programs run again in the script host and watched there."""
+    from course.checks import forward_ad
+
+    with served({n: getattr(lesson_4, n) for n in ("param_jvp", "param_jvp_func", "jacobian_fwd",
+                                                    "jacobian_rev")}) as remote:
+        forward_ad.check_param_jvp(remote("param_jvp"), seed=2)
+        forward_ad.check_param_jvp_func(remote("param_jvp_func"), seed=2, subset=True)
+        forward_ad.check_jacobians(remote("jacobian_fwd"), remote("jacobian_rev"), seed=2)
+
+
+def _both_modes(real, fn, label, f, x):
+    """A forged Jacobian probe: the learner's one-mode function quietly allows both modes."""
+    f.mode = "both"
+    return real(fn, label, f, x)
+
+
+@pytest.mark.parametrize("check, answers, probe, clean, message", [
+    ("check_param_jvp", ("param_jvp_func",), "param_jvp_case",
+     lambda real, fn, label, api, *args: real(fn, label, "func", *args),
+     r"param_jvp, its program run again by the grader, ran the model inside torch\.func"),
+    ("check_param_jvp_func", ("param_jvp",), "param_jvp_case",
+     lambda real, fn, label, api, *args: real(fn, label, "forward_ad", *args),
+     r"param_jvp_func, its program run again by the grader, ran the model outside torch\.func"),
+    ("check_jacobians", ("jacobian_rev", "jacobian_rev"), "jacobian_case", _both_modes,
+     r"jacobian_fwd, its program run again by the grader, used reverse mode"),
+])
+def test_a_forged_probe_is_not_enough_for_lesson_4s_structure(monkeypatch, lesson_4, script_host, check, answers,
+                                                              probe, clean, message):
+    """Right values by the other API or mode (``torch.func.jvp`` for forward AD's duals and the other way
+    round; a Jacobian by reverse mode for the forward one), the learner's probe made to report the
+    right structure: the program, run again in the script host and watched there, fails."""
+    from course.checks import forward_ad
+
+    forging(monkeypatch, forward_ad, probe, _clean_in_the_learners_process(clean))
+    with served({f"a{i}": getattr(lesson_4, a) for i, a in enumerate(answers)}) as remote:
+        with pytest.raises(AssertionError, match=message):
+            getattr(forward_ad, check)(*(remote(f"a{i}") for i in range(len(answers))), seed=2)

@@ -21,7 +21,11 @@ Duals of the learner's class, run the learner's ``autograd.Function`` forward an
 how a function used the model) runs as the course's probes in the learner's process
 (:func:`course.remote.probe`), which send back values the judge compares. What a probe reports
 about structure (the model ran once, with tangents on its parameters; ``f`` was called once; a
-one-mode function refused) is that process's word; every value is checked here. The speed check
+one-mode function refused) is that process's word; every value is checked here. So the JVP and
+Jacobian answers are then read by the judge and run again in the script host
+(:func:`course.hand.hosted`), where the same probes watch a program that cannot name what would
+blind them (``torch.func``'s transforms and forward AD's duals are on its list; ``jacfwd`` and
+``jacrev`` are not). The speed check
 is the judge's clock (:func:`course.timing.compare_served`) against ``torch.func.jacrev``."""
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from torch.autograd.gradcheck import GradcheckError
 from course.checks.common import call, grader_references, ok, served_speedup, stored_answers, visible_call
 from course.data import generator, randn
 from course.devices import pick_device
+from course.hand import hosted
 from course.forward_ad import ModeNotAllowed, WideFunction, mlp, transform_in_use, wide_function
 from course.numerics import assert_close, describe
 from course.remote import factory, is_remote, probe, prober
@@ -252,20 +257,31 @@ def _param_jvp_answers(seed: int, sizes, batch: int, norm: bool, subset: bool, m
     return data["param_jvp"]["out"].to(x.device), data["param_jvp"]["jv"].to(x.device), None
 
 
-def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: int, norm: bool, subset: bool,
-               device) -> None:
-    dev = pick_device(device)
-    model, x, tangents = _param_jvp_inputs(seed, sizes, batch, norm, subset, dev)
-    ref_out, ref_jv, ref_fd = _param_jvp_answers(seed, sizes, batch, norm, subset, model, x, tangents)
+def _param_jvp_case(fn: Callable, label: str, api: str, model, x, tangents, refs: tuple, hint: str | None) -> None:
+    """``fn`` on the check's inputs, watched by :func:`param_jvp_case` where it runs (the learner's
+    process, or the script host for its program), its output and tangent compared here."""
+    ref_out, ref_jv, ref_fd = refs
     out, out_tangent = probe(fn, param_jvp_case, label, api, model, x, tangents)
-    hint = ("the tangents are per parameter name; parameters not named in `tangents` are constants (tangent 0)."
-            if subset else None)
     assert_close(out, ref_out, name=f"{label}: the output", hint="the first item is model(x) itself.")
     assert_close(out_tangent, ref_jv, name=f"{label}: the output tangent (vs J @ v, J from reverse mode in float64)",
                  hint=hint or "make_dual each parameter with its own tangent (same name), then unpack the output.")
     if ref_fd is not None:
         assert_close(out_tangent, ref_fd, rtol=1e-5, atol=1e-7,
                      name=f"{label}: the output tangent (vs central finite differences)", hint=hint)
+
+
+def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: int, norm: bool, subset: bool,
+               device) -> None:
+    dev = pick_device(device)
+    model, x, tangents = _param_jvp_inputs(seed, sizes, batch, norm, subset, dev)
+    ref_out, ref_jv, ref_fd = _param_jvp_answers(seed, sizes, batch, norm, subset, model, x, tangents)
+    hint = ("the tangents are per parameter name; parameters not named in `tangents` are constants (tangent 0)."
+            if subset else None)
+    _param_jvp_case(fn, label, api, model, x, tangents, (ref_out, ref_jv, ref_fd), hint)
+    again = hosted(fn, label)
+    if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+        _param_jvp_case(again, f"{label}, its program run again by the grader,", api, model, x, tangents,
+                        (ref_out, ref_jv, ref_fd), hint)
     n_params = len(list(model.parameters()))
     which = f"{len(tangents)} of {n_params} parameters" if subset else f"all {n_params} parameters"
     also = " and central differences" if ref_fd is not None else ""
@@ -483,6 +499,10 @@ def _one_jacobian(fn: Callable, label: str, mode: str, *, seed: int, k: int, m: 
     assert_close(got, answers[0][1], name=f"{label}(f, x) on a {mode}-mode-only function")
 
 
+#: Words in the names of PyTorch's one-call Jacobians, which a Jacobian by vmapped JVPs or VJPs does not call.
+ONE_CALL_JACOBIANS = ("jacfwd", "jacrev", "jacobian", "hessian")
+
+
 def check_jacobians(jacobian_fwd: Callable, jacobian_rev: Callable, *, seed: int = 0, k: int = 5, m: int = 7,
                     hidden: int = 16, device=None) -> None:
     """``jacobian_fwd(f, x)`` (k JVPs, vmapped) and ``jacobian_rev(f, x)`` (m VJPs, vmapped) return the
@@ -494,6 +514,10 @@ def check_jacobians(jacobian_fwd: Callable, jacobian_rev: Callable, *, seed: int
     answers = _jacobian_answers(seed, k, m, hidden, x)
     for fn, label, mode in ((jacobian_fwd, "jacobian_fwd", "forward"), (jacobian_rev, "jacobian_rev", "reverse")):
         _one_jacobian(fn, label, mode, seed=seed, k=k, m=m, hidden=hidden, x=x, answers=answers)
+        again = hosted(fn, label, forbidden=ONE_CALL_JACOBIANS)
+        if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+            _one_jacobian(again, f"{label}, its program run again by the grader,", mode, seed=seed, k=k, m=m,
+                          hidden=hidden, x=x, answers=answers)
     also = " and central differences" if len(answers) > 1 else ""
     ok(f"jacobian_fwd (forward mode) and jacobian_rev (reverse mode) equal the float64 reference Jacobian{also}, "
        f"calling f once (R^{k} -> R^{m}, seed {seed})")
