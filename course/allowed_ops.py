@@ -50,6 +50,14 @@ CLASSES = {"torch": frozenset({"Tensor"})}
 CONTEXTS = {"torch": frozenset({"autocast", "no_grad", "enable_grad", "inference_mode"}),
             "torch.autograd.forward_ad": frozenset({"dual_level"})}
 
+#: What each of them may be given, in the order it takes them: constants only, on these lists (a value
+#: ``autocast``'s ``__enter__`` refuses halfway would leave autocast on; red team, 2026-12-01).
+_FLAG = (True, False)
+CONTEXT_ARGUMENTS = {
+    "autocast": {"device_type": ("cpu", "cuda"), "dtype": ("torch.bfloat16", "torch.float16", "torch.float32"),
+                 "enabled": _FLAG, "cache_enabled": _FLAG},
+    "inference_mode": {"mode": _FLAG}, "no_grad": {}, "enable_grad": {}, "dual_level": {}}
+
 #: ``torch.nn.functional.<name>``.
 FUNCTIONAL = frozenset("""
 linear bilinear relu relu6 elu selu celu gelu silu mish leaky_relu hardtanh hardswish hardsigmoid softplus softsign
@@ -77,7 +85,7 @@ fft ifft rfft irfft fft2 ifft2 rfft2 irfft2 fftn ifftn rfftn irfftn fftfreq rfft
 #: by forward and reverse mode): they run the program's own functions, which the reading has read,
 #: and the model the judge gives (``functional_call`` sets only tensors, by name, and puts them back).
 #: Not ``jacfwd``, ``jacrev``, ``hessian``: the one-call versions of the exercises.
-FUNC = frozenset("functional_call jvp vjp vmap grad".split())
+FUNC = frozenset("functional_call jvp vjp vmap".split())
 FORWARD_AD = frozenset("make_dual unpack_dual".split())
 
 #: Module by module: what a program may read there. ``math``'s whole public namespace is pure

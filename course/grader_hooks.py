@@ -46,6 +46,9 @@ module:
   JSON) to the bare host, a confined Python with its standard library and no installed package,
   where a learner's answer by hand runs again on the judge's inputs (:func:`course.bare.run_bare`):
   there, not calling torch is the kernel's fact, not a probe's report;
+- ``program_host()``: in the judge process only, the channel to the program host, a process like the
+  script host but of its own, where the programs the judge read run again (:func:`course.hand.hosted`):
+  nothing of the learner's but those programs runs there, not even its TorchScript;
 - the environment variable :data:`SELF_CHECK_SKIP`: the lessons' closing self-check does
   nothing (the grader reads the test cells itself).
 """
@@ -67,6 +70,7 @@ uninterrupted: Callable[[], ContextManager] | None = None
 alarm: Callable | None = None
 script_host: Callable[[], Any] | None = None
 bare_host: Callable[[], Any] | None = None
+program_host: Callable[[], Any] | None = None
 
 SELF_CHECK_SKIP = "COURSE_SELF_CHECK_SKIP"
 
@@ -85,15 +89,16 @@ def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, ref
             hold: Callable | None = None, learner_cpu: Callable | None = None,
             learner_main_cpu: Callable | None = None, learner_peak: Callable | None = None,
             uninterrupted: Callable | None = None, alarm: Callable | None = None,
-            script_host: Callable | None = None, bare_host: Callable | None = None) -> None:
+            script_host: Callable | None = None, bare_host: Callable | None = None,
+            program_host: Callable | None = None) -> None:
     """Called by the grading sandbox only."""
     globals().update(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix, refused=refused,
                      hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
                      learner_peak=learner_peak, uninterrupted=uninterrupted, alarm=alarm, script_host=script_host,
-                     bare_host=bare_host)
+                     bare_host=bare_host, program_host=program_host)
 
 
 def installed() -> tuple:
     """What is installed now (the sandbox compares it after every cell)."""
     return (observer, exclusive, learner_prefix, refused, hold, learner_cpu, learner_main_cpu, learner_peak,
-            uninterrupted, alarm, script_host, bare_host)
+            uninterrupted, alarm, script_host, bare_host, program_host)

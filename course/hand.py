@@ -5,9 +5,9 @@ Some exercises ask for torch code written from small ops, and forbid PyTorch's o
 from ``softmax``, not SDPA). In the learner's process the course's watcher reports which ops an
 answer called: that process's word, which a learner who forges from C controls. The bare host
 (:mod:`course.bare`) cannot take these answers, since they need torch. Under the grader the judge
-instead **reads** the answer's program itself and runs it again in the script host
-(``autograder/sandbox/script_host.py``, a confined process with torch that holds nothing of the
-grader's):
+instead **reads** the answer's program itself and runs it again in the program host
+(``autograder/sandbox/script_host.py`` run as a process of its own, confined, with torch, holding
+nothing of the grader's and never loading the learner's TorchScript, which the script host does):
 
 1. The learner's process sends the program: the answer's ``def``, the notebook's functions it
    calls, and the imports and constants it reads (:func:`course.bare.bare_program`). That text is
@@ -22,7 +22,7 @@ grader's):
    only as the object of such a member (never held as a value), and attributes of values by a list
    of names. No attribute assigned. What is not on the lists is refused with a message that names
    it: the lists are what makes forging impossible to write, not a search for the ways to forge.
-3. The script host builds a namespace from the imports the judge read, with those builtins only,
+3. The program host builds a namespace from the imports the judge read, with those builtins only,
    and defines the program there (annotations are not evaluated). The judge then calls it as it
    calls the learner's process, on its own inputs, compares the values, and runs the course's
    watcher there: in a process where nothing of the learner's ran before, on a program that
@@ -119,6 +119,30 @@ def _module_of(node: ast.AST, modules: dict) -> types.ModuleType | None:
         parent = _module_of(node.value, modules)
         if parent is not None and node.attr in allowed_ops.SUBMODULES.get(parent.__name__, ()):
             return vars(parent).get(node.attr)
+    return None
+
+
+def _context_arguments(call: ast.Call, modules: dict, contexts: dict) -> str | None:
+    """Why the arguments of a ``with`` item's call are not allowed (None: they are): each a constant on
+    the list for its context manager (:data:`course.allowed_ops.CONTEXT_ARGUMENTS`), a dtype as
+    ``torch.<dtype>``. A value its ``__enter__`` would refuse halfway (``cache_enabled="no"``) could
+    leave autocast switched on."""
+    func = call.func
+    name = contexts[func.id].rpartition(".")[2] if isinstance(func, ast.Name) else func.attr
+    allowed = allowed_ops.CONTEXT_ARGUMENTS.get(name, {})
+    order = list(allowed)
+    if len(call.args) > len(order) or any(isinstance(a, ast.Starred) for a in call.args):
+        return f"it passes {name} more positional arguments than it takes here"
+    given = list(zip(order, call.args)) + [(k.arg, k.value) for k in call.keywords]
+    for arg, value in given:
+        if arg not in allowed:
+            return f"it passes {name} the argument {arg}, which a program may not"
+        if isinstance(value, ast.Constant) and type(value.value) in (str, bool) and value.value in allowed[arg]:
+            continue
+        module = _module_of(value.value, modules) if isinstance(value, ast.Attribute) else None
+        if module is torch and f"torch.{value.attr}" in allowed[arg]:
+            continue
+        return f"it passes {name} a value of {arg} other than {', '.join(map(str, allowed[arg]))}"
     return None
 
 
@@ -292,6 +316,9 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
             refuse(node.context_expr, f"it uses a with statement (line {getattr(node.context_expr, 'lineno', '?')}) "
                                       "other than `with torch.no_grad():`, `torch.enable_grad()`, "
                                       "`torch.inference_mode()` or `torch.autocast(...)`, without `as`")
+        elif isinstance(node, ast.withitem) and _context_arguments(node.context_expr, modules, contexts):
+            refuse(node.context_expr, f"{_context_arguments(node.context_expr, modules, contexts)} "
+                                      f"(line {getattr(node.context_expr, 'lineno', '?')})")
         elif isinstance(node, ast.FunctionDef) and (node.decorator_list or getattr(node, "type_params", None)):
             refuse(node, f"{node.name} has a decorator: define it with a plain def")
         elif isinstance(node, ast.Name):
@@ -354,7 +381,7 @@ def _imported(name: str, globals: Any = None, locals: Any = None, fromlist: Any 
 
 
 def define(source: Any, bindings: Any, name: Any) -> Callable:
-    """In the script host: the function ``name`` of a program the judge read (:func:`read_program`),
+    """In the program host: the function ``name`` of a program the judge read (:func:`read_program`),
     defined in a namespace of its own with the imports the judge read and :data:`BUILTINS` only (and
     an ``__import__`` of modules already imported, for torch's C++), its annotations never evaluated."""
     if not (isinstance(source, str) and isinstance(name, str) and isinstance(bindings, dict)):
@@ -375,8 +402,85 @@ def define(source: Any, bindings: Any, name: Any) -> Callable:
     return fn
 
 
+def _check_sdpa(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any, is_causal: Any, scale: Any,
+                more: dict) -> None:
+    """What :func:`checked_sdpa` lets through to PyTorch's kernel: query, key and value strided tensors
+    of one rank, dtype and device, the same leading dimensions (no broadcasting, no grouped heads), key
+    and value of one length, query and key of one width; a mask that broadcasts to the scores."""
+    tensors = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested for t in tensors):
+        raise ValueError("query, key and value must be plain tensors")
+    q, k, v = (tuple(t.shape) for t in tensors)
+    if not (len(q) == len(k) == len(v) >= 2 and q[:-2] == k[:-2] == v[:-2] and k[-2] == v[-2] and q[-1] == k[-1]):
+        raise ValueError(f"query, key and value must have one rank and the same leading dimensions, key and value "
+                         f"one length, query and key one width; got {q}, {k} and {v}")
+    if len({t.dtype for t in tensors}) != 1 or len({t.device for t in tensors}) != 1:
+        raise ValueError("query, key and value must have one dtype and one device")
+    scores = (*q[:-1], k[-2])
+    if attn_mask is not None:
+        if not (isinstance(attn_mask, torch.Tensor) and attn_mask.layout == torch.strided and not attn_mask.is_nested
+                and attn_mask.dtype in (torch.bool, query.dtype) and attn_mask.device == query.device):
+            raise ValueError("attn_mask must be a boolean tensor, or one of query's dtype, on query's device")
+        try:
+            fits = torch.broadcast_shapes(tuple(attn_mask.shape), scores) == torch.Size(scores)
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the scores {scores}")
+    if type(dropout_p) not in (int, float) or not 0 <= dropout_p < 1 or type(is_causal) is not bool:
+        raise ValueError("dropout_p must be a number in [0, 1) and is_causal a bool")
+    if scale is not None and type(scale) not in (int, float):
+        raise ValueError("scale must be a number or None")
+    if any(name != "enable_gqa" or value is not False for name, value in more.items()):
+        raise ValueError(f"F.scaled_dot_product_attention takes no {', '.join(sorted(more))} here")
+
+
+def checked_sdpa(real: Callable) -> Callable:
+    """``F.scaled_dot_product_attention`` as the program host runs it for programs: the arguments checked
+    first (:func:`_check_sdpa`). PyTorch's CPU kernel takes the number of keys from ``value``, not
+    ``key`` (pytorch/pytorch#193728): with a shorter ``key`` it reads past its end, and its backward
+    writes past a gradient's (red team, 2026-12-01). The name stays PyTorch's, so a watcher that
+    knows SDPA by name knows this one; its TorchFunctionMode sees PyTorch's own, called inside."""
+    import functools
+
+    @functools.wraps(real)
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                     **more):
+        _check_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, more)
+        return real(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                    **more)
+
+    scaled_dot_product_attention.course_checked = True
+    return scaled_dot_product_attention
+
+
+def guard_script_host() -> None:
+    """In the program host, once, before any program is defined: SDPA checked (:func:`checked_sdpa`)."""
+    import torch.nn.functional as F
+
+    if not getattr(F.scaled_dot_product_attention, "course_checked", False):
+        F.scaled_dot_product_attention = checked_sdpa(F.scaled_dot_product_attention)
+
+
+def host_state_untouched() -> None:
+    """Raise where torch's thread state is not as a request to the program host expects it: autocast off,
+    no ``TorchFunctionMode`` or dispatch mode on the stack, torch functions dispatched, inference mode
+    off. A program cut short inside a ``with`` (a ``RecursionError`` in ``autocast``'s ``__enter__``)
+    could leave autocast on for the host's later requests; they then fail, saying so."""
+    left = []
+    if any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda")):
+        left.append("autocast on")
+    if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
+        left.append("a mode on torch's stack")
+    if not torch._C._is_torch_function_enabled() or torch.is_inference_mode_enabled():
+        left.append("torch functions' handling changed")
+    if left:
+        raise RuntimeError(f"an earlier program left the process that runs programs again changed ({', '.join(left)}); "
+                           "leave every with block as you entered it (no recursion that ends inside one)")
+
+
 class Hosted(Remote):
-    """An answer's program, defined in the script host: called and probed like the learner's name."""
+    """An answer's program, defined in the program host: called and probed like the learner's name."""
 
     def __init__(self, link, name: str, label: str):
         super().__init__(link, name)
@@ -387,7 +491,7 @@ class Hosted(Remote):
 
 
 def hosted(fn: Any, name: str, *, forbidden: tuple = (), helpers: tuple = ()) -> Hosted | None:
-    """``fn``'s program read by the judge and defined in the script host, to be called there. None
+    """``fn``'s program read by the judge and defined in the program host, to be called there. None
     outside the grader's judge: there the program is read all the same (a learner's notebook hears
     of a refusal before the grader does) and the caller's watcher decides alone. A program that
     cannot be read, is refused, or fails to define is an ``AssertionError`` that says why and what to do."""
@@ -410,9 +514,9 @@ def hosted(fn: Any, name: str, *, forbidden: tuple = (), helpers: tuple = ()) ->
         source, bindings = read_program(program["source"], forbidden=tuple(forbidden), helpers=tuple(helpers))
     except Refused as exc:
         raise AssertionError(f"{name}, read by the grader: {exc}. {advice}") from None
-    if grader_hooks.script_host is None or not is_remote(fn):
+    if grader_hooks.program_host is None or not is_remote(fn):
         return None  # the learner's notebook: read as the grader will read it, and not run again
-    host = grader_hooks.script_host()
+    host = grader_hooks.program_host()
     try:
         reply = host.request({"op": "program", "source": source, "bindings": bindings, "name": fname})
     except (EOFError, OSError) as exc:

@@ -831,6 +831,10 @@ def serve(link: Link, namespace: dict, *, host: bool = False) -> int:
             elif host and message.get("op") == "end":
                 reply = {"ok": None}
             else:
+                if host and message.get("op") in ("call", "probe"):
+                    from course.hand import host_state_untouched
+
+                    host_state_untouched()  # nothing an earlier program left behind (autocast on, a mode)
                 link.serving = message.get("seq")
                 reply = {"ok": _answer(message, namespace, calls, calls_staged, link)}
         except BaseException as exc:  # noqa: BLE001 - the learner's exception (or a timeout) is the answer

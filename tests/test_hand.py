@@ -1,5 +1,5 @@
 """Answers by hand that need torch (``course.hand``): the judge reads the answer's program against a
-list of what it may do and runs it again in the script host, where nothing else of the learner's
+list of what it may do and runs it again in the program host, where nothing else of the learner's
 ran. In the learner's process "called no recurrent op" (lesson 1) and "called no attention op"
 (lesson 9) are the course watcher's report, which a learner who forges from C controls; the
 program the judge reads cannot name PyTorch's one-call op, nor what would blind a watcher."""
@@ -277,6 +277,16 @@ REFUSED = {
     "a layer's hooks": ("def f(layer, x):\n    layer.register_forward_pre_hook(print)\n    return layer(x)\n",
                         r"\.register_forward_pre_hook"),
     "a layer's state": ("def f(layer, x):\n    return layer.state_dict()\n", r"\.state_dict"),
+    "autocast refused halfway": ("def f(x):\n    with torch.autocast('cpu', dtype=torch.bfloat16, cache_enabled='no'):"
+                                 "\n        return x\n", r"autocast a value of cache_enabled other than True, False"),
+    "autocast of a dtype not listed": ("def f(x):\n    with torch.autocast('cpu', dtype=torch.int8):\n        return x\n",
+                                       r"autocast a value of dtype other than torch\.bfloat16"),
+    "autocast of a value": ("def f(x):\n    with torch.autocast(x):\n        return x\n", r"device_type other than"),
+    "no_grad given a function": ("def f(x):\n    with torch.no_grad(f):\n        return x\n",
+                                 r"no_grad more positional arguments"),
+    "a forward AD level by number": ("import torch.autograd.forward_ad as fwAD\ndef f(x):\n    return "
+                                     "fwAD.make_dual(x, x, level=0)\n", r"keyword level"),
+    "torch.func.grad": ("def f(x):\n    return torch.func.grad(torch.sum)(x)\n", r"torch\.func\.grad"),
 }
 
 
@@ -303,13 +313,23 @@ def test_a_program_defined_for_the_judge_has_only_its_builtins_and_prints_nothin
 
 
 @pytest.fixture
-def script_host(monkeypatch):
-    """The judge's hook to a script host served from a thread (the grader's is a confined process)."""
-    from course import grader_hooks
+def program_host(monkeypatch):
+    """The judge's hook to a program host served from a thread (the grader's is a confined process), SDPA
+    checked there as the grader's program host checks it (:func:`course.hand.guard_script_host`)."""
+    import torch
+    import torch.nn.functional as F
 
-    with serve_in_thread({}, host=True) as link:
-        monkeypatch.setattr(grader_hooks, "script_host", lambda: link)
-        yield link
+    from course import grader_hooks
+    from course.hand import checked_sdpa
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", checked_sdpa(F.scaled_dot_product_attention))
+    try:
+        with serve_in_thread({}, host=True) as link:
+            monkeypatch.setattr(grader_hooks, "program_host", lambda: link)
+            yield link
+    finally:  # torch's table of names for overridable functions was read with the checked SDPA in it
+        monkeypatch.undo()
+        getattr(torch.overrides, "_get_overridable_functions", None).cache_clear()
 
 
 
@@ -319,7 +339,7 @@ def script_host(monkeypatch):
     ("cell_from_a_global", r"read by the grader: it calls torch\.lstm_cell.* \(as CELL\)"),
     ("cell_through_getattr", r"read by the grader: it uses the builtin getattr"),
 ])
-def test_a_forged_watcher_report_is_not_enough_for_lesson_1(monkeypatch, notebook, script_host, answer, message):
+def test_a_forged_watcher_report_is_not_enough_for_lesson_1(monkeypatch, notebook, program_host, answer, message):
     """PyTorch's own LSTM cell, under three names, with the learner's watcher made to report
     nothing: the values are right, and the judge's reading of the program refuses it."""
     from course.checks import rnn
@@ -330,7 +350,7 @@ def test_a_forged_watcher_report_is_not_enough_for_lesson_1(monkeypatch, noteboo
             rnn.check_lstm_cell(remote("lstm_cell"), seed=3)
 
 
-def test_lesson_1s_answers_by_hand_pass_through_the_script_host(notebook, script_host):
+def test_lesson_1s_answers_by_hand_pass_through_the_program_host(notebook, program_host):
     """Controls: the cell and the layer (which calls the cell) by hand keep their marks, run again
     there; the hosted program is called and watched in the host (a :class:`course.hand.Hosted`)."""
     from course.checks import rnn
@@ -340,7 +360,7 @@ def test_lesson_1s_answers_by_hand_pass_through_the_script_host(notebook, script
         rnn.check_lstm_layer(remote("lstm_layer"), seed=3)
 
 
-def test_a_forged_watcher_report_is_not_enough_for_lesson_9(monkeypatch, notebook, script_host):
+def test_a_forged_watcher_report_is_not_enough_for_lesson_9(monkeypatch, notebook, program_host):
     """SDPA with the watcher's report made clean: refused by the reading; the attention by hand,
     with the course's causal_mask, passes (control)."""
     from course.checks import fastpath
@@ -352,7 +372,7 @@ def test_a_forged_watcher_report_is_not_enough_for_lesson_9(monkeypatch, noteboo
         fastpath.check_masked_attention(remote("by_hand"), seed=2)
 
 
-def test_a_program_that_is_not_the_notebooks_still_has_to_be_right(monkeypatch, notebook, script_host):
+def test_a_program_that_is_not_the_notebooks_still_has_to_be_right(monkeypatch, notebook, program_host):
     """The program is the learner's process's word: one that sends a clean program whose values are
     wrong (here, the gates in another order) fails on the judge's inputs, whatever the notebook's
     function returned."""
@@ -370,7 +390,7 @@ def test_a_program_that_is_not_the_notebooks_still_has_to_be_right(monkeypatch, 
 
 def _clean_in_the_learners_process(clean):
     """A forged probe for :func:`forging`: ``clean(real, fn, *args)`` where the learner's process runs it,
-    the real probe where the script host runs the program the judge read (defined in a module named
+    the real probe where the program host runs the program the judge read (defined in a module named
     ``answer``): a learner who forges from C controls the one, not the other."""
     def forge(real, fn, *args, **kwargs):
         if getattr(fn, "__module__", None) == "answer":
@@ -379,7 +399,7 @@ def _clean_in_the_learners_process(clean):
     return forge
 
 
-def test_lesson_9s_sdpa_answers_keep_their_marks_run_again_in_the_script_host(notebook, script_host):
+def test_lesson_9s_sdpa_answers_keep_their_marks_run_again_in_the_program_host(notebook, program_host):
     """Controls: the instructor's ``sdpa_attention`` (with the course's causal_mask), ``sdpa_encoder_layer``
     (a layer's parts read and called: ``self_attn``, ``in_proj_weight``, ``norm1``...) and
     ``guarded_forward`` (``with torch.autocast(...)``) pass, their programs run again and watched there."""
@@ -402,11 +422,11 @@ def test_lesson_9s_sdpa_answers_keep_their_marks_run_again_in_the_script_host(no
     ("check_autocast_guard", "guarded_off_the_fast_path", "fast_path_kept", lambda real, fn, *args: True,
      r"guarded_forward, its program run again by the grader,\(nested=True\) no longer takes the fast path"),
 ])
-def test_a_forged_probe_is_not_enough_for_lesson_9s_structure(monkeypatch, notebook, script_host, check, answer,
+def test_a_forged_probe_is_not_enough_for_lesson_9s_structure(monkeypatch, notebook, program_host, check, answer,
                                                                probe, clean, message):
     """Right values, the wrong structure (SDPA called twice; the layer's own attention module called; the
     fast path lost), and the learner's probe made to report the right one: the program, run again in
-    the script host and watched there, fails."""
+    the program host and watched there, fails."""
     from course.checks import fastpath
 
     forging(monkeypatch, fastpath, probe, _clean_in_the_learners_process(clean))
@@ -456,10 +476,10 @@ def lesson_4(tmp_path_factory):
     return cell_module(tmp_path_factory.mktemp("lesson_4"), _LESSON_4, "learner_cell_hand_4")
 
 
-def test_lesson_4s_answers_keep_their_marks_run_again_in_the_script_host(lesson_4, script_host):
+def test_lesson_4s_answers_keep_their_marks_run_again_in_the_program_host(lesson_4, program_host):
     """Controls: the instructor's JVPs (forward AD's duals inside ``with fwAD.dual_level():``,
     ``torch.func.jvp`` over a lambda) and Jacobians (``vmap`` over ``jvp`` and over ``vjp``'s pullback)
-    pass, their programs run again in the script host and watched there."""
+    pass, their programs run again in the program host and watched there."""
     from course.checks import forward_ad
 
     with served({n: getattr(lesson_4, n) for n in ("param_jvp", "param_jvp_func", "jacobian_fwd",
@@ -485,14 +505,99 @@ def _both_modes(real, fn, label, f, x):
     ("check_jacobians", ("jacobian_rev", "jacobian_rev"), "jacobian_case", _both_modes,
      r"jacobian_fwd, its program run again by the grader, used reverse mode"),
 ])
-def test_a_forged_probe_is_not_enough_for_lesson_4s_structure(monkeypatch, lesson_4, script_host, check, answers,
+def test_a_forged_probe_is_not_enough_for_lesson_4s_structure(monkeypatch, lesson_4, program_host, check, answers,
                                                               probe, clean, message):
     """Right values by the other API or mode (``torch.func.jvp`` for forward AD's duals and the other way
     round; a Jacobian by reverse mode for the forward one), the learner's probe made to report the
-    right structure: the program, run again in the script host and watched there, fails."""
+    right structure: the program, run again in the program host and watched there, fails."""
     from course.checks import forward_ad
 
     forging(monkeypatch, forward_ad, probe, _clean_in_the_learners_process(clean))
     with served({f"a{i}": getattr(lesson_4, a) for i, a in enumerate(answers)}) as remote:
         with pytest.raises(AssertionError, match=message):
             getattr(forward_ad, check)(*(remote(f"a{i}") for i in range(len(answers))), seed=2)
+
+
+# Red team, round 4 (2026-12-01): code of the program's own run inside a torch function (a generator
+# read by F.unfold's argument parsing), where a TorchFunctionMode is off the stack.
+_HIDDEN_SDPA = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+
+
+    def sdpa_attention(q, k, v, attn_mask=None, key_padding_mask=None, is_causal=False):
+        keys = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+        if key_padding_mask is not None:
+            keys = keys & ~key_padding_mask[:, None, None, :]
+        if is_causal:
+            keys = keys & torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        keys = keys.expand(q.shape[0], 1, q.shape[-2], k.shape[-2])
+        half = q.shape[0] // 2
+        out = []
+
+        def hidden(i):
+            out.append(F.scaled_dot_product_attention(q[:half], k[:half], v[:half], attn_mask=keys[:half]))
+            return 1
+
+        F.unfold(torch.zeros(1, 1, 2, 2), (hidden(i) if i == 0 else 1 for i in range(2)))
+        out.append(F.scaled_dot_product_attention(q[half:], k[half:], v[half:], attn_mask=keys[half:]))
+        return torch.cat(out)
+    ''')
+
+
+def test_an_sdpa_call_hidden_where_the_mode_is_off_the_stack_is_still_counted(tmp_path, program_host):
+    """SDPA called twice, once from a generator that F.unfold reads while the course's mode is off the
+    stack: the mode sees one call, the dispatcher's record two; the learner's side and the program host
+    both count two."""
+    from course.checks import fastpath
+
+    answer = cell_module(tmp_path, _HIDDEN_SDPA, "learner_cell_hidden_sdpa").sdpa_attention
+    with served({"answer": answer}) as remote:
+        with pytest.raises(AssertionError, match=r"sdpa_attention called F\.scaled_dot_product_attention 2 times"):
+            fastpath.check_sdpa_attention(remote("answer"), seed=2)
+
+
+def test_the_program_hosts_sdpa_refuses_a_key_shorter_than_its_value():
+    """PyTorch's CPU kernel takes the number of keys from ``value`` (pytorch/pytorch#193728): a shorter
+    ``key`` is read past its end, and its gradient written past it. Where programs run, SDPA checks the
+    shapes first; the checked function is SDPA by name, and right where the shapes are."""
+    import torch
+    import torch.nn.functional as F
+
+    from course.hand import checked_sdpa
+
+    sdpa = checked_sdpa(F.scaled_dot_product_attention)
+    q = torch.ones(1, 1, 8, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match="key and value one length"):
+        sdpa(q, torch.ones(1, 1, 1, 16, dtype=torch.float64), torch.ones(1, 1, 64, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        sdpa(q, q, q, attn_mask=torch.ones(8, 9, dtype=torch.bool))
+    with pytest.raises(ValueError, match="enable_gqa"):
+        sdpa(q, q, q, enable_gqa=True)
+    mask = torch.rand(8, 8) < 0.8
+    mask[:, 0] = True
+    assert sdpa.__name__ == "scaled_dot_product_attention"
+    assert torch.equal(sdpa(q, q * 2, q * 3, attn_mask=mask), F.scaled_dot_product_attention(q, q * 2, q * 3, attn_mask=mask))
+
+
+def test_a_program_that_leaves_autocast_on_fails_the_hosts_later_requests(program_host):
+    """A ``with torch.autocast(...)`` cut short inside ``__enter__`` (a recursion at its limit) can leave
+    autocast on in the program host: its next request fails, saying so, rather than run in bfloat16. (The
+    program here is sent to the host unread, as only a test can: it switches autocast on itself.)"""
+    import torch
+
+    from course.hand import Hosted
+
+    def define(source: str, name: str) -> Hosted:
+        return Hosted(program_host, program_host.request({"op": "program", "source": source,
+                                                        "bindings": {"torch": "torch"}, "name": name}), name)
+
+    plain = define("def f(x):\n    return x + 1\n", "f")
+    leave_on = define("def g(x):\n    torch.set_autocast_enabled('cpu', True)\n    return x\n", "g")
+    put_back = define("def h(x):\n    torch.set_autocast_enabled('cpu', False)\n    return x\n", "h")
+    assert plain(torch.zeros(2)).tolist() == [1.0, 1.0]
+    leave_on(torch.zeros(2))
+    with pytest.raises(Exception, match=r"left the process that runs programs again changed \(autocast on\)"):
+        plain(torch.zeros(2))
+    with pytest.raises(Exception, match=r"autocast on"):
+        put_back(torch.zeros(2))  # every request refused: the host is spoilt for this submission

@@ -54,7 +54,7 @@ def learner_names(source: str, known: dict) -> list[str]:
 def main() -> int:
     in_fd, out_fd, call_fd, reply_fd, pkg_root, limits = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                                           int(sys.argv[4]), sys.argv[5], sys.argv[6])
-    host_fds = {"script": (int(sys.argv[7]), int(sys.argv[8])), "bare": (int(sys.argv[9]), int(sys.argv[10]))}
+    host_fds = {which: (int(sys.argv[7 + 2 * i]), int(sys.argv[8 + 2 * i])) for i, which in enumerate(protocol.HOSTS)}
     protocol.set_limits(limits)
 
     def receive():
@@ -147,13 +147,18 @@ def main() -> int:
         """A learner's answer by hand runs there again, in a Python without torch (``bare_host.py``)."""
         return host_link("bare")
 
+    def program_host():
+        """The programs the judge read (``course.hand``) run there again, beside no TorchScript of the
+        learner's (``script_host.py``, a process of its own)."""
+        return host_link("program")
+
     # No learner frame is ever on this process's stack: the references serve the checks freely.
     alarm = protocol.Alarm()
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
                   refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
                   learner_peak=learner_peak,
                   uninterrupted=alarm.uninterrupted, alarm=alarm.on_alarm, script_host=script_host,
-                  bare_host=bare_host)
+                  bare_host=bare_host, program_host=program_host)
 
     alarm.install()  # the parent's time limit, felt inside a cell's code only
     link = Link(call_fd, reply_fd)
@@ -200,8 +205,8 @@ def main() -> int:
             for which, host in links.items():
                 if host.busy:  # interrupted waiting for it: stopped, it runs nothing more
                     ask(protocol.HOST, stop=True, which=which)
-                    host.broken = (f"the process that runs your {'TorchScript' if which == 'script' else 'answer by hand'}"
-                                   " was stopped: a call to it ran past an earlier cell's time limit")
+                    host.broken = (f"the process that runs your {protocol.HOST_RUNS.get(which, which)} was stopped: "
+                                   "a call to it ran past an earlier cell's time limit")
         elif outcome is not None:
             error = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
         else:

@@ -30,7 +30,9 @@ The judge, whose work a learner's answers can drive, is held to the same limits,
 own count against the same cap. The script host (``script_host.py``), started at the judge's
 request, runs a learner's TorchScript confined as the learner's process is, and its memory counts
 with the learner's; so does the bare host's (``bare_host.py``), which runs a learner's answers by
-hand in a Python that has its standard library and no installed package (no torch, no NumPy).
+hand in a Python that has its standard library and no installed package (no torch, no NumPy), and the
+program host's (``script_host.py`` again, a process of its own), which runs the programs the judge
+read (``course.hand``) beside nothing else of the learner's, its TorchScript included.
 Messages are bounded (``protocol.py``).
 """
 
@@ -73,7 +75,7 @@ GRACE = 30.0
 #: the cap; the kernel holds this between two of its looks (like RLIMIT_DATA's, per process).
 WALL = 2.0
 #: What each host runs of a learner's (in messages).
-HOSTED = {"script": "TorchScript", "bare": "answer by hand"}
+HOSTED = protocol.HOST_RUNS
 #: Seconds between two looks at a learner's memory.
 POLL = 0.2
 
@@ -779,7 +781,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             os.close(fd)
     procs = [p for p in (child, judge) if p is not None]  # the processes that run cells
     # The hosts the judge asked for (they run no cell): "script" runs the learner's TorchScript,
-    # "bare" the learner's answers by hand, in a Python without torch (bare_host.py).
+    # "bare" the learner's answers by hand, in a Python without torch (bare_host.py), "program" the
+    # programs the judge read (script_host.py, never the TorchScript's process).
     hosts: dict[str, _Proc] = {}
     host_fault = ""  # why a host could not be started: the grader's failure, not the learner's
 
@@ -789,7 +792,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         fds = host_fds.get(which)
         if which not in hosts and fds:
             try:
-                hosts[which] = _Proc(f"{which}_host.py", [str(fds[0]), str(fds[1]), limits], sandbox=sandbox,
+                hosts[which] = _Proc(protocol.HOST_SCRIPTS[which], [str(fds[0]), str(fds[1]), limits], sandbox=sandbox,
                                      env=child_env, log=log.with_name(f"{log.name}.{which}"),
                                      token=secrets.token_hex(16), extra_fds=tuple(fds),
                                      scratch_bytes=int(memory_mb * 2**20), memory_limit=wall)
@@ -976,7 +979,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         holding, holding_since = None, None
                     elif kind == protocol.HOLD and source is judge and held is None:
                         # The bare host runs only while the judge waits for it, never during a hold.
-                        held = [Pause(p) for p in (child, hosts.get("script")) if p is not None]
+                        held = [Pause(p) for p in (child, hosts.get("script"), hosts.get("program")) if p is not None]
                         for pause in held:
                             pause.begin()
                         source.go()
@@ -1049,6 +1052,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if killed and status != "oom":  # the kernel's wall: between two looks, past WALL times the cap
             whose = ("" if p is child else ", in the judge process (served checks) its answers drove" if p is judge
                      else ", in the script host, running its TorchScript" if p is hosts.get("script")
+                     else ", in the program host, running its program read by the grader" if p is hosts.get("program")
                      else ", in the bare host, running its answer by hand")
             status, detail = "oom", (f"used more than {WALL:g} times the memory cap of {memory_mb:g} MB between two "
                                      f"looks{whose}: the kernel ended {killed} of its processes")

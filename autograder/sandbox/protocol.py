@@ -46,9 +46,14 @@ READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE = (
 HOLD, RELEASE, CPU, PEAK = "hold", "release", "cpu", "peak"
 # Judge -> parent only: start a host, answered by NUMBER_ANSWER (1.0: started, 0.0: not); with
 # ``stop`` true, stop it (a call the judge gave up on at a time limit). ``which``: the script host
-# (``script_host.py``, the default) or the bare host (``bare_host.py``), one of HOSTS.
+# (``script_host.py``, the default: the learner's TorchScript), the bare host (``bare_host.py``) or the
+# program host (``script_host.py`` again, a process of its own: the programs the judge read,
+# ``course.hand``, never beside the learner's TorchScript), one of HOSTS.
 HOST = "host"
-HOSTS = ("script", "bare")
+HOSTS = ("script", "bare", "program")
+#: What each host runs: its script, and what it runs for the learner, in words.
+HOST_SCRIPTS = {"script": "script_host.py", "bare": "bare_host.py", "program": "script_host.py"}
+HOST_RUNS = {"script": "TorchScript", "bare": "answer by hand", "program": "program, read by the grader"}
 NUMBER_ANSWER = struct.Struct(">d")
 KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE, HOLD, RELEASE, CPU, PEAK, HOST}
 

@@ -49,7 +49,10 @@ def main() -> int:
     import course
     if not os.path.realpath(course.__file__).startswith(os.path.realpath(pkg_root) + os.sep):
         raise SystemExit(f"grading: imported course from {course.__file__}, not from {pkg_root}")
+    from course.hand import guard_script_host
     from course.remote import Link, serve
+
+    guard_script_host()
 
     serve(Link(reply_fd, call_fd), {}, host=True)
     return 0

@@ -9,7 +9,7 @@ course's float64 references. What only the learner's process can see (how its fu
 SDPA, what it did under autocast) is asked of the course's own probes running there; their word
 can only add a failure, never replace a comparison made here. The answers whose structure is graded
 (masked attention by hand, SDPA once, the encoder layer rebuilt, the autocast guard) are then read by
-the judge and run again in the script host (:func:`course.hand.hosted`), where the same probes watch
+the judge and run again in the program host (:func:`course.hand.hosted`), where the same probes watch
 a program that cannot name what would blind them; only the jagged MLP's input stays that process's
 word (its program would need nested tensors, whose offsets PyTorch does not check). Truth about the fast path is
 measured, by the op that ran, on the PyTorch installed (:func:`course.fastpath.fast_path_taken`),
@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from course.checks.common import (TorchCalls, call, grader_references, name_mistake, names_with, ok, probed_names,
                                   record, served_speedup, stored_answers)
-from course.checks.witnesses import alone
+from course.checks.witnesses import DispatcherOps, alone
 from course.data import generator
 from course.devices import pick_device
 from course.hand import hosted
@@ -208,7 +208,7 @@ def check_masked_attention(masked_attention: Callable, *, seed: int = 0, device=
                              "the fused kernel saves; F.scaled_dot_product_attention is Exercise 2's.")
     again = hosted(masked_attention, "masked_attention", forbidden=("attention",),
                    helpers=("course.fastpath.causal_mask",))
-    if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+    if again is not None:  # under the grader: its program, read by the judge, run again in the program host
         again_name = "masked_attention, its program run again by the grader,"
         _check_masks(again, again_name, seed, device, hint)
         if probed_names(again, attention_ops, q, k, v, pad, label=again_name):
@@ -243,17 +243,31 @@ class _SDPACalls(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_SDPA_OP = "aten::scaled_dot_product_attention"
+
+
+def _every_sdpa_call(calls: "_SDPACalls", ops: DispatcherOps, label: str) -> list[dict]:
+    """The SDPA calls the mode saw, and one ``{"mask": "unseen"}`` for each the dispatcher ran that it
+    did not: code of the answer's that runs inside a torch function (a generator read there) runs where
+    a ``TorchFunctionMode`` is off the stack, and the dispatcher's record is what counts."""
+    if ops.blocked:
+        raise AssertionError(f"{label} could not be watched: {ops.blocked}.")
+    ran = ops.counts.get(_SDPA_OP, 0)
+    return calls.calls + [{"mask": "unseen", "causal": None}] * max(0, ran - len(calls.calls))
+
+
 @prober
 def sdpa_calls(sdpa_attention: Callable, q, k, v, key_padding_mask, is_causal: bool) -> list[dict]:
-    """The learner's side: run ``sdpa_attention`` once and report how it called SDPA."""
-    with _SDPACalls() as calls:
+    """The learner's side: run ``sdpa_attention`` once and report how it called SDPA (the mode's
+    view of each call, and the dispatcher's count of them)."""
+    with DispatcherOps() as ops, _SDPACalls() as calls:
         call(sdpa_attention, q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal, name="sdpa_attention")
-    return calls.calls
+    return _every_sdpa_call(calls, ops, "sdpa_attention")
 
 
 def _sdpa_once(sdpa_attention: Callable, label: str, seed: int, dev: torch.device, hint: str) -> None:
     """Causal and not, on a padded batch: ``sdpa_attention`` called SDPA once, with a boolean mask or none
-    (as the probe watching it reports: the learner's process's word, or the script host's for the program)."""
+    (as the probe watching it reports: the learner's process's word, or the program host's for the program)."""
     g = generator(seed + 3)
     for causal in (False, True):
         q, k, v = (torch.randn(2, 2, 6, 8, generator=g, dtype=F64).to(dev) for _ in range(3))
@@ -268,6 +282,9 @@ def _sdpa_once(sdpa_attention: Callable, label: str, seed: int, dev: torch.devic
         call_ = calls[0]
         if not isinstance(call_, dict):
             raise AssertionError(f"{label} could not be watched (got {describe(call_)}).")
+        if call_.get("mask") == "unseen":
+            raise AssertionError(f"{label} called F.scaled_dot_product_attention where the course's watcher could "
+                                 "not see it (inside another torch function's arguments); call it plainly, once.")
         if call_.get("mask") not in (None, "bool"):
             raise AssertionError(f"{label} passed SDPA an attn_mask of dtype {call_.get('mask')}; "
                                  "pass a boolean mask (True = attend): SDPA then needs no -inf arithmetic.")
@@ -284,7 +301,7 @@ def check_sdpa_attention(sdpa_attention: Callable, *, seed: int = 0, device=None
     _sdpa_once(sdpa_attention, "sdpa_attention", seed, pick_device(device), hint)
     n = _check_masks(sdpa_attention, "sdpa_attention", seed, device, hint, attn_masks=False)
     again = hosted(sdpa_attention, "sdpa_attention", helpers=("course.fastpath.causal_mask",))
-    if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+    if again is not None:  # under the grader: its program, read by the judge, run again in the program host
         again_name = "sdpa_attention, its program run again by the grader,"
         _sdpa_once(again, again_name, seed, pick_device(device), hint)
         _check_masks(again, again_name, seed, device, hint, attn_masks=False)
@@ -409,7 +426,7 @@ def check_autocast_guard(guarded_forward: Callable, *, seed: int = 0) -> None:
             "torch.autocast('cpu', enabled=False) on x.float(); otherwise call it as it is.")
     count = _guard_cases(guarded_forward, "guarded_forward", seed, hint)
     again = hosted(guarded_forward, "guarded_forward")
-    if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+    if again is not None:  # under the grader: its program, read by the judge, run again in the program host
         _guard_cases(again, "guarded_forward, its program run again by the grader,", seed, hint)
     ok(f"guarded_forward survives CPU autocast in all {count} cases (float32, equal to the encoder without "
        f"autocast) and keeps the fast path without it (seed {seed})")
@@ -529,13 +546,13 @@ def layer_by_hand(sdpa_encoder_layer: Callable, layer, x, key_padding_mask) -> t
     handles = [m.register_forward_pre_hook(lambda m, a, name=name: called.append(name))
                for name, m in (("the layer itself", layer), ("layer.self_attn (nn.MultiheadAttention)", layer.self_attn))]
     try:
-        with _SDPACalls() as calls, warnings.catch_warnings():
+        with DispatcherOps() as ops, _SDPACalls() as calls, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = call(sdpa_encoder_layer, layer, x, key_padding_mask, name="sdpa_encoder_layer")
     finally:
         for h in handles:
             h.remove()
-    return out, {"sdpa": len(calls.calls), "modules": sorted(set(called))}
+    return out, {"sdpa": len(_every_sdpa_call(calls, ops, "sdpa_encoder_layer")), "modules": sorted(set(called))}
 
 
 def check_sdpa_encoder_layer(sdpa_encoder_layer: Callable, *, seed: int = 0) -> None:
@@ -549,7 +566,7 @@ def check_sdpa_encoder_layer(sdpa_encoder_layer: Callable, *, seed: int = 0) -> 
             "norm_first, each norm comes before its block instead).")
     count = _layer_cases(sdpa_encoder_layer, "sdpa_encoder_layer", seed, hint)
     again = hosted(sdpa_encoder_layer, "sdpa_encoder_layer")
-    if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+    if again is not None:  # under the grader: its program, read by the judge, run again in the program host
         _layer_cases(again, "sdpa_encoder_layer, its program run again by the grader,", seed, hint)
     with torch.no_grad():
         layer = encoder_layer(seed + 1)

@@ -22,7 +22,7 @@ how a function used the model) runs as the course's probes in the learner's proc
 (:func:`course.remote.probe`), which send back values the judge compares. What a probe reports
 about structure (the model ran once, with tangents on its parameters; ``f`` was called once; a
 one-mode function refused) is that process's word; every value is checked here. So the JVP and
-Jacobian answers are then read by the judge and run again in the script host
+Jacobian answers are then read by the judge and run again in the program host
 (:func:`course.hand.hosted`), where the same probes watch a program that cannot name what would
 blind them (``torch.func``'s transforms and forward AD's duals are on its list; ``jacfwd`` and
 ``jacrev`` are not). The speed check
@@ -259,7 +259,7 @@ def _param_jvp_answers(seed: int, sizes, batch: int, norm: bool, subset: bool, m
 
 def _param_jvp_case(fn: Callable, label: str, api: str, model, x, tangents, refs: tuple, hint: str | None) -> None:
     """``fn`` on the check's inputs, watched by :func:`param_jvp_case` where it runs (the learner's
-    process, or the script host for its program), its output and tangent compared here."""
+    process, or the program host for its program), its output and tangent compared here."""
     ref_out, ref_jv, ref_fd = refs
     out, out_tangent = probe(fn, param_jvp_case, label, api, model, x, tangents)
     assert_close(out, ref_out, name=f"{label}: the output", hint="the first item is model(x) itself.")
@@ -279,7 +279,7 @@ def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: i
             if subset else None)
     _param_jvp_case(fn, label, api, model, x, tangents, (ref_out, ref_jv, ref_fd), hint)
     again = hosted(fn, label)
-    if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+    if again is not None:  # under the grader: its program, read by the judge, run again in the program host
         _param_jvp_case(again, f"{label}, its program run again by the grader,", api, model, x, tangents,
                         (ref_out, ref_jv, ref_fd), hint)
     n_params = len(list(model.parameters()))
@@ -515,7 +515,7 @@ def check_jacobians(jacobian_fwd: Callable, jacobian_rev: Callable, *, seed: int
     for fn, label, mode in ((jacobian_fwd, "jacobian_fwd", "forward"), (jacobian_rev, "jacobian_rev", "reverse")):
         _one_jacobian(fn, label, mode, seed=seed, k=k, m=m, hidden=hidden, x=x, answers=answers)
         again = hosted(fn, label, forbidden=ONE_CALL_JACOBIANS)
-        if again is not None:  # under the grader: its program, read by the judge, run again in the script host
+        if again is not None:  # under the grader: its program, read by the judge, run again in the program host
             _one_jacobian(again, f"{label}, its program run again by the grader,", mode, seed=seed, k=k, m=m,
                           hidden=hidden, x=x, answers=answers)
     also = " and central differences" if len(answers) > 1 else ""

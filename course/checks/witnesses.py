@@ -50,12 +50,16 @@ def _profiler_config():
 class DispatcherOps:
     """The ATen ops (``aten::mm``, ``aten::lstm_cell``) the dispatcher ran on this thread while
     active, TorchScript's and ``torch.jit.fork``'s included: ``names``, in the order first run
-    (ops only: the scopes a TorchScript function or ``record_function`` opens carry names code chose).
+    (ops only: the scopes a TorchScript function or ``record_function`` opens carry names code chose),
+    and ``counts``, how often each ran, an op's calls of itself inside it not counted (``vmap``'s
+    batching rules call the op again): a program's code that runs inside a torch function, where a
+    ``TorchFunctionMode`` is off the stack, still calls ops the dispatcher records.
     ``blocked`` says why it could not watch (a profiler of the notebook's already running on this
     thread) or was stopped while it watched; the caller fails the answer for either."""
 
     def __init__(self):
         self.names: list[str] = []
+        self.counts: dict[str, int] = {}
         self.blocked = ""
         self._on = False
 
@@ -76,13 +80,18 @@ class DispatcherOps:
         except RuntimeError:
             self.blocked = "the course's profiler was stopped while the answer ran"
             return False
-        seen: dict[str, None] = {}
+        counts: dict[str, int] = {}
         for thread in records:
+            open_: list[str] = []  # the names pushed and not yet popped
             for event in thread:
-                name = str(event.name())
-                if event.kind() == "push" and "::" in name:  # ops (namespace::op), not the scopes code names
-                    seen.setdefault(name)
-        self.names = list(seen)
+                name, kind = str(event.name()), event.kind()
+                if kind == "push":
+                    if "::" in name and name not in open_:  # ops (namespace::op), not the scopes code names
+                        counts[name] = counts.get(name, 0) + 1
+                    open_.append(name)
+                elif kind == "pop" and open_:
+                    open_.pop()
+        self.names, self.counts = list(counts), counts
         return False
 
 
