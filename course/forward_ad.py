@@ -32,6 +32,40 @@ class ModeNotAllowed(RuntimeError):
     """Raised when a one-mode function is differentiated in the other mode."""
 
 
+#: The differentiation rules of the tanh functions below that ran, in order (``"forward"``: a ``jvp``;
+#: ``"reverse"``: a ``backward``), refused ones included: the checks clear it before a call and read
+#: it after. A one-mode function's refusal is recorded before it raises, so an answer that catches
+#: the error and tries the other mode is still seen to have tried (red team, 2026-12-01).
+RULES_RAN: list[str] = []
+
+
+class WatchedTanh(torch.autograd.Function):
+    """``tanh`` with both rules, each noted in :data:`RULES_RAN` when it runs: which mode a Jacobian used."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return torch.tanh(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        RULES_RAN.append("reverse")
+        y, = ctx.saved_tensors
+        return grad * (1 - y * y)
+
+    @staticmethod
+    def jvp(ctx, tangent):
+        RULES_RAN.append("forward")
+        y, = ctx.saved_tensors
+        return tangent * (1 - y * y)
+
+
 class ForwardOnlyTanh(torch.autograd.Function):
     """``tanh`` with a forward-mode rule (``jvp``) and a backward that refuses to run."""
 
@@ -47,6 +81,7 @@ class ForwardOnlyTanh(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        RULES_RAN.append("reverse")
         raise ModeNotAllowed("this function supports forward mode only: reverse mode (backward, vjp, "
                              "jacrev, autograd.grad) was used on it")
 
@@ -76,18 +111,20 @@ class ReverseOnlyTanh(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tangent):
+        RULES_RAN.append("forward")
         raise ModeNotAllowed("this function supports reverse mode only: forward mode (jvp, jacfwd, "
                              "dual numbers) was used on it")
 
 
-_TANH = {"both": torch.tanh, "forward": ForwardOnlyTanh.apply, "reverse": ReverseOnlyTanh.apply}
+_TANH = {"both": torch.tanh, "forward": ForwardOnlyTanh.apply, "reverse": ReverseOnlyTanh.apply,
+         "watched": WatchedTanh.apply}
 
 
 class WideFunction:
     """``f(x) = W2 @ tanh(W1 @ x + b1) + b2`` from R^k to R^m, with ``hidden`` units.
 
     ``mode`` picks which differentiation modes it allows: ``"both"``, ``"forward"`` or
-    ``"reverse"``. ``calls`` counts the Python calls (a vmapped Jacobian calls ``f`` once; a loop
+    ``"reverse"``; ``"watched"`` allows both and notes which ran (:data:`RULES_RAN`). ``calls`` counts the Python calls (a vmapped Jacobian calls ``f`` once; a loop
     over basis vectors calls it once per vector)."""
 
     def __init__(self, k: int, m: int, hidden: int, *, seed: int, mode: str = "both",

@@ -156,8 +156,11 @@ def _context_of(node: ast.AST, modules: dict, contexts: dict) -> bool:
 
 
 def _constant(node: ast.expr) -> bool:
-    """Whether ``node`` is a plain constant: a literal, or ``float("inf")``, ``-float("inf")``,
-    ``float("nan")`` (how :func:`course.bare.bare_program` writes the floats a literal cannot)."""
+    """Whether ``node`` is a plain constant that cannot change: a literal of numbers, strings, bytes,
+    booleans, None and tuples or frozensets of them (not a list, dict or set: the same object would serve
+    every call of the program, a state to tell one probe's call from another's; red team, 2026-12-01), or
+    ``float("inf")``, ``-float("inf")``, ``float("nan")`` (how :func:`course.bare.bare_program` writes
+    the floats a literal cannot)."""
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "float" and not node.keywords
             and len(node.args) == 1 and isinstance(node.args[0], ast.Constant)
             and node.args[0].value in ("inf", "-inf", "nan")):
@@ -165,10 +168,24 @@ def _constant(node: ast.expr) -> bool:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Call):
         return _constant(node.operand)
     try:
-        ast.literal_eval(node)
+        value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
         return False
-    return True
+    return _immutable(value)
+
+
+def _changeable_default(arguments: ast.arguments) -> int | str | None:
+    """The line of the first default value of ``arguments`` that is not a constant that cannot change."""
+    for default in [*arguments.defaults, *arguments.kw_defaults]:
+        if default is not None and not _constant(default):
+            return getattr(default, "lineno", "?")
+    return None
+
+
+def _immutable(value: Any) -> bool:
+    if isinstance(value, (tuple, frozenset)):
+        return all(_immutable(v) for v in value)
+    return value is None or type(value) in (bool, int, float, complex, str, bytes)
 
 
 def _children(node: ast.AST):
@@ -319,6 +336,10 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
         elif isinstance(node, ast.withitem) and _context_arguments(node.context_expr, modules, contexts):
             refuse(node.context_expr, f"{_context_arguments(node.context_expr, modules, contexts)} "
                                       f"(line {getattr(node.context_expr, 'lineno', '?')})")
+        elif isinstance(node, ast.arguments) and _changeable_default(node):
+            refuse(node, f"a default value (line {_changeable_default(node)}) is not a constant that cannot change (a "
+                         "number, a string, None, a tuple of them): a list or dict there would be one object kept "
+                         "between calls")
         elif isinstance(node, ast.FunctionDef) and (node.decorator_list or getattr(node, "type_params", None)):
             refuse(node, f"{node.name} has a decorator: define it with a plain def")
         elif isinstance(node, ast.Name):

@@ -347,8 +347,8 @@ def test_right_encoder_layer_passes():
     (lambda layer, x, m: layer.norm2(x + layer.linear2(F.relu(layer.linear1(layer.norm1(
         x + layer.self_attn(x, x, x, key_padding_mask=m, need_weights=False)[0]))))), "nn.MultiheadAttention"),
     (lambda layer, x, m: by_hand(layer, x, m, per_head=True), "times"),
-    (lambda layer, x, m: by_hand(layer, x, m, mask=False), "unpadded tokens"),
-    (lambda layer, x, m: by_hand(layer, x, m, norm_order=False), "unpadded tokens"),
+    (lambda layer, x, m: by_hand(layer, x, m, mask=False), "what its SDPA call returned"),
+    (lambda layer, x, m: by_hand(layer, x, m, norm_order=False), "what its SDPA call returned"),
     (lambda layer, x, m: by_hand(layer, x, m, out_bias=False), "unpadded tokens"),
 ])
 def test_encoder_layer_mistakes_fail(wrong, named):

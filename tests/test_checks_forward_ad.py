@@ -159,9 +159,9 @@ MISTAKES = {
         "jacobians", "    return vmap(column, out_dims=1)(basis)",
         "    return torch.stack([column(v) for v in basis], dim=1)", "called f 5 times"),
     "jacobians: forward Jacobian by jacrev": (
-        "jacobians", "    return vmap(column, out_dims=1)(basis)", "    return jacrev(f)(x)", "used reverse mode"),
+        "jacobians", "    return vmap(column, out_dims=1)(basis)", "    return jacrev(f)(x)", "differentiated f by reverse mode"),
     "jacobians: reverse Jacobian by jacfwd": (
-        "jacobians", "    out, pullback = vjp(f, x)\n", "    return jacfwd(f)(x)\n", "used forward mode"),
+        "jacobians", "    out, pullback = vjp(f, x)\n", "    return jacfwd(f)(x)\n", "differentiated f by forward mode"),
     "jacobians: forward Jacobian transposed": (
         "jacobians", "    return vmap(column, out_dims=1)(basis)", "    return vmap(column)(basis)", "the transpose"),
 }

@@ -220,7 +220,7 @@ REFUSED = {
     "torch.jit": ("def f(x):\n    return torch.jit.script(x)\n", r"torch\.jit"),
     "torch.compile": ("def f(x):\n    return torch.compile(x)\n", r"torch\.compile"),
     "a file": ("def f(x):\n    return torch.load('/etc/passwd')\n", r"torch\.load"),
-    "a default": ("def f(x, g=lambda: __import__('os')):\n    return x\n", r"__import__"),
+    "a default": ("def f(x, g=lambda: __import__('os')):\n    return x\n", r"a default value \(line 3\) is not a constant"),
     "an f-string": ("def f(x):\n    return f'{x.__class__}'\n", r"\.__class__"),
     "a pattern": ("def f(x):\n    match x:\n        case torch.nn.LSTM():\n            return 1\n    return x\n",
                   r"match statement"),
@@ -228,7 +228,10 @@ REFUSED = {
     "a pattern's keywords": ("def f(x):\n    match x:\n        case int(__class__=c):\n            return c\n"
                              "    return x\n", r"match statement"),
     "the module held": ("def f(x):\n    T = torch\n    return T.cuda.device\n", r"module torch as a value"),
-    "the module as a default": ("def f(x, T=torch):\n    return T.xpu\n", r"module torch as a value"),
+    "the module as a default": ("def f(x, T=torch):\n    return T.xpu\n", r"a default value \(line 3\) is not a constant"),
+    "a list as a default": ("def f(x, seen=[]):\n    seen.append(1)\n    return x\n",
+                            r"a default value \(line 3\) is not a constant that cannot change"),
+    "a dict kept at the top": ("SEEN = {}\ndef f(x):\n    return x\n", r"sets SEEN to something other than a plain constant"),
     "the module in a list": ("def f(x):\n    return [torch][0].cuda\n", r"module torch as a value"),
     "a submodule held": ("def f(x):\n    G = F\n    return G.grad\n", r"module F as a value"),
     "a submodule by path held": ("def f(x):\n    G = torch.nn\n    return G\n", r"module torch\.nn as a value"),
@@ -412,12 +415,20 @@ def test_lesson_9s_sdpa_answers_keep_their_marks_run_again_in_the_program_host(n
         fastpath.check_autocast_guard(remote("guard"), seed=2)
 
 
+def _clean_layer_report(out, layer, x, pad):
+    """What the learner's side of the encoder-layer check reports for an answer rebuilt as asked."""
+    from course.checks.fastpath import _layer_attention
+
+    return out, {"sdpa": 1, "modules": [], "shapes": [[x.shape[0], 2, x.shape[1], x.shape[2] // 2]] * 3,
+                 "attention": _layer_attention(layer, x, pad)}
+
+
 @pytest.mark.parametrize("check, answer, probe, clean, message", [
     ("check_sdpa_attention", "sdpa_by_halves", "sdpa_calls",
-     lambda real, fn, *args: [{"mask": "bool", "causal": False}],
+     lambda real, fn, q, *args: [{"mask": "bool", "causal": False, "shapes": [list(q.shape)] * 3, "result": True}],
      r"sdpa_attention, its program run again by the grader, called F\.scaled_dot_product_attention 2 times"),
     ("check_sdpa_encoder_layer", "layer_through_its_attention", "layer_by_hand",
-     lambda real, fn, *args: (real(fn, *args)[0], {"sdpa": 1, "modules": []}),
+     lambda real, fn, layer, x, pad: _clean_layer_report(real(fn, layer, x, pad)[0], layer, x, pad),
      r"its program run again by the grader,\(post-norm .* called layer\.self_attn"),
     ("check_autocast_guard", "guarded_off_the_fast_path", "fast_path_kept", lambda real, fn, *args: True,
      r"guarded_forward, its program run again by the grader,\(nested=True\) no longer takes the fast path"),
@@ -490,9 +501,14 @@ def test_lesson_4s_answers_keep_their_marks_run_again_in_the_program_host(lesson
 
 
 def _both_modes(real, fn, label, f, x):
-    """A forged Jacobian probe: the learner's one-mode function quietly allows both modes."""
-    f.mode = "both"
-    return real(fn, label, f, x)
+    """A forged Jacobian probe: the learner's one-mode function quietly allows both modes, and the
+    watched one is reported to have used forward mode."""
+    if f.mode in ("forward", "reverse"):
+        f.mode = "both"
+    got = real(fn, label, f, x)
+    if isinstance(got, dict) and "rules" in got:
+        got["rules"] = ["forward"]
+    return got
 
 
 @pytest.mark.parametrize("check, answers, probe, clean, message", [
@@ -503,7 +519,7 @@ def _both_modes(real, fn, label, f, x):
      lambda real, fn, label, api, *args: real(fn, label, "forward_ad", *args),
      r"param_jvp_func, its program run again by the grader, ran the model outside torch\.func"),
     ("check_jacobians", ("jacobian_rev", "jacobian_rev"), "jacobian_case", _both_modes,
-     r"jacobian_fwd, its program run again by the grader, used reverse mode"),
+     r"jacobian_fwd, its program run again by the grader, differentiated f by reverse mode"),
 ])
 def test_a_forged_probe_is_not_enough_for_lesson_4s_structure(monkeypatch, lesson_4, program_host, check, answers,
                                                               probe, clean, message):
@@ -601,3 +617,128 @@ def test_a_program_that_leaves_autocast_on_fails_the_hosts_later_requests(progra
         plain(torch.zeros(2))
     with pytest.raises(Exception, match=r"autocast on"):
         put_back(torch.zeros(2))  # every request refused: the host is spoilt for this submission
+
+
+# Red team, round 5 (2026-12-01): decoys. A watched call made beside an answer computed another way
+# (a model run abandoned by an error, SDPA on a slice), or a refusal caught and the other mode tried.
+_DECOYS = textwrap.dedent('''
+    import math
+
+    import torch
+    import torch.autograd.forward_ad as fwAD
+    import torch.nn.functional as F
+    from torch.func import functional_call, jvp, vjp, vmap
+
+
+    def by_layers(model, x, params, p):
+        h = x
+        i = 0
+        for layer in model:
+            own = {}
+            for n, q in layer.named_parameters():
+                own[n] = p.get(str(i) + "." + n, params[str(i) + "." + n])
+            h = functional_call(layer, own, (h,))
+            i = i + 1
+        return h
+
+
+    def param_jvp(model, x, tangents):
+        params = dict(model.named_parameters())
+        with fwAD.dual_level():
+            dual = {name: fwAD.make_dual(params[name], t) for name, t in tangents.items()}
+            try:
+                functional_call(model, dual, (x[:, :0],))
+            except RuntimeError:
+                pass
+        primals = {n: params[n] for n in tangents}
+        return jvp(lambda p: by_layers(model, x, params, p), (primals,), (dict(tangents),))
+
+
+    def param_jvp_func(model, x, tangents):
+        params = dict(model.named_parameters())
+        primals = {n: params[n] for n in tangents}
+        try:
+            jvp(lambda p: functional_call(model, p, (x[:, :0],)), (primals,), (dict(tangents),))
+        except RuntimeError:
+            pass
+        with fwAD.dual_level():
+            dual = {name: fwAD.make_dual(params[name], t) for name, t in tangents.items()}
+            primal, tangent = fwAD.unpack_dual(by_layers(model, x, params, dual))
+        return primal, tangent
+
+
+    def jacobian_fwd(f, x):
+        out, pullback = vjp(f, x)
+        basis = torch.eye(out.numel(), dtype=out.dtype, device=out.device)
+        try:
+            return vmap(pullback)(basis)[0]
+        except RuntimeError:
+            eye = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
+            return vmap(lambda v: jvp(f, (x,), (v,))[1], out_dims=1)(eye)
+
+
+    def jacobian_rev(f, x):
+        basis = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
+        try:
+            return vmap(lambda v: jvp(f, (x,), (v,))[1], out_dims=1)(basis)
+        except RuntimeError:
+            out, pullback = vjp(f, x)
+            return vmap(pullback)(torch.eye(out.numel(), dtype=out.dtype, device=out.device))[0]
+
+
+    def sdpa_attention(q, k, v, attn_mask=None, key_padding_mask=None, is_causal=False):
+        F.scaled_dot_product_attention(q[:1, :1, :1], k[:1, :1], v[:1, :1])
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        hidden = torch.zeros(scores.shape[-2:], dtype=torch.bool, device=q.device)
+        if key_padding_mask is not None:
+            hidden = hidden | key_padding_mask[:, None, None, :]
+        if is_causal:
+            hidden = hidden | ~torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+        return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1) @ v
+
+
+    def sdpa_encoder_layer(layer, x, key_padding_mask):
+        attn = layer.self_attn
+        b, n, d = x.shape
+        heads = attn.num_heads
+        F.scaled_dot_product_attention(x[:1, None, :1], x[:1, None, :1], x[:1, None, :1])
+
+        def attention(z):
+            qkv = F.linear(z, attn.in_proj_weight, attn.in_proj_bias)
+            q, k, v = (t.reshape(b, n, heads, d // heads).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+            s = (q @ k.transpose(-2, -1) / math.sqrt(d // heads)).masked_fill(key_padding_mask[:, None, None, :],
+                                                                             float("-inf"))
+            return F.linear((torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(b, n, d), attn.out_proj.weight,
+                            attn.out_proj.bias)
+
+        def feed_forward(z):
+            return layer.linear2(layer.activation(layer.linear1(z)))
+
+        if layer.norm_first:
+            x = x + attention(layer.norm1(x))
+            return x + feed_forward(layer.norm2(x))
+        x = layer.norm1(x + attention(x))
+        return layer.norm2(x + feed_forward(x))
+    ''')
+
+
+@pytest.mark.parametrize("check, answers, message", [
+    ("check_param_jvp", ("param_jvp",), r"param_jvp started a run of the model that did not finish"),
+    ("check_param_jvp_func", ("param_jvp_func",), r"param_jvp_func started a run of the model that did not finish"),
+    ("check_jacobians", ("jacobian_fwd", "jacobian_rev"), r"jacobian_fwd differentiated f by reverse mode"),
+    ("check_sdpa_attention", ("sdpa_attention",), r"sdpa_attention called SDPA on \[\[1, 1, 1, 8\]"),
+    ("check_sdpa_encoder_layer", ("sdpa_encoder_layer",), r"sdpa_encoder_layer\(post-norm .* called SDPA on \[\[1, 1, 1"),
+])
+def test_a_decoy_call_beside_an_answer_computed_otherwise_earns_nothing(tmp_path, program_host, check, answers,
+                                                                         message):
+    """Right values, and the watched call made as a decoy: the model run and abandoned (an error caught)
+    while the answer comes from torch.func.jvp over its layers (or the other way round); reverse mode,
+    forward mode tried only where the one-mode function refused (the refusal caught); SDPA on a slice
+    beside attention by hand. No probe is forged: each check ties the watched call to the answer."""
+    from course.checks import fastpath, forward_ad
+
+    decoys = cell_module(tmp_path, _DECOYS, "learner_cell_decoys")
+    checks = fastpath if "sdpa" in check else forward_ad
+    with served({name: getattr(decoys, name) for name in answers}) as remote:
+        with pytest.raises(AssertionError, match=message):
+            getattr(checks, check)(*(remote(name) for name in answers), seed=2)

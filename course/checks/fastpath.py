@@ -225,21 +225,27 @@ _BOTH = ("sdpa_attention passed SDPA both an attn_mask and is_causal=True. PyTor
 
 class _SDPACalls(TorchFunctionMode):
     """Notes how ``F.scaled_dot_product_attention`` was called: whether with an ``attn_mask`` (and
-    its dtype) and ``is_causal``."""
+    its dtype) and ``is_causal``, the shapes of query, key and value, and (``outputs``) what it
+    returned: a call on a slice beside an answer computed another way is not the answer's SDPA."""
 
     def __init__(self):
         super().__init__()
         self.calls: list[dict] = []
+        self.outputs: list = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention or getattr(func, "__name__", "") == "scaled_dot_product_attention":
             mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
             causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
+            qkv = [kwargs.get(n, args[i] if len(args) > i else None) for i, n in enumerate(("query", "key", "value"))]
             self.calls.append(dict(mask=None if mask is None else str(mask.dtype).replace("torch.", ""),
-                                   causal=bool(causal)))
+                                   causal=bool(causal), shapes=[list(getattr(t, "shape", ())) for t in qkv]))
             if mask is not None and causal:  # before the call: some releases raise, others run it
                 raise AssertionError(_BOTH)
+            out = func(*args, **kwargs)
+            self.outputs.append(out)
+            return out
         return func(*args, **kwargs)
 
 
@@ -261,7 +267,13 @@ def sdpa_calls(sdpa_attention: Callable, q, k, v, key_padding_mask, is_causal: b
     """The learner's side: run ``sdpa_attention`` once and report how it called SDPA (the mode's
     view of each call, and the dispatcher's count of them)."""
     with DispatcherOps() as ops, _SDPACalls() as calls:
-        call(sdpa_attention, q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal, name="sdpa_attention")
+        got = call(sdpa_attention, q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                   name="sdpa_attention")
+    for seen, out in zip(calls.calls, calls.outputs):  # whether the answer is what that call returned (rows
+        # that see no key are NaN on some releases)
+        seen["result"] = bool(isinstance(got, torch.Tensor) and isinstance(out, torch.Tensor)
+                              and got.shape == out.shape and got.dtype == out.dtype
+                              and torch.allclose(got.detach(), out.detach(), rtol=0, atol=0, equal_nan=True))
     return _every_sdpa_call(calls, ops, "sdpa_attention")
 
 
@@ -288,6 +300,11 @@ def _sdpa_once(sdpa_attention: Callable, label: str, seed: int, dev: torch.devic
         if call_.get("mask") not in (None, "bool"):
             raise AssertionError(f"{label} passed SDPA an attn_mask of dtype {call_.get('mask')}; "
                                  "pass a boolean mask (True = attend): SDPA then needs no -inf arithmetic.")
+        if call_.get("shapes") != [list(q.shape)] * 3 or call_.get("result") is not True:
+            raise AssertionError(f"{label} called SDPA on {call_.get('shapes')} and returned "
+                                 f"{'its output' if call_.get('result') is True else 'something else'}: call it once "
+                                 f"on the whole batch, q, k and v as given ({list(q.shape)}), and return what it "
+                                 "returns. " + hint)
 
 
 def check_sdpa_attention(sdpa_attention: Callable, *, seed: int = 0, device=None) -> None:
@@ -552,7 +569,10 @@ def layer_by_hand(sdpa_encoder_layer: Callable, layer, x, key_padding_mask) -> t
     finally:
         for h in handles:
             h.remove()
-    return out, {"sdpa": len(_every_sdpa_call(calls, ops, "sdpa_encoder_layer")), "modules": sorted(set(called))}
+    every = _every_sdpa_call(calls, ops, "sdpa_encoder_layer")
+    return out, {"sdpa": len(every), "modules": sorted(set(called)), "shapes": every[0].get("shapes") if every else None,
+                 "attention": calls.outputs[0].detach() if len(calls.outputs) == 1 and isinstance(calls.outputs[0], torch.Tensor)
+                 else None}
 
 
 def check_sdpa_encoder_layer(sdpa_encoder_layer: Callable, *, seed: int = 0) -> None:
@@ -579,6 +599,20 @@ def check_sdpa_encoder_layer(sdpa_encoder_layer: Callable, *, seed: int = 0) -> 
        f"with one SDPA call (seed {seed})")
 
 
+def _layer_attention(layer, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """What a rebuilt layer's one SDPA call returns: the attention of every head, before ``out_proj``
+    ``(B, heads, L, D / heads)``, computed here in float64 from the layer's weights."""
+    attn = layer.self_attn
+    b, n, d = x.shape
+    heads = attn.num_heads
+    with torch.no_grad():
+        z = layer.norm1(x) if layer.norm_first else x
+        q, k, v = (t.reshape(b, n, heads, d // heads).transpose(1, 2).to(F64)
+                   for t in F.linear(z, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1))
+        scores = (q @ k.transpose(-2, -1) / (d // heads) ** 0.5).masked_fill(pad[:, None, None, :], float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
+
+
 def _layer_cases(sdpa_encoder_layer: Callable, name: str, seed: int, hint: str) -> int:
     """Post-norm and ``norm_first``: ``sdpa_encoder_layer`` called neither the layer nor its attention
     module, called SDPA once, and equals the layer on every unpadded token; how many were compared."""
@@ -596,6 +630,12 @@ def _layer_cases(sdpa_encoder_layer: Callable, name: str, seed: int, hint: str) 
         if seen.get("sdpa") != 1:
             raise AssertionError(f"{label} called F.scaled_dot_product_attention {seen.get('sdpa')} times; call it "
                                  "once, on all heads and the whole batch.\n  Hint: " + hint)
+        attention = _layer_attention(layer, x, pad)
+        if seen.get("shapes") != [list(attention.shape)] * 3 or not isinstance(seen.get("attention"), torch.Tensor):
+            raise AssertionError(f"{label} called SDPA on {seen.get('shapes')}; call it once on all heads and the "
+                                 f"whole batch, q, k and v of shape {list(attention.shape)}.\n  Hint: " + hint)
+        assert_close(seen["attention"], attention, name=f"{label}: what its SDPA call returned (the layer's attention "
+                     "before out_proj)", hint=hint, **TIGHT)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             want = layer(x, src_key_padding_mask=pad)

@@ -164,23 +164,31 @@ def _attr(model, dotted: str):
 
 @prober
 def param_jvp_case(fn: Callable, label: str, api: str, model, x, tangents) -> tuple[torch.Tensor, torch.Tensor]:
-    """The learner's side of :func:`check_param_jvp`: calls ``fn(model, x, tangents)`` while a
-    hook watches the model's forward passes (which ``torch.func`` transform was active, which
-    parameters carried a tangent), checks that the model is left as it was and ran once in the
-    way the exercise asks, and returns ``(output, output tangent)``."""
+    """The learner's side of :func:`check_param_jvp`: calls ``fn(model, x, tangents)`` while hooks
+    watch the model's forward passes (which ``torch.func`` transform was active, which parameters
+    carried a tangent, what each run that completed returned), checks that the model is left as it
+    was, ran once in the way the exercise asks, and that what ``fn`` returned is that run's output
+    (and, with forward AD, its tangent), and returns ``(output, output tangent)``. A run started and
+    abandoned (an error caught), or one beside the answer's real computation, is not the answer's."""
     before = dict(model.named_parameters())
     values = {n: p.detach().clone() for n, p in before.items()}
     seen: list[tuple[str | None, list[str]]] = []
+    done: list[tuple] = []
 
     def spy(module, args):
         dual = [n for n in tangents if fwAD.unpack_dual(_attr(module, n)).tangent is not None]
         seen.append((transform_in_use(), dual))
 
-    handle = model.register_forward_pre_hook(spy)
+    def after(module, args, output):
+        primal, tangent = fwAD.unpack_dual(output) if isinstance(output, torch.Tensor) else (output, None)
+        done.append((primal, tangent))
+
+    handles = [model.register_forward_pre_hook(spy), model.register_forward_hook(after)]
     try:
         got = call(fn, model, x, {n: t.clone() for n, t in tangents.items()}, name=label)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     if isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], torch.Tensor) and got[1] is None:
         raise AssertionError(f"{label} returned (output, None): no tangent reached the output. "
                              + _why_no_tangent(seen, tangents))
@@ -216,6 +224,17 @@ def param_jvp_case(fn: Callable, label: str, api: str, model, x, tangents) -> tu
                              "this exercise uses torch.func.jvp(f, (params,), (tangents,)) with "
                              "f = lambda p: functional_call(model, p, (x,)).")
     out, out_tangent = got
+    if len(done) != 1:
+        raise AssertionError(f"{label} started a run of the model that did not finish (an error was caught); "
+                             "run it once, and return what that run computed.")
+    primal, tangent = done[0]
+    if not (isinstance(primal, torch.Tensor) and primal.shape == out.shape and torch.equal(primal.detach(), out.detach())):
+        raise AssertionError(f"{label} returned an output that is not what its run of the model computed: return "
+                             "the output of that one run (and its tangent), not a value computed another way.")
+    if api == "forward_ad" and not (isinstance(tangent, torch.Tensor) and tangent.shape == out_tangent.shape
+                                    and torch.equal(tangent.detach(), out_tangent.detach())):
+        raise AssertionError(f"{label} returned a tangent that is not the one its run of the model carried: "
+                             "unpack_dual the model's output and return its tangent.")
     return out.detach(), out_tangent.detach()
 
 
@@ -433,21 +452,29 @@ def check_sinc(Sinc: type, *, seed: int = 0, n: int = 64, device=None) -> None:
 @prober
 def jacobian_case(fn: Callable, label: str, f: WideFunction, x: torch.Tensor) -> dict:
     """The learner's side of :func:`check_jacobians`: ``fn(f, x)`` on the wide function built
-    there; the Jacobian and how often ``f`` was called, or ``refused`` when ``f`` allows one mode
-    only and ``fn`` used the other."""
+    there; the Jacobian, how often ``f`` was called and which of its differentiation rules ran, or
+    ``refused`` when ``f`` allows one mode only and ``fn`` tried the other (caught or not)."""
+    from course import forward_ad
+
+    del forward_ad.RULES_RAN[:]
     try:
         got = call(fn, f, x, name=label)
     except AssertionError as exc:
         if isinstance(exc.__cause__, ModeNotAllowed):
             return {"refused": True}
         raise
+    rules = sorted(set(forward_ad.RULES_RAN))
+    if f.mode in ("forward", "reverse") and any(r != f.mode for r in rules):
+        return {"refused": True}  # the one-mode function refused, and the answer caught it
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{label}(f, x) should return the Jacobian as a tensor, got {describe(got)}.")
-    return {"jacobian": got.detach(), "calls": f.calls}
+    return {"jacobian": got.detach(), "calls": f.calls, "rules": rules}
 
 
-def _jacobian_of(fn: Callable, label: str, f: WideFunction, x: torch.Tensor) -> tuple[torch.Tensor | None, int]:
-    """(the Jacobian, calls of f), or (None, 0) when a one-mode ``f`` refused the mode ``fn`` used."""
+def _jacobian_of(fn: Callable, label: str, f: WideFunction, x: torch.Tensor, *,
+                 rules: list | None = None) -> tuple[torch.Tensor | None, int]:
+    """(the Jacobian, calls of f), or (None, 0) when a one-mode ``f`` refused the mode ``fn`` used;
+    ``rules``, a list, receives the differentiation rules of ``f`` that ran (a watched ``f``)."""
     got = probe(fn, jacobian_case, label, f, x)
     if not isinstance(got, dict):
         raise AssertionError(f"{label}: the learner's side sent {describe(got)} instead of a result.")
@@ -456,6 +483,9 @@ def _jacobian_of(fn: Callable, label: str, f: WideFunction, x: torch.Tensor) -> 
     jac, calls = got.get("jacobian"), got.get("calls")
     if not isinstance(jac, torch.Tensor):
         raise AssertionError(f"{label}(f, x) should return the Jacobian as a tensor, got {describe(jac)}.")
+    if rules is not None:
+        ran = got.get("rules")
+        rules.extend(ran if isinstance(ran, list) else ["(not reported)"])
     return jac, calls if type(calls) is int else -1
 
 
@@ -477,9 +507,18 @@ def _one_jacobian(fn: Callable, label: str, mode: str, *, seed: int, k: int, m: 
                   answers: list[tuple[str, torch.Tensor, dict]]) -> None:
     other = "reverse" if mode == "forward" else "forward"
     dev = x.device
-    got, calls = _jacobian_of(fn, label, wide_function(k, m, hidden, seed=seed, dtype=F64, device=dev), x)
+    ran: list = []
+    got, calls = _jacobian_of(fn, label, wide_function(k, m, hidden, seed=seed, mode="watched", dtype=F64, device=dev),
+                              x, rules=ran)
     if got is None:
         raise AssertionError(f"{label}(f, x) raised ModeNotAllowed on a function that allows both modes.")
+    if ran != [mode]:
+        raise AssertionError(
+            f"{label} differentiated f by {' and '.join(map(str, ran)) or 'no'} mode on a function that allows both; "
+            f"a Jacobian by {mode} mode uses {mode} mode only.\n  Hint: " +
+            ("torch.func.jvp(f, (x,), (v,)) pushes a tangent v forward; vmap it over the rows of torch.eye(k)."
+             if mode == "forward" else
+             "out, pullback = torch.func.vjp(f, x); vmap(pullback) over the rows of torch.eye(m)."))
     if tuple(got.shape) == (k, m) and k != m:
         raise AssertionError(f"{label}(f, x) returned shape {(k, m)}: the transpose. The Jacobian of R^{k} -> R^{m} "
                              f"is ({m}, {k}): J[i, j] = d f_i / d x_j (one row per output).")
