@@ -39,8 +39,9 @@ class ModeNotAllowed(RuntimeError):
 RULES_RAN: list[str] = []
 
 
-class WatchedTanh(torch.autograd.Function):
-    """``tanh`` with both rules, each noted in :data:`RULES_RAN` when it runs: which mode a Jacobian used."""
+class _Tanh(torch.autograd.Function):
+    """``tanh``, its output saved for both rules; each subclass says which rules it allows. A rule
+    that runs is noted in :data:`RULES_RAN` first (a refusal too, before it raises)."""
 
     generate_vmap_rule = True
 
@@ -66,18 +67,12 @@ class WatchedTanh(torch.autograd.Function):
         return tangent * (1 - y * y)
 
 
-class ForwardOnlyTanh(torch.autograd.Function):
+class WatchedTanh(_Tanh):
+    """``tanh`` with both rules, each noted in :data:`RULES_RAN` when it runs: which mode a Jacobian used."""
+
+
+class ForwardOnlyTanh(_Tanh):
     """``tanh`` with a forward-mode rule (``jvp``) and a backward that refuses to run."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x):
-        return torch.tanh(x)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_forward(output)
 
     @staticmethod
     def backward(ctx, grad):
@@ -85,29 +80,9 @@ class ForwardOnlyTanh(torch.autograd.Function):
         raise ModeNotAllowed("this function supports forward mode only: reverse mode (backward, vjp, "
                              "jacrev, autograd.grad) was used on it")
 
-    @staticmethod
-    def jvp(ctx, tangent):
-        y, = ctx.saved_tensors
-        return tangent * (1 - y * y)
 
-
-class ReverseOnlyTanh(torch.autograd.Function):
+class ReverseOnlyTanh(_Tanh):
     """``tanh`` with a backward and a ``jvp`` that refuses to run."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x):
-        return torch.tanh(x)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(output)
-
-    @staticmethod
-    def backward(ctx, grad):
-        y, = ctx.saved_tensors
-        return grad * (1 - y * y)
 
     @staticmethod
     def jvp(ctx, tangent):
