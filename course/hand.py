@@ -49,7 +49,7 @@ from course import allowed_ops
 from course.cells import TooDeep, parse
 from course.remote import Remote, is_remote, probe
 
-__all__ = ["Hosted", "define", "hosted", "read_program"]
+__all__ = ["AGAIN", "Hosted", "again", "define", "hosted", "read_program"]
 
 #: Modules a program may import and read members of (and the check's named helpers).
 MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.special", "torch.fft", "torch.func",
@@ -548,3 +548,18 @@ def hosted(fn: Any, name: str, *, forbidden: tuple = (), helpers: tuple = ()) ->
     if not isinstance(reply, str):
         raise AssertionError(f"{name}: the process that runs your program again answered malformed.")
     return Hosted(host, reply, name)
+
+
+#: How a check's messages name an answer's program run again in the program host: "lstm_cell" + AGAIN.
+AGAIN = ", its program run again by the grader,"
+
+
+def again(fn: Any, name: str, check: Callable[[Hosted, str], Any], *, forbidden: tuple = (),
+          helpers: tuple = ()) -> None:
+    """Under the grader's judge, ``check(program, label)`` on ``fn``'s program read by the judge and
+    defined in the program host (:func:`hosted`), ``label`` being ``name`` + :data:`AGAIN` for its
+    messages: the check the learner's answer just passed, run again on what the judge read. Outside
+    the grader the program is only read, and nothing runs again."""
+    program = hosted(fn, name, forbidden=forbidden, helpers=helpers)
+    if program is not None:
+        check(program, name + AGAIN)

@@ -31,7 +31,7 @@ from course.checks.common import (TorchCalls, call, grader_references, name_mist
 from course.checks.witnesses import DispatcherOps, alone
 from course.data import generator
 from course.devices import pick_device
-from course.hand import hosted
+from course.hand import again
 from course.fastpath import (BASE_CONFIG, encoder, encoder_config, encoder_layer, fast_path_taken, masked_attention_inputs,
                              padded_token_mlp, ragged_batch, token_mlp, valid_tokens)
 from course.numerics import assert_close, describe
@@ -206,13 +206,14 @@ def check_masked_attention(masked_attention: Callable, *, seed: int = 0, device=
         raise AssertionError(f"masked_attention gives the right numbers, but it calls {', '.join(used)[:200]}: this "
                              "exercise writes attention by hand (scores, masks, softmax, then v), so that you see what "
                              "the fused kernel saves; F.scaled_dot_product_attention is Exercise 2's.")
-    again = hosted(masked_attention, "masked_attention", forbidden=("attention",),
-                   helpers=("course.fastpath.causal_mask",))
-    if again is not None:  # under the grader: its program, read by the judge, run again in the program host
-        again_name = "masked_attention, its program run again by the grader,"
-        _check_masks(again, again_name, seed, device, hint)
-        if probed_names(again, attention_ops, q, k, v, pad, label=again_name):
-            raise AssertionError(f"{again_name} calls an attention op: this exercise writes attention by hand.")
+
+    def by_hand(program: Callable, label: str) -> None:
+        _check_masks(program, label, seed, device, hint)
+        if probed_names(program, attention_ops, q, k, v, pad, label=label):
+            raise AssertionError(f"{label} calls an attention op: this exercise writes attention by hand.")
+
+    again(masked_attention, "masked_attention", by_hand, forbidden=("attention",),
+          helpers=("course.fastpath.causal_mask",))
     ok(f"masked_attention equals the float64 reference on {n} combinations of masks (seed {seed})")
 
 
@@ -317,11 +318,12 @@ def check_sdpa_attention(sdpa_attention: Callable, *, seed: int = 0, device=None
             "into that one mask; without a padding mask, pass is_causal to SDPA.")
     _sdpa_once(sdpa_attention, "sdpa_attention", seed, pick_device(device), hint)
     n = _check_masks(sdpa_attention, "sdpa_attention", seed, device, hint, attn_masks=False)
-    again = hosted(sdpa_attention, "sdpa_attention", helpers=("course.fastpath.causal_mask",))
-    if again is not None:  # under the grader: its program, read by the judge, run again in the program host
-        again_name = "sdpa_attention, its program run again by the grader,"
-        _sdpa_once(again, again_name, seed, pick_device(device), hint)
-        _check_masks(again, again_name, seed, device, hint, attn_masks=False)
+
+    def sdpa_once(program: Callable, label: str) -> None:
+        _sdpa_once(program, label, seed, pick_device(device), hint)
+        _check_masks(program, label, seed, device, hint, attn_masks=False)
+
+    again(sdpa_attention, "sdpa_attention", sdpa_once, helpers=("course.fastpath.causal_mask",))
     ok(f"sdpa_attention equals the float64 reference on {n} masked batches, calling SDPA once, portably "
        f"(seed {seed})")
 
@@ -442,9 +444,7 @@ def check_autocast_guard(guarded_forward: Callable, *, seed: int = 0) -> None:
             "means CUDA). When torch.is_autocast_enabled('cpu') is true, run the encoder inside "
             "torch.autocast('cpu', enabled=False) on x.float(); otherwise call it as it is.")
     count = _guard_cases(guarded_forward, "guarded_forward", seed, hint)
-    again = hosted(guarded_forward, "guarded_forward")
-    if again is not None:  # under the grader: its program, read by the judge, run again in the program host
-        _guard_cases(again, "guarded_forward, its program run again by the grader,", seed, hint)
+    again(guarded_forward, "guarded_forward", lambda program, label: _guard_cases(program, label, seed, hint))
     ok(f"guarded_forward survives CPU autocast in all {count} cases (float32, equal to the encoder without "
        f"autocast) and keeps the fast path without it (seed {seed})")
 
@@ -585,9 +585,7 @@ def check_sdpa_encoder_layer(sdpa_encoder_layer: Callable, *, seed: int = 0) -> 
             "D), out_proj; then the residual and norm1, linear1, ReLU, linear2, the residual and norm2 (with "
             "norm_first, each norm comes before its block instead).")
     count = _layer_cases(sdpa_encoder_layer, "sdpa_encoder_layer", seed, hint)
-    again = hosted(sdpa_encoder_layer, "sdpa_encoder_layer")
-    if again is not None:  # under the grader: its program, read by the judge, run again in the program host
-        _layer_cases(again, "sdpa_encoder_layer, its program run again by the grader,", seed, hint)
+    again(sdpa_encoder_layer, "sdpa_encoder_layer", lambda program, label: _layer_cases(program, label, seed, hint))
     with torch.no_grad():
         layer = encoder_layer(seed + 1)
         x, pad = ragged_batch(seed + 40, batch=2, length=9, dim=16, dtype=F64)

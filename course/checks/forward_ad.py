@@ -43,7 +43,7 @@ from torch.autograd.gradcheck import GradcheckError
 from course.checks.common import call, grader_references, ok, served_speedup, stored_answers, visible_call
 from course.data import generator, randn
 from course.devices import pick_device
-from course.hand import hosted
+from course.hand import again
 from course.forward_ad import ModeNotAllowed, WideFunction, mlp, transform_in_use, wide_function
 from course.numerics import assert_close, describe
 from course.remote import factory, is_remote, probe, prober
@@ -297,10 +297,8 @@ def _param_jvp(fn: Callable, label: str, api: str, *, seed: int, sizes, batch: i
     hint = ("the tangents are per parameter name; parameters not named in `tangents` are constants (tangent 0)."
             if subset else None)
     _param_jvp_case(fn, label, api, model, x, tangents, (ref_out, ref_jv, ref_fd), hint)
-    again = hosted(fn, label)
-    if again is not None:  # under the grader: its program, read by the judge, run again in the program host
-        _param_jvp_case(again, f"{label}, its program run again by the grader,", api, model, x, tangents,
-                        (ref_out, ref_jv, ref_fd), hint)
+    again(fn, label, lambda program, name: _param_jvp_case(program, name, api, model, x, tangents,
+                                                          (ref_out, ref_jv, ref_fd), hint))
     n_params = len(list(model.parameters()))
     which = f"{len(tangents)} of {n_params} parameters" if subset else f"all {n_params} parameters"
     also = " and central differences" if ref_fd is not None else ""
@@ -553,10 +551,8 @@ def check_jacobians(jacobian_fwd: Callable, jacobian_rev: Callable, *, seed: int
     answers = _jacobian_answers(seed, k, m, hidden, x)
     for fn, label, mode in ((jacobian_fwd, "jacobian_fwd", "forward"), (jacobian_rev, "jacobian_rev", "reverse")):
         _one_jacobian(fn, label, mode, seed=seed, k=k, m=m, hidden=hidden, x=x, answers=answers)
-        again = hosted(fn, label, forbidden=ONE_CALL_JACOBIANS)
-        if again is not None:  # under the grader: its program, read by the judge, run again in the program host
-            _one_jacobian(again, f"{label}, its program run again by the grader,", mode, seed=seed, k=k, m=m,
-                          hidden=hidden, x=x, answers=answers)
+        again(fn, label, functools.partial(_one_jacobian, mode=mode, seed=seed, k=k, m=m, hidden=hidden, x=x,
+                                           answers=answers), forbidden=ONE_CALL_JACOBIANS)
     also = " and central differences" if len(answers) > 1 else ""
     ok(f"jacobian_fwd (forward mode) and jacobian_rev (reverse mode) equal the float64 reference Jacobian{also}, "
        f"calling f once (R^{k} -> R^{m}, seed {seed})")
