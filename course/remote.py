@@ -81,14 +81,18 @@ def probe(answer: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     if PROBES.get(name) is not fn:
         raise ValueError(f"{name} is not a registered probe (course.remote.prober)")
     device = _call_device((args, kwargs))
-    answer._link.probes += 1  # the judge reports it: this cell's verdict rests partly on that process's word
+    link, handles = answer._link, []
+    link.probes += 1  # the judge reports it: this cell's verdict rests partly on that process's word
     try:
-        reply = answer._link.request({"op": "probe", "name": answer.__name__, "probe": name, "args": list(args),
-                                      "kwargs": dict(kwargs), "grad_mode": torch.is_grad_enabled(),
-                                      "device": device})
+        sent = _lent_out((list(args), dict(kwargs)), link, device, handles)
+        reply = link.request({"op": "probe", "name": answer.__name__, "probe": name, "args": sent[0],
+                              "kwargs": sent[1], "grad_mode": torch.is_grad_enabled(), "device": device})
     except NameError as exc:  # the notebook never bound the name
         raise AssertionError(f"{answer.__name__} is not defined in your notebook ({exc}). Run the cell that "
                              "defines it, and keep its name.") from None
+    finally:
+        for handle in handles:  # lent for this probe only
+            link.lent.pop(handle, None)
     return _to_device(_map_tensors(reply, lambda t: t.detach()), device)
 
 
@@ -131,8 +135,8 @@ def recipe(fn: Callable[..., Any]) -> Callable[..., Any]:
 def build(value: Any, device: str = "cpu", back: Callable[[wire.Lent], Any] | None = None) -> Any:
     """``value`` with every :class:`course.wire.Recipe` in it built here by its registered builder,
     and every tensor moved to ``device``: what the learner's process makes of a request's arguments.
-    ``back(lent)``: the stand-in for a function the judge lent, given its :class:`course.wire.Lent` (in a
-    call's arguments only)."""
+    ``back(lent)``: the stand-in for a function the judge lent, given its :class:`course.wire.Lent` (in the
+    arguments of a call or a probe only)."""
     if isinstance(value, wire.Recipe):
         obj = _registered(RECIPES, value.name, "recipe")(**{k: build(v, device) for k, v in value.args.items()})
         return getattr(obj, value.attr) if value.attr else obj
@@ -142,7 +146,7 @@ def build(value: Any, device: str = "cpu", back: Callable[[wire.Lent], Any] | No
         return value.generator()
     if isinstance(value, wire.Lent):
         if back is None:
-            raise ValueError("a lent function outside the arguments of a call")
+            raise ValueError("a lent function outside the arguments of a call or a probe")
         return back(value)
     if type(value) is list:
         return [build(v, device, back) for v in value]
@@ -399,11 +403,12 @@ class Lending:
 
 
 def lend(fn: Callable) -> Lending:
-    """``fn``, to be passed to a learner's function, for checks that must see how the learner's
-    code uses it (lesson 1's bucketing: the layer it calls, how often, on how many steps). For a
-    local answer, ``fn`` itself in effect; for a :class:`Remote`, ``fn`` never crosses: the
-    learner's code gets a stand-in whose calls run ``fn`` here (tensors in and out, as data), while
-    that one call of the learner's function lasts. What ``fn`` records is the judge's evidence."""
+    """``fn``, to be passed to a learner's function (or a probe), for checks that must see how the
+    learner's code uses it (lesson 1's bucketing: the layer it calls, how often, on how many steps;
+    lesson 2's profiler: a node whose time only the judge knows). For a local answer, ``fn`` itself in
+    effect; for a :class:`Remote`, ``fn`` never crosses: the learner's code gets a stand-in whose calls
+    run ``fn`` here (tensors in and out, as data), while that one call of the learner's function (or
+    that probe) lasts. What ``fn`` records is the judge's evidence."""
     return Lending(fn)
 
 
@@ -916,8 +921,9 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict, link: Lin
         return reply
     if op == "probe":
         fn = _registered(PROBES, message.get("probe"), "probe")
-        device = message.get("device", "cpu")
-        args, kwargs = build(message.get("args", []), device), build(message.get("kwargs", {}), device)
+        device, seq = message.get("device", "cpu"), message.get("seq")
+        back = (lambda lent: _Back(link, lent, seq, device)) if link is not None else None
+        args, kwargs = build(message.get("args", []), device, back), build(message.get("kwargs", {}), device, back)
         # every line of a probe may run the learner's code (a property, an operator): the course's
         # references refuse to serve anywhere inside it
         with torch.set_grad_enabled(message.get("grad_mode") is True), answering():

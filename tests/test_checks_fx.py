@@ -159,13 +159,13 @@ MISTAKES = {
         "reshape\\(-1, 1, 1, 1\\) against a conv weight's output channels"),
     "profiler: only the last run kept": (
         "profiler", "self.times[n.name].append(time.perf_counter() - start)",
-        "self.times[n.name] = [time.perf_counter() - start]", "mean over"),
+        "self.times[n.name] = [time.perf_counter() - start]", "the last run's time alone, not the mean over"),
     "profiler: shares in percent": (
         "profiler", "means[n.name] / total)", "100 * means[n.name] / total)", "fractions"),
     "profiler: not sorted": (
         "profiler", "return sorted(rows, key=lambda r: r[2], reverse=True)", "return rows", "sorted slowest first"),
     "profiler: time summed over runs": (
-        "profiler", "means = {name: sum(ts) / len(ts)", "means = {name: sum(ts)", "16 ms"),
+        "profiler", "means = {name: sum(ts) / len(ts)", "means = {name: sum(ts)", "the sum of the runs' times"),
 }
 
 

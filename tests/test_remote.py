@@ -586,6 +586,47 @@ def test_a_lent_function_runs_in_the_judge_for_the_length_of_one_call():
     assert torch.equal(lend(scaled)(x, scale=3.0), 3 * x)  # here, it is the function
 
 
+_KEPT_BY_PROBE: list = []
+
+
+def _lending_probe(answer, f, x, keep=False):
+    """A probe (the course's code in the learner's process) that calls a lent function: once through
+    the learner's answer, once itself; ``keep`` keeps the stand-in, to be called by a later probe."""
+    if keep:
+        _KEPT_BY_PROBE.append(f)
+    if _KEPT_BY_PROBE and not keep:
+        return _KEPT_BY_PROBE[0](x)
+    return answer(f, x) + f(x)
+
+
+def test_a_probe_may_lend_a_function_as_a_call_does():
+    """A lent function in a probe's arguments stays in the judge too (lesson 2's planted node): its
+    calls from the probe and from the learner's code inside it run there, and the stand-in refuses
+    once that probe has returned."""
+    from served_helpers import served
+
+    from course.remote import lend, probe, prober
+
+    prober(_lending_probe)
+    seen = []
+
+    def doubled(x):
+        seen.append(x.clone())
+        return 2 * x
+
+    _KEPT_BY_PROBE.clear()
+    for learner in served({"apply": lambda f, x: f(x)}):
+        x = torch.arange(3.0)
+        assert torch.equal(probe(learner("apply"), _lending_probe, lend(doubled), x), 4 * x)
+        assert len(seen) == 2  # both calls ran here
+        assert torch.equal(probe(learner("apply"), _lending_probe, lend(doubled), x, keep=True), 4 * x)
+        with pytest.raises(RuntimeError, match="lent by the grader for one call of yours, which has returned"):
+            probe(learner("apply"), _lending_probe, lend(doubled), x)
+        _KEPT_BY_PROBE.clear()
+        assert torch.equal(probe(learner("apply"), _lending_probe, lend(doubled), x), 4 * x)  # still in step
+    assert torch.equal(probe(lambda f, x: f(x), _lending_probe, lend(doubled), x), 4 * x)  # here, the function
+
+
 def test_a_result_too_large_to_cross_is_the_learners_error_and_the_channel_goes_on(monkeypatch):
     from served_helpers import served
 

@@ -194,3 +194,71 @@ def test_code_the_lesson_gives_is_not_flagged_but_the_same_thing_added_is():
     fuse["source"] = cells.source(fuse) + "\nsetattr(torch, 'relu', torch.sigmoid)\n"
     flags = prog.learner_program(LESSON, source, release, submitted).flags
     assert list(flags) == ["patching"] and "calls setattr" in flags["patching"][0], flags
+
+
+class _Written(fx.Interpreter):
+    """A profile written down, not measured: runs the graph as asked, then reports the old planted
+    node's mean (16 ms) for 'slow' and a microsecond for every other node."""
+
+    def profile(self, *args, runs=5):
+        for _ in range(runs):
+            out = self.run(*args)
+        return out
+
+    def slow_mean(self):
+        return 0.016
+
+    def rows(self):
+        names = [n.name for n in self.module.graph.nodes]
+        means = {n: (self.slow_mean() if n == "slow" else 1e-6) for n in names}
+        total = sum(means.values())
+        return sorted((("op", n, means[n], means[n] / total) for n in names), key=lambda r: r[2], reverse=True)
+
+
+class _Peeking(_Written):
+    """Reads what the planted node sleeps from the node itself, as a learner's own copy allows."""
+
+    def slow_mean(self):
+        cycle = self.module.slow.fn.fn.cycle_s
+        return sum(cycle) / len(cycle)
+
+
+class _OneMoreCall(_Written):
+    """Measures the planted node by calling it once more, outside the runs."""
+
+    def slow_mean(self):
+        x = self.module.lin(torch.zeros(3, 6))
+        start = __import__("time").perf_counter()
+        self.module.slow(x)
+        return __import__("time").perf_counter() - start
+
+
+def test_a_profile_not_measured_fails_as_the_planted_nodes_times_are_the_judges(monkeypatch):
+    """The planted node's work is lent by the judge, with times drawn for each check: a number
+    written down fails (here the draw is kept far from it), the node's own attributes hold nothing
+    across the boundary, and calling the node outside the runs is counted."""
+    monkeypatch.setattr(C.Sleeper, "LONG_S", (0.100, 0.110))
+    for learner in served({"ProfilingInterpreter": _Written}):
+        with pytest.raises(AssertionError, match=r"by the grader's clock its mean over the 4 runs was"):
+            C.check_profiler(learner("ProfilingInterpreter"))
+    for learner in served({"ProfilingInterpreter": _Peeking}):
+        with pytest.raises(AssertionError, match="rows raised AttributeError: '_Back' object has no attribute 'fn'"):
+            C.check_profiler(learner("ProfilingInterpreter"))
+    # (in a learner's own copy the node is the Sleeper itself: the learner's to read, and to forge)
+    for learner in served({"ProfilingInterpreter": _OneMoreCall}):
+        with pytest.raises(AssertionError, match=r"node 'slow' ran 5 times while profile\(x, runs=4\) ran"):
+            C.check_profiler(learner("ProfilingInterpreter"))
+
+
+def test_the_planted_nodes_times_are_drawn_for_each_check_and_timed_by_it():
+    draws = {C.Sleeper().cycle_s for _ in range(20)}
+    assert len(draws) == 20
+    for short, long in draws:
+        assert C.Sleeper.SHORT_S[0] <= short <= C.Sleeper.SHORT_S[1] < C.Sleeper.LONG_S[0] <= long <= C.Sleeper.LONG_S[1]
+        # the last run alone (the long sleep) falls outside the window whatever was drawn
+        assert (long - short) / 2 > C.CROSSING_S
+    sleeper = C.Sleeper()
+    sleeper.cycle_s = (0.001, 0.003)
+    x = torch.ones(2)
+    assert sleeper(x) is x and sleeper(x) is x
+    assert len(sleeper.slept) == 2 and sleeper.slept[0] >= 0.001 and sleeper.slept[1] >= 0.003

@@ -11,9 +11,10 @@ data: ``op_type``'s answer per node name, ``conv_bn_pairs``'s pairs as module pa
 output and rows, what Inductor generated and the compiled outputs. A fused graph comes back as a
 description (:mod:`course.graph_wire`: nodes, tensor operations and ``torch.nn`` layers from short
 lists, the learner's weights) and is rebuilt in the judge, which looks for BatchNorms left, runs it
-against its own model and times it against the original, all in its own process. Facts only the
-learner's process can see (the graph was left unchanged, the profiler's times, what Inductor
-generated) are that process's word.
+against its own model and times it against the original, all in its own process. The profiler's
+planted slow node is the judge's (:class:`Sleeper`, lent): how long it slept is the judge's to know,
+and the learner's rows must find it. Facts only the learner's process can see (the graph was left
+unchanged, the profile's other rows, what Inductor generated) are that process's word.
 
 What a check compares with is the grader's (:mod:`course.references.fx`: which pairs are legal, the
 folds and what each slip folds instead), reached through :func:`_answer`; a learner's copy of the
@@ -22,6 +23,7 @@ course has the same answers for the lesson's own visible calls only (``course/re
 from __future__ import annotations
 
 import operator
+import random
 import time
 from typing import Any, Callable, Mapping
 
@@ -37,7 +39,7 @@ from course.fx import capture_inductor_code
 from course.grading import expect_compiled, expect_speedup, speed_bar
 from course.models import exported_resnet, small_resnet
 from course.numerics import assert_close, describe
-from course.remote import mirrored, probe, prober
+from course.remote import lend, mirrored, probe, prober
 from course.timing import SpeedReport, compare, machine_to_itself
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
@@ -466,30 +468,56 @@ def check_fold_affine(fold_affine: Callable, *, seed: int = 0, width: int = 8, b
        f"seed {seed})")
 
 
-class SlowOp(nn.Module):
-    """Sleeps for the next duration of a fixed cycle, then returns its input: a node whose mean
-    time the profile must find."""
+class Sleeper:
+    """The work of the planted slow node, done where the check runs (under the grader, in the judge,
+    lent to the learner's code: :func:`course.remote.lend`). It sleeps a short and a long time on
+    alternate calls, both drawn afresh for every check, so the learner's process can learn them only
+    by timing its calls; and it keeps how long each call slept by its own clock (``slept``), which
+    the learner's profile must find again."""
 
-    def __init__(self, cycle_s=(0.002, 0.030)):
+    __name__ = "slow"
+
+    #: Where the short and the long sleep are drawn from, in seconds (uniformly).
+    SHORT_S, LONG_S = (0.001, 0.004), (0.030, 0.200)
+
+    def __init__(self):
+        draw = random.SystemRandom()  # not the check's seed: the learner's process sees that
+        self.cycle_s = (draw.uniform(*self.SHORT_S), draw.uniform(*self.LONG_S))
+        self.slept: list[float] = []
+
+    def __call__(self, x):
+        start = time.perf_counter()
+        time.sleep(self.cycle_s[len(self.slept) % 2])
+        self.slept.append(time.perf_counter() - start)
+        return x
+
+
+def _unchanged(x):
+    return x
+
+
+class _SlowNode(nn.Module):
+    """The graph's leaf node 'slow': calls the function it holds (a :class:`Sleeper`, or the
+    stand-in for the judge's) on its input."""
+
+    def __init__(self, fn: Callable):
         super().__init__()
-        self.cycle_s, self.calls = tuple(cycle_s), 0
+        self.fn = fn
 
     def forward(self, x):
-        time.sleep(self.cycle_s[self.calls % len(self.cycle_s)])
-        self.calls += 1
-        return x
+        return self.fn(x)
 
 
 class _LeafTracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, SlowOp) or super().is_leaf_module(m, qualname)
+        return isinstance(m, _SlowNode) or super().is_leaf_module(m, qualname)
 
 
 class _Probe(nn.Module):
-    def __init__(self):
+    def __init__(self, slow: Callable):
         super().__init__()
         self.lin = nn.Linear(6, 6)
-        self.slow = SlowOp()
+        self.slow = _SlowNode(slow)
 
     def forward(self, x):
         return torch.relu(self.slow(self.lin(x))).mean(dim=1) + 1.0
@@ -530,22 +558,22 @@ def _check_rows(rows: Any, gm: fx.GraphModule, label: str) -> list[tuple[str, st
     return list(rows)
 
 
-def _profiled_graph(seed: int) -> tuple[_Probe, fx.GraphModule, torch.Tensor]:
+def _profiled_graph(seed: int, slow: Callable = _unchanged) -> tuple[_Probe, fx.GraphModule, torch.Tensor]:
     with torch.random.fork_rng(devices=[]):  # the same weights in every process (grading compares runs)
         torch.manual_seed(seed)
-        root = _Probe()
+        root = _Probe(slow)
     return root, fx.GraphModule(root, _LeafTracer().trace(root)), randn(3, 6, seed=seed, device="cpu")
 
 
 @prober
-def profiler_case(ProfilingInterpreter: type, seed: int, runs: int, width: int, blocks) -> tuple:
-    """The learner's side of :func:`check_profiler`: the learner's interpreter on the graph with a
-    planted slow node (``runs`` runs) and on a traced ``small_resnet`` (2 runs); each run's output
-    and rows."""
+def profiler_case(ProfilingInterpreter: type, slow: Callable, seed: int, runs: int, width: int, blocks) -> tuple:
+    """The learner's side of :func:`check_profiler`: the learner's interpreter on the graph whose node
+    'slow' calls ``slow`` (the judge's :class:`Sleeper`, lent) for ``runs`` runs, and on a traced
+    ``small_resnet`` (2 runs); each run's output and rows."""
     if not isinstance(ProfilingInterpreter, type) or not issubclass(ProfilingInterpreter, fx.Interpreter):
         raise AssertionError(f"ProfilingInterpreter should be a subclass of torch.fx.Interpreter, got "
                              f"{describe(ProfilingInterpreter)}.")
-    _, gm, x = _profiled_graph(seed)
+    _, gm, x = _profiled_graph(seed, slow)
     _, gm2 = _traced(seed, width, blocks, tap=True)
     x2 = randn(2, 3, 16, 16, seed=seed + 1)
     out = []
@@ -559,21 +587,56 @@ def profiler_case(ProfilingInterpreter: type, seed: int, runs: int, width: int, 
     return tuple(out)
 
 
+#: How much longer than the judge's own clock the learner's profile may find the node 'slow', on
+#: average (seconds): the call's way to the judge and back, and the interpreter's own work around it
+#: (under a millisecond on a quiet machine; up to 8 ms measured with eight busy processes on two cores).
+CROSSING_S = 0.010
+
+
+def _slow_mean(mean: float, sleeper: Sleeper, runs: int) -> None:
+    """``mean`` (the learner's row for the node 'slow') against what ``sleeper`` slept: at least that
+    (the learner's clock runs around the judge's sleep), at most :data:`CROSSING_S` more. The short
+    and the long sleep are drawn afresh for every check (1-4 and 30-200 ms), so a number not measured
+    falls in that window by chance about once in nine checks. The last or the first run alone, and
+    the sum, fall outside it whatever was drawn: the long sleep exceeds the mean by at least 13 ms."""
+    slept = sleeper.slept
+    want = sum(slept) / len(slept)
+    if want * (1 - 1e-3) - 1e-4 <= mean <= want + CROSSING_S:
+        return
+    ms = lambda t: f"{t * 1e3:.3g} ms"  # noqa: E731
+    told = (f"The grader's node 'slow' slept {ms(sleeper.cycle_s[0])} and {ms(sleeper.cycle_s[1])} on alternate "
+            f"calls (drawn for this check); by the grader's clock its mean over the {runs} runs was {ms(want)}, and "
+            f"rows() says {ms(mean)}.")
+    hint = ("\n  Hint: keep every run's time (a list per node) and average them all; do not keep only the last or "
+            "the first, and do not sum them.")
+    if abs(mean - sum(slept)) <= runs * CROSSING_S:
+        raise AssertionError(f"{told} That is the sum of the runs' times, not their mean over {runs} runs.{hint}")
+    if abs(mean - slept[-1]) <= CROSSING_S or abs(mean - slept[0]) <= CROSSING_S:
+        which = "last" if abs(mean - slept[-1]) <= CROSSING_S else "first"
+        raise AssertionError(f"{told} That is the {which} run's time alone, not the mean over {runs} runs.{hint}")
+    if mean < want:
+        raise AssertionError(f"{told} Less than it slept: a node's time is measured around the call that runs it "
+                             f"(time.perf_counter() before and after super().run_node(n)).{hint}")
+    raise AssertionError(f"{told} Time only the node itself, as its mean over {runs} runs.{hint}")
+
+
 def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, width: int = 8,
                    blocks=(1, 1)) -> None:
     """``ProfilingInterpreter(gm).profile(*args, runs=n)`` runs the graph ``n`` times and returns
     its output; ``.rows()`` gives one (op type, node, mean seconds, share) row per node, slowest
-    first, shares summing to 1. A planted node that sleeps 2 ms and 30 ms on alternate calls must
-    show its mean (16 ms over an even number of runs) and the largest share.
+    first, shares summing to 1. A planted node sleeps a short and a long time on alternate calls
+    (a :class:`Sleeper`, drawn afresh for every check): the profile must find the mean of what it
+    slept, by the check's clock, and give it the largest share.
 
-    The window is 15.5 to 29 ms: a sleep only ever overruns, and a busy machine's overruns (up to 6 ms
-    on average, measured with eight busy processes on two cores) stay inside it. The last run (30 ms or more),
-    the largest and the sum (64 ms or more) fall outside however late the sleeps woke; the first (2 ms)
-    unless a sleep overran by 13 ms."""
-    if runs % 2:
-        raise ValueError("check_profiler needs an even number of runs (the slow node alternates 2 and 30 ms).")
+    Under the grader the node's work is the judge's: it is lent to the learner's process
+    (:func:`course.remote.lend`), whose graph holds a stand-in that calls back, so the times to find
+    are known only to the judge, and only by timing those calls could the learner's process learn
+    them; the judge also counts the calls (one per run). See :func:`_slow_mean` for the window."""
+    if runs < 2 or runs % 2:
+        raise ValueError("check_profiler needs an even number of runs (the slow node alternates short and long).")
+    sleeper = Sleeper()
     with machine_to_itself():  # the rows are times: measured with no other submission running
-        got = probe(ProfilingInterpreter, profiler_case, seed, runs, width, tuple(blocks))
+        got = probe(ProfilingInterpreter, profiler_case, lend(sleeper), seed, runs, width, tuple(blocks))
     if not (isinstance(got, tuple) and len(got) == 4):
         raise AssertionError("ProfilingInterpreter: the answers came back malformed.")
     out, rows, out2, rows2 = got
@@ -581,16 +644,16 @@ def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, 
     with torch.no_grad():
         assert_close(out, gm(x), name="ProfilingInterpreter(gm).profile(x) (the graph's output)",
                      hint="profile should return what the last run returned: self.run(*args).")
+    if len(sleeper.slept) != runs:
+        raise AssertionError(f"The graph's node 'slow' ran {len(sleeper.slept)} times while profile(x, runs={runs}) "
+                             f"ran; once per run is {runs}. Run the graph with self.run(*args), once per run, and "
+                             "nothing else.")
     rows = _check_rows(rows, gm, "ProfilingInterpreter")
     op, name, mean, share = rows[0]
     if name != "slow":
-        raise AssertionError(f"The slowest node should be 'slow' (it sleeps 16 ms on average), but rows() puts "
-                             f"{name!r} first ({mean * 1e3:.3g} ms).")
-    if not 0.0155 <= mean <= 0.029:
-        raise AssertionError(
-            f"The node 'slow' sleeps 2 ms and 30 ms on alternate calls, so its mean over {runs} runs is 16 ms; "
-            f"rows() says {mean * 1e3:.3g} ms.\n  Hint: keep every run's time (a list per node) and average "
-            "them all; do not keep only the last or the first, and do not sum them.")
+        raise AssertionError(f"The slowest node should be 'slow' (it slept {sum(sleeper.slept) / runs * 1e3:.3g} ms "
+                             f"on average), but rows() puts {name!r} first ({mean * 1e3:.3g} ms).")
+    _slow_mean(mean, sleeper, runs)
     # the same on a real model: every node, shares summing to 1
     model, gm2 = _traced(seed, width, blocks, tap=True)
     x2 = randn(2, 3, 16, 16, seed=seed + 1)
@@ -598,7 +661,8 @@ def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, 
         assert_close(out2, model(x2), name="ProfilingInterpreter on small_resnet")
     rows2 = _check_rows(rows2, gm2, "ProfilingInterpreter (small_resnet)")
     ok(f"ProfilingInterpreter times all {len(rows)} + {len(rows2)} nodes, finds the slow one "
-       f"({mean * 1e3:.2f} ms, {share:.0%}), shares sum to {sum(r[3] for r in rows2):.0%} (seed {seed})")
+       f"({mean * 1e3:.2f} ms, {share:.0%}; by the check's clock it slept {sum(sleeper.slept) / runs * 1e3:.2f} ms), "
+       f"shares sum to {sum(r[3] for r in rows2):.0%} (seed {seed})")
 
 
 @prober
