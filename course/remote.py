@@ -363,8 +363,9 @@ class Link:
         """Run the lent function the learner's code called, here, on the arguments it sent (data),
         and send back its value or its exception (type name and message): the judge's code, run by
         the judge, on what the learner's code chose to pass."""
-        lent, args, kwargs = self.lent.get(message.get("back")), message.get("args"), message.get("kwargs")
+        handle, args, kwargs = message.get("back"), message.get("args"), message.get("kwargs")
         try:
+            lent = self.lent.get(handle) if type(handle) is int else None
             if lent is None or type(args) is not list or type(kwargs) is not dict:
                 raise RuntimeError("the learner's process called a function the grader did not lend it for this call")
             fn, device = lent

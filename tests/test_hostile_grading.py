@@ -1115,6 +1115,75 @@ def test_the_bucket_layer_is_lent_from_the_judge_so_its_count_is_the_judges(tmp_
     assert "lent by the grader for one call" in keeps.error, keeps
 
 
+PROFILERS = """
+import time
+from collections import defaultdict
+from torch import fx
+
+
+class ProfilingInterpreter(fx.Interpreter):
+    def __init__(self, gm):
+        super().__init__(gm)
+        self.times = defaultdict(list)
+
+    def profile(self, *args, runs=5):
+        for _ in range(runs):
+            out = self.run(*args)
+        return out
+
+    def run_node(self, n):
+        start = time.perf_counter()
+        result = super().run_node(n)
+        self.times[n.name].append(time.perf_counter() - start)
+        return result
+
+    def rows(self):
+        means = {k: sum(v) / len(v) for k, v in self.times.items()}
+        total = sum(means.values())
+        return sorted((("op", n.name, means[n.name], means[n.name] / total) for n in self.module.graph.nodes),
+                      key=lambda r: r[2], reverse=True)
+
+
+class Written(ProfilingInterpreter):  # a mean written down (15 ms: below any drawn mean, 18 ms or more)
+    def rows(self):
+        means = {n.name: (0.015 if n.name == "slow" else 1e-6) for n in self.module.graph.nodes}
+        total = sum(means.values())
+        return sorted((("op", k, m, m / total) for k, m in means.items()), key=lambda r: r[2], reverse=True)
+
+
+class Peeking(Written):  # the node's own sleep times, read from the node
+    def rows(self):
+        cycle = self.module.slow.fn.fn.cycle_s
+        rows = super().rows()
+        return [(op, k, sum(cycle) / 2 if k == "slow" else m, s) for op, k, m, s in rows]
+"""
+
+
+def test_the_profilers_planted_node_is_the_judges_so_its_time_must_be_measured(tmp_path):
+    """Lesson 2's profiler check lends the learner's graph a node whose work stays in the judge,
+    sleeping times drawn for each check: a measured profile passes; a profile written down or read
+    from the node fails, in real processes."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    setup = "import torch\nfrom course.checks.fx import check_profiler\n"
+    cells = [
+        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
+        {"index": 1, "id": "b", "kind": "solution", "source": PROFILERS, "grade_id": "sol",
+         "answers": ["ProfilingInterpreter", "Written", "Peeking"]},
+        *({"index": i, "id": f"t{i}", "kind": "test", "source": f"check_profiler({name})\n",
+           "grade_id": f"t{i}", "served": True}
+          for i, name in ((2, "ProfilingInterpreter"), (3, "Written"), (4, "Peeking"))),
+    ]
+    out = run_program(cells, judge_setup=[setup], sandbox=sandbox, cell_timeout=90, timeout=240, memory_mb=2000,
+                      log=tmp_path / "log")
+    assert out.status == "ok", out
+    right, written, peeking = out.cells[2], out.cells[3], out.cells[4]
+    assert not right.error and "by the check's clock it slept" in right.output, right
+    assert "by the grader's clock its mean over the 4 runs was" in written.error, written
+    assert "has no attribute 'fn'" in peeking.error, peeking
+
+
 RESET_PEAK = '''
 import os, tempfile
 here = tempfile.mkdtemp()

@@ -561,6 +561,10 @@ def test_a_lent_function_runs_in_the_judge_for_the_length_of_one_call():
     def forge(f, x):
         return type(f)(f._link, wire.Lent(f._handle + 1000, "layer"), f._seq, "cpu")(x)
 
+    def unhashable(f, x):  # a call message written by hand, its handle a list
+        f._link.send({"back": [f._handle], "seq": f._seq, "args": [x], "kwargs": {}})
+        raise RuntimeError(f._link.receive().get("message"))
+
     seen = []
 
     def scaled(x, scale=1.0):
@@ -569,7 +573,8 @@ def test_a_lent_function_runs_in_the_judge_for_the_length_of_one_call():
             raise ValueError("too long")
         return x * scale
 
-    for learner in served({"twice": twice, "keep": keep, "forge": forge, "named": lambda f: f.__name__}):
+    for learner in served({"twice": twice, "keep": keep, "forge": forge, "unhashable": unhashable,
+                           "named": lambda f: f.__name__}):
         x = torch.arange(3.0)
         assert learner("named")(lend(scaled)) == "scaled"  # the stand-in goes by the lent function's name
         assert learner("named")(lend(lambda x: x)) == "lent"  # "<lambda>" names no function: a plain word instead
@@ -582,6 +587,8 @@ def test_a_lent_function_runs_in_the_judge_for_the_length_of_one_call():
             learner("keep")(lend(scaled), x)
         with pytest.raises(RuntimeError, match="did not lend it for this call"):
             learner("forge")(lend(scaled), x)
+        with pytest.raises(RuntimeError, match="did not lend it for this call"):
+            learner("unhashable")(lend(scaled), x)
         assert torch.equal(learner("twice")(lend(scaled), x), 3 * x)  # still in step
     assert torch.equal(lend(scaled)(x, scale=3.0), 3 * x)  # here, it is the function
 

@@ -259,6 +259,9 @@ def test_the_planted_nodes_times_are_drawn_for_each_check_and_timed_by_it():
         assert (long - short) / 2 > C.CROSSING_S
     sleeper = C.Sleeper()
     sleeper.cycle_s = (0.001, 0.003)
-    x = torch.ones(2)
+    x = torch.ones(3, 6)
     assert sleeper(x) is x and sleeper(x) is x
     assert len(sleeper.slept) == 2 and sleeper.slept[0] >= 0.001 and sleeper.slept[1] >= 0.003
+    with pytest.raises(TypeError, match="takes the \\(3, 6\\) tensor the graph gives it"):
+        sleeper(torch.ones(4096, 4096))  # it sends back what it was given: nothing of the learner's choosing
+    assert len(sleeper.slept) == 2
