@@ -8,7 +8,10 @@ ambiguous shapes included, are what its checks judge); any other crosses contigu
 course builds from plain values, such as a seeded layer: its registered builder's name, the
 values, and at most one public attribute, ``Recipe``; see :func:`course.remote.recipe`), and a
 *named* object from a short allowlist (``torch.func.jacfwd``...), which decodes to that very object.
-A function the judge lends for one call crosses as a handle (``Lent``).
+A function the judge lends for one call crosses as a handle (``Lent``). A jagged nested tensor
+(``layout=torch.jagged``, no holes, one ragged dimension after the batch's) crosses as its values and
+offsets, checked before it is rebuilt (offsets from 0, never decreasing, ending at the values' length:
+``nested_tensor_from_jagged`` checks none of that, and ops read by them).
 A random generator crosses as its state (``GeneratorState``), a module the learner's side returns
 or changed as its type's name and its state (``ModuleState``; tensors on the ``meta`` device cross
 as their shape alone). :func:`decode` reads it back with limits on size, nesting and counts,
@@ -169,6 +172,13 @@ def _to_json(v: Any, buffers: list[bytes], depth: int, recipes: bool = True) -> 
         if t.device.type == "meta" and t.layout == torch.strided and str(t.dtype).replace("torch.", "") in _DTYPES \
                 and t.dim() <= MAX_TENSOR_DIMS:
             return {"t": [str(t.dtype).replace("torch.", ""), list(t.shape), 0, bool(v.requires_grad), "meta"]}
+        if t.device.type != "meta" and t.is_nested:
+            if t.layout != torch.jagged:
+                return {"o": f"torch.Tensor (nested, strided layout, {t.device})"}
+            # holes asked of v itself: torch 2.4's detach drops them (values and offsets unchanged)
+            if getattr(v, "_lengths", None) is not None or getattr(v, "_ragged_idx", 1) != 1 or v.dim() != 3:
+                return {"o": f"torch.Tensor (nested, jagged with holes or not (B, j, D), {t.device})"}
+            return {"j": [_to_json(t.values(), buffers, depth + 1), _to_json(t.offsets(), buffers, depth + 1)]}
         if t.device.type == "meta" or t.is_sparse or t.layout != torch.strided:
             return {"o": f"torch.Tensor ({t.layout}, {t.device})"}
         name = str(t.dtype).replace("torch.", "")
@@ -308,6 +318,8 @@ class _Reader:
             return Opaque(body[:200])
         if kind == "t":
             return self.tensor(body)
+        if kind == "j" and isinstance(body, list) and len(body) == 2:
+            return _jagged(self.value(body[0], depth + 1), self.value(body[1], depth + 1))
         if kind == "c" and isinstance(body, list) and len(body) == 2 and type(body[0]) is int \
                 and 0 <= body[0] < 2**31 and isinstance(body[1], str) and body[1].isidentifier() and len(body[1]) <= 60:
             return Lent(body[0], body[1])
@@ -360,3 +372,16 @@ class _Reader:
         if grad and (dtype.is_floating_point or dtype.is_complex):
             t.requires_grad_(True)
         return t
+
+
+def _jagged(values: Any, offsets: Any) -> torch.Tensor:
+    """The jagged nested tensor of ``values`` (tokens, ``(N, D)``) cut at ``offsets`` (``B + 1``
+    int64 positions), once they are checked: ``nested_tensor_from_jagged`` takes offsets as given, and
+    ops then read the values by them."""
+    if not (isinstance(values, torch.Tensor) and isinstance(offsets, torch.Tensor) and values.dim() == 2
+            and values.dtype.is_floating_point and offsets.dtype == torch.int64
+            and offsets.dim() == 1 and 2 <= offsets.numel() <= MAX_ITEMS and values.device.type == "cpu"):
+        raise WireError("a malformed jagged tensor")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != values.shape[0] or bool((offsets[1:] < offsets[:-1]).any()):
+        raise WireError("a jagged tensor whose offsets do not cut its values (from 0, never decreasing, to their end)")
+    return torch.nested.nested_tensor_from_jagged(values.detach(), offsets)

@@ -147,6 +147,44 @@ def test_wire_refuses_values_built_to_hurt(header):
         wire.decode(data)
 
 
+def _jagged_bytes(values, offsets) -> bytes:
+    """The bytes of a jagged tensor as the other side could write them: any values, any offsets."""
+    data = wire.encode([values, offsets])
+    n = int.from_bytes(data[:4], "big")
+    head = b'{"j":' + data[4:4 + n] + b"}"
+    return len(head).to_bytes(4, "big") + head + data[4 + n:]
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_wire_carries_a_jagged_tensor_as_its_values_and_offsets():
+    values, offsets = torch.randn(9, 4), torch.tensor([0, 2, 2, 9])
+    nt = torch.nested.nested_tensor_from_jagged(values, offsets)
+    back = wire.decode(wire.encode([nt]))[0]
+    assert back.is_nested and back.layout == torch.jagged
+    assert torch.equal(back.values(), values) and torch.equal(back.offsets(), offsets)
+    assert wire.decode(_jagged_bytes(values, offsets)).layout == torch.jagged
+    # what it does not carry: a jagged tensor with holes (its values hold what the lengths skip), a strided one
+    holes = torch.nested.nested_tensor_from_jagged(values, offsets, lengths=torch.tensor([1, 0, 3]))
+    strided = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)])
+    assert [type(v) for v in wire.decode(wire.encode([holes, strided]))] == [wire.Opaque, wire.Opaque]
+
+
+@pytest.mark.parametrize("values, offsets", [
+    (torch.randn(9, 4), torch.tensor([0, 2, 20])),          # offsets past the values' end: read past them
+    (torch.randn(9, 4), torch.tensor([0, 5, 3, 9])),        # decreasing
+    (torch.randn(9, 4), torch.tensor([1, 9])),              # not from 0
+    (torch.randn(9, 4), torch.tensor([0, 2, 8])),           # short of the end
+    (torch.randn(9, 4), torch.tensor([0.0, 9.0])),          # not int64
+    (torch.randn(9, 4), torch.tensor([[0, 9]])),            # not one dimension
+    (torch.randn(9, 4), torch.tensor([0])),                 # no sequence
+    (torch.randn(36), torch.tensor([0, 9])),                # values not (tokens, width)
+    (torch.ones(9, 4, dtype=torch.int64), torch.tensor([0, 9])),
+])
+def test_wire_refuses_a_jagged_tensor_whose_offsets_do_not_cut_its_values(values, offsets):
+    with pytest.raises(wire.WireError):
+        wire.decode(_jagged_bytes(values, offsets))
+
+
 # -- course.remote: checks on answers served by another process ---------------------------
 
 

@@ -115,3 +115,59 @@ def test_the_baselines_own_code_never_passes_a_speed_check(timed_learner):
         check_sdpa_speed(timed_learner("naive"), bars={"cpu": 1.2, "cuda": 1.2}, **SDPA_SIZES, **QUICK)
     with pytest.raises(AssertionError, match="as fast as padded"):
         check_jagged_speed(timed_learner("padded"), bars={"cpu": 1.2, "cuda": 1.2}, **JAGGED_SIZES, **QUICK)
+
+
+# -- the jagged MLP is lent by the judge: what it was given is the judge's record ---------------------
+
+def _offsets(keep):
+    import torch
+    return torch.cat([keep.new_zeros(1, dtype=torch.long), keep.sum(1).cumsum(0)])
+
+
+def one_sequence(x, key_padding_mask, mlp):  # the tokens as one jagged sequence: the same numbers for a token MLP
+    import torch
+    keep = ~key_padding_mask
+    values = x[keep]
+    y = mlp(torch.nested.nested_tensor_from_jagged(values, torch.tensor([0, values.shape[0]])))
+    out = torch.zeros_like(x)
+    out[keep] = y.values()
+    return out
+
+
+def dense_then_jagged(x, key_padding_mask, mlp):  # the numbers from a dense call, a jagged call for the record
+    import torch
+    keep = ~key_padding_mask
+    out = mlp(x).masked_fill(key_padding_mask[..., None], 0.0)
+    mlp(torch.nested.nested_tensor_from_jagged(x[keep], _offsets(keep)))
+    return out
+
+
+def weights_read(x, key_padding_mask, mlp):  # the MLP's weights, to compute the tokens without calling it
+    import torch
+    first, last = mlp[0], mlp[2]
+    return torch.nn.functional.linear(torch.nn.functional.gelu(first(x)), last.weight, last.bias)
+
+
+def holes(x, key_padding_mask, mlp):  # a jagged view of the padded batch: the padding computed too
+    import torch
+    keep = ~key_padding_mask
+    lengths = keep.sum(1)
+    offsets = torch.arange(x.shape[0] + 1) * x.shape[1]
+    y = mlp(torch.nested.nested_tensor_from_jagged(x.reshape(-1, x.shape[-1]), offsets, lengths=lengths))
+    return y.values().reshape(x.shape).masked_fill(key_padding_mask[..., None], 0.0)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("answer, says", [
+    (packed, r"the MLP was given \['dense'\]"),
+    (one_sequence, "is not the batch's real tokens, in order, one sequence after another"),
+    (dense_then_jagged, r"the MLP was given \['dense', 'jagged'\]"),
+    (weights_read, "'_Back' object is not subscriptable"),
+    (holes, "it was given torch.Tensor \\(nested, jagged with holes"),
+])
+def test_the_jagged_mlp_is_the_judges_so_what_it_was_given_is_its_record(answer, says):
+    """The MLP stays in the judge (lent): the learner's process holds no weights and no hook to
+    forge, and the judge notes each call's input itself."""
+    for learner in served({"answer": answer}):
+        with pytest.raises(AssertionError, match=says):
+            check_jagged_mlp(learner("answer"))

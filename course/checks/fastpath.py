@@ -10,8 +10,8 @@ SDPA, what it did under autocast) is asked of the course's own probes running th
 can only add a failure, never replace a comparison made here. The answers whose structure is graded
 (masked attention by hand, SDPA once, the encoder layer rebuilt, the autocast guard) are then read by
 the judge and run again in the program host (:func:`course.hand.hosted`), where the same probes watch
-a program that cannot name what would blind them; only the jagged MLP's input stays that process's
-word (its program would need nested tensors, whose offsets PyTorch does not check). Truth about the fast path is
+a program that cannot name what would blind them. The jagged MLP is lent by the judge
+(:class:`LentMLP`): what it was given (one jagged tensor of the batch's tokens) is the judge's record. Truth about the fast path is
 measured, by the op that ran, on the PyTorch installed (:func:`course.fastpath.fast_path_taken`),
 so a prediction is graded against the release it runs on.
 """
@@ -35,7 +35,7 @@ from course.hand import again
 from course.fastpath import (BASE_CONFIG, encoder, encoder_config, encoder_layer, fast_path_taken, masked_attention_inputs,
                              padded_token_mlp, ragged_batch, token_mlp, valid_tokens)
 from course.numerics import assert_close, describe
-from course.remote import probe, prober
+from course.remote import lend, probe, prober
 
 __all__ = ["check_autocast_guard", "check_fast_path_predictions", "check_jagged_mlp", "check_jagged_speed",
            "check_masked_attention", "check_sdpa_attention", "check_sdpa_encoder_layer", "check_sdpa_speed"]
@@ -484,33 +484,61 @@ def _guard_cases(guarded_forward: Callable, name: str, seed: int, hint: str) -> 
 
 # -- 5. a token MLP on a jagged batch ------------------------------------------------------------------
 
-@prober
-def mlp_inputs(jagged_token_mlp: Callable, x, key_padding_mask, mlp) -> tuple[torch.Tensor, list[str]]:
-    """The learner's side: the answer's result, and what the MLP was given each time it ran
-    (``"jagged"``, ``"strided nested"`` or ``"dense"``)."""
-    seen: list[str] = []
+class LentMLP:
+    """The token MLP a check gives ``jagged_token_mlp``, as a function that notes what it was given
+    (``seen``) before it runs. Under the grader it is lent (:func:`course.remote.lend`): it runs in the
+    judge, whose record it is, and the learner's code holds a stand-in that sends its argument across
+    (a jagged nested tensor as its values and offsets, checked there: :mod:`course.wire`); the
+    learner's process never holds the MLP's weights. It runs only on what a batch of ``tokens`` real
+    tokens of width ``dim`` could give it (it sends back what it computes)."""
 
-    def note(module, args):
-        t = args[0] if args else None
-        if isinstance(t, torch.Tensor) and t.is_nested:
-            seen.append("jagged" if t.layout == torch.jagged else "strided nested")
-        else:
-            seen.append("dense")
+    __name__ = "mlp"
 
-    handle = mlp.register_forward_pre_hook(note)
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = call(jagged_token_mlp, x, key_padding_mask, mlp, name="jagged_token_mlp")
-    finally:
-        handle.remove()
-    return out, seen
+    def __init__(self, mlp: torch.nn.Module, tokens: int, dim: int):
+        self.mlp, self.tokens, self.dim = mlp, tokens, dim
+        self.seen: list[str] = []
+        self.given: list[torch.Tensor] = []
+
+    def __call__(self, t):
+        if isinstance(t, torch.Tensor) and t.is_nested and t.layout == torch.jagged \
+                and getattr(t, "_lengths", None) is None:
+            kind, rows = "jagged", t.values()
+        elif isinstance(t, torch.Tensor) and not t.is_nested:
+            kind, rows = "dense", t
+        else:  # a strided nested tensor, a jagged one with holes (each crosses as a description)
+            kind = ("a strided nested tensor" if isinstance(t, torch.Tensor) and t.is_nested and t.layout != torch.jagged
+                    else "a jagged tensor with holes" if isinstance(t, torch.Tensor) else getattr(t, "type_name", None)
+                    or type(t).__name__)
+            self.seen.append(kind)
+            raise TypeError(f"the MLP here takes one jagged nested tensor of the batch's tokens (layout=torch.jagged, "
+                            f"no holes: the values are the tokens) or a dense one; it was given {kind}")
+        self.seen.append(kind)
+        if rows.dim() < 1 or rows.shape[-1] != self.dim or rows.numel() > self.tokens * self.dim:
+            raise TypeError(f"the MLP takes the batch's tokens, width {self.dim}; it was given {describe(rows)}")
+        self.given.append(t)
+        with torch.no_grad():
+            return self.mlp(t)
+
+
+def _jagged_input_right(lent: LentMLP, x: torch.Tensor, pad: torch.Tensor, label: str, hint: str) -> None:
+    """The one tensor the MLP was given is the batch's real tokens, in order, cut per sequence."""
+    if lent.seen != ["jagged"]:
+        raise AssertionError(f"{label}: the MLP was given {lent.seen or 'nothing'}; give it the batch as one jagged "
+                             "nested tensor (layout=torch.jagged, no holes), once, and nothing else.\n  Hint: " + hint)
+    nt = lent.given[0]
+    keep = ~pad
+    offsets = torch.cat([keep.new_zeros(1, dtype=torch.long), keep.sum(1).cumsum(0)])
+    if not (torch.equal(nt.offsets().cpu(), offsets.cpu()) and torch.equal(nt.values().cpu(), x[keep].cpu())):
+        raise AssertionError(f"{label}: the jagged tensor the MLP was given is not the batch's real tokens, in order, "
+                             "one sequence after another (its values x[~key_padding_mask], its offsets 0 and the "
+                             "running sum of the lengths).\n  Hint: " + hint)
 
 
 def check_jagged_mlp(jagged_token_mlp: Callable, *, seed: int = 0) -> None:
     """``jagged_token_mlp(x, key_padding_mask, mlp)``: ``mlp`` on the unpadded tokens of a right-padded
     batch ``x`` ``(B, L, D)`` through one jagged nested tensor (``layout=torch.jagged``), back as
-    ``(B, L, D)`` with zeros at padded positions: equal to the MLP on the padded batch, padding zeroed."""
+    ``(B, L, D)`` with zeros at padded positions: equal to the MLP on the padded batch, padding zeroed.
+    The MLP is a :class:`LentMLP`: under the grader what it was given is the judge's record."""
     hint = ("values = x[~key_padding_mask] (the tokens, in order); offsets = 0 and the running sum of the lengths; "
             "nt = torch.nested.nested_tensor_from_jagged(values, offsets); y = mlp(nt); then scatter y.values() "
             "back into zeros of shape (B, L, D) at ~key_padding_mask.")
@@ -519,16 +547,17 @@ def check_jagged_mlp(jagged_token_mlp: Callable, *, seed: int = 0) -> None:
         x, pad = ragged_batch(seed + 20 + i, batch=batch, length=length, dim=16, valid=valid)
         mlp = token_mlp(seed + i, dim=16, hidden=32)
         label = f"jagged_token_mlp on a ({batch}, {length}, 16) batch, {int((~pad).sum())} tokens"
-        got, seen = probe(jagged_token_mlp, mlp_inputs, x.clone(), pad.clone(), mlp)
+        lent = LentMLP(mlp, batch * length, 16)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the nested tensors' prototype warning, on older releases
+            got = call(jagged_token_mlp, x.clone(), pad.clone(), lend(lent), name="jagged_token_mlp")
         want = padded_token_mlp(x, pad, mlp)
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             raise AssertionError(f"{label} should return a tensor of shape {tuple(want.shape)}, got {describe(got)}.")
         if got.is_nested:
             raise AssertionError(f"{label} returned a nested tensor; convert it back to a padded (B, L, D) tensor.")
         assert_close(got, want, name=label, rtol=1e-5, atol=1e-6, hint=hint)
-        if not isinstance(seen, list) or "jagged" not in seen or "dense" in seen:
-            raise AssertionError(f"{label}: the MLP was given {seen or 'nothing'}; give it the batch as one jagged "
-                                 "nested tensor (layout=torch.jagged), and nothing else.\n  Hint: " + hint)
+        _jagged_input_right(lent, x, pad, label, hint)
         count += 1
     ok(f"jagged_token_mlp equals the MLP on the padded batch on {count} ragged batches, through one jagged nested "
        f"tensor (seed {seed})")
