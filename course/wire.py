@@ -40,6 +40,7 @@ MAX_BYTES = 256 * 2**20
 MAX_DEPTH = 32
 MAX_ITEMS = 100_000
 MAX_TENSOR_DIMS = 16
+MAX_JAGGED = 64  # jagged tensors in one value (each is rebuilt by torch's Python code: slow to make by the thousand)
 
 _HEAD = struct.Struct(">I")
 _DTYPES = {str(d).replace("torch.", ""): d for d in (
@@ -178,7 +179,11 @@ def _to_json(v: Any, buffers: list[bytes], depth: int, recipes: bool = True) -> 
             # holes asked of v itself: torch 2.4's detach drops them (values and offsets unchanged)
             if getattr(v, "_lengths", None) is not None or getattr(v, "_ragged_idx", 1) != 1 or v.dim() != 3:
                 return {"o": f"torch.Tensor (nested, jagged with holes or not (B, j, D), {t.device})"}
-            return {"j": [_to_json(t.values(), buffers, depth + 1), _to_json(t.offsets(), buffers, depth + 1)]}
+            offsets = t.offsets().to("cpu", torch.int64)  # int32 offsets (flash attention's habit) as int64
+            if offsets.dim() != 1 or offsets.numel() < 2 or int(offsets[0]) != 0 \
+                    or int(offsets[-1]) != t.values().shape[0]:  # torch 2.4's narrow(...).contiguous() made some
+                return {"o": f"torch.Tensor (nested, jagged, offsets not covering its values, {t.device})"}
+            return {"j": [_to_json(t.values(), buffers, depth + 1), _to_json(offsets, buffers, depth + 1)]}
         if t.device.type == "meta" or t.is_sparse or t.layout != torch.strided:
             return {"o": f"torch.Tensor ({t.layout}, {t.device})"}
         name = str(t.dtype).replace("torch.", "")
@@ -286,7 +291,7 @@ def _small_int(text: str) -> int:
 
 class _Reader:
     def __init__(self, data: bytes, pos: int):
-        self.data, self.pos, self.items = data, pos, 0
+        self.data, self.pos, self.items, self.jagged = data, pos, 0, 0
 
     def value(self, h: Any, depth: int) -> Any:
         self.items += 1
@@ -319,6 +324,9 @@ class _Reader:
         if kind == "t":
             return self.tensor(body)
         if kind == "j" and isinstance(body, list) and len(body) == 2:
+            self.jagged += 1
+            if self.jagged > MAX_JAGGED:
+                raise WireError(f"more than {MAX_JAGGED} jagged tensors in one value")
             return _jagged(self.value(body[0], depth + 1), self.value(body[1], depth + 1))
         if kind == "c" and isinstance(body, list) and len(body) == 2 and type(body[0]) is int \
                 and 0 <= body[0] < 2**31 and isinstance(body[1], str) and body[1].isidentifier() and len(body[1]) <= 60:
@@ -351,6 +359,8 @@ class _Reader:
                 and (body[4:] in ([], ["meta"]) or (isinstance(body[4], list)
                                                     and _dense_strides(body[1], body[4]) is not None))):
             raise WireError("a malformed tensor")
+        if math.prod(max(s, 1) for s in body[1]) >= 2**48:  # a shape whose strides or storage would overflow
+            raise WireError("a tensor shape too large to describe memory")
         if body[4:] == ["meta"]:  # shape and dtype only: no bytes
             if body[2] != 0:
                 raise WireError("a meta tensor with bytes")
@@ -380,7 +390,8 @@ def _jagged(values: Any, offsets: Any) -> torch.Tensor:
     ops then read the values by them."""
     if not (isinstance(values, torch.Tensor) and isinstance(offsets, torch.Tensor) and values.dim() == 2
             and values.dtype.is_floating_point and offsets.dtype == torch.int64
-            and offsets.dim() == 1 and 2 <= offsets.numel() <= MAX_ITEMS and values.device.type == "cpu"):
+            and offsets.dim() == 1 and 2 <= offsets.numel() <= MAX_ITEMS and values.device.type == "cpu"
+            and offsets.device.type == "cpu"):
         raise WireError("a malformed jagged tensor")
     if int(offsets[0]) != 0 or int(offsets[-1]) != values.shape[0] or bool((offsets[1:] < offsets[:-1]).any()):
         raise WireError("a jagged tensor whose offsets do not cut its values (from 0, never decreasing, to their end)")

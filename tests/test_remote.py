@@ -185,6 +185,21 @@ def test_wire_refuses_a_jagged_tensor_whose_offsets_do_not_cut_its_values(values
         wire.decode(_jagged_bytes(values, offsets))
 
 
+def test_wire_refuses_jagged_values_built_to_cost_the_judge():
+    values, offsets = torch.randn(9, 4), torch.tensor([0, 9])
+    meta = _jagged_bytes(values, torch.empty(2, dtype=torch.long, device="meta"))  # offsets of no memory
+    with pytest.raises(wire.WireError):
+        wire.decode(meta)
+    many = [torch.nested.nested_tensor_from_jagged(values, offsets)] * (wire.MAX_JAGGED + 1)
+    with pytest.raises(wire.WireError, match="jagged tensors in one value"):
+        wire.decode(wire.encode(many))  # each is rebuilt by torch's Python code: slow by the thousand
+    assert len(wire.decode(wire.encode(many[:wire.MAX_JAGGED]))) == wire.MAX_JAGGED
+    for shape in ([2**30, 2**30], [0, 2**39, 2**39]):  # storage sizes that overflow: no RuntimeError
+        header = ('{"t":["float32",%s,0,false,"meta"]}' % shape).replace(" ", "").encode()
+        with pytest.raises(wire.WireError):
+            wire.decode(len(header).to_bytes(4, "big") + header)
+
+
 # -- course.remote: checks on answers served by another process ---------------------------
 
 

@@ -171,3 +171,52 @@ def test_the_jagged_mlp_is_the_judges_so_what_it_was_given_is_its_record(answer,
     for learner in served({"answer": answer}):
         with pytest.raises(AssertionError, match=says):
             check_jagged_mlp(learner("answer"))
+
+
+def int32_offsets(x, key_padding_mask, mlp):  # flash attention's habit: int32 offsets (cu_seqlens)
+    import torch
+    keep = ~key_padding_mask
+    y = mlp(torch.nested.nested_tensor_from_jagged(x[keep], _offsets(keep).to(torch.int32)))
+    out = torch.zeros_like(x)
+    out[keep] = y.values()
+    return out
+
+
+def residual_read(x, key_padding_mask, mlp):  # uses what came back beside what it sent (one ragged size)
+    import torch
+    keep = ~key_padding_mask
+    nt = torch.nested.nested_tensor_from_jagged(x[keep], _offsets(keep))
+    y = mlp(nt)
+    both = (y + nt) - nt  # the judge's reply shares nt's ragged dimension, as a local MLP's output does
+    out = torch.zeros_like(x)
+    out[keep] = both.values()
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_honest_jagged_answers_keep_their_marks_across_the_boundary():
+    for learner in served({"int32_offsets": int32_offsets, "residual_read": residual_read}):
+        check_jagged_mlp(learner("int32_offsets"))
+        check_jagged_mlp(learner("residual_read"))
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_the_lent_mlp_notes_a_call_it_refuses_and_its_weights_are_secret():
+    """A jagged call of the wrong dtype is noted as what it was, and is no right call (the judge's
+    MLP refused it); the MLP's weights come from the system's randomness, not the check's seed, so a
+    learner who finds the seed cannot rebuild them."""
+    import torch
+
+    from course.checks.fastpath import LentMLP, _jagged_input_right, secret_mlp
+    from course.fastpath import ragged_batch
+
+    x, pad = ragged_batch(0, batch=3, length=5, dim=16)
+    keep = ~pad
+    lent = LentMLP(secret_mlp(16, 32), 15, 16)
+    with pytest.raises(TypeError, match="float32; it was given"):
+        lent(torch.nested.nested_tensor_from_jagged(x[keep].double(), _offsets(keep)))
+    assert lent.seen[0].startswith("jagged a tensor of shape") and not lent.given
+    with pytest.raises(AssertionError, match="the MLP was given"):
+        _jagged_input_right(lent, x, pad, "label", "hint")
+    a, b = secret_mlp(16, 32), secret_mlp(16, 32)
+    assert not torch.equal(a[0].weight, b[0].weight)

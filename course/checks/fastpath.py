@@ -484,18 +484,26 @@ def _guard_cases(guarded_forward: Callable, name: str, seed: int, hint: str) -> 
 
 # -- 5. a token MLP on a jagged batch ------------------------------------------------------------------
 
+def secret_mlp(dim: int, hidden: int) -> torch.nn.Module:
+    """A token MLP whose weights come from the system's randomness: lent, it never leaves the judge,
+    and nothing the learner's process sees (the check's seed, the batch) tells its weights."""
+    return token_mlp(random.SystemRandom().randrange(2**62), dim=dim, hidden=hidden)
+
+
 class LentMLP:
     """The token MLP a check gives ``jagged_token_mlp``, as a function that notes what it was given
     (``seen``) before it runs. Under the grader it is lent (:func:`course.remote.lend`): it runs in the
     judge, whose record it is, and the learner's code holds a stand-in that sends its argument across
     (a jagged nested tensor as its values and offsets, checked there: :mod:`course.wire`); the
-    learner's process never holds the MLP's weights. It runs only on what a batch of ``tokens`` real
-    tokens of width ``dim`` could give it (it sends back what it computes)."""
+    learner's process never holds the MLP's weights (drawn by :func:`secret_mlp` from the system's
+    randomness, not the check's seed). It runs only on what a batch of ``tokens`` real tokens of width
+    ``dim`` and the batch's ``dtype`` could give it (it sends back what it computes); anything else is
+    noted as what it was, and refused."""
 
     __name__ = "mlp"
 
-    def __init__(self, mlp: torch.nn.Module, tokens: int, dim: int):
-        self.mlp, self.tokens, self.dim = mlp, tokens, dim
+    def __init__(self, mlp: torch.nn.Module, tokens: int, dim: int, dtype: torch.dtype = torch.float32):
+        self.mlp, self.tokens, self.dim, self.dtype = mlp, tokens, dim, dtype
         self.seen: list[str] = []
         self.given: list[torch.Tensor] = []
 
@@ -512,9 +520,12 @@ class LentMLP:
             self.seen.append(kind)
             raise TypeError(f"the MLP here takes one jagged nested tensor of the batch's tokens (layout=torch.jagged, "
                             f"no holes: the values are the tokens) or a dense one; it was given {kind}")
+        if rows.dtype != self.dtype or rows.dim() < 1 or rows.shape[-1] != self.dim \
+                or rows.numel() > self.tokens * self.dim:
+            self.seen.append(f"{kind} {describe(rows)}")
+            raise TypeError(f"the MLP takes the batch's tokens, width {self.dim}, "
+                            f"{str(self.dtype).replace('torch.', '')}; it was given {describe(rows)}")
         self.seen.append(kind)
-        if rows.dim() < 1 or rows.shape[-1] != self.dim or rows.numel() > self.tokens * self.dim:
-            raise TypeError(f"the MLP takes the batch's tokens, width {self.dim}; it was given {describe(rows)}")
         self.given.append(t)
         with torch.no_grad():
             return self.mlp(t)
@@ -522,13 +533,15 @@ class LentMLP:
 
 def _jagged_input_right(lent: LentMLP, x: torch.Tensor, pad: torch.Tensor, label: str, hint: str) -> None:
     """The one tensor the MLP was given is the batch's real tokens, in order, cut per sequence."""
-    if lent.seen != ["jagged"]:
+    if lent.seen != ["jagged"] or len(lent.given) != 1:
         raise AssertionError(f"{label}: the MLP was given {lent.seen or 'nothing'}; give it the batch as one jagged "
                              "nested tensor (layout=torch.jagged, no holes), once, and nothing else.\n  Hint: " + hint)
     nt = lent.given[0]
     keep = ~pad
     offsets = torch.cat([keep.new_zeros(1, dtype=torch.long), keep.sum(1).cumsum(0)])
-    if not (torch.equal(nt.offsets().cpu(), offsets.cpu()) and torch.equal(nt.values().cpu(), x[keep].cpu())):
+    values = nt.values()
+    if not (torch.equal(nt.offsets().cpu().long(), offsets.cpu()) and values.dtype == x.dtype
+            and torch.equal(values.cpu(), x[keep].cpu())):
         raise AssertionError(f"{label}: the jagged tensor the MLP was given is not the batch's real tokens, in order, "
                              "one sequence after another (its values x[~key_padding_mask], its offsets 0 and the "
                              "running sum of the lengths).\n  Hint: " + hint)
@@ -545,9 +558,9 @@ def check_jagged_mlp(jagged_token_mlp: Callable, *, seed: int = 0) -> None:
     count = 0
     for i, (batch, length, valid) in enumerate([(4, 12, 0.6), (3, 9, 0.3), (5, 7, 0.9), (1, 6, 0.5)]):
         x, pad = ragged_batch(seed + 20 + i, batch=batch, length=length, dim=16, valid=valid)
-        mlp = token_mlp(seed + i, dim=16, hidden=32)
+        mlp = secret_mlp(dim=16, hidden=32)
         label = f"jagged_token_mlp on a ({batch}, {length}, 16) batch, {int((~pad).sum())} tokens"
-        lent = LentMLP(mlp, batch * length, 16)
+        lent = LentMLP(mlp, batch * length, 16, x.dtype)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the nested tensors' prototype warning, on older releases
             got = call(jagged_token_mlp, x.clone(), pad.clone(), lend(lent), name="jagged_token_mlp")
