@@ -1184,6 +1184,58 @@ def test_the_profilers_planted_node_is_the_judges_so_its_time_must_be_measured(t
     assert "has no attribute 'fn'" in peeking.error, peeking
 
 
+JAGGED_ANSWERS = """
+import torch
+
+
+def _offsets(keep):
+    return torch.cat([keep.new_zeros(1, dtype=torch.long), keep.sum(1).cumsum(0)])
+
+
+def jagged_token_mlp(x, key_padding_mask, mlp):
+    keep = ~key_padding_mask
+    y = mlp(torch.nested.nested_tensor_from_jagged(x[keep], _offsets(keep)))
+    out = torch.zeros_like(x)
+    out[keep] = y.values()
+    return out
+
+
+def packed(x, key_padding_mask, mlp):  # the right numbers, no nested tensor
+    out = torch.zeros_like(x)
+    out[~key_padding_mask] = mlp(x[~key_padding_mask])
+    return out
+
+
+def weights_read(x, key_padding_mask, mlp):  # the MLP's weights, to compute without calling it
+    return mlp[0].weight
+"""
+
+
+def test_lesson_9s_token_mlp_is_lent_so_what_it_was_given_is_the_judges_record(tmp_path):
+    """The MLP stays in the judge, in real processes: a jagged tensor crosses as checked values and
+    offsets, the right answer passes with no probe in the learner's process, the packed tokens fail on
+    the judge's record, and the stand-in holds no weights."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    setup = "import torch\nfrom course.checks.fastpath import check_jagged_mlp\n"
+    cells = [
+        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
+        {"index": 1, "id": "b", "kind": "solution", "source": JAGGED_ANSWERS, "grade_id": "sol",
+         "answers": ["jagged_token_mlp", "packed", "weights_read"]},
+        *({"index": i, "id": f"t{i}", "kind": "test", "source": f"check_jagged_mlp({name})\n",
+           "grade_id": f"t{i}", "served": True}
+          for i, name in ((2, "jagged_token_mlp"), (3, "packed"), (4, "weights_read"))),
+    ]
+    out = run_program(cells, judge_setup=[setup], sandbox=sandbox, cell_timeout=90, timeout=240, memory_mb=2000,
+                      log=tmp_path / "log")
+    assert out.status == "ok", out
+    right, packed, weights = out.cells[2], out.cells[3], out.cells[4]
+    assert not right.error and "through one jagged nested tensor" in right.output and not right.probed, right
+    assert "the MLP was given ['dense']" in packed.error and not packed.probed, packed
+    assert "object is not subscriptable" in weights.error, weights
+
+
 RESET_PEAK = '''
 import os, tempfile
 here = tempfile.mkdtemp()

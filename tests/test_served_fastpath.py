@@ -203,8 +203,9 @@ def test_honest_jagged_answers_keep_their_marks_across_the_boundary():
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_the_lent_mlp_notes_a_call_it_refuses_and_its_weights_are_secret():
     """A jagged call of the wrong dtype is noted as what it was, and is no right call (the judge's
-    MLP refused it); the MLP's weights come from the system's randomness, not the check's seed, so a
-    learner who finds the seed cannot rebuild them."""
+    MLP refused it); the MLP's weights come from the class's secret key as well as the check's seed
+    (the same in the instructor's run and every submission), so a learner who finds the seed cannot
+    rebuild them."""
     import torch
 
     from course.checks.fastpath import LentMLP, _jagged_input_right, secret_mlp
@@ -212,11 +213,23 @@ def test_the_lent_mlp_notes_a_call_it_refuses_and_its_weights_are_secret():
 
     x, pad = ragged_batch(0, batch=3, length=5, dim=16)
     keep = ~pad
-    lent = LentMLP(secret_mlp(16, 32), 15, 16)
+    lent = LentMLP(secret_mlp(0, 16, 32), 15, 16)
     with pytest.raises(TypeError, match="float32; it was given"):
         lent(torch.nested.nested_tensor_from_jagged(x[keep].double(), _offsets(keep)))
     assert lent.seen[0].startswith("jagged a tensor of shape") and not lent.given
     with pytest.raises(AssertionError, match="the MLP was given"):
         _jagged_input_right(lent, x, pad, "label", "hint")
-    a, b = secret_mlp(16, 32), secret_mlp(16, 32)
-    assert not torch.equal(a[0].weight, b[0].weight)
+    from course import checks
+    from course.fastpath import token_mlp
+
+    outside = secret_mlp(0, 16, 32)
+    assert torch.equal(outside[0].weight, secret_mlp(0, 16, 32)[0].weight)  # the same for the same seed
+    assert not torch.equal(outside[0].weight, token_mlp(0, dim=16, hidden=32)[0].weight)
+    before = list(checks._KEY)
+    try:
+        checks._KEY[:] = [b"a class key of sixteen bytes or more"]
+        keyed = secret_mlp(0, 16, 32)  # the judge's: under the class key, not what a learner can compute
+        assert torch.equal(keyed[0].weight, secret_mlp(0, 16, 32)[0].weight)
+        assert not torch.equal(keyed[0].weight, outside[0].weight)
+    finally:
+        checks._KEY[:] = before

@@ -41,6 +41,21 @@ def drawn_seed(key: bytes, lesson: str, seed: int) -> int:
     return int.from_bytes(digest[:8], "big") >> (64 - SEED_BITS)
 
 
+#: The class's secret key, in the judge once :func:`draw_seeds` ran (never in the learner's process).
+_KEY: list[bytes] = []
+
+
+def secret_seed(purpose: str, seed: int) -> int:
+    """A seed for what a check keeps in the judge and lends (lesson 9's token MLP: its weights): an
+    HMAC of ``purpose`` and ``seed`` under the class's secret key once :func:`draw_seeds` ran, so the
+    instructor's run and every submission draw the same (the parent compares their references) and
+    nothing the learner's process sees (the seed, the inputs) tells it. Outside the grader, from
+    ``seed`` alone: a learner's own check."""
+    key = _KEY[0] if _KEY else b"no class key: a learner's own check"
+    digest = hmac.new(key, f"secret:{purpose}:{seed}".encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:8], "big") >> (64 - SEED_BITS)
+
+
 def draw_seeds(key: bytes) -> list[str]:
     """In the grader's judge, before any test cell: every served check that takes a ``seed`` (as a
     parameter, or through ``**sizes``) is replaced, in its module, by one that passes
@@ -53,6 +68,7 @@ def draw_seeds(key: bytes) -> list[str]:
 
     if not isinstance(key, bytes) or len(key) < 16:
         raise ValueError("draw_seeds needs a secret key of at least 16 bytes")
+    _KEY[:] = [key]
     replaced = []
     for info in pkgutil.iter_modules(__path__, __name__ + "."):
         module = importlib.import_module(info.name)

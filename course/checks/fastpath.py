@@ -484,10 +484,13 @@ def _guard_cases(guarded_forward: Callable, name: str, seed: int, hint: str) -> 
 
 # -- 5. a token MLP on a jagged batch ------------------------------------------------------------------
 
-def secret_mlp(dim: int, hidden: int) -> torch.nn.Module:
-    """A token MLP whose weights come from the system's randomness: lent, it never leaves the judge,
-    and nothing the learner's process sees (the check's seed, the batch) tells its weights."""
-    return token_mlp(random.SystemRandom().randrange(2**62), dim=dim, hidden=hidden)
+def secret_mlp(seed: int, dim: int, hidden: int) -> torch.nn.Module:
+    """A token MLP whose weights come from the class's secret key (:func:`course.checks.secret_seed`):
+    lent, it never leaves the judge; the instructor's run and every submission get the same one, and
+    nothing the learner's process sees (the check's seed, the batch) tells its weights."""
+    from course.checks import secret_seed
+
+    return token_mlp(secret_seed("fastpath.jagged_mlp", seed), dim=dim, hidden=hidden)
 
 
 class LentMLP:
@@ -495,8 +498,8 @@ class LentMLP:
     (``seen``) before it runs. Under the grader it is lent (:func:`course.remote.lend`): it runs in the
     judge, whose record it is, and the learner's code holds a stand-in that sends its argument across
     (a jagged nested tensor as its values and offsets, checked there: :mod:`course.wire`); the
-    learner's process never holds the MLP's weights (drawn by :func:`secret_mlp` from the system's
-    randomness, not the check's seed). It runs only on what a batch of ``tokens`` real tokens of width
+    learner's process never holds the MLP's weights (:func:`secret_mlp`: from the class's secret key,
+    not the check's seed alone). It runs only on what a batch of ``tokens`` real tokens of width
     ``dim`` and the batch's ``dtype`` could give it (it sends back what it computes); anything else is
     noted as what it was, and refused."""
 
@@ -558,7 +561,7 @@ def check_jagged_mlp(jagged_token_mlp: Callable, *, seed: int = 0) -> None:
     count = 0
     for i, (batch, length, valid) in enumerate([(4, 12, 0.6), (3, 9, 0.3), (5, 7, 0.9), (1, 6, 0.5)]):
         x, pad = ragged_batch(seed + 20 + i, batch=batch, length=length, dim=16, valid=valid)
-        mlp = secret_mlp(dim=16, hidden=32)
+        mlp = secret_mlp(seed + i, dim=16, hidden=32)
         label = f"jagged_token_mlp on a ({batch}, {length}, 16) batch, {int((~pad).sum())} tokens"
         lent = LentMLP(mlp, batch * length, 16, x.dtype)
         with torch.no_grad(), warnings.catch_warnings():
