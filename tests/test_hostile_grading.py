@@ -1088,28 +1088,35 @@ print("lent:", type(serve_bucketed).__name__)
 '''
 
 
+def _served_cells(tmp_path, check: str, source: str, answers: list[str], args: str = "") -> list:
+    """``source`` (a solution cell binding ``answers``) and one served test cell per answer,
+    ``check(answer, args)``, run in real processes (the sandbox where there is one): the cells' results,
+    the answers' in order."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    module, _, name = check.rpartition(".")
+    setup = f"import torch\nfrom {module} import {name}\n"
+    cells = [
+        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
+        {"index": 1, "id": "b", "kind": "solution", "source": source, "grade_id": "sol", "answers": list(answers)},
+        *({"index": i, "id": f"t{i}", "kind": "test", "source": f"{name}({answer}{', ' + args if args else ''})\n",
+           "grade_id": f"t{i}",
+           "served": True} for i, answer in enumerate(answers, start=2)),
+    ]
+    out = run_program(cells, judge_setup=[setup], sandbox="bwrap" if bwrap_works() else "none", cell_timeout=90,
+                      timeout=240, memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "ok", out
+    return [out.cells[i] for i in range(2, 2 + len(answers))]
+
+
 def test_the_bucket_layer_is_lent_from_the_judge_so_its_count_is_the_judges(tmp_path):
     """Lesson 1's bucketing check hands the learner's function a layer that stays in the judge (each
     call crosses back): which steps it was called on and how many graphs it compiled are counted in
     the judge, with no probe in the learner's process. A server that forges everything its process
     could report (the course's helpers, torch.compile) still fails on the steps; a layer kept from one
     call and used in another refuses; the right server passes without resting on that process's word."""
-    from autograder.sandbox import bwrap_works, run_program
-
-    sandbox = "bwrap" if bwrap_works() else "none"
-    setup = "import torch\nfrom course.checks.rnn import check_bucketed\n"
-    sizes = "bucket=8, lengths=(3, 5, 8, 12)"
-    cells = [
-        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
-        {"index": 1, "id": "b", "kind": "solution", "source": BUCKET_SERVERS, "grade_id": "sol",
-         "answers": ["serve_bucketed", "forged", "keeps"]},
-        *({"index": i, "id": f"t{i}", "kind": "test", "source": f"check_bucketed({name}, {sizes})\n",
-           "grade_id": f"t{i}", "served": True} for i, name in ((2, "serve_bucketed"), (3, "forged"), (4, "keeps"))),
-    ]
-    out = run_program(cells, judge_setup=[setup], sandbox=sandbox, cell_timeout=90, timeout=240, memory_mb=2000,
-                      log=tmp_path / "log")
-    assert out.status == "ok", out
-    right, forged, keeps = out.cells[2], out.cells[3], out.cells[4]
+    right, forged, keeps = _served_cells(tmp_path, "course.checks.rnn.check_bucketed", BUCKET_SERVERS,
+                                         ["serve_bucketed", "forged", "keeps"], "bucket=8, lengths=(3, 5, 8, 12)")
     assert not right.error and "2 graph(s) compiled" in right.output and not right.probed, right
     assert "gave the layer the batch as it came" in forged.error and not forged.probed, forged
     assert "lent by the grader for one call" in keeps.error, keeps
@@ -1163,22 +1170,8 @@ def test_the_profilers_planted_node_is_the_judges_so_its_time_must_be_measured(t
     """Lesson 2's profiler check lends the learner's graph a node whose work stays in the judge,
     sleeping times drawn for each check: a measured profile passes; a profile written down or read
     from the node fails, in real processes."""
-    from autograder.sandbox import bwrap_works, run_program
-
-    sandbox = "bwrap" if bwrap_works() else "none"
-    setup = "import torch\nfrom course.checks.fx import check_profiler\n"
-    cells = [
-        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
-        {"index": 1, "id": "b", "kind": "solution", "source": PROFILERS, "grade_id": "sol",
-         "answers": ["ProfilingInterpreter", "Written", "Peeking"]},
-        *({"index": i, "id": f"t{i}", "kind": "test", "source": f"check_profiler({name})\n",
-           "grade_id": f"t{i}", "served": True}
-          for i, name in ((2, "ProfilingInterpreter"), (3, "Written"), (4, "Peeking"))),
-    ]
-    out = run_program(cells, judge_setup=[setup], sandbox=sandbox, cell_timeout=90, timeout=240, memory_mb=2000,
-                      log=tmp_path / "log")
-    assert out.status == "ok", out
-    right, written, peeking = out.cells[2], out.cells[3], out.cells[4]
+    right, written, peeking = _served_cells(tmp_path, "course.checks.fx.check_profiler", PROFILERS,
+                                            ["ProfilingInterpreter", "Written", "Peeking"])
     assert not right.error and "by the check's clock it slept" in right.output, right
     assert "by the grader's clock its mean over the 4 runs was" in written.error, written
     assert "has no attribute 'fn'" in peeking.error, peeking
@@ -1215,22 +1208,8 @@ def test_lesson_9s_token_mlp_is_lent_so_what_it_was_given_is_the_judges_record(t
     """The MLP stays in the judge, in real processes: a jagged tensor crosses as checked values and
     offsets, the right answer passes with no probe in the learner's process, the packed tokens fail on
     the judge's record, and the stand-in holds no weights."""
-    from autograder.sandbox import bwrap_works, run_program
-
-    sandbox = "bwrap" if bwrap_works() else "none"
-    setup = "import torch\nfrom course.checks.fastpath import check_jagged_mlp\n"
-    cells = [
-        {"index": 0, "id": "a", "kind": "instructor", "source": setup, "grade_id": ""},
-        {"index": 1, "id": "b", "kind": "solution", "source": JAGGED_ANSWERS, "grade_id": "sol",
-         "answers": ["jagged_token_mlp", "packed", "weights_read"]},
-        *({"index": i, "id": f"t{i}", "kind": "test", "source": f"check_jagged_mlp({name})\n",
-           "grade_id": f"t{i}", "served": True}
-          for i, name in ((2, "jagged_token_mlp"), (3, "packed"), (4, "weights_read"))),
-    ]
-    out = run_program(cells, judge_setup=[setup], sandbox=sandbox, cell_timeout=90, timeout=240, memory_mb=2000,
-                      log=tmp_path / "log")
-    assert out.status == "ok", out
-    right, packed, weights = out.cells[2], out.cells[3], out.cells[4]
+    right, packed, weights = _served_cells(tmp_path, "course.checks.fastpath.check_jagged_mlp", JAGGED_ANSWERS,
+                                           ["jagged_token_mlp", "packed", "weights_read"])
     assert not right.error and "through one jagged nested tensor" in right.output and not right.probed, right
     assert "the MLP was given ['dense']" in packed.error and not packed.probed, packed
     assert "object is not subscriptable" in weights.error, weights
