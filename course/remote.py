@@ -81,18 +81,13 @@ def probe(answer: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     if PROBES.get(name) is not fn:
         raise ValueError(f"{name} is not a registered probe (course.remote.prober)")
     device = _call_device((args, kwargs))
-    link, handles = answer._link, []
-    link.probes += 1  # the judge reports it: this cell's verdict rests partly on that process's word
+    answer._link.probes += 1  # the judge reports it: this cell's verdict rests partly on that process's word
     try:
-        sent = _lent_out((list(args), dict(kwargs)), link, device, handles)
-        reply = link.request({"op": "probe", "name": answer.__name__, "probe": name, "args": sent[0],
-                              "kwargs": sent[1], "grad_mode": torch.is_grad_enabled(), "device": device})
+        reply = _lending(answer._link, {"op": "probe", "name": answer.__name__, "probe": name,
+                                        "grad_mode": torch.is_grad_enabled(), "device": device}, args, kwargs)
     except NameError as exc:  # the notebook never bound the name
         raise AssertionError(f"{answer.__name__} is not defined in your notebook ({exc}). Run the cell that "
                              "defines it, and keep its name.") from None
-    finally:
-        for handle in handles:  # lent for this probe only
-            link.lent.pop(handle, None)
     return _to_device(_map_tensors(reply, lambda t: t.detach()), device)
 
 
@@ -435,6 +430,27 @@ def _lent_out(value: Any, link: Link, device: str, handles: list, depth: int = 0
 _HANDLES = itertools.count(1)
 
 
+def _lending(link: Link, message: dict, args: tuple, kwargs: dict) -> Any:
+    """``link.request`` of ``message`` with ``args`` and ``kwargs`` (a call's or a probe's), every
+    :class:`Lending` in them lent for this request only: registered for the learner's side to call
+    back while it lasts, and forgotten when it ends, however it ends."""
+    device, handles = message.get("device", "cpu"), []
+    try:
+        sent = _lent_out((list(args), dict(kwargs)), link, device, handles)
+        return link.request({**message, "args": sent[0], "kwargs": sent[1]})
+    finally:
+        for handle in handles:
+            link.lent.pop(handle, None)
+
+
+def _arguments(message: dict, link: Link | None) -> tuple[Any, Any]:
+    """In the learner's process: a call's or a probe's arguments built (:func:`build`), each function
+    the judge lent replaced by a stand-in (:class:`_Back`) good while this request is answered."""
+    device, seq = message.get("device", "cpu"), message.get("seq")
+    back = (lambda lent: _Back(link, lent, seq, device)) if link is not None else None
+    return build(message.get("args", []), device, back), build(message.get("kwargs", {}), device, back)
+
+
 class _Back:
     """In the learner's process: the stand-in for a function the judge lent for one call. Calling
     it sends the arguments to the judge, which runs its function and sends the value back. Only
@@ -498,15 +514,9 @@ class Remote:
         device = _call_device((args, kwargs))
         grad = bool(leaves) and torch.is_grad_enabled()
         mirror = self.__dict__.get("mirror", False)
-        link, handles = self._link, []
-        try:
-            sent = _lent_out((list(args), dict(kwargs)), link, device, handles)
-            reply = link.request({"op": "call", "name": self.__name__, "args": sent[0], "kwargs": sent[1],
-                                  "grad": grad, "grad_mode": torch.is_grad_enabled(), "device": device,
-                                  "after": mirror})
-        finally:
-            for handle in handles:  # lent for this call only
-                link.lent.pop(handle, None)
+        reply = _lending(self._link, {"op": "call", "name": self.__name__, "grad": grad,
+                                      "grad_mode": torch.is_grad_enabled(), "device": device, "after": mirror},
+                         args, kwargs)
         if not (isinstance(reply, dict) and isinstance(reply.get("id"), int) and "value" in reply
                 and isinstance(reply.get("differentiable"), list)):
             raise RemoteError("the learner's process sent a malformed result")
@@ -921,9 +931,7 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict, link: Lin
     if op in ("call", "script", "describe", "block", "probe") and name not in namespace:
         raise NameError(f"name {name!r} is not defined")
     if op == "call":
-        device, seq = message.get("device", "cpu"), message.get("seq")
-        back = (lambda lent: _Back(link, lent, seq, device)) if link is not None else None
-        args, kwargs = build(message.get("args", []), device, back), build(message.get("kwargs", {}), device, back)
+        args, kwargs = _arguments(message, link)
         # autograd on as in the judge's call (an answer may differentiate inside, whatever its inputs)
         with torch.set_grad_enabled(message.get("grad_mode", message.get("grad")) is True), answering():
             value = namespace[name](*args, **kwargs)
@@ -938,9 +946,7 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict, link: Lin
         return reply
     if op == "probe":
         fn = _registered(PROBES, message.get("probe"), "probe")
-        device, seq = message.get("device", "cpu"), message.get("seq")
-        back = (lambda lent: _Back(link, lent, seq, device)) if link is not None else None
-        args, kwargs = build(message.get("args", []), device, back), build(message.get("kwargs", {}), device, back)
+        args, kwargs = _arguments(message, link)
         # every line of a probe may run the learner's code (a property, an operator): the course's
         # references refuse to serve anywhere inside it
         with torch.set_grad_enabled(message.get("grad_mode") is True), answering():

@@ -180,8 +180,7 @@ def _to_json(v: Any, buffers: list[bytes], depth: int, recipes: bool = True) -> 
             if getattr(v, "_lengths", None) is not None or getattr(v, "_ragged_idx", 1) != 1 or v.dim() != 3:
                 return {"o": f"torch.Tensor (nested, jagged with holes or not (B, j, D), {t.device})"}
             offsets = t.offsets().to("cpu", torch.int64)  # int32 offsets (flash attention's habit) as int64
-            if offsets.dim() != 1 or offsets.numel() < 2 or int(offsets[0]) != 0 \
-                    or int(offsets[-1]) != t.values().shape[0]:  # torch 2.4's narrow(...).contiguous() made some
+            if not _cuts(t.values(), offsets):  # torch 2.4's narrow(...).contiguous() made some that do not
                 return {"o": f"torch.Tensor (nested, jagged, offsets not covering its values, {t.device})"}
             return {"j": [_to_json(t.values(), buffers, depth + 1), _to_json(offsets, buffers, depth + 1)]}
         if t.device.type == "meta" or t.is_sparse or t.layout != torch.strided:
@@ -389,10 +388,16 @@ def _jagged(values: Any, offsets: Any) -> torch.Tensor:
     int64 positions), once they are checked: ``nested_tensor_from_jagged`` takes offsets as given, and
     ops then read the values by them."""
     if not (isinstance(values, torch.Tensor) and isinstance(offsets, torch.Tensor) and values.dim() == 2
-            and values.dtype.is_floating_point and offsets.dtype == torch.int64
-            and offsets.dim() == 1 and 2 <= offsets.numel() <= MAX_ITEMS and values.device.type == "cpu"
-            and offsets.device.type == "cpu"):
+            and values.dtype.is_floating_point and offsets.dtype == torch.int64 and offsets.numel() <= MAX_ITEMS
+            and values.device.type == "cpu" and offsets.device.type == "cpu"):
         raise WireError("a malformed jagged tensor")
-    if int(offsets[0]) != 0 or int(offsets[-1]) != values.shape[0] or bool((offsets[1:] < offsets[:-1]).any()):
+    if not _cuts(values, offsets):
         raise WireError("a jagged tensor whose offsets do not cut its values (from 0, never decreasing, to their end)")
     return torch.nested.nested_tensor_from_jagged(values.detach(), offsets)
+
+
+def _cuts(values: torch.Tensor, offsets: torch.Tensor) -> bool:
+    """Whether ``offsets`` (on the CPU) cut ``values`` into sequences: one dimension, at least one
+    sequence, from 0, never decreasing, ending at the values' length."""
+    return (offsets.dim() == 1 and offsets.numel() >= 2 and int(offsets[0]) == 0
+            and int(offsets[-1]) == values.shape[0] and not bool((offsets[1:] < offsets[:-1]).any()))

@@ -485,6 +485,11 @@ class Sleeper:
         self.cycle_s = (draw.uniform(*self.SHORT_S), draw.uniform(*self.LONG_S))
         self.slept: list[float] = []
 
+    @property
+    def mean(self) -> float:
+        """The mean of what it slept, by its own clock (seconds)."""
+        return sum(self.slept) / len(self.slept)
+
     def __call__(self, x):
         if not (isinstance(x, torch.Tensor) and tuple(x.shape) == (3, 6)):  # it sends back what it was given
             raise TypeError(f"the graph's node 'slow' takes the (3, 6) tensor the graph gives it, not {describe(x)}")
@@ -601,8 +606,7 @@ def _slow_mean(mean: float, sleeper: Sleeper, runs: int) -> None:
     and the long sleep are drawn afresh for every check (1-4 and 35-200 ms), so a number not measured
     falls in that window by chance about once in seven checks. The last or the first run alone, and
     the sum, fall outside it whatever was drawn: the long sleep exceeds the mean by at least 15.5 ms."""
-    slept = sleeper.slept
-    want = sum(slept) / len(slept)
+    slept, want = sleeper.slept, sleeper.mean
     if want * (1 - 1e-3) - 1e-4 <= mean <= want + CROSSING_S:
         return
     ms = lambda t: f"{t * 1e3:.3g} ms"  # noqa: E731
@@ -653,7 +657,7 @@ def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, 
     rows = _check_rows(rows, gm, "ProfilingInterpreter")
     op, name, mean, share = rows[0]
     if name != "slow":
-        raise AssertionError(f"The slowest node should be 'slow' (it slept {sum(sleeper.slept) / runs * 1e3:.3g} ms "
+        raise AssertionError(f"The slowest node should be 'slow' (it slept {sleeper.mean * 1e3:.3g} ms "
                              f"on average), but rows() puts {name!r} first ({mean * 1e3:.3g} ms).")
     _slow_mean(mean, sleeper, runs)
     # the same on a real model: every node, shares summing to 1
@@ -663,7 +667,7 @@ def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, 
         assert_close(out2, model(x2), name="ProfilingInterpreter on small_resnet")
     rows2 = _check_rows(rows2, gm2, "ProfilingInterpreter (small_resnet)")
     ok(f"ProfilingInterpreter times all {len(rows)} + {len(rows2)} nodes, finds the slow one "
-       f"({mean * 1e3:.2f} ms, {share:.0%}; by the check's clock it slept {sum(sleeper.slept) / runs * 1e3:.2f} ms), "
+       f"({mean * 1e3:.2f} ms, {share:.0%}; by the check's clock it slept {sleeper.mean * 1e3:.2f} ms), "
        f"shares sum to {sum(r[3] for r in rows2):.0%} (seed {seed})")
 
 
