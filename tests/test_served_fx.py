@@ -265,3 +265,19 @@ def test_the_planted_nodes_times_are_drawn_for_each_check_and_timed_by_it():
     with pytest.raises(TypeError, match="takes the \\(3, 6\\) tensor the graph gives it"):
         sleeper(torch.ones(4096, 4096))  # it sends back what it was given: nothing of the learner's choosing
     assert len(sleeper.slept) == 2
+
+
+@pytest.mark.parametrize("long_s", [0.035, 0.045, 0.2])
+def test_the_profile_of_one_run_or_of_their_sum_is_named_whatever_was_drawn(long_s):
+    """The last run's time alone is named so even when the long sleep is short enough that four
+    crossings' allowance around the sum would reach it (a 35-44 ms draw once called it the sum)."""
+    sleeper = C.Sleeper()
+    sleeper.cycle_s = (0.004, long_s)
+    sleeper.slept = [0.004, long_s, 0.004, long_s]
+    with pytest.raises(AssertionError, match="the last run's time alone"):
+        C._slow_mean(long_s + 0.001, sleeper, 4)
+    with pytest.raises(AssertionError, match="the first run's time alone"):
+        C._slow_mean(0.0045, sleeper, 4)
+    with pytest.raises(AssertionError, match="the sum of the runs' times"):
+        C._slow_mean(sum(sleeper.slept) + 0.004, sleeper, 4)
+    C._slow_mean(sleeper.mean + 0.001, sleeper, 4)
