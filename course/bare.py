@@ -200,7 +200,9 @@ def run_bare(fn: Any, cases: list, *, name: str) -> list[dict] | None:
         raise AssertionError(f"{name}: the bare host's answers came back malformed.")
     left = [n for n in program.get("left") or [] if isinstance(n, str)]
     for case, outcome in zip(cases, outcomes):
-        message, call = str(outcome.get("message")), f"{name}{_shown(case)}, run without torch,"
+        shown = str(_shown(case))
+        shown = shown if len(shown) <= 160 else shown[:150] + " ...)"  # a trace or a program: its start
+        message, call = str(outcome.get("message")), f"{name}{shown}, run without torch,"
         if outcome.get("raised") in ("NameError", "ModuleNotFoundError", "ImportError", "AttributeError") and \
                 any(lib in message for lib in ("torch", "numpy", "'np'")):
             raise AssertionError(f"{call} raised {outcome['raised']}: {message}. {advice}")

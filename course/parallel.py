@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import secrets
 import shutil
 import socket
 import sys
@@ -114,17 +115,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker_main(spec_path: str, rank: int) -> None:
-    """A worker process's entry (``python -c``, see :func:`launch`): read the launch's spec, run."""
+def _worker_main(spec_path: str, rank: int, key_fd: int = -1) -> None:
+    """A worker process's entry (``python -c``, see :func:`launch`): read the launch's spec, and the
+    key its result is signed with from ``key_fd`` (a pipe the launcher wrote it to, closed here before
+    any learner code runs: the key then lives only in this call's frames), run."""
     with open(spec_path, "rb") as fh:
         spec = pickle.load(fh)  # written by the launcher in this same (learner's, if graded) sandbox
-    _worker(rank, **spec)
+    key = b""
+    if key_fd >= 0:
+        while len(key) < KEY_BYTES:
+            chunk = os.read(key_fd, KEY_BYTES - len(key))
+            if not chunk:
+                break
+            key += chunk
+        os.close(key_fd)
+    _worker(rank, key=key, **spec)
 
 
 def _worker(rank: int, world_size: int, init_method: str, backend: str, module: str, name: str, args: tuple,
-            out: str, paths: list[str], timeout_s: float) -> None:
+            out: str, paths: list[str], timeout_s: float, key: bytes = b"") -> None:
     """One worker: join the group, run the function, write its result (or its traceback) to ``out``
-    (``rank`` filled in), leave the group."""
+    (``rank`` filled in), signed with ``key`` (:func:`_signed`), leave the group."""
     import datetime
 
     import torch.distributed as dist
@@ -148,12 +159,12 @@ def _worker(rank: int, world_size: int, init_method: str, backend: str, module: 
     result["flags"] = report()
     tmp = out + ".part"
     try:
-        import torch
-
-        torch.save(result, tmp)
+        payload = _saved(result)
     except Exception:  # noqa: BLE001 - a result that cannot be saved is an error of its own
-        torch.save({"ok": False, "error": f"rank {rank}'s result could not be sent back:\n"
-                                          + traceback.format_exc(limit=3), "flags": result["flags"]}, tmp)
+        payload = _saved({"ok": False, "error": f"rank {rank}'s result could not be sent back:\n"
+                                                + traceback.format_exc(limit=3), "flags": result["flags"]})
+    with open(tmp, "wb") as fh:
+        fh.write(_signed(key, payload) + payload)
     os.replace(tmp, out)
     # The process ends here, without dist.destroy_process_group(): on torch 2.4 it can hang for good once a
     # DDP comm hook's future callback has run (gloo's thread and this one wait on each other). What this
@@ -164,16 +175,41 @@ def _worker(rank: int, world_size: int, init_method: str, backend: str, module: 
     os._exit(0)
 
 
+#: The bytes of the key a worker signs its result with: drawn by the launcher for each launch.
+KEY_BYTES = 32
+
+
+def _saved(value: Any) -> bytes:
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _signed(key: bytes, payload: bytes) -> bytes:
+    """The HMAC of ``payload`` under the launch's ``key``. A worker's result file is written by the
+    course's worker code after the learner's function returned, but any code in that process could
+    write a file there (a result the learner made up, its flags emptied): the launcher believes only a
+    file signed with the key, which the learner's code never held."""
+    import hashlib
+    import hmac
+
+    return hmac.new(key, payload, hashlib.sha256).digest()
+
+
 class _Process:
     """A worker started with ``subprocess`` in a session of its own (so that it and anything it
     started stop together), with the few methods the launcher uses."""
 
-    def __init__(self, command: list[str], log: str):
+    def __init__(self, command: list[str], log: str, pass_fds: tuple = ()):
         import subprocess
 
         with open(log, "wb") as fh:
             self.popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+                                          start_new_session=True, pass_fds=pass_fds)
         self.pid, self.log = self.popen.pid, log
 
     def is_alive(self) -> bool:
@@ -279,16 +315,23 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
                      "timeout_s": timeout_s}, fh)
     root = str(Path(__file__).resolve().parent.parent)
     entry = ("import sys; sys.path.insert(0, sys.argv[3]); from course.parallel import _worker_main; "
-             "_worker_main(sys.argv[1], int(sys.argv[2]))")
+             "_worker_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[4]))")
     flags = subprocess._args_from_interpreter_flags()
+    key = secrets.token_bytes(KEY_BYTES)
     procs = []
     try:
         for r in range(world_size):
-            procs.append(_Process([sys.executable, *flags, "-c", entry, spec, str(r), root],
-                                  os.path.join(folder, f"rank{r}.log")))
+            key_r, key_w = os.pipe()
+            try:
+                os.write(key_w, key)  # 32 bytes: the pipe holds them until the worker reads
+                procs.append(_Process([sys.executable, *flags, "-c", entry, spec, str(r), root, str(key_r)],
+                                      os.path.join(folder, f"rank{r}.log"), pass_fds=(key_r,)))
+            finally:
+                os.close(key_r)
+                os.close(key_w)
         deadline = time.monotonic() + timeout_s
         while not all(_settled(p, o) for p, o in zip(procs, outs)) and time.monotonic() < deadline:
-            if any(_failed(p, o) for p, o in zip(procs, outs)):
+            if any(_failed(p, o, key, r) for r, (p, o) in enumerate(zip(procs, outs))):
                 # one failure usually brings the others down (a peer's connection resets): let them settle
                 settle = time.monotonic() + 1.0
                 while time.monotonic() < settle and not all(_settled(p, o) for p, o in zip(procs, outs)):
@@ -298,16 +341,16 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
         for p in procs:
             if _settled(p, "") and p.pid is not None:
                 p.join(1.0)
-        states = [_state(r, p, o) for r, (p, o) in enumerate(zip(procs, outs))]
-        for o in outs:
-            if os.path.exists(o):
-                WORKER_FLAGS.extend(_read(o).get("flags", ()))
+        states = [_state(r, p, o, key) for r, (p, o) in enumerate(zip(procs, outs))]
+        results = {o: _read(o, key, r) for r, o in enumerate(outs) if os.path.exists(o)}
+        for result in results.values():
+            WORKER_FLAGS.extend(result.get("flags", ()))
         if echo:
             for r, p in enumerate(procs):
                 for line in p.tail(4000).splitlines()[-40:]:
                     print(f"[rank {r}] {line}")
         if all(s == "finished" for s, _ in states):
-            return [_read(o)["value"] for o in outs]
+            return [results[o]["value"] for o in outs]
         raise WorkersFailed(_report(name, world_size, states, timeout_s, [p.tail() for p in procs]))
     finally:
         _stop(procs)
@@ -318,16 +361,16 @@ def _settled(p, out: str) -> bool:
     return (bool(out) and os.path.exists(out)) or not p.is_alive()
 
 
-def _failed(p, out: str) -> bool:
+def _failed(p, out: str, key: bytes, rank: int) -> bool:
     if os.path.exists(out):
-        return not _read(out)["ok"]
+        return not _read(out, key, rank)["ok"]
     return not p.is_alive() and p.exitcode is not None
 
 
-def _state(rank: int, p, out: str) -> tuple[str, str]:
+def _state(rank: int, p, out: str, key: bytes) -> tuple[str, str]:
     """``(kind, detail)``: finished, raised (the traceback), died (the exit code) or running."""
     if os.path.exists(out):
-        r = _read(out)
+        r = _read(out, key, rank)
         return ("finished", "") if r["ok"] else ("raised", r["error"])
     if p.is_alive():
         return "running", ""
@@ -361,10 +404,29 @@ def _report(name: str, world_size: int, states: list[tuple[str, str]], timeout_s
     return f"{name} in {world_size} workers failed: {head}\n  ({ranks}; every worker has been stopped)"
 
 
-def _read(path: str) -> dict:
+def _read(path: str, key: bytes, rank: int) -> dict:
+    """Rank ``rank``'s result, if the course's worker wrote it (signed with the launch's ``key``); a
+    file anything else wrote there is a failed rank, and under the grader a ``tampered`` flag. Under
+    the grader only plain values and tensors are read back (``weights_only``): nothing a file holds
+    runs code here."""
+    import hmac
+    import io
+
     import torch
 
-    return torch.load(path, weights_only=False)
+    with open(path, "rb") as fh:
+        data = fh.read()
+    mac, payload = data[:32], data[32:]
+    if not hmac.compare_digest(mac, _signed(key, payload)):
+        flags = [("tampered", f"a worker: rank {rank}'s result was not written by the course's worker code")]
+        return {"ok": False, "error": f"rank {rank}'s result was not written by the course's worker (something else "
+                                      "wrote the file it leaves)", "flags": flags if os.environ.get(GUARD_ENV) else []}
+    try:
+        return torch.load(io.BytesIO(payload), weights_only=bool(os.environ.get(GUARD_ENV)))
+    except Exception as exc:  # noqa: BLE001 - what the learner's function returned could not be read back
+        return {"ok": False, "error": f"rank {rank}'s result could not be read back ({type(exc).__name__}: "
+                                      f"{str(exc)[:300]}); return tensors, numbers, strings, lists and dicts of them",
+                "flags": []}
 
 
 def _stop(procs: list) -> None:
@@ -399,7 +461,6 @@ class _Counting:
 
         self.traffic: dict[str, Any] = {"sent": 0, "received": 0, "collectives": []}
         self._barrier = c10d.barrier
-        self._written = _written()
         for module in (dist, c10d):
             for name in _POINT_TO_POINT:
                 if hasattr(c10d, name):
@@ -408,12 +469,14 @@ class _Counting:
                 if hasattr(c10d, name):
                     setattr(module, name, self._noted(name, getattr(c10d, name)))
 
-    def wire(self) -> int:
-        """Bytes this process wrote since counting began (the kernel's count, ``/proc/self/io``):
-        every byte gloo sent, whatever API sent it, plus what the process printed; -1 where the
-        kernel does not say. A barrier first, so that asynchronous sends have left."""
+    def wire(self, start: int) -> int:
+        """Bytes this process wrote since ``start`` (:func:`_written`, read by the case before the
+        learner's code ran, and kept where that code cannot reach: the case's own frame): every byte
+        gloo sent, whatever API sent it, plus what the process printed; -1 where the kernel does not
+        say (under the grader, a failure). A barrier first, so that asynchronous sends have left."""
         self._barrier()
-        return _written() - self._written if self._written >= 0 else -1
+        now = _written()
+        return now - start if start >= 0 and now >= start else -1
 
     # Only the outermost call counts: some releases implement recv with irecv (and send with isend),
     # and a collective may be built from others.
@@ -444,11 +507,12 @@ class _Counting:
         return _mark(wrapper, fn)
 
 
-def _written() -> int:
+def _written(_open=open) -> int:
     """The kernel's count of bytes this process has written (``wchar`` in ``/proc/self/io``: writes to
-    files, pipes and sockets alike), or -1 where there is no such file."""
+    files, pipes and sockets alike), or -1 where there is no such file. (``open`` is the one this
+    module saw when it was imported, before any learner code.)"""
     try:
-        with open("/proc/self/io") as fh:
+        with _open("/proc/self/io") as fh:
             for line in fh:
                 if line.startswith("wchar:"):
                     return int(line.split()[1])
@@ -475,15 +539,36 @@ def rank_input(seed: int, rank: int, numel: int) -> "torch.Tensor":
     return torch.randn(numel, generator=torch.Generator().manual_seed(seed * 1009 + rank), dtype=torch.float64)
 
 
+def private_part(numel: int) -> "torch.Tensor":
+    """``numel`` float64 values in [-1, 1) drawn from the operating system's randomness by the process
+    that calls this, 53 random bits each: no other process can compute them (as it could a seeded
+    draw, from the seed the launcher gave every rank), and none can learn them unless sent about as
+    many bytes as the values themselves."""
+    import torch
+
+    raw = torch.frombuffer(bytearray(os.urandom(8 * numel)), dtype=torch.int64)
+    return (raw >> 11).to(torch.float64) * 2.0 ** -52  # an arithmetic shift: [-2**52, 2**52), exact in float64
+
+
+def private_input(seed: int, rank: int, numel: int) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Rank ``rank``'s input in a point-to-point check: the seeded :func:`rank_input` plus a part only
+    this process drew (:func:`private_part`), and that part, which the rank reports (the check
+    computes what each rank should end with from them, and records the seeded remainder)."""
+    own = private_part(numel)
+    return rank_input(seed, rank, numel) + own, own
+
+
 def all_reduce_case(rank: int, world_size: int, target: str, seed: int, numel: int) -> dict:
-    """A worker for the ring all-reduce check: draws this rank's own input (:func:`rank_input`; no
-    rank sees another's), calls ``target(tensor)`` with its traffic counted, and returns the tensor
-    after the call (an all-reduce works in place, like ``dist.all_reduce``) or what it returned."""
-    tensor = rank_input(seed, rank, numel)
-    target = _target(target)
+    """A worker for the ring all-reduce check: draws this rank's own input (:func:`private_input`: no
+    rank sees another's, nor can compute it), calls ``target(tensor)`` with its traffic counted, and
+    returns the tensor after the call (an all-reduce works in place, like ``dist.all_reduce``) or what
+    it returned, and the private part of its input."""
+    tensor, own = private_input(seed, rank, numel)
     counting = _Counting()
+    start = _written()
+    target = _target(target)
     out = target(tensor)
-    return {"value": tensor if out is None else out, **counting.traffic, "wire": counting.wire()}
+    return {"value": tensor if out is None else out, "drawn": own, **counting.traffic, "wire": counting.wire(start)}
 
 
 def _noted_sizes(counting: _Counting, name: str) -> None:
@@ -502,13 +587,14 @@ def _noted_sizes(counting: _Counting, name: str) -> None:
 
 
 def shift_case(rank: int, world_size: int, target: str, seed: int, numel: int) -> dict:
-    """A worker for the point-to-point check: this rank's own input, ``target(tensor)`` with its
-    traffic counted; the tensor it returned."""
-    tensor = rank_input(seed, rank, numel)
-    target = _target(target)
+    """A worker for the point-to-point check: this rank's own input (:func:`private_input`),
+    ``target(tensor)`` with its traffic counted; the tensor it returned, and its input's private part."""
+    tensor, own = private_input(seed, rank, numel)
     counting = _Counting()
+    start = _written()
+    target = _target(target)
     out = target(tensor.clone())
-    return {"value": out, **counting.traffic, "wire": counting.wire()}
+    return {"value": out, "drawn": own, **counting.traffic, "wire": counting.wire(start)}
 
 
 # -- data-parallel training: the same model and data on every rank, from a seed ----------------------
@@ -527,9 +613,32 @@ def regression_data(seed: int, rows: int, dtype: str = "float64") -> tuple:
 
     g = torch.Generator().manual_seed(seed + 7919)  # drawn in float64 whatever the dtype: the same rows
     x = torch.randn(rows, 8, generator=g, dtype=torch.float64)
-    y = torch.sin(x[:, :1] * 2) + 0.5 * x[:, 1:2] * x[:, 2:3] + 0.1 * torch.randn(rows, 1, generator=g,
-                                                                                   dtype=x.dtype)
+    y = _targets(x, torch.randn(rows, 1, generator=g, dtype=x.dtype))
     return x.to(getattr(torch, dtype)), y.to(getattr(torch, dtype))
+
+
+def _targets(x: "torch.Tensor", noise: "torch.Tensor") -> "torch.Tensor":
+    import torch
+
+    return torch.sin(x[:, :1] * 2) + 0.5 * x[:, 1:2] * x[:, 2:3] + 0.1 * noise
+
+
+def private_batch(seed: int, rank: int, world_size: int, rows: int, dtype: str = "float64") -> tuple:
+    """What rank ``rank`` trains on in a data-parallel check: ``(inputs, targets)`` of the whole
+    batch's shape, whose rows in this rank's share (``chunk(world_size)[rank]``) were drawn in this
+    process (:func:`private_part`: no other rank has them, nor can compute them) and whose other rows
+    stand in for the other ranks' shares (:func:`regression_data`); and that share, which the rank
+    reports (the check trains one process on the shares of every rank together). So a rank cannot
+    reach the full batch's result by computing on its own: the other shares' gradients must come to
+    it, which is what data parallelism does."""
+    import torch
+
+    x, y = regression_data(seed, rows)
+    xs, ys = x.chunk(world_size)[rank], y.chunk(world_size)[rank]  # views: filled in place
+    xs.copy_(2 * private_part(xs.numel()).view_as(xs))
+    ys.copy_(_targets(xs, private_part(ys.numel()).view_as(ys)))
+    x, y = x.to(getattr(torch, dtype)), y.to(getattr(torch, dtype))
+    return x, y, (x.chunk(world_size)[rank].clone(), y.chunk(world_size)[rank].clone())
 
 
 def _count_rows(model) -> list:
@@ -543,15 +652,16 @@ def _params(model) -> dict:
 
 
 def ddp_case(rank: int, world_size: int, target: str, seed: int, rows: int, steps: int, lr: float) -> dict:
-    """A worker for the DDP check: every rank gets the same model and the *full* batch, and calls
-    ``target(model, inputs, targets, steps, lr)``, which must train on this rank's share; returns
-    the parameters after, and the rows each forward pass saw."""
+    """A worker for the DDP check: every rank gets the same model and a batch of the full batch's
+    shape (:func:`private_batch`), and calls ``target(model, inputs, targets, steps, lr)``, which must
+    train on this rank's share; returns the parameters after, the rows each forward pass saw, and the
+    share."""
     model = regression_model(seed)
-    x, y = regression_data(seed, rows)
+    x, y, share = private_batch(seed, rank, world_size, rows)
     seen = _count_rows(model)
     counting = _Counting()
     _target(target)(model, x, y, steps, lr)
-    return {"params": _params(model), "rows": seen, "collectives": counting.traffic["collectives"]}
+    return {"params": _params(model), "rows": seen, "collectives": counting.traffic["collectives"], "share": share}
 
 
 def accumulate_case(rank: int, world_size: int, target: str, seed: int, rows: int, micro: int, steps: int,
@@ -565,8 +675,7 @@ def accumulate_case(rank: int, world_size: int, target: str, seed: int, rows: in
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = regression_model(seed)
-    x, y = regression_data(seed, rows)
-    share_x, share_y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+    _, _, (share_x, share_y) = private_batch(seed, rank, world_size, rows)
     ddp = DDP(model)
     syncs: list = []
 
@@ -576,12 +685,14 @@ def accumulate_case(rank: int, world_size: int, target: str, seed: int, rows: in
         return dist.all_reduce(buffer.div_(world_size), async_op=True).get_future().then(lambda f: f.value()[0])
     ddp.register_comm_hook(None, counted)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    per_step = []
+    seen = _count_rows(model)
+    per_step, rows = [], []
     for _ in range(steps):
-        before = len(syncs)
+        before, forwards = len(syncs), len(seen)
         _target(target)(ddp, optimizer, list(share_x.chunk(micro)), list(share_y.chunk(micro)))
         per_step.append(len(syncs) - before)
-    return {"params": _params(model), "syncs": per_step}
+        rows.append(seen[forwards:])
+    return {"params": _params(model), "syncs": per_step, "rows": rows, "share": (share_x, share_y)}
 
 
 def hook_case(rank: int, world_size: int, target: str, seed: int, rows: int, steps: int, lr: float) -> dict:
@@ -593,8 +704,7 @@ def hook_case(rank: int, world_size: int, target: str, seed: int, rows: int, ste
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = regression_model(seed, "float32")
-    x, y = regression_data(seed, rows, "float32")
-    share_x, share_y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+    _, _, (share_x, share_y) = private_batch(seed, rank, world_size, rows, "float32")
     ddp = DDP(model)
     counting = _Counting()
     _noted_sizes(counting, "all_reduce")
@@ -605,19 +715,20 @@ def hook_case(rank: int, world_size: int, target: str, seed: int, rows: int, ste
         F.mse_loss(ddp(share_x), share_y).backward()
         optimizer.step()
     return {"params": _params(model), "tensors": counting.traffic.get("tensors", []),
-            "buckets": sum(p.numel() for p in model.parameters())}
+            "collectives": counting.traffic["collectives"], "buckets": sum(p.numel() for p in model.parameters()),
+            "share": (share_x, share_y)}
 
 
 def train_full_batch(seed: int, rows: int, steps: int, lr: float, dtype: str = "float64", *, loss_scale: float = 1.0,
-                     grad_scale: float = 1.0, accumulate: bool = False) -> dict:
-    """One process, the full batch: the reference the data-parallel checks compare with.
-    ``loss_scale`` and ``grad_scale`` (and ``accumulate``: never zeroing gradients) make the usual
-    mistakes' results, to name them."""
+                     grad_scale: float = 1.0, accumulate: bool = False, data: tuple | None = None) -> dict:
+    """One process, the full batch (``data``, else :func:`regression_data`'s rows): the reference the
+    data-parallel checks compare with. ``loss_scale`` and ``grad_scale`` (and ``accumulate``: never
+    zeroing gradients) make the usual mistakes' results, to name them."""
     import torch
     import torch.nn.functional as F
 
     model = regression_model(seed, dtype)
-    x, y = regression_data(seed, rows, dtype)
+    x, y = data if data is not None else regression_data(seed, rows, dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     for _ in range(steps):
         if not accumulate:

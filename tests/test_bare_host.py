@@ -254,3 +254,72 @@ def test_an_answer_that_hangs_only_without_torch_costs_its_cells_not_the_run(tmp
     assert "TimeoutError" in out.cells[2].error, out.cells[2]
     assert "answer by hand was stopped" in out.cells[3].error, out.cells[3]
     assert out.cells[4].output.strip() == "after (2, 3)", out.cells[4]
+
+
+# Lesson 8's answers are plain Python over a trace or a program: the course's own tables and its
+# sanitizer compute them. The guard that refuses the course's references while an answer runs lives
+# in the learner's process (a counter there, which an answer can set back to zero: red team,
+# 2026-12-01; here, outside the grader, the guard is off, as if so reset), so the judge runs each
+# answer again in the bare host, where there is no course to call.
+_LESSON_8 = '''
+import course.streams
+import course.traces
+from course.traces import _events, _iteration_of, _steps
+
+
+def from_reference(trace, iteration=None):
+    return course.traces.op_table(trace, iteration, rounding=False)
+
+
+def from_helpers(trace, iteration=None):
+    events = _events(trace, rounding=False)
+    steps = _steps(events)
+    chosen = min(n for _, _, n in steps) if iteration is None else iteration
+    if chosen not in {n for _, _, n in steps}:
+        raise ValueError(f"no iteration {iteration}")
+    table = {}
+    for name, _, ts, dur, stream in events:
+        if stream == -1 and _iteration_of(ts, steps) == chosen:
+            count, total = table.get(name, (0, 0.0))
+            table[name] = (count + 1, total + dur)
+    return table
+
+
+def diff_from_reference(control, test):
+    return course.traces.ops_diff(control, test, rounding=False)
+
+
+def races_from_sanitizer(program):
+    return course.streams.sanitizer_races(program)
+'''
+
+
+@pytest.fixture(scope="module")
+def lesson_8(tmp_path_factory):
+    """Lesson 8's solutions and the answers above, defined from files as the grader's cells are."""
+    from autograder.solution_code import solution_source
+
+    folder = tmp_path_factory.mktemp("lesson8")
+    return (cell_module(folder, solution_source("08_profiling_trace_diff"), "learner_solution8"),
+            cell_module(folder, _LESSON_8, "learner_cell8"))
+
+
+def test_lesson_8s_answers_from_the_course_pass_in_the_learners_process_and_fail_without_it(lesson_8, judged):
+    from course.checks import profiling
+
+    solution, cheats = lesson_8
+    names = {"op_table": solution.op_table, "ops_diff": solution.ops_diff, "find_races": solution.find_races,
+             "from_reference": cheats.from_reference, "from_helpers": cheats.from_helpers,
+             "diff_from_reference": cheats.diff_from_reference, "races_from_sanitizer": cheats.races_from_sanitizer}
+    carried = r"run without torch.*(name 'course' is not defined|could not carry|No module named 'course')"
+    with served(names) as remote:
+        profiling.check_op_table(remote("op_table"), seed=3, n=2)  # the controls: plain Python passes both
+        profiling.check_ops_diff(remote("ops_diff"), seed=3, n=2)
+        profiling.check_find_races(remote("find_races"), seed=3, n=20)
+        for cheat in ("from_reference", "from_helpers"):
+            with pytest.raises(AssertionError, match=carried):
+                profiling.check_op_table(remote(cheat), seed=3, n=2)
+        with pytest.raises(AssertionError, match=carried):
+            profiling.check_ops_diff(remote("diff_from_reference"), seed=3, n=2)
+        with pytest.raises(AssertionError, match=carried):
+            profiling.check_find_races(remote("races_from_sanitizer"), seed=3, n=20)

@@ -19,11 +19,14 @@ import parallel_answers as answers  # noqa: E402
 
 
 def no_worker_left() -> bool:
-    """No process started by course.parallel.launch is still running (a scan of /proc)."""
+    """No process that course.parallel.launch started from this test session is still running (a scan
+    of /proc: a worker with the session's PYTEST_CURRENT_TEST in its environment; a grade running
+    beside the tests has workers of its own, whose environment the sandbox made)."""
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
-                if b"_worker_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if (b"_worker_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                        and b"PYTEST_CURRENT_TEST=" in Path(f"/proc/{pid}/environ").read_bytes()):
                     return False
             except OSError:
                 continue
@@ -221,6 +224,54 @@ def test_a_ring_that_hides_its_traffic_from_the_counter_is_caught_by_the_kernels
             check_ring_all_reduce(cheat, world_sizes=(2,))
 
 
+def test_no_rank_can_compute_the_others_inputs_from_the_seed():
+    """Every rank could read the seed the launcher gave them all (the launch's spec file) and compute
+    each rank's seeded input, so a point-to-point answer passed with traffic of the right size that
+    carried nothing. Each rank's input now holds a part only its process drew
+    (``course.parallel.private_part``): computed from the seed, the result misses it."""
+    from course.checks.parallel import check_ring_all_reduce, check_shift
+
+    with pytest.raises(AssertionError, match="rank 0's result"):
+        check_ring_all_reduce(answers.ring_from_seed, world_sizes=(2,))
+    with pytest.raises(AssertionError, match="rank 0's result"):
+        check_shift(answers.shift_from_seed, world_sizes=(2,))
+    assert no_worker_left()
+
+
+def test_no_rank_can_train_on_the_full_batch_alone():
+    """Every rank was given the full batch, so a rank could compute the full batch's step itself (by hand
+    beside the model, whose forward hook counted only the share it was also run on) and never send a
+    byte. The rows of each rank's share are now drawn in its own process, the others stand-ins: alone,
+    a rank trains on the wrong batch."""
+    from course.checks.parallel import check_ddp_training
+
+    with pytest.raises(AssertionError, match="rank 0, parameter"):
+        check_ddp_training(answers.train_ddp_alone)
+    assert no_worker_left()
+
+
+def test_under_the_grader_no_rank_shares_memory_or_makes_a_socket(tmp_path, monkeypatch):
+    """Writes the kernel counts (``wchar``) are files, pipes and gloo's sockets; memory shared through
+    a file (``torch.from_file(..., shared=True)``) and a socket's own sends are not among them, so
+    ranks could pass their inputs that way beside ring-shaped dummy traffic. Under the grader a worker
+    loads a seccomp filter of its own before any learner code (file-backed shared mappings, other
+    processes' memory, ``vmsplice``, asynchronous writes: EPERM) and the audit hook refuses a socket
+    made by learner code."""
+    import course.parallel as parallel
+    from course.checks.parallel import check_ring_all_reduce
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv(parallel.GUARD_ENV, str(root / "autograder" / "sandbox" / "child.py"))
+    monkeypatch.setattr(parallel, "WORKER_FLAGS", [])
+    with pytest.raises(AssertionError, match="unable to mmap .* Operation not permitted"):
+        check_ring_all_reduce(answers.ring_shared_memory, world_sizes=(2,))
+    with pytest.raises(AssertionError, match="socket.__new__ is not allowed"):
+        check_ring_all_reduce(answers.ring_by_datagrams, world_sizes=(2,))
+    assert [name for name, _ in parallel.WORKER_FLAGS] == ["introspection"] * 2
+    check_ring_all_reduce(answers.ring_all_reduce, world_sizes=(2,))  # the right ring runs, filter and all
+    assert no_worker_left()
+
+
 # -- every check against the right answer and the usual mistakes, each named -------------------------
 
 @pytest.mark.parametrize("check, answer, named", [
@@ -236,6 +287,8 @@ def test_a_ring_that_hides_its_traffic_from_the_counter_is_caught_by_the_kernels
     ("check_comm_hook", "fp16_hook", None),
     ("check_comm_hook", "fp16_hook_nodiv", "summed over the ranks instead of averaged"),
     ("check_comm_hook", "hook32", "all-reduced float32 tensors; compress the bucket to float16"),
+    ("check_comm_hook", "hook_gathered", "hook called all_gather"),
+    ("check_accumulation", "accumulate_concat", "forward passes saw \\[\\[32\\], \\[32\\], \\[32\\]\\] rows per step"),
 ])
 def test_lesson_10_checks_pass_the_answer_and_name_each_mistake(check, answer, named, capsys):
     import course.checks.parallel as checks
@@ -275,6 +328,38 @@ def patches(rank, world_size):
     return rank
 
 
+def forges(rank, world_size):
+    """Writes the result file itself, as the course's worker would (a value, no flags), and ends."""
+    import io
+    import os
+    import pickle
+
+    import torch
+
+    with open(sys.argv[1], "rb") as fh:
+        out = pickle.load(fh)["out"].format(rank=rank)
+    buffer = io.BytesIO()
+    torch.save({"ok": True, "value": "made up", "flags": []}, buffer)
+    with open(out + ".x", "wb") as fh:
+        fh.write(bytes(32) + buffer.getvalue())
+    os.replace(out + ".x", out)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def blinds(rank, world_size):
+    """An audit hook of its own, to keep the course from reading the kernel's count of bytes written."""
+    def hook(event, args):
+        if event == "open" and "io" in str(args[0]):
+            raise PermissionError(args[0])
+    sys.addaudithook(hook)  # a hook that refuses it keeps it out, silently (Python's rule)
+    try:
+        open("/proc/self/io").close()
+    except PermissionError:
+        return "hook added"
+    return "hook not added"
+
+
 def looks_around(rank, world_size):
     try:
         sys._getframe(1)
@@ -302,6 +387,29 @@ def test_workers_under_the_grader_are_sealed_and_report_what_they_saw(tmp_path, 
     assert launch("course_test_cheats:patches", 2, path=tmp_path) == [0, 1]
     assert [name for name, _ in parallel.WORKER_FLAGS] == ["tampered", "tampered"]
     assert "course.parallel.rank_input replaced" in parallel.WORKER_FLAGS[0][1]
+
+
+def test_a_result_file_not_written_by_the_course_is_refused(tmp_path, monkeypatch):
+    """A rank's result travels in a file its process writes, and learner code in that process could
+    write one itself (a value it made up, its flags emptied; red team, 2026-12-01: 11/11). The worker
+    signs its result with a key the launcher sent it through a pipe, read and closed before any
+    learner code runs; the launcher reads only a signed file. Nor may learner code add an audit hook
+    of its own (one that hid ``/proc/self/io`` made the byte count -1, which passed)."""
+    import course.parallel as parallel
+
+    write_worker("course_test_cheats", CHEATS, folder=tmp_path)
+    with pytest.raises(WorkersFailed, match="not written by the course's worker"):
+        launch("course_test_cheats:forges", 2, path=tmp_path)
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv(parallel.GUARD_ENV, str(root / "autograder" / "sandbox" / "child.py"))
+    monkeypatch.setattr(parallel, "WORKER_FLAGS", [])
+    with pytest.raises(WorkersFailed, match="not written by the course's worker"):
+        launch("course_test_cheats:forges", 2, path=tmp_path)
+    assert [name for name, _ in parallel.WORKER_FLAGS] == ["tampered", "tampered"]
+    parallel.WORKER_FLAGS.clear()
+    assert launch("course_test_cheats:blinds", 2, path=tmp_path) == ["hook not added"] * 2
+    assert [name for name, _ in parallel.WORKER_FLAGS] == ["introspection"] * 2
+    assert no_worker_left()
 
 
 def test_torchrun_runs_a_script_in_processes_of_one_thread_each(tmp_path):

@@ -42,7 +42,8 @@ def _load_protocol():
 
 
 def _plain(value, depth: int = 0, count: list | None = None):
-    """``value`` as JSON can carry it (tuples become lists), or None when it is anything else."""
+    """``(value as JSON can carry it, True)`` (tuples become lists; dicts with string keys), or None
+    when it is anything else."""
     count = count if count is not None else [0]
     count[0] += 1
     if depth > DEPTH or count[0] > ITEMS:
@@ -63,6 +64,14 @@ def _plain(value, depth: int = 0, count: list | None = None):
                 return None
             out.append(got[0])
         return out, True
+    if type(value) is dict:  # string keys only, as JSON has them (lesson 8's tables)
+        table = {}
+        for key, item in value.items():
+            got = _plain(item, depth + 1, count)
+            if type(key) is not str or len(key) > 1000 or got is None:
+                return None
+            table[key] = got[0]
+        return table, True
     return None
 
 

@@ -65,6 +65,7 @@ JUDGE = HERE / "judge.py"
 SCRIPT_HOST = HERE / "script_host.py"
 BARE_HOST = HERE / "bare_host.py"
 PROTOCOL = HERE / "protocol.py"
+SECCOMP = HERE / "seccomp.py"  # read by child.py too: lesson 10's workers add a filter of their own
 #: This checkout's helper package: what the sandbox imports, whatever else is installed.
 COURSE = Path(__file__).resolve().parents[2] / "course"
 #: Longest a submission may hold the machine for one measurement.
@@ -320,7 +321,7 @@ def _bwrap_argv(script: str, args: list[str], uid: int | None = None, scratch_by
             "--perms", "0755", *size, "--tmpfs", "/grading",
             "--ro-bind", str(CHILD), "/grading/child.py", "--ro-bind", str(JUDGE), "/grading/judge.py",
             "--ro-bind", str(SCRIPT_HOST), "/grading/script_host.py", "--ro-bind", str(PROTOCOL), "/grading/protocol.py",
-            "--ro-bind", str(BARE_HOST), "/grading/bare_host.py",
+            "--ro-bind", str(BARE_HOST), "/grading/bare_host.py", "--ro-bind", str(SECCOMP), "/grading/seccomp.py",
             # The course is not the bare host's: it imports torch, and the bare host has none.
             *(["--perms", "0755", "--dir", "/grading/pkg", "--ro-bind", str(COURSE.resolve()), "/grading/pkg/course"]
               if not bare else []),

@@ -27,16 +27,25 @@ from it inherits the filter. The program is classic BPF, assembled below for x86
 from __future__ import annotations
 
 import errno
+import os
 import platform
 import struct
 
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 SYSCALLS = {"x86_64": {"clone": 56, "unshare": 272, "setns": 308, "clone3": 435,
-                       "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240},
+                       "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240,
+                       "mmap": 9, "process_vm_readv": 310, "process_vm_writev": 311, "ptrace": 101,
+                       "vmsplice": 278, "io_uring_setup": 425, "io_setup": 206},
             "aarch64": {"clone": 220, "unshare": 97, "setns": 268, "clone3": 435,
-                        "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180}}
+                        "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180,
+                        "mmap": 222, "process_vm_readv": 270, "process_vm_writev": 271, "ptrace": 117,
+                        "vmsplice": 75, "io_uring_setup": 425, "io_setup": 0}}
 #: Refused outright (EPERM): entering a namespace, and making kernel-held IPC objects.
 REFUSED = ("setns", "shmget", "semget", "msgget", "mq_open")
+#: Refused besides to lesson 10's workers (see :func:`worker_program`): reaching another process's
+#: memory, and writing by routes the kernel's count of bytes written (``wchar``) does not see.
+WORKER_REFUSED = ("process_vm_readv", "process_vm_writev", "ptrace", "vmsplice", "io_uring_setup", "io_setup")
+MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20  # the same on both architectures
 #: CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
 #: CLONE_NEWNET and CLONE_NEWTIME.
 NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
@@ -71,10 +80,63 @@ def program(machine: str | None = None) -> bytes | None:
     labels = {"flags": len(ops)}
     ops += [(LD_ABS_W, 16, None, None),                # the flags (first argument, low half)
             (JSET, NAMESPACES, "eperm", "allow")]      # any new namespace
-    labels.update(allow=len(ops), eperm=len(ops) + 1, enosys=len(ops) + 2)
-    ops += [(RET, ALLOW, None, None), (RET, ERRNO | errno.EPERM, None, None), (RET, ERRNO | errno.ENOSYS, None, None)]
+    return _assemble(ops, labels)
 
-    def offset(at: int, label: str | None) -> int:  # a jump counts from the instruction after it
+
+def _assemble(ops: list[tuple], labels: dict[str, int]) -> bytes:
+    """``ops`` followed by the three verdicts (labels ``allow``, ``eperm``, ``enosys``), as
+    ``sock_filter`` instructions: each jump counted from the instruction after it."""
+    labels = {**labels, "allow": len(ops), "eperm": len(ops) + 1, "enosys": len(ops) + 2}
+    ops = [*ops, (RET, ALLOW, None, None), (RET, ERRNO | errno.EPERM, None, None),
+           (RET, ERRNO | errno.ENOSYS, None, None)]
+
+    def offset(at: int, label: str | None) -> int:
         return 0 if label is None else labels[label] - at - 1
 
     return b"".join(_op(code, k, offset(i, t), offset(i, f)) for i, (code, k, t, f) in enumerate(ops))
+
+
+def worker_program(machine: str | None = None) -> bytes | None:
+    """The filter lesson 10's workers add to the sandbox's (:func:`install`, before any learner code
+    runs in them), or None where there is none. The ring all-reduce check counts what each rank
+    wrote (the kernel's ``wchar``: files, pipes, gloo's sockets) and gives each rank inputs that only
+    it holds, so that no rank can compute the sum without being sent the others' values. Memory
+    shared through a file (``mmap`` with ``MAP_SHARED`` of a file or ``memfd``: ``torch.from_file(...,
+    shared=True)``, ``numpy.memmap``, ``share_memory_()``) carries values between processes without a
+    byte written, and so would another process's memory read or written directly, a pipe filled by
+    ``vmsplice``, or asynchronous writes (``io_uring``, ``io_submit``): all fail with EPERM here.
+    Anonymous shared memory stays (a process and its own children), as do private file mappings
+    (every shared library)."""
+    machine = machine or platform.machine()
+    if machine not in AUDIT_ARCH:
+        return None
+    nr = SYSCALLS[machine]
+    ops: list[tuple] = [
+        (LD_ABS_W, 4, None, None),
+        (JEQ, AUDIT_ARCH[machine], None, "enosys"),
+        (LD_ABS_W, 0, None, None),
+        *((JEQ, nr[name], "eperm", None) for name in WORKER_REFUSED),
+        (JEQ, nr["mmap"], None, "allow"),
+        (LD_ABS_W, 16 + 3 * 8, None, None),             # the flags (fourth argument, low half)
+        (JSET, MAP_ANONYMOUS, "allow", None),
+        (JSET, MAP_SHARED, "eperm", "allow"),            # MAP_SHARED and MAP_SHARED_VALIDATE
+    ]
+    return _assemble(ops, {})
+
+
+def install(filter_program: bytes) -> None:
+    """Load ``filter_program`` on this process (and what it starts from now on); it stacks on the
+    sandbox's own, the stricter verdict winning. Raises ``OSError`` if the kernel refuses it."""
+    import ctypes
+
+    class _Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buffer = ctypes.create_string_buffer(filter_program, len(filter_program))
+    prog = _Prog(len(filter_program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
+    for args in ((pr_set_no_new_privs, 1, 0, 0, 0), (pr_set_seccomp, seccomp_mode_filter, ctypes.addressof(prog), 0, 0)):
+        if libc.prctl(*(ctypes.c_ulong(a) for a in args)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"the seccomp filter could not be loaded: {os.strerror(err)}")

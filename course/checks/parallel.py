@@ -4,9 +4,11 @@ communication hook, each run in real worker processes joined by gloo.
 The learner's answer is a function written in a cell; the course copies its source into a worker
 module and starts the workers (:func:`run_workers`, a probe: under the grader it runs in the learner's
 sandboxed process, whose workers confine themselves as that process is confined). Every worker
-draws its own inputs from the check's seed inside its own process, so no rank sees another's. The
-check compares what comes back with references computed here (a sum, one process training on the
-full batch), and counts what only the workers can see where it happens: the bytes each rank sent,
+draws its own inputs inside its own process, from the check's seed and, for a part, from the system's
+randomness (:func:`course.parallel.private_part`), so no rank sees another's or can compute it; each
+reports that part. The check compares what comes back with what it computes here from the reports (a
+sum, one process training on every rank's share), records for the parent what the seed alone decides,
+and counts what only the workers can see where it happens: the bytes each rank sent,
 the collectives it called, the gradient synchronisations per step, the dtype a hook all-reduced.
 Counts are exact on any machine, where a timing on two shared CPU cores would not be.
 """
@@ -19,9 +21,9 @@ import tempfile
 
 import torch
 
-from course.checks.common import not_written, ok
-from course.numerics import assert_close
-from course.parallel import (WorkersFailed, launch, rank_input, regression_model, train_full_batch,
+from course.checks.common import not_written, ok, record
+from course.numerics import assert_close, observing_paused
+from course.parallel import (WorkersFailed, _written, launch, rank_input, regression_model, train_full_batch,
                              write_worker)
 from course.remote import probe, prober
 
@@ -72,6 +74,9 @@ def _wire(label: str, r: int, res: dict, hint: str) -> None:
     transfer through the process group's own methods (or a collective called around the counter)
     shows up here, whatever route it took."""
     wire = res.get("wire", -1)
+    if not (isinstance(wire, int) and wire >= 0) and _written() >= 0:
+        raise AssertionError(f"{label}: rank {r}'s process could not read the kernel's count of what it wrote "
+                             "(/proc/self/io), which this machine keeps: something in it stood in the way.")
     if isinstance(wire, int) and wire >= 0 and wire > res["sent"] + WIRE_SLACK:
         raise AssertionError(f"{label}: rank {r}'s process wrote {wire} bytes while its sends account for {res['sent']}: "
                              "something sent data the counted send, recv, isend and irecv did not (a collective, or "
@@ -88,6 +93,20 @@ def _run(answer, case: str, n: int, *args, label: str, hint: str, timeout_s: flo
         if re.search(r"^NotImplementedError\s*$", text, re.MULTILINE):  # the stub's bare raise, in a worker
             raise not_written(getattr(answer, "__name__", None) or str(answer)) from None
         raise AssertionError(f"{label} did not finish: {text}\n  Hint: {hint}") from None
+
+
+def _inputs(results: list, seed: int, numel: int, label: str) -> tuple[list, list]:
+    """Each rank's input in a point-to-point check, and the private part of it that rank drew and
+    reported (:func:`course.parallel.private_input`)."""
+    drawn = []
+    for r, res in enumerate(results):
+        own = res.get("drawn") if isinstance(res, dict) else None
+        if not (isinstance(own, torch.Tensor) and own.dtype == torch.float64 and tuple(own.shape) == (numel,)
+                and bool(((own >= -1) & (own < 1)).all())):
+            raise AssertionError(f"{label}: rank {r}'s report has no private part of its input as the course's worker "
+                                 "draws it: the worker's result was altered.")
+        drawn.append(own)
+    return [rank_input(seed, r, numel) + own for r, own in enumerate(drawn)], drawn
 
 
 def _tensor(value, label: str, shape) -> torch.Tensor:
@@ -110,18 +129,22 @@ def check_shift(shift, *, seed: int = 0, world_sizes: tuple[int, ...] = (2, 3), 
     for n in world_sizes:
         label = f"shift on {n} ranks ({numel} float64 values each, seed {seed})"
         results = _run(shift, "shift_case", n, seed, numel, label=label, hint=hint, timeout_s=timeout_s)
+        inputs, drawn = _inputs(results, seed, numel, label)
         for r, res in enumerate(results):
             got = _tensor(res.get("value"), f"{label}: rank {r}", (numel,))
             if res["collectives"]:
                 raise AssertionError(f"{label}: rank {r} called {', '.join(sorted(set(res['collectives'])))}; "
                                      "use send and recv (or isend and irecv) only.")
-            want = rank_input(seed, (r - 1) % n, numel)
-            if torch.equal(got, rank_input(seed, (r + 1) % n, numel)) and n > 2:
+            before = (r - 1) % n
+            if torch.equal(got, inputs[(r + 1) % n]) and n > 2:
                 raise AssertionError(f"{label}: rank {r} holds rank {(r + 1) % n}'s tensor, the rank *after* it: "
                                      "the shift runs the wrong way round (send to r + 1, receive from r - 1).")
-            if torch.equal(got, rank_input(seed, r, numel)):
+            if torch.equal(got, inputs[r]):
                 raise AssertionError(f"{label}: rank {r} returned its own tensor: return the one you received.")
-            assert_close(got, want, name=f"{label}, rank {r}'s result", rtol=0, atol=0, hint=hint)
+            name = f"{label}, rank {r}'s result"
+            with observing_paused():  # the inputs hold parts only their ranks drew: each run's own
+                assert_close(got, inputs[before], name=name, rtol=0, atol=0, hint=hint)
+            record(got - drawn[before], rank_input(seed, before, numel), name)  # the seeded part, as the parent knows it
             full = numel * 8
             if res["sent"] != full:
                 raise AssertionError(f"{label}: rank {r} sent {res['sent']} bytes; one tensor is {full}.")
@@ -164,7 +187,8 @@ def check_ring_all_reduce(ring_all_reduce, *, seed: int = 0, world_sizes: tuple[
         label = f"ring_all_reduce on {n} ranks ({numel} float64 values each, seed {seed})"
         results = _run(ring_all_reduce, "all_reduce_case", n, seed, numel, label=label, hint=hint,
                        timeout_s=timeout_s)
-        want = sum(rank_input(seed, r, numel) for r in range(n))
+        inputs, drawn = _inputs(results, seed, numel, label)
+        want, seeded, spread = sum(inputs), sum(rank_input(seed, r, numel) for r in range(n)), sum(drawn)
         itemsize = want.element_size()
         for r, res in enumerate(results):
             got = _tensor(res.get("value") if isinstance(res, dict) else None, f"{label}: rank {r}", want.shape)
@@ -175,7 +199,10 @@ def check_ring_all_reduce(ring_all_reduce, *, seed: int = 0, world_sizes: tuple[
                 raise AssertionError(f"{label}: rank {r} sent {res['sent']} bytes but received {res['received']}; "
                                      f"in a ring every rank sends and receives the same.\n  Hint: {hint}")
             _wire(label, r, res, hint)
-            assert_close(got, want, name=f"{label}, rank {r}'s result", rtol=1e-12, atol=1e-12, hint=hint)
+            name = f"{label}, rank {r}'s result"
+            with observing_paused():  # the inputs hold parts only their ranks drew: each run's own
+                assert_close(got, want, name=name, rtol=1e-12, atol=1e-12, hint=hint)
+            record(got - spread, seeded, name)  # the seeded part, as the parent knows it
     ok(f"ring_all_reduce equals the sum on {', '.join(map(str, world_sizes))} ranks, moving 2 (n - 1) / n of the tensor "
        f"per rank (seed {seed})")
 
@@ -189,7 +216,27 @@ def _same_as(got: dict, candidates: dict, tol: float) -> str | None:
     return None
 
 
+def _batch(results: list, label: str, world_size: int, rows: int, dtype: torch.dtype) -> tuple:
+    """The full batch of a data-parallel check: every rank's share, drawn in that rank's process and
+    reported (:func:`course.parallel.private_batch`), in rank order, as float64."""
+    xs, ys = [], []
+    for r, res in enumerate(results):
+        share = res.get("share") if isinstance(res, dict) else None
+        size = len(range(rows)[r * -(-rows // world_size):(r + 1) * -(-rows // world_size)])
+        if not (isinstance(share, tuple) and len(share) == 2 and all(
+                isinstance(t, torch.Tensor) and t.dtype == dtype and bool(t.isfinite().all()) for t in share)
+                and tuple(share[0].shape) == (size, 8) and tuple(share[1].shape) == (size, 1)):
+            raise AssertionError(f"{label}: rank {r}'s report has no share of the batch as the course's worker draws "
+                                 "it: the worker's result was altered.")
+        xs.append(share[0].double())
+        ys.append(share[1].double())
+    return torch.cat(xs), torch.cat(ys)
+
+
 def _compare_params(label: str, got: dict, want: dict, mistakes: dict, tol: float, hint: str) -> None:
+    """Every parameter as one process trained on the full batch; the mistakes named. The batch holds
+    rows only their ranks drew, so the parameters are each run's own: the comparisons are not
+    reported to the grading parent, their verdict is."""
     if not isinstance(got, dict) or set(got) != set(want):
         raise AssertionError(f"{label}: the model's parameters came back as {sorted(got) if isinstance(got, dict) else got!r}"
                              f"; expected {sorted(want)} (train the model you were given).")
@@ -197,29 +244,34 @@ def _compare_params(label: str, got: dict, want: dict, mistakes: dict, tol: floa
         why = _same_as(got, mistakes, tol)
         if why is not None:
             raise AssertionError(f"{label}: the parameters are those of {why}.\n  Hint: {hint}")
-    for k in sorted(want):
-        assert_close(got[k], want[k], name=f"{label}, parameter {k}", rtol=tol, atol=tol, hint=hint)
+    with observing_paused():
+        for k in sorted(want):
+            assert_close(got[k], want[k], name=f"{label}, parameter {k}", rtol=tol, atol=tol, hint=hint)
+    record([True], [True], f"{label}: every parameter equals one process's on the full batch")
 
 
 def check_ddp_training(train_ddp, *, seed: int = 0, world_size: int = 2, rows: int = 64, steps: int = 5,
                        lr: float = 0.1, timeout_s: float = 60.0) -> None:
-    """``train_ddp(model, inputs, targets, steps, lr)``, run on every rank with the same model and the
-    full batch, wraps the model in DDP and takes ``steps`` SGD steps (mean squared error) on this rank's
-    share of the rows; afterwards every rank's model equals one process trained on the full batch."""
+    """``train_ddp(model, inputs, targets, steps, lr)``, run on every rank with the same model and a
+    batch of the full batch's shape (the rows of this rank's share drawn in its own process, the others
+    stand-ins: :func:`course.parallel.private_batch`), wraps the model in DDP and takes ``steps`` SGD
+    steps (mean squared error) on this rank's share of the rows; afterwards every rank's model equals
+    one process trained on the full batch, every rank's share together."""
     hint = ("wrap the model in DDP(model); take this rank's rows, inputs.chunk(world_size)[rank] (and the same rows "
             "of targets); each step: zero the gradients, F.mse_loss(ddp_model(x), y).backward(), optimizer.step(). "
             "DDP averages the ranks' gradients, so the mean loss on equal shares gives the full batch's gradient.")
     label = f"train_ddp on {world_size} ranks ({rows} rows, {steps} steps, seed {seed})"
     results = _run(train_ddp, "ddp_case", world_size, seed, rows, steps, lr, label=label, hint=hint,
                    timeout_s=timeout_s)
-    want = train_full_batch(seed, rows, steps, lr)
+    data = _batch(results, label, world_size, rows, torch.float64)
+    want = train_full_batch(seed, rows, steps, lr, data=data)
     mistakes = {"training with the sum of the squared errors instead of their mean (each rank's gradient is its "
-                f"share's sum, {rows // world_size} times too large)": train_full_batch(seed, rows, steps, lr,
-                                                                                        loss_scale=rows // world_size),
+                f"share's sum, {rows // world_size} times too large)": train_full_batch(
+                    seed, rows, steps, lr, loss_scale=rows // world_size, data=data),
                 "gradients summed over the ranks instead of averaged": train_full_batch(seed, rows, steps, lr,
-                                                                                       grad_scale=world_size),
+                                                                                       grad_scale=world_size, data=data),
                 "gradients never zeroed between steps (each step adds to the last)":
-                    train_full_batch(seed, rows, steps, lr, accumulate=True)}
+                    train_full_batch(seed, rows, steps, lr, accumulate=True, data=data)}
     share = rows // world_size
     for r, res in enumerate(results):
         if not isinstance(res, dict) or not isinstance(res.get("rows"), list):
@@ -248,11 +300,12 @@ def check_accumulation(accumulate, *, seed: int = 0, world_size: int = 2, rows: 
     label = f"accumulate on {world_size} ranks ({micro} micro-batches of {rows // world_size // micro} rows, seed {seed})"
     results = _run(accumulate, "accumulate_case", world_size, seed, rows, micro, steps, lr, label=label, hint=hint,
                    timeout_s=timeout_s)
-    want = train_full_batch(seed, rows, steps, lr)
+    data = _batch(results, label, world_size, rows, torch.float64)
+    want = train_full_batch(seed, rows, steps, lr, data=data)
     mistakes = {f"each micro-batch's loss not divided by {micro} (the accumulated gradient is {micro} times too "
-                "large)": train_full_batch(seed, rows, steps, lr, loss_scale=micro),
+                "large)": train_full_batch(seed, rows, steps, lr, loss_scale=micro, data=data),
                 "gradients never zeroed between steps (each step adds to the last)":
-                    train_full_batch(seed, rows, steps, lr, accumulate=True)}
+                    train_full_batch(seed, rows, steps, lr, accumulate=True, data=data)}
     for r, res in enumerate(results):
         syncs = res.get("syncs") if isinstance(res, dict) else None
         if syncs != [1] * steps:
@@ -261,6 +314,11 @@ def check_accumulation(accumulate, *, seed: int = 0, world_size: int = 2, rows: 
                      "no backward synchronised them: the last micro-batch must run outside no_sync(), or the ranks "
                      "drift apart" if syncs == [0] * steps else f"{syncs} synchronisations in the {steps} steps")
             raise AssertionError(f"{label}: rank {r}: {extra} (expected one per step).\n  Hint: {hint}")
+        size = rows // world_size // micro
+        if res.get("rows") != [[size] * micro] * steps:
+            raise AssertionError(f"{label}: rank {r}'s forward passes saw {res.get('rows')} rows per step; expected one "
+                                 f"forward per micro-batch, {micro} of {size} rows (accumulating is what lets a "
+                                 f"batch that does not fit run in pieces).\n  Hint: {hint}")
         _compare_params(f"{label}: rank {r}", res.get("params"), want, mistakes, 1e-9, hint)
     ok(f"accumulate: one gradient synchronisation per step of {micro} micro-batches, and the full batch's result")
 
@@ -276,15 +334,20 @@ def check_comm_hook(fp16_hook, *, seed: int = 0, world_size: int = 2, rows: int 
     label = f"fp16_hook on {world_size} ranks ({steps} steps, seed {seed})"
     results = _run(fp16_hook, "hook_case", world_size, seed, rows, steps, lr, label=label, hint=hint,
                    timeout_s=timeout_s)
-    want = train_full_batch(seed, rows, steps, lr)
+    data = _batch(results, label, world_size, rows, torch.float32)
+    want = train_full_batch(seed, rows, steps, lr, data=data)
     mistakes = {"gradients summed over the ranks instead of averaged (divide by the world size)":
-                    train_full_batch(seed, rows, steps, lr, grad_scale=world_size)}
+                    train_full_batch(seed, rows, steps, lr, grad_scale=world_size, data=data)}
     numel = sum(p.numel() for p in regression_model(seed).parameters())
     for r, res in enumerate(results):
         tensors = res.get("tensors") if isinstance(res, dict) else None
         if not tensors:
             raise AssertionError(f"{label}: rank {r}: the hook never called dist.all_reduce; it must all-reduce the "
                                  f"bucket itself.\n  Hint: {hint}")
+        others = sorted(set(res.get("collectives") or ()) - {"all_reduce"})
+        if others:
+            raise AssertionError(f"{label}: rank {r}'s hook called {', '.join(others)}; it must send the gradients with "
+                                 f"one float16 all_reduce per bucket, nothing else.\n  Hint: {hint}")
         dtypes = sorted({d for d, _ in tensors})
         if dtypes != ["float16"]:
             raise AssertionError(f"{label}: rank {r} all-reduced {', '.join(dtypes)} tensors; compress the bucket to "

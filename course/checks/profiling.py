@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from course import streams, traces
+from course.bare import as_tuples, run_bare
 from course.checks.common import call, expect_grads, name_mistake, ok, record, served_speedup
 from course.data import generator
 from course.devices import pick_device
@@ -278,16 +279,18 @@ def check_op_table(op_table: Callable, *, seed: int = 0, n: int = 3) -> None:
         its = traces.iterations(synthetic)
         cases.append((synthetic, None, "a hand-made trace, first iteration"))
         cases.append((synthetic, random.Random(seed + i).choice(its), "a hand-made trace"))
+    wants = []
     for trace, iteration, what in cases:
-        want = traces.op_table(trace, iteration, rounding=False)
+        wants.append(traces.op_table(trace, iteration, rounding=False))
         got = _table(call(op_table, trace, iteration, name=label), label)
-        _compare_tables(got, want, f"{label} on {what}" + (f" (iteration {iteration})" if iteration is not None else ""),
-                        trace, iteration)
+        _compare_tables(got, wants[-1], f"{label} on {what}" + (f" (iteration {iteration})" if iteration is not None
+                                                               else ""), trace, iteration)
     # what must raise
-    bare = {"traceEvents": [e for e in synthetic_trace(seed)["traceEvents"]
-                            if not str(e.get("name", "")).startswith("ProfilerStep#")]}
-    for trace, iteration, why in ((bare, None, "a trace without ProfilerStep events (no schedule)"),
-                                  (synthetic_trace(seed + 1), 10_000, "an iteration the trace does not have")):
+    no_steps = {"traceEvents": [e for e in synthetic_trace(seed)["traceEvents"]
+                                if not str(e.get("name", "")).startswith("ProfilerStep#")]}
+    raising = ((no_steps, None, "a trace without ProfilerStep events (no schedule)"),
+               (synthetic_trace(seed + 1), 10_000, "an iteration the trace does not have"))
+    for trace, iteration, why in raising:
         try:
             call(op_table, trace, iteration, name=label)
         except AssertionError as exc:
@@ -295,8 +298,37 @@ def check_op_table(op_table: Callable, *, seed: int = 0, n: int = 3) -> None:
                 continue
             raise
         raise AssertionError(f"{label} should raise ValueError for {why}, but it returned.")
+    # Under the grader, the same program run again in a Python that has no torch and no course (the
+    # bare host): what the learner's process computed could have come from the course's own tables.
+    outcomes = run_bare(op_table, [[t, i] for t, i, _ in cases + list(raising)], name=label)
+    if outcomes is not None:
+        for (trace, iteration, what), want, outcome in zip(cases, wants, outcomes):
+            where = f"{label}, run without torch or the course, on {what}"
+            if not _same(_table(_bare_value(outcome, where), where), want):
+                raise AssertionError(f"{where} returned another table than in your notebook: {_BARE}")
+        for (_, _, why), outcome in zip(raising, outcomes[len(cases):]):
+            if outcome.get("raised") != "ValueError":
+                raise AssertionError(f"{label}, run without torch or the course, should raise ValueError for {why}; "
+                                     f"{_bare_value(outcome, label, raised=True)}. {_BARE}")
     ok(f"{label} matches the reference on {len(cases)} traces (real and hand-made, seed {seed}) and raises "
        "ValueError where it should")
+
+
+#: What a check says when the answer run again without torch or the course differs from the answer
+#: in the learner's process.
+_BARE = ("the grader runs this exercise's answer again in a Python that has only its standard library (no torch, "
+         "no course package), so write it in plain Python, defining with def every helper it calls.")
+
+
+def _bare_value(outcome: dict, where: str, *, raised: bool = False) -> Any:
+    """The value an outcome of the bare host carries; otherwise (or with ``raised``) what it did."""
+    if "value" in outcome and not raised:
+        return outcome["value"]
+    did = (f"it raised {outcome.get('raised')}: {str(outcome.get('message'))[:300]}" if "raised" in outcome else
+           f"it returned {outcome.get('other') or outcome.get('value')!r}"[:400])
+    if raised:
+        return did
+    raise AssertionError(f"{where}: {did}. {_BARE}")
 
 
 # -- 2. the diff ---------------------------------------------------------------------------------
@@ -329,8 +361,10 @@ def check_ops_diff(ops_diff: Callable, *, seed: int = 0, n: int = 3) -> None:
         pool = ("aten::mm", "aten::add", "aten::relu", "aten::copy_", "aten::bmm", "aten::_softmax")
         cases.append((synthetic_trace(seed * 7 + i, ops=pool), synthetic_trace(seed * 7 + i + 1000, ops=pool[1:]),
                       "two hand-made traces"))
+    wants = []
     for control, test, what in cases:
         want = traces.ops_diff(control, test, rounding=False)
+        wants.append(want)
         got = _groups(call(ops_diff, control, test, name=label), label)
         name = f"{label} ({what})"
         if got != want:
@@ -342,6 +376,11 @@ def check_ops_diff(ops_diff: Callable, *, seed: int = 0, n: int = 3) -> None:
                 if sorted(got[key]) == want[key] and got[key] != want[key]:
                     raise AssertionError(f"{name}[{key!r}] holds the right ops, but not sorted.")
         record(got, want, name)
+    outcomes = run_bare(ops_diff, [[control, test] for control, test, _ in cases], name=label)  # see check_op_table
+    for (_, _, what), want, outcome in zip(cases, wants, outcomes or ()):
+        where = f"{label}, run without torch or the course ({what})"
+        if _groups(_bare_value(outcome, where), where) != want:
+            raise AssertionError(f"{where} returned other groups than in your notebook: {_BARE}")
     ok(f"{label} matches the reference on {len(cases)} pairs of traces (seed {seed})")
 
 
@@ -475,6 +514,11 @@ def check_find_races(find_races: Callable, *, seed: int = 0, n: int = 120) -> No
             raise AssertionError(f"{label} disagrees with the CUDA Stream Sanitizer on this program:\n    {shown}\n"
                                  f"  missing: {missing[:4]}\n  reported but not a race: {extra[:4]}")
         record(got, want, f"{label} on program {i}")
+    outcomes = run_bare(find_races, [[program] for program in programs], name=label)  # see check_op_table
+    for i, (want, outcome) in enumerate(zip(wants, outcomes or ())):
+        where = f"{label}, run without torch or the course, on program {i}"
+        if _races(as_tuples(_bare_value(outcome, where)), where) != want:
+            raise AssertionError(f"{where} reported other races than in your notebook: {_BARE}")
     ok(f"{label} agrees with the CUDA Stream Sanitizer on {len(programs)} programs ({racy} with races, seed {seed})")
 
 
