@@ -75,6 +75,17 @@ def predict_dropout(params, buffers, base, x, randomness="different"):
     return vmap(lambda p, b: functional_call(base, (p, b), (x,)), randomness=randomness)(params, buffers)
 
 
+def dropout_fixed_masks(params, buffers, base, x):
+    """Each member's own mask, from a seed fixed per member: the same masks on every call."""
+    def one(i, p, b):
+        with torch.random.fork_rng():
+            torch.manual_seed(1000 + i)
+            return functional_call(base, (p, b), (x,))
+    n = next(iter(params.values())).shape[0]
+    return torch.stack([one(i, {k: v[i] for k, v in params.items()}, {k: v[i] for k, v in buffers.items()})
+                        for i in range(n)])
+
+
 def loop_each(params, buffers, base, xs):
     return torch.stack([functional_call(base, ({k: v[i] for k, v in params.items()},
                                                {k: v[i] for k, v in buffers.items()}), (xs[i],))
@@ -186,6 +197,10 @@ LEARNER = {
     # side effects the judge sees only because the check asked
     "stack_moves_models": lambda models: (*stack_module_state(models), models[0].to("meta")),
     "stack_real_base": lambda models: (*stack_module_state(models), copy.deepcopy(models[0])),
+    # red team, 2026-12-01: the last model moved in place, then dropped from the caller's list (the
+    # list came back shorter, and the moved model went unseen)
+    "stack_pops_moved": lambda models: (*stack_module_state(models), models[-1].to("meta"), models.pop())[:3],
+    "dropout_fixed_masks": dropout_fixed_masks,
     "dp_sgd_in_place": lambda *a, **k: dp_sgd(*a, **k, in_place=True),
     "dp_sgd_global_rng": lambda *a, **k: dp_sgd(*a, **k, draw=False),
     "psg_memo_loop": lambda model, x, y: memoised(psg_loop)(model, x, y),
@@ -245,6 +260,8 @@ def test_an_ensemble_loop_fails_by_the_judges_clock(learner, each, every, messag
     (check_member_kl, "member_kl_planted", "vmap ran aten::kl_div member by member"),
     (check_predict_dropout, "dropout_same", "every member dropped the same units"),
     (check_predict_dropout, "dropout_eval", "no unit was dropped"),
+    (check_stack_ensemble, "stack_pops_moved", "changed the list of models it was given: it held 4, it now holds 3"),
+    (check_predict_dropout, "dropout_fixed_masks", "a second call on the same inputs dropped exactly the same units"),
 ])
 def test_wrong_answers_across_the_boundary_fail_with_their_cause(learner, check, name, message):
     with pytest.raises(AssertionError, match=message):

@@ -42,7 +42,7 @@ from course.checks.common import (call, clock_against_loop, expect_loop_verdict,
 from course.data import device_generator
 from course.devices import pick_device
 from course.grading import expect_constant_work
-from course.numerics import assert_close, describe
+from course.numerics import assert_close, describe, observing_paused
 from course.remote import factory, is_remote, mirrored, prober
 from course.timing import SpeedReport, format_time
 from course.vmap import (ForwardWatch, member_kl_planted, meta_copy, meta_mlp, mlp_ensemble, small_cnn, toy_features,
@@ -167,6 +167,9 @@ def check_stack_ensemble(stack_ensemble: Callable, *, seed: int = 0, n: int = 4,
     if not (isinstance(got, (tuple, list)) and len(got) == 3):
         raise AssertionError(f"stack_ensemble should return (params, buffers, base), got {describe(got)}.")
     params, buffers, base = got
+    if len(models) != n:  # across the boundary a list that shrank comes back shorter: its last models unseen
+        raise AssertionError(f"stack_ensemble changed the list of models it was given: it held {n}, it now holds "
+                             f"{len(models)}. Leave the caller's list (and its models) as they were.")
     if not isinstance(params, Mapping) or not isinstance(buffers, Mapping):
         raise AssertionError(f"params and buffers should be dicts (name -> stacked tensor), got "
                              f"{describe(params)} and {describe(buffers)}.\n  Hint: "
@@ -384,11 +387,21 @@ def check_predict_dropout(predict_all_dropout: Callable, *, seed: int = 0, n: in
                              f"dropout passes 0 or h / (1 - p) = {float(scaled[i, row, unit]):.6g}.\n  Hint: row i of "
                              "the result is member i on x: functional_call(base, (p, b), (x,)) under vmap with "
                              "in_dims=(0, 0, None).")
-    with torch.no_grad():  # the outputs again, from the masks read back: the comparison the grader re-checks
+    with torch.no_grad():  # the outputs again, from the masks read back
         through = torch.where(kept & live, scaled, torch.zeros_like(scaled))
         rebuilt = torch.stack([t @ m[-1].weight.T + m[-1].bias for t, m in zip(through, members)])
-    assert_close(got.double(), rebuilt, rtol=1e-6, atol=1e-9 * float(rebuilt.abs().max()),
-                 name=f"{label}: each member's output, rebuilt from the mask read back from it")
+    # The masks are the learner's process's draw, which anything else that process drew before moves
+    # (an honest answer beside one more dropout call in its cell lost the cell as "altered"): the
+    # comparison is this run's own, and the parent hears its verdict.
+    with observing_paused():
+        assert_close(got.double(), rebuilt, rtol=1e-6, atol=1e-9 * float(rebuilt.abs().max()),
+                     name=f"{label}: each member's output, rebuilt from the mask read back from it")
+    with torch.no_grad():
+        again = _call_stacked(predict_all_dropout, params, buffers, base, x.clone(), name=label)
+    if isinstance(again, torch.Tensor) and again.shape == got.shape and torch.equal(again, got):
+        raise AssertionError(f"{label}: a second call on the same inputs dropped exactly the same units: dropout "
+                             "draws a fresh mask on every call (from the global generator, as the base model's "
+                             "Dropout does); masks fixed by a seed of their own are not dropout.")
     share = float(dropped[live].double().mean())
     spread = 5 * (p * (1 - p) / max(int(live.sum()), 1)) ** 0.5 + 0.02  # five binomial sigmas
     near_p = abs(share - p) <= spread
@@ -409,7 +422,8 @@ def check_predict_dropout(predict_all_dropout: Callable, *, seed: int = 0, n: in
                              f"{min(agree):.0%} of the units agree; independent masks agree on about {chance:.0%}). "
                              "randomness='same' draws one mask and shares it across the members; a loop over the "
                              "members draws one each: randomness='different'.")
-    record([near_p, not shared], [True, True], f"{label}: the share dropped is near p; the members' masks differ")
+    record([True, near_p, not shared], [True, True, True], f"{label}: each member's output is its own with a mask; "
+           "the share dropped is near p; the members' masks differ; a second call draws again")
     ok(f"{label}: every member's output is its own with a mask of its own ({share:.0%} of the units dropped, "
        f"p = {p}; two members agree on {sum(agree) / max(len(agree), 1):.0%} of them) (n={n}, seed {seed})")
 
