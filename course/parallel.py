@@ -317,13 +317,13 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
     entry = ("import sys; sys.path.insert(0, sys.argv[3]); from course.parallel import _worker_main; "
              "_worker_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[4]))")
     flags = subprocess._args_from_interpreter_flags()
-    key = secrets.token_bytes(KEY_BYTES)
+    keys = [secrets.token_bytes(KEY_BYTES) for _ in range(world_size)]  # each rank its own
     procs = []
     try:
         for r in range(world_size):
             key_r, key_w = os.pipe()
             try:
-                os.write(key_w, key)  # 32 bytes: the pipe holds them until the worker reads
+                os.write(key_w, keys[r])  # 32 bytes: the pipe holds them until the worker reads
                 procs.append(_Process([sys.executable, *flags, "-c", entry, spec, str(r), root, str(key_r)],
                                       os.path.join(folder, f"rank{r}.log"), pass_fds=(key_r,)))
             finally:
@@ -331,7 +331,7 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
                 os.close(key_w)
         deadline = time.monotonic() + timeout_s
         while not all(_settled(p, o) for p, o in zip(procs, outs)) and time.monotonic() < deadline:
-            if any(_failed(p, o, key, r) for r, (p, o) in enumerate(zip(procs, outs))):
+            if any(_failed(p, o, keys[r], r) for r, (p, o) in enumerate(zip(procs, outs))):
                 # one failure usually brings the others down (a peer's connection resets): let them settle
                 settle = time.monotonic() + 1.0
                 while time.monotonic() < settle and not all(_settled(p, o) for p, o in zip(procs, outs)):
@@ -341,8 +341,8 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
         for p in procs:
             if _settled(p, "") and p.pid is not None:
                 p.join(1.0)
-        states = [_state(r, p, o, key) for r, (p, o) in enumerate(zip(procs, outs))]
-        results = {o: _read(o, key, r) for r, o in enumerate(outs) if os.path.exists(o)}
+        states = [_state(r, p, o, keys[r]) for r, (p, o) in enumerate(zip(procs, outs))]
+        results = {o: _read(o, keys[r], r) for r, o in enumerate(outs) if os.path.exists(o)}
         for result in results.values():
             WORKER_FLAGS.extend(result.get("flags", ()))
         if echo:

@@ -360,6 +360,24 @@ def blinds(rank, world_size):
     return "hook not added"
 
 
+def reads_its_memory(rank, world_size):
+    """Opens its own memory by the names /proc gives it beside /proc/self/mem (a key read there
+    signed any result; red team, 2026-12-01)."""
+    import os
+
+    refused = []
+    folder = os.open("/proc/self", os.O_RDONLY)
+    for open_it in (lambda: open("/proc/thread-self/mem", "rb"), lambda: open("/proc/self//mem", "rb"),
+                    lambda: open(f"/proc/self/task/{os.getpid()}/mem", "rb"),
+                    lambda: os.fdopen(os.open("mem", os.O_RDONLY, dir_fd=folder), "rb")):
+        try:
+            open_it().close()
+        except PermissionError:
+            refused.append(True)
+    os.close(folder)
+    return len(refused)
+
+
 def looks_around(rank, world_size):
     try:
         sys._getframe(1)
@@ -409,6 +427,9 @@ def test_a_result_file_not_written_by_the_course_is_refused(tmp_path, monkeypatc
     parallel.WORKER_FLAGS.clear()
     assert launch("course_test_cheats:blinds", 2, path=tmp_path) == ["hook not added"] * 2
     assert [name for name, _ in parallel.WORKER_FLAGS] == ["introspection"] * 2
+    parallel.WORKER_FLAGS.clear()
+    assert launch("course_test_cheats:reads_its_memory", 2, path=tmp_path) == [4, 4]
+    assert {name for name, _ in parallel.WORKER_FLAGS} == {"probing"}
     assert no_worker_left()
 
 

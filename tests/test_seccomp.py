@@ -14,9 +14,9 @@ from autograder.sandbox import seccomp as S
 ALLOW, EPERM, ENOSYS = "allow", "EPERM", "ENOSYS"
 
 
-def _run(program: bytes, nr: int, arch: int, arg0: int = 0) -> str:
+def _run(program: bytes, nr: int, arch: int, arg0: int = 0, arg3: int = 0) -> str:
     """What the filter returns for one call (``struct seccomp_data``: nr, arch, ip, args)."""
-    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, arg3, 0, 0)
     ops = [struct.unpack_from("=HBBI", program, i) for i in range(0, len(program), 8)]
     acc, pc = 0, 0
     for _ in range(len(ops) + 1):  # classic BPF only jumps forward
@@ -66,3 +66,26 @@ def test_the_filter_refuses_namespaces_and_kernel_held_ipc_and_allows_the_rest(m
 
 def test_no_filter_where_none_is_written():
     assert S.program("riscv64") is None
+
+
+@pytest.mark.parametrize("machine", sorted(S.AUDIT_ARCH))
+def test_lesson_10s_workers_share_no_memory_by_file_and_reach_no_other_process(machine):
+    """The filter a worker adds (``worker_program``): memory shared through a file, another process's
+    memory, vmsplice, asynchronous writes, symbolic links and extended attributes refused (each
+    carries data the kernel's count of bytes written does not see); anonymous and private mappings,
+    and every other call, allowed."""
+    program, arch, nr = S.worker_program(machine), S.AUDIT_ARCH[machine], S.SYSCALLS[machine]
+    assert len(program) % 8 == 0 and len(program) // 8 < 64
+    shared, private, anonymous = S.MAP_SHARED, 0x02, S.MAP_ANONYMOUS
+    assert _run(program, nr["mmap"], arch, arg3=shared) == EPERM                  # a file, shared
+    assert _run(program, nr["mmap"], arch, arg3=0x03) == EPERM                    # MAP_SHARED_VALIDATE
+    assert _run(program, nr["mmap"], arch, arg3=shared | anonymous) == ALLOW      # a process and its children
+    assert _run(program, nr["mmap"], arch, arg3=private) == ALLOW                 # every shared library
+    assert _run(program, nr["mmap"], arch, arg3=private | anonymous) == ALLOW     # malloc
+    for name in S.WORKER_REFUSED:
+        if name in nr:
+            assert _run(program, nr[name], arch) == EPERM, name
+    assert _run(program, READ[machine], arch) == ALLOW
+    assert _run(program, nr["clone"], arch, THREAD) == ALLOW
+    other = next(a for m, a in S.AUDIT_ARCH.items() if m != machine)
+    assert _run(program, READ[machine], other) == ENOSYS

@@ -57,6 +57,17 @@ LEARNER_EVENTS = {
 }
 
 
+#: A process's memory by any of its names in /proc (``thread-self``, a task's own ``mem``), once the
+#: path is normalised (``/proc/self//mem``, ``/proc/./self/mem``); and a bare ``mem`` or ``pagemap``,
+#: which is how a file opened relative to a folder's descriptor (``dir_fd``) reaches the hook.
+PROCESS_MEMORY = re.compile(r"/proc/(?:self|thread-self|\d+)(?:/task/\d+)?/(?:mem|pagemap)\b|^(?:mem|pagemap)$")
+
+
+def _forbidden(path: str) -> bool:
+    return bool(FORBIDDEN_PATH.search(path) or PROCESS_MEMORY.search(path)
+                or PROCESS_MEMORY.search(os.path.normpath(path).replace("//", "/")))
+
+
 def _reached(event: str) -> str:
     """How a path event reached its path, for a flag."""
     return "opened" if event == "open" else "made a link to"
@@ -222,7 +233,7 @@ def audit_hook(state: dict, *, judging, caller, flag, guarded_type_ids: set):
             path = args[0]
             if isinstance(path, bytes):
                 path = path.decode(errors="replace")
-            if isinstance(path, str) and FORBIDDEN_PATH.search(path) and not _own_file(path):
+            if isinstance(path, str) and _forbidden(path) and not _own_file(path):
                 state["busy"] = True
                 try:
                     who = caller(sys._getframe(1)) or "code called by the submission"

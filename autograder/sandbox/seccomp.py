@@ -35,16 +35,19 @@ AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 SYSCALLS = {"x86_64": {"clone": 56, "unshare": 272, "setns": 308, "clone3": 435,
                        "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240,
                        "mmap": 9, "process_vm_readv": 310, "process_vm_writev": 311, "ptrace": 101,
-                       "vmsplice": 278, "io_uring_setup": 425, "io_setup": 206},
+                       "vmsplice": 278, "io_uring_setup": 425, "io_setup": 206, "symlink": 88, "symlinkat": 266,
+                       "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190},
             "aarch64": {"clone": 220, "unshare": 97, "setns": 268, "clone3": 435,
                         "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180,
                         "mmap": 222, "process_vm_readv": 270, "process_vm_writev": 271, "ptrace": 117,
-                        "vmsplice": 75, "io_uring_setup": 425, "io_setup": 0}}
+                        "vmsplice": 75, "io_uring_setup": 425, "io_setup": 0, "symlinkat": 36,
+                        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7}}
 #: Refused outright (EPERM): entering a namespace, and making kernel-held IPC objects.
 REFUSED = ("setns", "shmget", "semget", "msgget", "mq_open")
 #: Refused besides to lesson 10's workers (see :func:`worker_program`): reaching another process's
 #: memory, and writing by routes the kernel's count of bytes written (``wchar``) does not see.
-WORKER_REFUSED = ("process_vm_readv", "process_vm_writev", "ptrace", "vmsplice", "io_uring_setup", "io_setup")
+WORKER_REFUSED = ("process_vm_readv", "process_vm_writev", "ptrace", "vmsplice", "io_uring_setup", "io_setup",
+                  "symlink", "symlinkat", "setxattr", "lsetxattr", "fsetxattr")
 MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20  # the same on both architectures
 #: CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
 #: CLONE_NEWNET and CLONE_NEWTIME.
@@ -104,7 +107,9 @@ def worker_program(machine: str | None = None) -> bytes | None:
     shared through a file (``mmap`` with ``MAP_SHARED`` of a file or ``memfd``: ``torch.from_file(...,
     shared=True)``, ``numpy.memmap``, ``share_memory_()``) carries values between processes without a
     byte written, and so would another process's memory read or written directly, a pipe filled by
-    ``vmsplice``, or asynchronous writes (``io_uring``, ``io_submit``): all fail with EPERM here.
+    ``vmsplice``, or asynchronous writes (``io_uring``, ``io_submit``): all fail with EPERM here; so do
+    symbolic links and extended attributes, whose targets and values carry data no write counts (a
+    rank passed its whole tensor in symlink targets; red team, 2026-12-01).
     Anonymous shared memory stays (a process and its own children), as do private file mappings
     (every shared library)."""
     machine = machine or platform.machine()
@@ -115,7 +120,7 @@ def worker_program(machine: str | None = None) -> bytes | None:
         (LD_ABS_W, 4, None, None),
         (JEQ, AUDIT_ARCH[machine], None, "enosys"),
         (LD_ABS_W, 0, None, None),
-        *((JEQ, nr[name], "eperm", None) for name in WORKER_REFUSED),
+        *((JEQ, nr[name], "eperm", None) for name in WORKER_REFUSED if name in nr),
         (JEQ, nr["mmap"], None, "allow"),
         (LD_ABS_W, 16 + 3 * 8, None, None),             # the flags (fourth argument, low half)
         (JSET, MAP_ANONYMOUS, "allow", None),
