@@ -1251,3 +1251,20 @@ def test_learner_code_cannot_reset_the_peak_memory_the_grader_reads(tmp_path, sa
     assert [line.split()[1] for line in lines if line.strip()] == ["refused"] * 4, out.cells[0]
     probing = [detail for name, detail in out.flags if name == "probing"]
     assert len(probing) >= 4 and all("clear_refs" in d or "/proc/self" in d for d in probing), probing
+
+
+def test_a_folder_on_the_hosts_root_filesystem_is_never_counted_as_the_sandboxs_files(monkeypatch):
+    """While bwrap sets a sandbox up, ``/proc/<p>/root/grading`` can reach the host's root filesystem
+    before the sandbox's tmpfs is mounted there; its use was counted as the submission's files (CI: an
+    untouched lesson 2, 0.04 s old, "wrote 56,571 MB" and was graded oom). A folder on a device of the
+    host's is skipped, even where the host has no folder of that name."""
+    import os
+
+    from autograder.sandbox import held
+
+    real = held._host_dev
+    monkeypatch.setattr(held, "SCRATCH", ("/usr",))  # on the host's root filesystem, as /grading was
+    monkeypatch.setattr(held, "_host_dev", lambda folder: None if folder == "/usr" else real(folder))
+    if os.stat("/usr").st_dev != os.stat("/").st_dev:
+        pytest.skip("/usr is not on the root filesystem here")
+    assert held._scratch_bytes(os.getpid()) == 0
