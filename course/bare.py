@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from course.remote import is_remote, probe, prober
 
-__all__ = ["Other", "as_tuples", "bare_program", "outcome_value", "run_bare"]
+__all__ = ["Other", "as_tuples", "bare_program", "expect_value", "outcome_said", "outcome_value", "run_bare"]
 
 #: Largest constant of the notebook's that a program carries (its ``repr``), and the program itself.
 MAX_CONSTANT_CHARS = 20_000
@@ -160,6 +160,22 @@ def as_tuples(value: Any) -> Any:
 def outcome_value(outcome: dict) -> Any:
     """The value an outcome of the bare host carries (lists come back as tuples), or :class:`Other`."""
     return as_tuples(outcome["value"]) if "value" in outcome else Other(outcome.get("other", "?"))
+
+
+def outcome_said(outcome: dict) -> str:
+    """What an outcome of the bare host did, in words ("it raised ValueError: ..." or "it returned
+    ..."), for a message about an answer that did not do what it should have."""
+    if "raised" in outcome:
+        return f"it raised {outcome.get('raised')}: {str(outcome.get('message'))[:300]}"
+    return f"it returned {outcome_value(outcome)!r}"[:400]
+
+
+def expect_value(outcome: dict, where: str, advice: str) -> Any:
+    """The plain value an outcome of the bare host carries (lists as tuples); an outcome that raised,
+    or returned what cannot travel, is an ``AssertionError``: ``where``, what it did, ``advice``."""
+    if "value" in outcome:
+        return outcome_value(outcome)
+    raise AssertionError(f"{where}: {outcome_said(outcome)}. {advice}")
 
 
 def _shown(case) -> tuple:

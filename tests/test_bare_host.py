@@ -130,6 +130,20 @@ def test_what_is_not_a_function_defined_with_def_has_no_program():
     assert "could not be read" in bare_program(namespace["f"])["error"]
 
 
+def test_an_outcome_is_its_value_or_a_message_saying_what_it_did_instead():
+    from course.bare import Other, expect_value, outcome_said
+
+    assert expect_value({"value": [1, [2, 3]]}, "f(1)", "advice") == (1, (2, 3))  # lists come back as tuples
+    assert expect_value({"value": {"a": [1, 2.5]}}, "f(1)", "advice") == {"a": [1, 2.5]}
+    with pytest.raises(AssertionError, match=r"^f\(1\): it raised ValueError: no steps\. Write it by hand\.$"):
+        expect_value({"raised": "ValueError", "message": "no steps"}, "f(1)", "Write it by hand.")
+    with pytest.raises(AssertionError, match=r"^f\(1\): it returned <a tensor>\. advice$"):
+        expect_value({"other": "a tensor"}, "f(1)", "advice")
+    assert outcome_said({"value": [1]}) == "it returned (1,)"
+    assert outcome_said({"raised": "KeyError", "message": "x" * 1000}) == "it raised KeyError: " + "x" * 300
+    assert isinstance(expect_value({"value": None}, "f", ""), type(None)) and repr(Other("y" * 999)) == f"<{'y' * 300}>"
+
+
 def test_the_bare_host_runs_a_rule_and_reports_each_outcome(notebook, bare_link):
     from course.bare import bare_program
 

@@ -39,7 +39,7 @@ from course.memory_format import (PLANTED_VARIANTS, autocast_witness, channels_l
                                   planted_model)
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
-from course.bare import as_tuples, outcome_value, run_bare
+from course.bare import as_tuples, outcome_said, outcome_value, run_bare
 from course.remote import probe, prober
 from course.timing import SpeedReport
 from course.wire import ModuleState
@@ -97,8 +97,7 @@ def _by_hand(fn: Callable, cases: list, *, name: str) -> list:
     bare = run_bare(fn, [list(c) for c in cases], name=name)
     for case, got, outcome in zip(cases, answers, bare or []):
         if "raised" in outcome:
-            raise AssertionError(f"{name}{tuple(case)}, run without torch, raised {outcome['raised']}: "
-                                 f"{outcome.get('message')}")
+            raise AssertionError(f"{name}{tuple(case)}, run without torch: {outcome_said(outcome)}")
         if outcome_value(outcome) != as_tuples(got):
             raise AssertionError(f"{name}{tuple(case)} returned {got!r} in your notebook's process, and "
                                  f"{outcome_value(outcome)!r} run without torch: work it out by hand, the same way "

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from course import streams, traces
-from course.bare import as_tuples, run_bare
+from course.bare import expect_value, outcome_said, run_bare
 from course.checks.common import call, expect_grads, name_mistake, ok, record, served_speedup
 from course.data import generator
 from course.devices import pick_device
@@ -304,12 +304,12 @@ def check_op_table(op_table: Callable, *, seed: int = 0, n: int = 3) -> None:
     if outcomes is not None:
         for (trace, iteration, what), want, outcome in zip(cases, wants, outcomes):
             where = f"{label}, run without torch or the course, on {what}"
-            if not _same(_table(_bare_value(outcome, where), where), want):
+            if not _same(_table(expect_value(outcome, where, _BARE), where), want):
                 raise AssertionError(f"{where} returned another table than in your notebook: {_BARE}")
         for (_, _, why), outcome in zip(raising, outcomes[len(cases):]):
             if outcome.get("raised") != "ValueError":
                 raise AssertionError(f"{label}, run without torch or the course, should raise ValueError for {why}; "
-                                     f"{_bare_value(outcome, label, raised=True)}. {_BARE}")
+                                     f"{outcome_said(outcome)}. {_BARE}")
     ok(f"{label} matches the reference on {len(cases)} traces (real and hand-made, seed {seed}) and raises "
        "ValueError where it should")
 
@@ -318,17 +318,6 @@ def check_op_table(op_table: Callable, *, seed: int = 0, n: int = 3) -> None:
 #: in the learner's process.
 _BARE = ("the grader runs this exercise's answer again in a Python that has only its standard library (no torch, "
          "no course package), so write it in plain Python, defining with def every helper it calls.")
-
-
-def _bare_value(outcome: dict, where: str, *, raised: bool = False) -> Any:
-    """The value an outcome of the bare host carries; otherwise (or with ``raised``) what it did."""
-    if "value" in outcome and not raised:
-        return outcome["value"]
-    did = (f"it raised {outcome.get('raised')}: {str(outcome.get('message'))[:300]}" if "raised" in outcome else
-           f"it returned {outcome.get('other') or outcome.get('value')!r}"[:400])
-    if raised:
-        return did
-    raise AssertionError(f"{where}: {did}. {_BARE}")
 
 
 # -- 2. the diff ---------------------------------------------------------------------------------
@@ -379,7 +368,7 @@ def check_ops_diff(ops_diff: Callable, *, seed: int = 0, n: int = 3) -> None:
     outcomes = run_bare(ops_diff, [[control, test] for control, test, _ in cases], name=label)  # see check_op_table
     for (_, _, what), want, outcome in zip(cases, wants, outcomes or ()):
         where = f"{label}, run without torch or the course ({what})"
-        if _groups(_bare_value(outcome, where), where) != want:
+        if _groups(expect_value(outcome, where, _BARE), where) != want:
             raise AssertionError(f"{where} returned other groups than in your notebook: {_BARE}")
     ok(f"{label} matches the reference on {len(cases)} pairs of traces (seed {seed})")
 
@@ -517,7 +506,7 @@ def check_find_races(find_races: Callable, *, seed: int = 0, n: int = 120) -> No
     outcomes = run_bare(find_races, [[program] for program in programs], name=label)  # see check_op_table
     for i, (want, outcome) in enumerate(zip(wants, outcomes or ())):
         where = f"{label}, run without torch or the course, on program {i}"
-        if _races(as_tuples(_bare_value(outcome, where)), where) != want:
+        if _races(expect_value(outcome, where, _BARE), where) != want:
             raise AssertionError(f"{where} reported other races than in your notebook: {_BARE}")
     ok(f"{label} agrees with the CUDA Stream Sanitizer on {len(programs)} programs ({racy} with races, seed {seed})")
 
