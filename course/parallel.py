@@ -330,19 +330,25 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
                 os.close(key_r)
                 os.close(key_w)
         deadline = time.monotonic() + timeout_s
-        while not all(_settled(p, o) for p, o in zip(procs, outs)) and time.monotonic() < deadline:
-            if any(_failed(p, o, keys[r], r) for r, (p, o) in enumerate(zip(procs, outs))):
+        results: dict[int, dict] = {}  # each rank's result, read (verified, unpickled) once its file appears
+
+        def settled() -> bool:
+            _poll(outs, keys, results)
+            return all(_settled(p, results.get(r)) for r, p in enumerate(procs))
+
+        while not settled() and time.monotonic() < deadline:
+            if any(_failed(p, results.get(r)) for r, p in enumerate(procs)):
                 # one failure usually brings the others down (a peer's connection resets): let them settle
                 settle = time.monotonic() + 1.0
-                while time.monotonic() < settle and not all(_settled(p, o) for p, o in zip(procs, outs)):
+                while time.monotonic() < settle and not settled():
                     time.sleep(0.02)
                 break
             time.sleep(0.02)
         for p in procs:
-            if _settled(p, "") and p.pid is not None:
+            if not p.is_alive() and p.pid is not None:
                 p.join(1.0)
-        states = [_state(r, p, o, keys[r]) for r, (p, o) in enumerate(zip(procs, outs))]
-        results = {o: _read(o, keys[r], r) for r, o in enumerate(outs) if os.path.exists(o)}
+        _poll(outs, keys, results)  # a rank may have written its result since the last look
+        states = [_state(p, results.get(r)) for r, p in enumerate(procs)]
         for result in results.values():
             WORKER_FLAGS.extend(result.get("flags", ()))
         if echo:
@@ -350,28 +356,36 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
                 for line in p.tail(4000).splitlines()[-40:]:
                     print(f"[rank {r}] {line}")
         if all(s == "finished" for s, _ in states):
-            return [results[o]["value"] for o in outs]
+            return [results[r]["value"] for r in range(world_size)]
         raise WorkersFailed(_report(name, world_size, states, timeout_s, [p.tail() for p in procs]))
     finally:
         _stop(procs)
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _settled(p, out: str) -> bool:
-    return (bool(out) and os.path.exists(out)) or not p.is_alive()
+def _poll(outs: list[str], keys: list[bytes], results: dict[int, dict]) -> None:
+    """Read into ``results`` the result of every rank whose file has appeared since the last look,
+    once: a worker writes its file whole (``os.replace``), and the first file there is the one that
+    counts (one written over it later is not read)."""
+    for r, out in enumerate(outs):
+        if r not in results and os.path.exists(out):
+            results[r] = _read(out, keys[r], r)
 
 
-def _failed(p, out: str, key: bytes, rank: int) -> bool:
-    if os.path.exists(out):
-        return not _read(out, key, rank)["ok"]
+def _settled(p, result: dict | None) -> bool:
+    return result is not None or not p.is_alive()
+
+
+def _failed(p, result: dict | None) -> bool:
+    if result is not None:
+        return not result["ok"]
     return not p.is_alive() and p.exitcode is not None
 
 
-def _state(rank: int, p, out: str, key: bytes) -> tuple[str, str]:
+def _state(p, result: dict | None) -> tuple[str, str]:
     """``(kind, detail)``: finished, raised (the traceback), died (the exit code) or running."""
-    if os.path.exists(out):
-        r = _read(out, key, rank)
-        return ("finished", "") if r["ok"] else ("raised", r["error"])
+    if result is not None:
+        return ("finished", "") if result["ok"] else ("raised", result["error"])
     if p.is_alive():
         return "running", ""
     return "died", f"exit code {p.exitcode}"

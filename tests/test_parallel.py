@@ -100,6 +100,20 @@ def test_a_rank_that_raises_is_named_with_its_error(worker):
     assert no_worker_left()
 
 
+def test_each_result_file_is_read_once_however_long_the_others_take(worker, monkeypatch):
+    import course.parallel
+
+    reads, read = [], course.parallel._read
+    monkeypatch.setattr(course.parallel, "_read", lambda path, key, rank: reads.append(rank) or read(path, key, rank))
+    with pytest.raises(WorkersFailed, match=r"rank 1: finished"):  # rank 1's file waits while rank 0 hangs
+        launch(f"{worker}:waits", 2, timeout_s=6)
+    assert reads == [1, 0] or reads == [1]  # rank 0 may have raised (its peer gone) or been stopped
+    reads.clear()
+    assert launch(f"{worker}:ring_pass", 4) == [3, 0, 1, 2]
+    assert sorted(reads) == [0, 1, 2, 3]
+    assert no_worker_left()
+
+
 @pytest.mark.parametrize("target, why", [
     ("deadlock", r"ranks 0, 1 did not finish in 6 s"),
     ("waits", r"rank 0 lost its connection to a peer that had ended(.|\n)*rank 1: finished"),
