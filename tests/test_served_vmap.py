@@ -97,6 +97,15 @@ def loop_all(params, buffers, base, x):
     return loop_each(params, buffers, base, x.expand(n, *x.shape))
 
 
+def each_by_hand(params, buffers, base, xs):
+    """A loop over the models with each forward pass written out by hand: six small ops a model, no
+    module call."""
+    shift, scale = buffers["0.shift"], buffers["0.scale"]
+    (w1, b1), (w2, b2), (w3, b3) = ((params[f"{i}.weight"], params[f"{i}.bias"]) for i in (1, 3, 5))
+    return torch.stack([F.linear(F.linear(F.linear((xs[m] - shift[m]) / scale[m], w1[m], b1[m]).relu_(), w2[m],
+                                          b2[m]).relu_(), w3[m], b3[m]) for m in range(xs.shape[0])])
+
+
 def member_kl(params, buffers, base, x, target):
     def one(p, b):
         log_q = F.log_softmax(functional_call(base, (p, b), (x,)), dim=-1)
@@ -182,6 +191,31 @@ def ens_step_loop(params, buffers, base, xs, ys, lr):
     return {k: torch.stack([o[k] for o in out]) for k in params}
 
 
+def ens_step_by_hand(params, buffers, base, xs, ys, lr):
+    """A loop over the members with each forward pass and gradient written out by hand, in a score of
+    small ops and no module or autograd (red team, 2026-12-01: 0.19-0.31 of the course's loop)."""
+    shift, scale = buffers["0.shift"], buffers["0.scale"]
+    w = [params[f"{i}.weight"] for i in (1, 3, 5)]
+    b = [params[f"{i}.bias"] for i in (1, 3, 5)]
+    rows = torch.arange(xs.shape[1])
+    out = {k: [] for k in params}
+    for m in range(xs.shape[0]):
+        h0 = (xs[m] - shift[m]) / scale[m]
+        z1 = F.linear(h0, w[0][m], b[0][m])
+        a1 = z1.clamp_min(0)
+        z2 = F.linear(a1, w[1][m], b[1][m])
+        a2 = z2.clamp_min(0)
+        d3 = torch.softmax(F.linear(a2, w[2][m], b[2][m]), 1)
+        d3[rows, ys[m]] -= 1
+        d3 /= xs.shape[1]
+        d2 = (d3 @ w[2][m]) * (z2 > 0)
+        d1 = (d2 @ w[1][m]) * (z1 > 0)
+        for k, g in (("1.weight", d1.t() @ h0), ("1.bias", d1.sum(0)), ("3.weight", d2.t() @ a1),
+                     ("3.bias", d2.sum(0)), ("5.weight", d3.t() @ a2), ("5.bias", d3.sum(0))):
+            out[k].append(g)
+    return {k: params[k] - lr * torch.stack(g) for k, g in out.items()}
+
+
 LEARNER = {
     "stack_ensemble": stack_ensemble, "predict_each": predict_each, "predict_all": predict_all,
     "per_sample_grads_loop": psg_loop, "per_sample_grads": psg_vmap, "opacus_per_sample_grads": psg_opacus,
@@ -192,8 +226,8 @@ LEARNER = {
     "dropout_eval": lambda params, buffers, base, x: predict_dropout(params, buffers, base.eval(), x),
     "ens_step_in_place": lambda params, *a: {k: params[k].copy_(v) for k, v in ens_step(params, *a).items()},
     # wrong structure: loops, dressed or not
-    "loop_each": loop_each, "loop_all": loop_all, "token_vmap_each": token_vmap_each,
-    "psg_as_loop": psg_loop, "psg_sleepy_loop": psg_sleepy_loop,
+    "loop_each": loop_each, "loop_all": loop_all, "token_vmap_each": token_vmap_each, "each_by_hand": each_by_hand,
+    "psg_as_loop": psg_loop, "psg_sleepy_loop": psg_sleepy_loop, "ens_step_by_hand": ens_step_by_hand,
     # side effects the judge sees only because the check asked
     "stack_moves_models": lambda models: (*stack_module_state(models), models[0].to("meta")),
     "stack_real_base": lambda models: (*stack_module_state(models), copy.deepcopy(models[0])),
@@ -243,6 +277,20 @@ def test_right_answers_pass_every_served_check(learner, capsys):
 def test_an_ensemble_loop_fails_by_the_judges_clock(learner, each, every, message):
     with pytest.raises(AssertionError, match=message):
         check_ensemble_predict(learner(each), learner(every))
+
+
+@pytest.mark.parametrize("check, names, label", [
+    # under the general bar of a third the step passed (0.19-0.31 of the course's loop, which runs modules
+    # and autograd; red team, 2026-12-01); right answers read 0.017-0.028, and the step's bar is a tenth
+    (check_ensemble_sgd_step, ("ens_step_by_hand",), "ensemble_sgd_step took"),
+    (check_ensemble_predict, ("each_by_hand", "predict_all"), "predict_each took"),  # read 0.71; right: 0.09
+])
+def test_a_loop_written_by_hand_model_by_model_never_passes_the_clock(learner, check, names, label):
+    from course.grading import SpeedUndecided
+
+    with pytest.raises((AssertionError, SpeedUndecided)) as caught:
+        check(*map(learner, names))
+    assert label in str(caught.value), caught.value  # the clock refused it, not the numerics
 
 
 @pytest.mark.parametrize("check, name, message", [

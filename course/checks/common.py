@@ -232,12 +232,13 @@ def clock_verdict(shows_asked: bool, shows_other: bool, *, text: str, fail: str,
 
 
 def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str, fail: str,
-                        unit: str = "sample") -> None:
+                        unit: str = "sample", no_loop: float = NO_LOOP) -> None:
     """:func:`clock_verdict` on the learner's time ``mine`` beside the course's ``loop`` (one step per ``unit``):
-    a batched answer takes at most :data:`NO_LOOP` of it, a loop at least :data:`LOOP_LIKE`."""
-    batched, looped = mine <= NO_LOOP * loop, mine >= LOOP_LIKE * loop
+    a batched answer takes at most ``no_loop`` of it (:data:`NO_LOOP` unless a check measured a
+    tighter bar), a loop at least :data:`LOOP_LIKE`."""
+    batched, looped = mine <= no_loop * loop, mine >= LOOP_LIKE * loop
     clock_verdict(looped if want_loop else batched, batched if want_loop else looped, text=text, fail=fail,
-                  between=f"{mine / loop:.2f} of the loop, between a batched answer (at most {NO_LOOP:.2f}) and a "
+                  between=f"{mine / loop:.2f} of the loop, between a batched answer (at most {no_loop:.2f}) and a "
                           f"loop (at least {LOOP_LIKE:.2f})",
                   # a loop whose every step is already batched (the rows of one sample in one backward
                   # pass, say) reads about 0.6 of the course's loop on a quiet machine
@@ -247,7 +248,8 @@ def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str,
 
 
 def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], loop: Callable, *, attempts: int = 3,
-                       key: Any = None, rtol: float = 1e-3, atol: float = 1e-4) -> tuple[float, float]:
+                       key: Any = None, rtol: float = 1e-3, atol: float = 1e-4,
+                       no_loop: float = NO_LOOP) -> tuple[float, float]:
     """The best wall times of the learner's ``fn`` and of the course's ``loop`` (the same work done
     by a Python loop), by the grader's clock (:func:`course.timing.best_times`: in turn, the
     learner's process stopped while the loop runs), on ``make(seed)``: fresh arguments for every
@@ -255,7 +257,7 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], lo
     memoised; every output of ``fn`` is compared with the loop's (a fast wrong answer is refused).
     Two to ``attempts`` readings, each side's best kept across them: noise only ever adds time,
     so a further reading refines the estimate and is taken only while the learner's side is not
-    yet below ``NO_LOOP`` of the loop; it is not a new chance. A reading still between the two
+    yet below ``no_loop`` of the loop; it is not a new chance. A reading still between the two
     verdicts after ``attempts`` (a busy machine slowed one side) is refined by up to ``attempts``
     more: undecided is the last resort, not the answer to one noisy run. With ``key``, the reading
     is made once per learner function (a remote one keeps it: the hidden tests of a cell ask again)."""
@@ -280,7 +282,7 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], lo
     for attempt in range(2 * attempts):
         times = best_times([(learner, fresh), (loop, fresh)], held=[1], check=check)
         best = [min(b, t) for b, t in zip(best, times)]
-        batched, looped = best[0] <= NO_LOOP * best[1], best[0] >= LOOP_LIKE * best[1]
+        batched, looped = best[0] <= no_loop * best[1], best[0] >= LOOP_LIKE * best[1]
         if attempt >= 1 and (batched or (attempt >= attempts - 1 and looped)):
             break
     if key is not None:
