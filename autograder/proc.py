@@ -94,7 +94,15 @@ def shallowest(root: int, keep) -> list[int]:
 
 
 def is_python(pid: int) -> bool:
-    """Whether ``pid`` runs a Python interpreter (its command name starts with 'python')."""
+    """Whether ``pid`` runs a Python interpreter: its executable's name starts with 'python'. Not its
+    command name (``/proc/<pid>/comm``), which is its main thread's name: torch 2.4 renames that thread
+    ``pt_main_thread`` as it loads, and any code can rename it, so a process that imported torch went
+    unsignalled (a cell past its limit was never interrupted: the submission timed out whole, on the
+    torch 2.4 the course supports). The command name only where the executable cannot be read."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
+    except OSError:
+        pass
     try:
         with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
             return fh.read().startswith("python")
