@@ -86,6 +86,21 @@ def dropout_fixed_masks(params, buffers, base, x):
                         for i in range(n)])
 
 
+def dropout_loop(params, buffers, base, x):
+    """Each member in turn, drawing its own mask: right values, a loop."""
+    n = next(iter(params.values())).shape[0]
+    return torch.stack([functional_call(base, ({k: v[i] for k, v in params.items()},
+                                               {k: v[i] for k, v in buffers.items()}), (x,)) for i in range(n)])
+
+
+def dropout_only_small(wrong):
+    """Right on the lesson's few members, ``wrong`` on an ensemble as large as the clock's."""
+    def answer(params, buffers, base, x):
+        n = next(iter(params.values())).shape[0]
+        return predict_dropout(params, buffers, base, x) if n < 100 else wrong(params, buffers, base, x)
+    return answer
+
+
 def loop_each(params, buffers, base, xs):
     return torch.stack([functional_call(base, ({k: v[i] for k, v in params.items()},
                                                {k: v[i] for k, v in buffers.items()}), (xs[i],))
@@ -235,6 +250,10 @@ LEARNER = {
     # list came back shorter, and the moved model went unseen)
     "stack_pops_moved": lambda models: (*stack_module_state(models), models[-1].to("meta"), models.pop())[:3],
     "dropout_fixed_masks": dropout_fixed_masks,
+    "dropout_loop": dropout_loop,
+    # right where the values are checked, wrong only where the clock times it
+    "dropout_eval_when_timed": dropout_only_small(lambda p, b, base, x: predict_dropout(p, b, base.eval(), x)),
+    "dropout_same_when_timed": dropout_only_small(lambda *a: predict_dropout(*a, randomness="same")),
     "dp_sgd_in_place": lambda *a, **k: dp_sgd(*a, **k, in_place=True),
     "dp_sgd_global_rng": lambda *a, **k: dp_sgd(*a, **k, draw=False),
     "psg_memo_loop": lambda model, x, y: memoised(psg_loop)(model, x, y),
@@ -266,17 +285,23 @@ def test_right_answers_pass_every_served_check(learner, capsys):
     undecided = sum(r is UNDECIDED for r in results)
     out = capsys.readouterr().out
     assert out.count("ok:") == 9 - undecided, out
-    assert out.count("the grader's clock") == 5 - undecided and "ops for" not in out, out
+    assert out.count("the grader's clock") == 6 - undecided and "ops for" not in out, out
 
 
 @pytest.mark.parametrize("each, every, message", [
     ("loop_each", "predict_all", loop_named("model", "predict_each took .*")),
     ("token_vmap_each", "predict_all", loop_named("model", "predict_each took .*")),
     ("predict_each", "loop_all", loop_named("model", "predict_all took .*")),
+    ("dropout_loop", None, loop_named("model", "predict_all_dropout took .*")),
 ])
 def test_an_ensemble_loop_fails_by_the_judges_clock(learner, each, every, message):
+    """A loop over the members, even one that draws each member's dropout mask in turn (its values are
+    right: until grader version 40 predict_all_dropout had no clock, and it passed)."""
     with pytest.raises(AssertionError, match=message):
-        check_ensemble_predict(learner(each), learner(every))
+        if every is None:
+            check_predict_dropout(learner(each))
+        else:
+            check_ensemble_predict(learner(each), learner(every))
 
 
 @pytest.mark.parametrize("check, names, label", [
@@ -310,6 +335,10 @@ def test_a_loop_written_by_hand_model_by_model_never_passes_the_clock(learner, c
     (check_predict_dropout, "dropout_eval", "no unit was dropped"),
     (check_stack_ensemble, "stack_pops_moved", "changed the list of models it was given: it held 4, it now holds 3"),
     (check_predict_dropout, "dropout_fixed_masks", "a second call on the same inputs dropped exactly the same units"),
+    (check_predict_dropout, "dropout_eval_when_timed", "while timed beside the course's loop: member 0's output on "
+                                                       "row 0 is not its own output with any dropout mask"),
+    (check_predict_dropout, "dropout_same_when_timed", "while timed beside the course's loop: the members dropped "
+                                                       "the same units"),
 ])
 def test_wrong_answers_across_the_boundary_fail_with_their_cause(learner, check, name, message):
     with pytest.raises(AssertionError, match=message):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import secrets
 import warnings
 from typing import Callable, Mapping
 
@@ -144,11 +145,11 @@ def _module_facts(base) -> tuple[str, dict[str, str]] | None:
 
 
 def _expect_no_loop_by_clock(fn: Callable, label: str, make: Callable[[int], tuple], loop: Callable, *, count: int,
-                             unit: str, key: tuple, no_loop: float = NO_LOOP) -> str:
+                             unit: str, key: tuple, no_loop: float = NO_LOOP, agree: Callable | None = None) -> str:
     """Across the boundary: ``fn`` must take at most ``no_loop`` of the course's ``loop`` on the
     same work (``count`` models or samples, fresh from ``make(seed)`` every time, every output
-    compared with the loop's), by the judge's clock. Returns the evidence, as text."""
-    mine, theirs = clock_against_loop(fn, label, make, loop, key=key, no_loop=no_loop)
+    compared with the loop's, or judged by ``agree``), by the judge's clock. Returns the evidence, as text."""
+    mine, theirs = clock_against_loop(fn, label, make, loop, key=key, no_loop=no_loop, agree=agree)
     text = (f"took {format_time(mine)} for {count} {unit}s, where the course's loop over them takes "
             f"{format_time(theirs)} (the grader's clock)")
     expect_loop_verdict(mine, theirs, want_loop=False, text=f"{label} {text}", unit=unit, no_loop=no_loop,
@@ -358,7 +359,8 @@ def check_predict_dropout(predict_all_dropout: Callable, *, seed: int = 0, n: in
     invertible here) and asks: is each output the member's own with some units dropped and the
     rest scaled by ``1 / (1 - p)``; is the share dropped near ``p``; do the members' masks differ
     (``randomness='same'`` shares one). In the learner's own process it also watches the base
-    model: one call, under ``vmap``."""
+    model: one call, under ``vmap``; across the boundary the judge's clock asks instead
+    (:func:`_dropout_clock`)."""
     dev = pick_device(device)
     members = mlp_ensemble(n, seed=seed, features=features, hidden=hidden, classes=hidden, dropout=p, device=dev,
                            dtype=torch.float64)
@@ -431,8 +433,72 @@ def check_predict_dropout(predict_all_dropout: Callable, *, seed: int = 0, n: in
                              "members draws one each: randomness='different'.")
     record([True, near_p, not shared], [True, True, True], f"{label}: each member's output is its own with a mask; "
            "the share dropped is near p; the members' masks differ; a second call draws again")
+    clocked = f"; {_dropout_clock(predict_all_dropout, label, seed, p)}" if is_remote(predict_all_dropout) else ""
     ok(f"{label}: every member's output is its own with a mask of its own ({share:.0%} of the units dropped, "
-       f"p = {p}; two members agree on {sum(agree) / max(len(agree), 1):.0%} of them) (n={n}, seed {seed})")
+       f"p = {p}; two members agree on {sum(agree) / max(len(agree), 1):.0%} of them){clocked} (n={n}, seed {seed})")
+
+
+def _masks_read_back(label: str, got, out: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dropped, live)``, each ``(n, batch, units)``: the mask each member's output ``got`` shows, found
+    among every mask of the few units before the last layer (``hidden``: what reached each member's
+    dropout; ``weight``, ``bias``: each member's last layer), and which units were alive (a unit at 0
+    tells nothing of its mask). Raises when an output is no member's own output under any mask."""
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(out.shape):
+        raise AssertionError(f"{label} while timed beside the course's loop should return a tensor of shape "
+                             f"{tuple(out.shape)} (member, row, output), got {describe(got)}.")
+    units = hidden.shape[-1]
+    masks = ((torch.arange(2 ** units)[:, None] >> torch.arange(units)) & 1).to(hidden.dtype)  # (masks, units)
+    with torch.no_grad():
+        every = torch.einsum("nbu,ku,ncu->nbkc", hidden / (1 - p), masks, weight) + bias[:, None, None, :]
+        miss, which = (every - got.to(every.dtype)[:, :, None, :]).abs().amax(-1).min(-1)
+    scale = 1e-4 * max(1.0, float(every.abs().amax()))
+    if not bool(miss.le(scale).all()):
+        i, row = (int(v) for v in miss.gt(scale).nonzero()[0])
+        raise AssertionError(f"{label} while timed beside the course's loop: member {i}'s output on row {row} is "
+                             f"not its own output with any dropout mask ({float(miss[i, row]):.3g} from the "
+                             "nearest).\n  Hint: a timed answer must be right on every input it is given.")
+    live = hidden > 1e-3 * float(hidden.abs().amax())
+    return masks[which] == 0, live
+
+
+def _dropout_clock(fn: Callable, label: str, seed: int, p: float) -> str:
+    """The judge's clock on ``CLOCK_MEMBERS`` small members with dropout (on the CPU), against the course's
+    loop (each member in training mode, drawing its own mask). The two sides cannot agree value for value
+    (each draws its masks), so every timed output is read back instead: each member's own output under
+    some mask, about ``p`` of the units dropped, the members' masks not one shared mask."""
+    loop_dropout = grader_references("vmap").loop_dropout_predictions
+    members = mlp_ensemble(CLOCK_MEMBERS, seed=seed, features=4, hidden=4, classes=4, dropout=p, device="cpu")
+    params, buffers = stack_module_state(members)
+    base = meta_mlp(features=4, hidden=4, classes=4, dropout=p)
+    weight = torch.stack([m[-1].weight.detach() for m in members])
+    bias = torch.stack([m[-1].bias.detach() for m in members])
+
+    def make(fresh):
+        return params, buffers, base, toy_features(4, 4, seed=fresh, device="cpu")
+
+    def loop(params, buffers, base, x):
+        return loop_dropout(members, x)
+
+    def agree(got, loops) -> None:
+        out, hidden = loops
+        dropped, live = _masks_read_back(label, got, out, hidden, weight, bias, p)
+        step = 1 + secrets.randbelow(len(members) - 1)  # each member beside another, drawn now
+        both = live & live.roll(step, 0)
+        same = float((dropped == dropped.roll(step, 0))[both].double().mean())
+        chance = p * p + (1 - p) * (1 - p)
+        if same > max(SAME_MASKS, chance + 5 * (chance * (1 - chance) / max(int(both.sum()), 1)) ** 0.5):
+            raise AssertionError(f"{label} while timed beside the course's loop: the members dropped the same "
+                                 f"units ({same:.0%} of them agree between members; independent masks agree on "
+                                 f"about {chance:.0%}). Each member draws a mask of its own.")
+        share = float(dropped[live].double().mean())
+        if abs(share - p) > 5 * (p * (1 - p) / max(int(live.sum()), 1)) ** 0.5 + 0.02:
+            raise AssertionError(f"{label} while timed beside the course's loop: {share:.0%} of the units were "
+                                 f"dropped; dropout with p = {p} drops about {p:.0%}.")
+
+    with torch.no_grad():
+        return _expect_no_loop_by_clock(fn, label, make, loop, count=CLOCK_MEMBERS, unit="model",
+                                        key=("dropout", p), agree=agree)
 
 
 # -- an op without a batching rule, repaired -----------------------------------------------------
