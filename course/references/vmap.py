@@ -18,9 +18,8 @@ from torch import nn
 
 from course.guard import reference
 
-__all__ = ["DATA_FILES", "EPS", "dp_clip_mistakes", "dp_sgd_reference", "kl_mistakes", "loop_dropout_predictions",
-           "loop_member_kl", "loop_predictions", "loop_sgd_step", "per_sample_norms", "reference_per_sample_grads",
-           "vmap_data"]
+__all__ = ["DATA_FILES", "EPS", "dp_clip_mistakes", "dp_sgd_reference", "kl_mistakes", "loop_member_kl",
+           "loop_predictions", "loop_sgd_step", "per_sample_norms", "reference_per_sample_grads", "vmap_data"]
 
 #: Added to every norm before dividing by it, as Opacus does, so that a zero gradient is no problem.
 EPS = 1e-6
@@ -34,19 +33,6 @@ def loop_predictions(models, x: torch.Tensor, *, same_minibatch: bool) -> torch.
     if same_minibatch:
         return torch.stack([m(x) for m in models])
     return torch.stack([m(xi) for m, xi in zip(models, x)])
-
-
-@reference
-def loop_dropout_predictions(models, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The baseline of Exercise 4: every member (in training mode, each drawing its own dropout mask)
-    on ``x``, and what reached each member's dropout: ``(outputs, hidden)``, stacked over the members.
-    The same module calls as ``model(x)``, split where the check needs to read the mask back."""
-    outs, hidden = [], []
-    for m in models:
-        h = m[:-2](x)
-        outs.append(m[-1](m[-2](h)))
-        hidden.append(h)
-    return torch.stack(outs), torch.stack(hidden)
 
 
 @reference
