@@ -160,6 +160,32 @@ def dropout_mostly_shared(params, buffers, base, x):
     return torch.baddbmm(b3[:, None, :], h, w3.transpose(1, 2))
 
 
+def _batched_dropout_by_hand(params, buffers, base, x, masks):
+    """Every member on ``x`` batched by hand, with the keep-masks ``masks`` (``(n, batch, hidden)``, 1 kept)."""
+    p, shift, scale, ((w1, b1), (w2, b2), (w3, b3)) = _dropout_layers(params, buffers, base)
+    h = torch.baddbmm(b1[:, None, :], (x[None] - shift[:, None, :]) / scale[:, None, :], w1.transpose(1, 2)).relu_()
+    h = torch.baddbmm(b2[:, None, :], h, w2.transpose(1, 2)).relu_()
+    return torch.baddbmm(b3[:, None, :], h * masks / (1 - p), w3.transpose(1, 2))
+
+
+def dropout_kept_masks(roll: bool):
+    """Red team, round 11: masks drawn once per shape and kept across calls, either for the same member
+    with its first row redrawn, or handed round the members, one place further each call (17/17 each)."""
+    store: dict = {}
+
+    def answer(params, buffers, base, x):
+        p = _dropout_layers(params, buffers, base)[0]
+        shape = (next(iter(params.values())).shape[0], x.shape[0], params["3.bias"].shape[1])
+        masks = store.setdefault((shape, p), (torch.rand(shape, dtype=x.dtype) >= p).to(x.dtype))
+        store["calls"] = store.get("calls", 0) + 1
+        if roll:
+            masks = masks.roll(store["calls"], 0)
+        else:
+            masks[:, 0] = (torch.rand(masks[:, 0].shape, dtype=x.dtype) >= p).to(x.dtype)
+        return _batched_dropout_by_hand(params, buffers, base, x, masks)
+    return answer
+
+
 def loop_each(params, buffers, base, xs):
     return torch.stack([functional_call(base, ({k: v[i] for k, v in params.items()},
                                                {k: v[i] for k, v in buffers.items()}), (xs[i],))
@@ -311,6 +337,7 @@ LEARNER = {
     "dropout_fixed_masks": dropout_fixed_masks,
     "dropout_loop": dropout_loop, "dropout_by_hand_loop": dropout_by_hand_loop,
     "dropout_torchscript_loop": dropout_torchscript_loop, "dropout_mostly_shared": dropout_mostly_shared,
+    "dropout_kept_masks": dropout_kept_masks(roll=False), "dropout_masks_handed_round": dropout_kept_masks(roll=True),
     # right where the values are checked, wrong only where the clock times it
     "dropout_eval_when_timed": dropout_only_small(lambda p, b, base, x: predict_dropout(p, b, base.eval(), x)),
     "dropout_same_when_timed": dropout_only_small(lambda *a: predict_dropout(*a, randomness="same")),
@@ -407,6 +434,9 @@ def test_a_loop_written_by_hand_model_by_model_never_passes_the_clock(learner, c
     (check_predict_dropout, "dropout_same_when_timed", "while timed beside the course's loop: the members' masks "
                                                        "agree on 100% of the units"),
     (check_predict_dropout, "dropout_mostly_shared", "dropped the same units more often than chance"),
+    (check_predict_dropout, "dropout_kept_masks", "a second call on the same inputs gave member 0 .* of the same mask"),
+    (check_predict_dropout, "dropout_masks_handed_round", "while timed beside the course's loop: .* of the members' "
+                                                          "masks were masks of the previous call"),
 ])
 def test_wrong_answers_across_the_boundary_fail_with_their_cause(learner, check, name, message):
     with pytest.raises(AssertionError, match=message):

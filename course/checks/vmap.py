@@ -413,6 +413,17 @@ def check_predict_dropout(predict_all_dropout: Callable, *, seed: int = 0, n: in
         raise AssertionError(f"{label}: a second call on the same inputs dropped exactly the same units: dropout "
                              "draws a fresh mask on every call (from the global generator, as the base model's "
                              "Dropout does); masks fixed by a seed of their own are not dropout.")
+    if isinstance(again, torch.Tensor) and again.shape == got.shape:  # most units kept from the first call
+        z_again, _, _ = _kept_units(members, x, again)
+        dropped_again = z_again.abs() <= 1e-7 * scaled.abs().amax()
+        for i in range(n):
+            kept_live = int(live[i].sum())
+            repeat = float((dropped[i] == dropped_again[i])[live[i]].double().mean()) if kept_live else 0.0
+            if kept_live and repeat > _same_masks_bar(p, kept_live):
+                raise AssertionError(f"{label}: a second call on the same inputs gave member {i} {repeat:.0%} of the "
+                                     "same mask (independent draws agree on about "
+                                     f"{p * p + (1 - p) * (1 - p):.0%}): dropout draws a fresh mask on every call; "
+                                     "masks kept from an earlier call are not dropout.")
     share = float(dropped[live].double().mean())
     spread = 5 * (p * (1 - p) / max(int(live.sum()), 1)) ** 0.5 + 0.02  # five binomial sigmas
     near_p = abs(share - p) <= spread
@@ -480,6 +491,41 @@ def _same_masks_bar(p: float, units: int) -> float:
     return chance + 5 * (chance * (1 - chance) / max(units, 1)) ** 0.5 + 0.02
 
 
+def _mask_codes(dropped: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """Each member's whole mask as one integer (a bit per unit), for the members whose every unit was alive."""
+    bits = dropped.flatten(1).long()
+    codes = (bits << torch.arange(bits.shape[1])).sum(1)
+    return codes[live.flatten(1).all(1)]
+
+
+def _fresh_masks(label: str, dropped: torch.Tensor, live: torch.Tensor, earlier: dict, p: float) -> None:
+    """This timed call's masks against the previous call's (``earlier`` keeps them): each member's mask
+    may agree with its own previous one no more than independent draws do, and the members' whole masks
+    may be found among the previous call's no more often than among masks the judge draws now (masks
+    kept from an earlier call, whether by the same member or handed round, are not dropout)."""
+    before = earlier.get("masks")
+    earlier["masks"] = (dropped, live)
+    if before is None:
+        return
+    prev, prev_live = before
+    both = live & prev_live
+    repeat = float((dropped == prev)[both].double().mean())
+    if repeat > _same_masks_bar(p, int(both.sum())):
+        raise AssertionError(f"{label} while timed beside the course's loop: each member's mask agreed with its mask "
+                             f"of the previous call on {repeat:.0%} of the units (fresh draws agree on about "
+                             f"{p * p + (1 - p) * (1 - p):.0%}): dropout draws a fresh mask on every call.")
+    now, then = _mask_codes(dropped, live), _mask_codes(prev, prev_live)
+    if len(now) < 100 or len(then) < 100:
+        return
+    drawn = _mask_codes(torch.rand(prev.shape) < p, torch.ones_like(prev_live))
+    found = float(torch.isin(now, then).double().mean())
+    chance = float(torch.isin(now, drawn).double().mean())
+    if found > chance + 5 * (max(chance, 0.01) * (1 - chance) / len(now)) ** 0.5 + 0.05:
+        raise AssertionError(f"{label} while timed beside the course's loop: {found:.0%} of the members' masks were "
+                             f"masks of the previous call (among fresh masks: {chance:.0%}): dropout draws a fresh "
+                             "mask on every call.")
+
+
 def _dropout_clock(fn: Callable, label: str, seed: int, p: float) -> str:
     """The judge's clock on ``CLOCK_MEMBERS`` small members with dropout (on the CPU), against the course's
     loop over them (the prediction clock's loop, each member in training mode drawing its own mask).
@@ -488,6 +534,9 @@ def _dropout_clock(fn: Callable, label: str, seed: int, p: float) -> str:
     members' masks independent."""
     loop_predictions = grader_references("vmap").loop_predictions
     members = mlp_ensemble(DROPOUT_MEMBERS, seed=seed, features=4, hidden=4, classes=4, dropout=p, device="cpu")
+    with torch.no_grad():  # every unit that reaches the dropout alive, so that every mask bit can be read back
+        for m in members:
+            m[-4].bias.add_(5.0)
     params, buffers = stack_module_state(members)
     base = meta_mlp(features=4, hidden=4, classes=4, dropout=p)
     head = base[:-2]  # what reaches the dropout, run on the stacked state after the clock, untimed
@@ -500,6 +549,8 @@ def _dropout_clock(fn: Callable, label: str, seed: int, p: float) -> str:
 
     def loop(params, buffers, base, x):
         return loop_predictions(members, x, same_minibatch=True), x
+
+    earlier: dict = {}
 
     def agree(got, loops) -> None:
         out, x = loops
@@ -518,6 +569,7 @@ def _dropout_clock(fn: Callable, label: str, seed: int, p: float) -> str:
         if abs(share - p) > 5 * (p * (1 - p) / max(int(live.sum()), 1)) ** 0.5 + 0.02:
             raise AssertionError(f"{label} while timed beside the course's loop: {share:.0%} of the units were "
                                  f"dropped; dropout with p = {p} drops about {p:.0%}.")
+        _fresh_masks(label, dropped, live, earlier, p)
 
     with torch.no_grad():
         return _expect_no_loop_by_clock(fn, label, make, loop, count=DROPOUT_MEMBERS, unit="model",
