@@ -337,6 +337,16 @@ def _ensemble_clock(fn: Callable, label: str, same: bool, seed: int) -> str:
 
 # -- dropout in an ensemble: randomness= ----------------------------------------------------------
 
+def _agree_by_chance(p: float) -> float:
+    """The share of units on which two independent dropout masks agree: both drop or both keep."""
+    return p * p + (1 - p) * (1 - p)
+
+
+def _share_near_p(share: float, p: float, units: int) -> bool:
+    """Whether ``share`` dropped of ``units`` is dropout's ``p``, within five binomial sigmas and 0.02."""
+    return abs(share - p) <= 5 * (p * (1 - p) / max(units, 1)) ** 0.5 + 0.02
+
+
 def _kept_units(members, x: torch.Tensor, got: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What each member's dropout did, read back from its output (float64): ``(z, h, scaled)``,
     each ``(n, batch, hidden)``. ``h`` is the hidden layer before dropout, ``scaled`` what a kept
@@ -422,15 +432,14 @@ def check_predict_dropout(predict_all_dropout: Callable, *, seed: int = 0, n: in
             if kept_live and repeat > _same_masks_bar(p, kept_live):
                 raise AssertionError(f"{label}: a second call on the same inputs gave member {i} {repeat:.0%} of the "
                                      "same mask (independent draws agree on about "
-                                     f"{p * p + (1 - p) * (1 - p):.0%}): dropout draws a fresh mask on every call; "
+                                     f"{_agree_by_chance(p):.0%}): dropout draws a fresh mask on every call; "
                                      "masks kept from an earlier call are not dropout.")
     share = float(dropped[live].double().mean())
-    spread = 5 * (p * (1 - p) / max(int(live.sum()), 1)) ** 0.5 + 0.02  # five binomial sigmas
-    near_p = abs(share - p) <= spread
+    near_p = _share_near_p(share, p, int(live.sum()))
     if not near_p:
         raise AssertionError(f"{label}: {share:.0%} of the units were dropped; dropout with p = {p} drops about "
                              f"{p:.0%}. Run the base model as it is, once per member.")
-    chance = p * p + (1 - p) * (1 - p)  # two independent masks agree on a unit
+    chance = _agree_by_chance(p)
     agree, common, pairs = [], [], []
     for i in range(n):
         for j in range(i + 1, n):
@@ -487,7 +496,7 @@ def _same_masks_bar(p: float, units: int) -> float:
     on (``p**2 + (1 - p)**2``) and five binomial sigmas over ``units`` compared, plus 0.02. Masks drawn
     once and shared agree on every unit; masks shared in part (a few units redrawn per member) on more
     than chance, and with hundreds of units compared that is seen."""
-    chance = p * p + (1 - p) * (1 - p)
+    chance = _agree_by_chance(p)
     return chance + 5 * (chance * (1 - chance) / max(units, 1)) ** 0.5 + 0.02
 
 
@@ -513,7 +522,7 @@ def _fresh_masks(label: str, dropped: torch.Tensor, live: torch.Tensor, earlier:
     if repeat > _same_masks_bar(p, int(both.sum())):
         raise AssertionError(f"{label} while timed beside the course's loop: each member's mask agreed with its mask "
                              f"of the previous call on {repeat:.0%} of the units (fresh draws agree on about "
-                             f"{p * p + (1 - p) * (1 - p):.0%}): dropout draws a fresh mask on every call.")
+                             f"{_agree_by_chance(p):.0%}): dropout draws a fresh mask on every call.")
     now, then = _mask_codes(dropped, live), _mask_codes(prev, prev_live)
     if len(now) < 100 or len(then) < 100:
         return
@@ -527,7 +536,7 @@ def _fresh_masks(label: str, dropped: torch.Tensor, live: torch.Tensor, earlier:
 
 
 def _dropout_clock(fn: Callable, label: str, seed: int, p: float) -> str:
-    """The judge's clock on ``CLOCK_MEMBERS`` small members with dropout (on the CPU), against the course's
+    """The judge's clock on ``DROPOUT_MEMBERS`` small members with dropout (on the CPU), against the course's
     loop over them (the prediction clock's loop, each member in training mode drawing its own mask).
     The two sides cannot agree value for value (each draws its masks), so every timed output is read
     back instead: each member's own output under some mask, about ``p`` of the units dropped, the
@@ -564,9 +573,9 @@ def _dropout_clock(fn: Callable, label: str, seed: int, p: float) -> str:
         if same > _same_masks_bar(p, int(both.sum())):
             raise AssertionError(f"{label} while timed beside the course's loop: the members' masks agree on "
                                  f"{same:.0%} of the units (independent masks agree on about "
-                                 f"{p * p + (1 - p) * (1 - p):.0%}): each member draws a mask of its own.")
+                                 f"{_agree_by_chance(p):.0%}): each member draws a mask of its own.")
         share = float(dropped[live].double().mean())
-        if abs(share - p) > 5 * (p * (1 - p) / max(int(live.sum()), 1)) ** 0.5 + 0.02:
+        if not _share_near_p(share, p, int(live.sum())):
             raise AssertionError(f"{label} while timed beside the course's loop: {share:.0%} of the units were "
                                  f"dropped; dropout with p = {p} drops about {p:.0%}.")
         _fresh_masks(label, dropped, live, earlier, p)
