@@ -127,11 +127,13 @@ def recipe(fn: Callable[..., Any]) -> Callable[..., Any]:
     return built
 
 
-def build(value: Any, device: str = "cpu", back: Callable[[wire.Lent], Any] | None = None) -> Any:
+def build(value: Any, device: str = "cpu", back: Callable[[wire.Lent], Any] | None = None,
+          kept: Callable[[wire.Kept], Any] | None = None) -> Any:
     """``value`` with every :class:`course.wire.Recipe` in it built here by its registered builder,
     and every tensor moved to ``device``: what the learner's process makes of a request's arguments.
     ``back(lent)``: the stand-in for a function the judge lent, given its :class:`course.wire.Lent` (in the
-    arguments of a call or a probe only)."""
+    arguments of a call or a probe only); ``kept(k)``: what this side keeps for a :class:`course.wire.Kept`
+    (in a call's arguments only)."""
     if isinstance(value, wire.Recipe):
         obj = _registered(RECIPES, value.name, "recipe")(**{k: build(v, device) for k, v in value.args.items()})
         return getattr(obj, value.attr) if value.attr else obj
@@ -143,12 +145,16 @@ def build(value: Any, device: str = "cpu", back: Callable[[wire.Lent], Any] | No
         if back is None:
             raise ValueError("a lent function outside the arguments of a call or a probe")
         return back(value)
+    if isinstance(value, wire.Kept):
+        if kept is None:
+            raise ValueError("a kept value outside the arguments of a call")
+        return kept(value)
     if type(value) is list:
-        return [build(v, device, back) for v in value]
+        return [build(v, device, back, kept) for v in value]
     if isinstance(value, tuple):
-        return tuple(build(v, device, back) for v in value)
+        return tuple(build(v, device, back, kept) for v in value)
     if type(value) is dict:
-        return {k: build(v, device, back) for k, v in value.items()}
+        return {k: build(v, device, back, kept) for k, v in value.items()}
     return value
 
 
@@ -254,6 +260,17 @@ def _wait(fd: int, event: int) -> None:
     poller.poll()
 
 
+def _widen(fd: int) -> None:
+    """Let the pipe ``fd`` hold up to a megabyte (Linux's usual ceiling for anyone): where it cannot
+    (not a pipe, another system, a lower ceiling), it stays as it is; only the number of turns changes."""
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except OSError:
+        pass
+
+
 class Link:
     """One end of the judge/learner channel: framed :mod:`course.wire` values over two fds.
 
@@ -283,6 +300,8 @@ class Link:
         self._buffer = bytearray()  # bytes read and not yet taken: a read cut short keeps its place
         self._unsent = bytearray()  # bytes of frames not yet written: a send cut short keeps its place
         os.set_blocking(send_fd, False)  # a write takes what the pipe holds, and never waits inside the guard
+        for fd in (send_fd, recv_fd):  # a megabyte a turn rather than 64 kB: a model's state crosses in a few
+            _widen(fd)
 
     def send(self, value: Any) -> None:
         data = self._encode(value)
@@ -292,7 +311,8 @@ class Link:
         if self.send_fd < 0:
             raise OSError(errno.EBADF, "the channel to the other process is closed")
         with _uninterrupted():
-            self._unsent += _FRAME.pack(len(data)) + data
+            self._unsent += _FRAME.pack(len(data))
+            self._unsent += data
         while self._unsent:
             _wait(self.send_fd, select.POLLOUT)  # the wait: where a time limit may land
             with _uninterrupted():
@@ -316,8 +336,11 @@ class Link:
             raise RemoteError(self.broken)
         self._fill(_FRAME.size + size)
         with _uninterrupted():
-            data = bytes(self._buffer[_FRAME.size:_FRAME.size + size])
-            del self._buffer[:_FRAME.size + size]
+            if len(self._buffer) == _FRAME.size + size:  # the usual case: this frame and nothing after it
+                data, self._buffer = memoryview(self._buffer)[_FRAME.size:], bytearray()
+            else:
+                data = self._buffer[_FRAME.size:_FRAME.size + size]
+                del self._buffer[:_FRAME.size + size]
         return self._decode(data)
 
     def _fill(self, n: int) -> None:
@@ -443,12 +466,23 @@ def _lending(link: Link, message: dict, args: tuple, kwargs: dict) -> Any:
             link.lent.pop(handle, None)
 
 
-def _arguments(message: dict, link: Link | None) -> tuple[Any, Any]:
+def _arguments(message: dict, link: Link | None, staged: dict | None = None) -> tuple[Any, Any]:
     """In the learner's process: a call's or a probe's arguments built (:func:`build`), each function
-    the judge lent replaced by a stand-in (:class:`_Back`) good while this request is answered."""
+    the judge lent replaced by a stand-in (:class:`_Back`) good while this request is answered, and
+    (a call's) each kept value by what ``staged`` holds for it."""
     device, seq = message.get("device", "cpu"), message.get("seq")
     back = (lambda lent: _Back(link, lent, seq, device)) if link is not None else None
-    return build(message.get("args", []), device, back), build(message.get("kwargs", {}), device, back)
+    kept = (lambda k: _kept(staged, k, device)) if staged is not None else None
+    return build(message.get("args", []), device, back, kept), build(message.get("kwargs", {}), device, back, kept)
+
+
+def _kept(staged: dict, k: wire.Kept, device: str) -> Any:
+    """What the judge staged as item ``k.index`` of ``k.handle``, on ``device``: the same object on
+    every call (the learner's side's own copy; what it does to it is its own answers' business)."""
+    values = staged.get(k.handle)
+    if values is None or not 0 <= k.index < len(values):
+        raise ValueError(f"nothing staged as item {k.index} of {k.handle}")
+    return _to_device(values[k.index], device)
 
 
 class _Back:
@@ -931,7 +965,7 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict, link: Lin
     if op in ("call", "script", "describe", "block", "probe") and name not in namespace:
         raise NameError(f"name {name!r} is not defined")
     if op == "call":
-        args, kwargs = _arguments(message, link)
+        args, kwargs = _arguments(message, link, staged)
         # autograd on as in the judge's call (an answer may differentiate inside, whatever its inputs)
         with torch.set_grad_enabled(message.get("grad_mode", message.get("grad")) is True), answering():
             value = namespace[name](*args, **kwargs)

@@ -8,7 +8,8 @@ ambiguous shapes included, are what its checks judge); any other crosses contigu
 course builds from plain values, such as a seeded layer: its registered builder's name, the
 values, and at most one public attribute, ``Recipe``; see :func:`course.remote.recipe`), and a
 *named* object from a short allowlist (``torch.func.jacfwd``...), which decodes to that very object.
-A function the judge lends for one call crosses as a handle (``Lent``). A jagged nested tensor
+A function the judge lends for one call crosses as a handle (``Lent``); a value it sent ahead
+(staged: a model's state, kept by the learner's side for a run of timed calls) as two numbers (``Kept``). A jagged nested tensor
 (``layout=torch.jagged``, no holes, one ragged dimension after the batch's) crosses as its values and
 offsets, checked before it is rebuilt (offsets from 0, never decreasing, ending at the values' length:
 ``nested_tensor_from_jagged`` checks none of that, and ops read by them).
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_BYTES", "NAMED", "GeneratorState", "Lent", "ModuleState", "Opaque", "Recipe", "WireError", "decode",
+__all__ = ["MAX_BYTES", "NAMED", "GeneratorState", "Kept", "Lent", "ModuleState", "Opaque", "Recipe", "WireError", "decode",
            "encode"]
 
 #: Largest encoded value either side accepts.
@@ -84,6 +85,16 @@ class Lent:
 
     handle: int
     name: str = "lent"  # the function's name, for the learner's messages and tracebacks
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A value the judge sent ahead and the learner's side keeps (``course.remote.Remote.stage``:
+    a model's state, the same in every timed call): item ``index`` of what it staged as ``handle``.
+    Only the two numbers cross; the learner's side puts its own copy in their place."""
+
+    handle: int
+    index: int
 
 
 @dataclass(frozen=True)
@@ -152,9 +163,9 @@ def encode(value: Any, *, recipes: bool = True) -> bytes:
     other is made contiguous; their ``requires_grad`` flag travels with them. With ``recipes=False`` (what the learner's side
     sends back), objects a recipe built cross as what they are now (a module as its state),
     never as how they were built."""
-    buffers: list[bytes] = []
+    buffers: list = []  # each tensor's bytes, as they lie in memory (not copied until the join)
     head = json.dumps(_to_json(value, buffers, 0, recipes), allow_nan=False, separators=(",", ":")).encode()
-    return _HEAD.pack(len(head)) + head + b"".join(buffers)
+    return b"".join([_HEAD.pack(len(head)), head, *buffers])
 
 
 def _to_json(v: Any, buffers: list[bytes], depth: int, recipes: bool = True) -> Any:
@@ -196,7 +207,7 @@ def _to_json(v: Any, buffers: list[bytes], depth: int, recipes: bool = True) -> 
             flat = t.reshape(-1)
         else:  # dense in another order (channels-last, a transpose): its elements as they lie in memory
             flat = t.as_strided((t.numel(),), (1,), t.storage_offset())
-        data = flat.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        data = flat.view(torch.uint8).numpy() if t.numel() else b""  # its bytes, copied once, by the join
         buffers.append(data)
         return {"t": [name, list(t.shape), len(data), bool(v.requires_grad)] + ([strides] if strides else [])}
     if isinstance(v, torch.dtype):
@@ -211,6 +222,8 @@ def _to_json(v: Any, buffers: list[bytes], depth: int, recipes: bool = True) -> 
         return {"o": v.type_name}
     if isinstance(v, Lent):
         return {"c": [v.handle, v.name[:60]]}
+    if isinstance(v, Kept):
+        return {"k": [v.handle, v.index]}
     if id(v) in _NAMED_IDS:
         return {"n": _NAMED_IDS[id(v)]}
     if isinstance(v, torch.Generator):
@@ -258,7 +271,7 @@ def decode(data: bytes) -> Any:
     """The value in ``data``, or :class:`WireError`; never runs code the bytes chose."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError("not bytes")
-    data = bytes(data)
+    data = memoryview(data).cast("B")  # read in place: every tensor copies its own bytes out
     if len(data) > MAX_BYTES:
         raise WireError(f"{len(data)} bytes, over the {MAX_BYTES // 2**20} MB limit")
     if len(data) < _HEAD.size:
@@ -267,7 +280,7 @@ def decode(data: bytes) -> Any:
     if _HEAD.size + n > len(data):
         raise WireError("header longer than the message")
     try:
-        head = json.loads(data[_HEAD.size:_HEAD.size + n].decode("utf-8"),
+        head = json.loads(bytes(data[_HEAD.size:_HEAD.size + n]).decode("utf-8"),
                           parse_constant=_refuse, parse_int=_small_int)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise WireError(f"unreadable header ({type(exc).__name__})") from None
@@ -330,6 +343,9 @@ class _Reader:
         if kind == "c" and isinstance(body, list) and len(body) == 2 and type(body[0]) is int \
                 and 0 <= body[0] < 2**31 and isinstance(body[1], str) and body[1].isidentifier() and len(body[1]) <= 60:
             return Lent(body[0], body[1])
+        if kind == "k" and isinstance(body, list) and len(body) == 2 \
+                and all(type(b) is int and 0 <= b < 2**31 for b in body):
+            return Kept(body[0], body[1])
         if kind == "n" and body in NAMED:
             return NAMED[body]
         if kind == "g" and isinstance(body, list) and len(body) == 2 and isinstance(body[0], str) \

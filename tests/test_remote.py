@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _random_value(rng: random.Random, depth: int = 0):
-    kinds = ["none", "bool", "int", "float", "str", "tensor", "dtype", "lent"] + (["list", "tuple", "dict"] if depth < 4 else [])
+    kinds = ["none", "bool", "int", "float", "str", "tensor", "dtype", "lent", "kept"] + (
+        ["list", "tuple", "dict"] if depth < 4 else [])
     kind = rng.choice(kinds)
     if kind == "none":
         return None
@@ -42,6 +43,8 @@ def _random_value(rng: random.Random, depth: int = 0):
         return rng.choice([torch.float32, torch.int64, torch.bool])
     if kind == "lent":
         return wire.Lent(rng.randint(0, 2**31 - 1), rng.choice(["layer", "f", "lent"]))
+    if kind == "kept":
+        return wire.Kept(rng.randint(0, 2**31 - 1), rng.randint(0, 2**31 - 1))
     if kind == "tensor":
         dtype = rng.choice([torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8,
                             torch.bool, torch.complex64])
@@ -685,6 +688,62 @@ def test_a_probe_may_lend_a_function_as_a_call_does():
         _KEPT_BY_PROBE.clear()
         assert torch.equal(probe(learner("apply"), _lending_probe, lend(doubled), x), 4 * x)  # still in step
     assert torch.equal(probe(lambda f, x: f(x), _lending_probe, lend(doubled), x), 4 * x)  # here, the function
+
+
+def test_a_staged_value_is_sent_once_and_kept_by_the_learners_side_for_its_calls():
+    """What the judge stages (a model's state for a clock) crosses once; a call names it by two numbers
+    and the learner's side puts its own copy, the same object every call, in their place. A handle or
+    an index nothing was staged under is the call's error, a kept value outside a call's arguments is
+    refused, and the channel stays in step. A forged Kept in a reply is a plain value to the judge."""
+    from served_helpers import served
+
+    from course.remote import probe, prober
+
+    prober(_lending_probe)
+    seen = []
+
+    def total(state, x):
+        seen.append(state)
+        return state["w"].sum() + x
+
+    for learner in served({"total": total, "forged": lambda: wire.Kept(0, 0)}):
+        state = {"w": torch.arange(4.0)}
+        handle = learner("total").stage([state])
+        for x in (1.0, 2.0):
+            assert learner("total")(wire.Kept(handle, 0), torch.tensor(x)).item() == 6.0 + x
+        assert len(seen) == 2 and seen[0] is seen[1] and torch.equal(seen[0]["w"], state["w"])
+        for wrong in (wire.Kept(handle, 1), wire.Kept(handle + 5, 0)):
+            with pytest.raises(ValueError, match="nothing staged as item"):
+                learner("total")(wrong, torch.tensor(1.0))
+        with pytest.raises(ValueError, match="a kept value outside the arguments of a call"):
+            probe(learner("total"), _lending_probe, wire.Kept(handle, 0), torch.tensor(1.0))
+        assert learner("forged")() == wire.Kept(0, 0)  # data: it resolves nothing on the judge's side
+        assert learner("total")(wire.Kept(handle, 0), torch.tensor(3.0)).item() == 9.0  # still in step
+
+
+def test_a_clock_sends_the_state_once_and_refuses_state_that_changes(monkeypatch):
+    """clock_against_loop's ``kept``: the learner's function sees the state staged once (the same
+    object on every timed call, only the fresh inputs crossing each time); a ``make`` whose kept
+    arguments are new objects on every call is a mistake of the check's, said as such."""
+    from served_helpers import served
+
+    from course.checks.common import clock_against_loop
+
+    seen = []
+
+    def scaled(state, x):
+        seen.append(state)
+        return state["w"] * x
+
+    state = {"w": torch.arange(3.0)}
+    loop = lambda state, x: state["w"] * x  # noqa: E731
+    for learner in served({"scaled": scaled}):
+        clock_against_loop(learner("scaled"), "scaled", lambda s: (state, torch.tensor(float(s % 7))), loop,
+                           kept=1, attempts=2)
+        assert len(seen) >= 6 and all(s is seen[0] for s in seen)
+        with pytest.raises(ValueError, match="change from call to call"):
+            clock_against_loop(learner("scaled"), "scaled", lambda s: (dict(state), torch.tensor(1.0)), loop,
+                               kept=1, attempts=2)
 
 
 def test_a_result_too_large_to_cross_is_the_learners_error_and_the_channel_goes_on(monkeypatch):

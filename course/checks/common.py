@@ -249,8 +249,8 @@ def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str,
 
 def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], loop: Callable, *, attempts: int = 3,
                        key: Any = None, rtol: float = 1e-3, atol: float = 1e-4,
-                       no_loop: float = NO_LOOP, agree: Callable[[Any, Any], None] | None = None
-                       ) -> tuple[float, float]:
+                       no_loop: float = NO_LOOP, agree: Callable[[Any, Any], None] | None = None,
+                       kept: int = 0) -> tuple[float, float]:
     """The best wall times of the learner's ``fn`` and of the course's ``loop`` (the same work done
     by a Python loop), by the grader's clock (:func:`course.timing.best_times`: in turn, the
     learner's process stopped while the loop runs), on ``make(seed)``: fresh arguments for every
@@ -263,15 +263,30 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], lo
     more: undecided is the last resort, not the answer to one noisy run. With ``key``, the reading
     is made once per learner function (a remote one keeps it: the hidden tests of a cell ask again).
     ``agree(mine, loops)`` replaces the comparison where the two sides cannot be equal (random ops:
-    the loop then returns what the check needs to tell a right output) and raises when ``mine`` is wrong."""
+    the loop then returns what the check needs to tell a right output) and raises when ``mine`` is wrong.
+    ``kept``: how many of ``make``'s leading arguments are the same objects in every call (a model's
+    state): a learner's function across the boundary gets them sent once, ahead of the clock, and
+    kept there (:meth:`course.remote.Remote.stage`), so that what the clock reads is the learner's
+    work, not the state crossing again on every call (which, for thousands of tiny models, cost a
+    batched answer more than its work and narrowed its lead over a lean loop)."""
     import secrets
 
+    from course.remote import is_remote
     from course.timing import best_times
+    from course.wire import Kept
 
     cache = fn.__dict__.setdefault("clock_readings", {}) if key is not None and hasattr(fn, "__dict__") else {}
     if key is not None and key in cache:
         return cache[key]
     learner = lambda *a: call(fn, *a, name=name)  # noqa: E731
+    if kept and is_remote(fn):
+        constants = tuple(make(secrets.randbits(31)))[:kept]
+        handle = fn.stage(list(constants))
+
+        def learner(*a):
+            if any(x is not c for x, c in zip(a[:kept], constants)):
+                raise ValueError(f"make's first {kept} arguments change from call to call: they cannot be kept")
+            return call(fn, *(Kept(handle, i) for i in range(kept)), *a[kept:], name=name)
 
     def fresh() -> tuple:
         return tuple(make(secrets.randbits(31)))
