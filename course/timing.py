@@ -755,7 +755,7 @@ def cpu_factor(blocks: Sequence[tuple[float, float]], threads: int) -> float:
 
 def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequence[int] = (), reps: int = 5,
                device: str | torch.device | None = None,
-               check: Callable[[list], None] | None = None) -> list[float]:
+               check: Callable[[list], None] | None = None, warm: Sequence[int] = ()) -> list[float]:
     """The best of ``reps`` wall times of each ``fn(*args)`` in ``calls``, taken in turn within every
     repetition (a busy moment slows one sample of each; the best of each is left), after one
     untimed repetition. Evidence of structure that a check can take from outside the learner's
@@ -767,7 +767,13 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     ``args`` may be a function returning the arguments: it is called (untimed) once per
     repetition, and calls that share it get the same fresh arguments, so nothing can be
     memoised across repetitions. ``check(outputs)`` sees every repetition's outputs, in the order
-    of ``calls`` (a timed answer must also be right)."""
+    of ``calls`` (a timed answer must also be right).
+
+    ``warm``: calls that are made once more, untimed, just before each timed one, on arguments of
+    their own (``args()`` again: nothing of the timed call's can be kept from it). After a held call
+    the learner's process comes back cold (its caches and its allocator's pages the loop's), and the
+    first call after pays for that: a per-sample answer that runs in 2 ms read 8 ms so. The warm-up
+    call pays it instead; the timed call is the learner's work."""
     dev = pick_device(device)
     learner_cpu = grader_hooks.learner_cpu if dev.type == "cpu" else None
     used: list[list[tuple[float, float]]] = [[] for _ in calls]  # (wall, CPU) of the learner's calls
@@ -777,6 +783,8 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
             made: dict[int, tuple] = {}
             outputs = []
             for i, (fn, args) in enumerate(calls):
+                if i in warm and callable(args):
+                    fn(*tuple(args()))  # untimed, unchecked, on its own fresh arguments
                 if callable(args):
                     args = made[id(args)] if id(args) in made else made.setdefault(id(args), tuple(args()))
                 with (grader_hooks.learner_stopped() if i in held else nullcontext()):

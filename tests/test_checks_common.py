@@ -62,7 +62,7 @@ def test_a_clock_reading_in_the_gap_is_refined_before_it_is_left_undecided(monke
     calls = iter(readings)
     seen = []
 
-    def fake_best_times(pairs, held, check):
+    def fake_best_times(pairs, held, check, warm=()):
         seen.append(1)
         return list(next(calls))
 

@@ -155,6 +155,23 @@ def test_compare_served_charges_each_round_so_rounds_kept_waiting_do_not_dilute_
     assert any("cores' worth of CPU" in note for note in report.notes), report.notes
 
 
+def test_a_warmed_call_gets_an_untimed_call_first_on_inputs_of_its_own():
+    """``best_times(warm=)``: before each timed call of the learner's, one untimed call on arguments
+    drawn for it alone; the timed call's arguments, shared with the loop beside it, are drawn after."""
+    import itertools
+
+    seen, fresh = [], itertools.count()
+    learner = lambda x: seen.append(("learner", x))  # noqa: E731
+    loop = lambda x: seen.append(("loop", x))  # noqa: E731
+    draw = lambda: (next(fresh),)  # noqa: E731
+    best_times([(learner, draw), (loop, draw)], held=[], reps=2, device="cpu", warm=[0])
+    assert [who for who, _ in seen] == ["learner", "learner", "loop"] * 3  # the first round is a warm-up too
+    for k in range(3):
+        warm_up, timed, beside = seen[3 * k:3 * k + 3]
+        assert timed[1] == beside[1] != warm_up[1] and warm_up[1] < timed[1]  # its own, drawn before
+    assert len({x for _, x in seen[::3]} | {x for _, x in seen[1::3]}) == 6
+
+
 def test_best_times_charges_the_learners_calls_not_the_held_ones(monkeypatch):
     """A learner's call counts its CPU over the threads allowed (four cores' worth: 40 ms for a 1 ms
     call); a held call (the course's, with the learner's process stopped) counts its wall time only,

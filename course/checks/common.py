@@ -300,7 +300,7 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], lo
     best = [float("inf"), float("inf")]
     attempts = max(attempts, 2)
     for attempt in range(2 * attempts):
-        times = best_times([(learner, fresh), (loop, fresh)], held=[1], check=check)
+        times = best_times([(learner, fresh), (loop, fresh)], held=[1], check=check, warm=[0])
         best = [min(b, t) for b, t in zip(best, times)]
         batched, looped = best[0] <= no_loop * best[1], best[0] >= LOOP_LIKE * best[1]
         if attempt >= 1 and (batched or (attempt >= attempts - 1 and looped)):
