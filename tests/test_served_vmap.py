@@ -315,6 +315,83 @@ def psg_loop(model, x, y):
     return {n: torch.stack([r[j] for r in rows]) for j, n in enumerate(names)}
 
 
+def _patches(channels: int, size: int):
+    """Where each 3x3 patch of a zero-padded ``(channels, size + 2, size + 2)`` image lies, flattened:
+    ``(channels * 9, size * size)`` indices (a convolution as one matrix product)."""
+    import numpy as np
+
+    c, ki, kj, i, j = np.meshgrid(*map(np.arange, (channels, 3, 3, size, size)), indexing="ij")
+    return (c * (size + 2) ** 2 + (i + ki) * (size + 2) + (j + kj)).reshape(channels * 9, size * size)
+
+
+def _numpy_cnn_per_sample_grads(model, x, y):
+    """The lesson's SmallCNN, each sample's forward and backward by hand in NumPy, sample by sample
+    (about 40 ops a sample): 0.11 of the course's loop on grader version 40's clock (256 images, 8x8)."""
+    import numpy as np
+
+    P = {k: p.detach().double().numpy() for k, p in model.named_parameters()}
+    w1, b1, w2, b2, wf, bf = (P[k] for k in ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc.weight",
+                                             "fc.bias"))
+    c1, c2, size = w1.shape[0], w2.shape[0], x.shape[-1]
+    half, i1, i2 = size // 2, _patches(1, size), _patches(c1, size // 2)
+    w1m, w2m = w1.reshape(c1, 9), w2.reshape(c2, -1)
+    back = np.zeros(((half + 2) ** 2 * c1, i2.size))  # a patch matrix's gradient, back onto the padded image
+    back[i2.ravel(), np.arange(i2.size)] = 1
+    inner = np.zeros((c1, half + 2, half + 2), bool)
+    inner[:, 1:-1, 1:-1] = True
+    back = back[inner.ravel()]
+    padded = np.pad(x.detach().double().numpy()[:, 0], ((0, 0), (1, 1), (1, 1))).reshape(len(x), -1)
+    eye, out = np.eye(wf.shape[0]), {k: np.empty((len(x),) + v.shape) for k, v in P.items()}
+
+    def pool(a, c, s):
+        return a.reshape(c, s // 2, 2, s // 2, 2).mean((2, 4))
+
+    def unpool(g, c, s):
+        return np.broadcast_to(g.reshape(c, s // 2, 1, s // 2, 1) / 4, (c, s // 2, 2, s // 2, 2)).reshape(c, s * s)
+
+    for t, yt in enumerate(y.numpy()):
+        cols1 = padded[t][i1]
+        z1 = w1m @ cols1 + b1[:, None]
+        s1 = 1 / (1 + np.exp(-z1))
+        cols2 = np.pad(pool(z1 * s1, c1, size), ((0, 0), (1, 1), (1, 1))).ravel()[i2]
+        z2 = w2m @ cols2 + b2[:, None]
+        s2 = 1 / (1 + np.exp(-z2))
+        f = pool(z2 * s2, c2, half).ravel()
+        e = np.exp(wf @ f + bf)
+        g = e / e.sum() - eye[yt]
+        gz2 = unpool(wf.T @ g, c2, half) * s2 * (1 + z2 * (1 - s2))
+        gz1 = unpool(back @ (w2m.T @ gz2).ravel(), c1, size) * s1 * (1 + z1 * (1 - s1))
+        out["fc.weight"][t], out["fc.bias"][t] = np.outer(g, f), g
+        out["conv2.weight"][t], out["conv2.bias"][t] = (gz2 @ cols2.T).reshape(w2.shape), gz2.sum(1)
+        out["conv1.weight"][t], out["conv1.bias"][t] = (gz1 @ cols1.T).reshape(w1.shape), gz1.sum(1)
+    return {k: torch.from_numpy(v).to(x.dtype) for k, v in out.items()}
+
+
+def numpy_per_sample_grads(model, x, y):
+    """Each sample's forward and gradient by hand, in NumPy, sample by sample, for an MLP (the clock's
+    model since grader version 41) or the lesson's CNN (the clock's before, where it read 0.11 of the
+    course's loop and right answers 0.11-0.15, under a bar of a third: it passed; 2026-12-02). On the MLP
+    it reads 0.14-0.15, right answers about 0.02."""
+    import numpy as np
+
+    if "1.weight" not in dict(model.named_parameters()):
+        return _numpy_cnn_per_sample_grads(model, x, y)
+    P = {k: p.detach().numpy() for k, p in model.named_parameters()}
+    w1, b1, w2, b2, w3, b3 = (P[k] for k in ("1.weight", "1.bias", "3.weight", "3.bias", "5.weight", "5.bias"))
+    xs = (x.numpy() - model[0].shift.numpy()) / model[0].scale.numpy()
+    eye, out = np.eye(w3.shape[0], dtype=xs.dtype), {k: np.empty((len(xs),) + v.shape, xs.dtype) for k, v in P.items()}
+    for t, (xt, yt) in enumerate(zip(xs, y.numpy())):
+        z1 = w1 @ xt + b1
+        z2 = w2 @ np.maximum(z1, 0) + b2
+        e = np.exp(w3 @ np.maximum(z2, 0) + b3)
+        g3 = e / e.sum() - eye[yt]
+        g2 = (w3.T @ g3) * (z2 > 0)
+        g1 = (w2.T @ g2) * (z1 > 0)
+        for k, g in (("5", (g3, np.maximum(z2, 0))), ("3", (g2, np.maximum(z1, 0))), ("1", (g1, xt))):
+            out[f"{k}.weight"][t], out[f"{k}.bias"][t] = np.outer(*g), g[0]
+    return {k: torch.from_numpy(v) for k, v in out.items()}
+
+
 def psg_vmap(model, x, y):
     params = {k: p.detach() for k, p in model.named_parameters()}
 
@@ -419,7 +496,7 @@ LEARNER = {
     "dropout_loop": dropout_loop, "dropout_by_hand_loop": dropout_by_hand_loop,
     "dropout_torchscript_loop": dropout_torchscript_loop, "dropout_mostly_shared": dropout_mostly_shared,
     "numpy_each": numpy_each, "numpy_all": numpy_all, "numpy_dropout": numpy_dropout,
-    "numpy_sgd_step": numpy_sgd_step,
+    "numpy_sgd_step": numpy_sgd_step, "numpy_per_sample_grads": numpy_per_sample_grads,
     "dropout_kept_masks": dropout_kept_masks(roll=False), "dropout_masks_handed_round": dropout_kept_masks(roll=True),
     # right where the values are checked, wrong only where the clock times it
     "dropout_eval_when_timed": dropout_only_small(lambda p, b, base, x: predict_dropout(p, b, base.eval(), x)),
@@ -492,6 +569,7 @@ def test_an_ensemble_loop_fails_by_the_judges_clock(learner, each, every, messag
     (check_ensemble_predict, ("predict_each", "numpy_all"), "predict_all took"),
     (check_predict_dropout, ("numpy_dropout",), "predict_all_dropout took"),
     (check_ensemble_sgd_step, ("numpy_sgd_step",), "ensemble_sgd_step took"),
+    (check_per_sample_grads, ("numpy_per_sample_grads",), "per_sample_grads took"),
 ])
 def test_a_loop_written_by_hand_model_by_model_never_passes_the_clock(learner, check, names, label):
     from course.grading import SpeedUndecided
