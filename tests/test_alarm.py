@@ -139,9 +139,12 @@ def test_a_send_cut_short_by_a_time_limit_finishes_its_frame_before_the_next(pro
 
     alarm = protocol.Alarm().install()
     monkeypatch.setattr(grader_hooks, "uninterrupted", alarm.uninterrupted)
+    import fcntl
+
     r, w = os.pipe()
     sender, reader = Link(w, os.open(os.devnull, os.O_RDONLY)), Link(os.open(os.devnull, os.O_WRONLY), r)
-    first, second = {"ok": torch.arange(100_000.0), "seq": 1}, {"ok": "next", "seq": 2}
+    held = fcntl.fcntl(w, getattr(fcntl, "F_GETPIPE_SZ", 1032))  # what the pipe holds (Link widens it)
+    first, second = {"ok": torch.arange(float(held)), "seq": 1}, {"ok": "next", "seq": 2}  # four times that
     try:
         timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGALRM))
         timer.start()
