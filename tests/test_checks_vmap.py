@@ -603,12 +603,12 @@ def test_the_sgd_clock_times_float64_members_where_no_relu_kink_splits_a_right_a
     and the instructor's notebook lost the cell (CI on 2e78c7d); in float64 the steps agree."""
     seen = {}
 
-    def capture(fn, label, make, loop, **kwargs):
-        seen.update(make=make, loop=loop)
+    def capture(fn, label, setup, **kwargs):
+        seen.update(setup())
         return "timed"
 
     monkeypatch.setattr(C, "_expect_no_loop_by_clock", capture)
-    C._sgd_clock(sol.ensemble_sgd_step, "ensemble_sgd_step", 0, 0.5)
+    C._sgd_clock(sol.ensemble_sgd_step, "ensemble_sgd_step", 0.5)
     args = seen["make"](11)
     floats = [t for a in args for t in (a.values() if isinstance(a, dict) else [a])
               if isinstance(t, torch.Tensor) and t.is_floating_point()]

@@ -113,14 +113,14 @@ def test_the_judges_clock_cases_live_on_the_cpu(default_elsewhere, monkeypatch):
                  lambda: CJ._hvp_growth(None, "f", 0)):
         with pytest.raises(_Stop):
             call()
-    def clock(fn, label, make, *args, **kwargs):  # the stateless base of an ensemble is on meta by design
-        made.append([v for v in make(1) if not (isinstance(v, nn.Module) and _devices(v) == {"meta"})])
+    def clock(fn, label, setup, *args, **kwargs):  # the stateless base of an ensemble is on meta by design
+        made.append([v for v in setup()["make"](1) if not (isinstance(v, nn.Module) and _devices(v) == {"meta"})])
         return ""
 
     monkeypatch.setattr(CV, "_expect_no_loop_by_clock", clock)
     CV._per_sample_clock(None, "f")
-    CV._ensemble_clock(None, "f", False, 0)
-    CV._ensemble_clock(None, "f", True, 0)
+    CV._ensemble_clock(None, "f", False)
+    CV._ensemble_clock(None, "f", True)
     assert len(made) == 9
     for case in made:
         assert _devices(case) == {"cpu"}, case
