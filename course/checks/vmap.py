@@ -38,8 +38,8 @@ from torch.func import stack_module_state
 from torch.utils._pytree import tree_map
 
 from course.checks.common import (NO_LOOP, call, clock_against_loop, clock_reading, expect_loop_verdict,
-                                  grader_references, name_mistake, ok, probed_names, record, same_values, served_speedup, stored_answers,
-                                  visible_call)
+                                  grader_references, name_mistake, ok, probed_names, record, same_values,
+                                  served_speedup, stored_answers, visible_call)
 from course.data import device_generator
 from course.devices import pick_device
 from course.grading import expect_constant_work
