@@ -51,7 +51,7 @@ from .verdict import UNDECIDED, CellVerdict, Transcript, judge
 from .workspace import Workspace, notebooks_in, select_lessons
 
 #: Bumped whenever grading itself changes, so that cached results are not reused.
-GRADER_VERSION = "42"  # 42: lesson 6's clocks read each learner function once per cell (hidden tests on other seeds, rates or p reuse the reading), on members built once per judge. 41: lesson 6's clocks send the models' state once (kept by the learner's process) and time the ensembles on 4,096 members, bars a twentieth (prediction, dropout) and 0.06 (the SGD step), per-sample gradients on 1,024 samples of a tiny MLP with a bar of 0.06, every timed call after an untimed warm-up call: a loop over the members in NumPy passed every clock of version 40
+GRADER_VERSION = "43"  # 43: lesson 7's segment_max and gradient_penalty_func clocked against the course's loop per segment and per sample (red team round 13: loops earned them on values alone). 42: lesson 6's clocks read each learner function once per cell (hidden tests on other seeds, rates or p reuse the reading), on members built once per judge. 41: lesson 6's clocks send the models' state once (kept by the learner's process) and time the ensembles on 4,096 members, bars a twentieth (prediction, dropout) and 0.06 (the SGD step), per-sample gradients on 1,024 samples of a tiny MLP with a bar of 0.06, every timed call after an untimed warm-up call: a loop over the members in NumPy passed every clock of version 40
 
 
 class Settings:

@@ -30,7 +30,7 @@ from torch import nn
 
 from course.broadcasting import (_timing_critic, critic, loop_penalty, loop_segment_sum, naive_sq_dists, points,
                                  random_graph, with_copies)
-from course.checks.common import (call, grader_references, name_mistake, ok, record, same_values, served_speedup,
+from course.checks.common import (call, expect_no_loop_by_clock, grader_references, name_mistake, ok, record, same_values, served_speedup,
                                   stored_answers)
 from course.checks.witnesses import DispatcherOps, alone
 from course.data import device_generator, generator
@@ -603,8 +603,34 @@ def check_segment_max(segment_max: Callable, *, seed: int = 0, nodes: int = 9, e
     gv, = torch.autograd.grad((got * w).sum(), v)
     assert_close(gv, answers["grad"], name=f"the gradient of {label} w.r.t. values (it goes to each segment's maximum)",
                  **TIGHT)
+    clocked = f"; {_segment_max_clock(segment_max, label)}" if is_remote(segment_max) else ""
     ok(f"{label} gives each segment's maximum, all-negative segments included, 0 for empty ones, and the gradient "
-       f"reaches the maxima ({edges} values into {nodes} segments, seed {seed})")
+       f"reaches the maxima{clocked} ({edges} values into {nodes} segments, seed {seed})")
+
+
+#: The judge's clock on ``segment_max`` (red team, round 13: a loop over the segments, one ``amax``
+#: each, earned the exercise on its values): 16,384 segments, 16,384 edges of 4 features, against the
+#: course's loop with one masked reduction per segment (about 360 ms). Under the grader (2026-12-02)
+#: ``scatter_reduce`` read 0.006 of it (2.1 ms, mostly the values crossing), a loop over the segments
+#: after one sort 0.13 (undecided); at 4,096 segments the right answer read 0.033, too near a bar.
+SEGMENT_CLOCK = dict(nodes=16384, edges=16384, d=4)
+SEGMENT_NO_LOOP = 0.03
+
+
+def _segment_max_clock(fn: Callable, label: str) -> str:
+    def setup() -> dict:
+        loop = grader_references("broadcasting").segment_max_reference
+        n, e, d = SEGMENT_CLOCK["nodes"], SEGMENT_CLOCK["edges"], SEGMENT_CLOCK["d"]
+
+        def make(fresh):
+            g = torch.Generator().manual_seed(fresh)
+            return torch.randn(e, d, generator=g), torch.randint(0, n, (e,), generator=g), n
+        return dict(make=make, loop=loop)
+
+    with torch.no_grad():
+        return expect_no_loop_by_clock(fn, label, setup, count=SEGMENT_CLOCK["nodes"], unit="segment",
+                                       key=("segments",), no_loop=SEGMENT_NO_LOOP,
+                                       hint="one scatter_reduce over every edge at once, no loop over the segments.")
 
 
 # -- 5. gradient penalties ---------------------------------------------------------------------------
@@ -715,8 +741,35 @@ def check_penalty_func(gradient_penalty_func: Callable, *, seed: int = 0, n: int
             raise AssertionError(f"{label}: no gradient reaches params[{k!r}]. Use the params given, in "
                                  "functional_call(model, params, ...), for every score.")
         assert_close(g, e, name=f"the gradient of {label} w.r.t. params[{k!r}]", **TIGHT)
+    clocked = f"; {_penalty_func_clock(gradient_penalty_func, label)}" if is_remote(gradient_penalty_func) else ""
     ok(f"{label} equals the reference and its gradient w.r.t. params (taken through your function) is right, "
-       f"float64 (N={n}, features={features}, seed {seed})")
+       f"float64{clocked} (N={n}, features={features}, seed {seed})")
+
+
+#: The judge's clock on ``gradient_penalty_func`` (red team, round 13: a loop over the samples with
+#: ``autograd.grad(create_graph=True)`` earned the exercise on its values): 1,024 samples of the lesson's
+#: critic (8 features, 32 hidden), against the course's loop of one backward pass per sample. In a thread
+#: (2026-12-02) ``vmap(grad)`` read 0.007 of it, a loop writing each sample's input gradient by hand 0.24.
+PENALTY_CLOCK_SAMPLES = 1024
+PENALTY_NO_LOOP = 0.1
+
+
+def _penalty_func_clock(fn: Callable, label: str) -> str:
+    def setup() -> dict:
+        model = critic(seed=0, features=8, hidden=32)
+        params = {k: v.detach() for k, v in model.named_parameters()}
+
+        def make(fresh):
+            return model, params, torch.randn(PENALTY_CLOCK_SAMPLES, 8, generator=torch.Generator().manual_seed(fresh))
+
+        def loop(model, params, x):
+            return loop_penalty(model, x).detach()
+        return dict(make=make, loop=loop, rtol=1e-3, atol=1e-5)
+
+    return expect_no_loop_by_clock(fn, label, setup, count=PENALTY_CLOCK_SAMPLES, unit="sample", key=("penalty",),
+                                   no_loop=PENALTY_NO_LOOP,
+                                   hint="write the penalty's term for one sample and let torch.func.vmap run it over "
+                                        "all of them in one call (vmap(grad(...))); no loop inside or around it.")
 
 
 @factory

@@ -310,6 +310,27 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], lo
     return best[0], best[1]
 
 
+def expect_no_loop_by_clock(fn: Callable, label: str, setup: Callable[[], dict], *, count: int, unit: str,
+                            key: tuple, no_loop: float = NO_LOOP, hint: str = "") -> str:
+    """Across the boundary: ``fn`` must take at most ``no_loop`` of the course's loop on the same work
+    (``count`` units: models, samples, segments), by the judge's clock (:func:`clock_against_loop`, with
+    what ``setup()`` returns: ``make``, ``loop``, and ``agree``, ``kept``, ``rtol``, ``atol`` where they
+    apply). The reading is made once per function and ``key``: a hidden test asking again gets it, and
+    ``setup`` (which builds the clock's inputs) is not called then. ``hint``: what to write instead of a
+    loop. Returns the evidence, as text."""
+    from course.timing import format_time
+
+    reading = clock_reading(fn, key)
+    mine, theirs = reading if reading is not None else clock_against_loop(fn, label, key=key, no_loop=no_loop,
+                                                                          **setup())
+    text = (f"took {format_time(mine)} for {count} {unit}s, where the course's loop over them takes "
+            f"{format_time(theirs)} (the grader's clock)")
+    expect_loop_verdict(mine, theirs, want_loop=False, text=f"{label} {text}", unit=unit, no_loop=no_loop,
+                        fail=f": the work of a Python loop over the {unit}s (a batched answer takes a fraction of "
+                             f"it).\n  Hint: {hint}")
+    return text
+
+
 def clock_reading(fn: Callable, key: Any) -> tuple[float, float] | None:
     """The reading :func:`clock_against_loop` made of ``fn`` under ``key`` earlier (kept on the
     function: a hidden test asks again), or ``None``."""

@@ -37,7 +37,7 @@ from torch import nn
 from torch.func import stack_module_state
 from torch.utils._pytree import tree_map
 
-from course.checks.common import (NO_LOOP, call, clock_against_loop, clock_reading, expect_loop_verdict,
+from course.checks.common import (NO_LOOP, call, expect_loop_verdict, expect_no_loop_by_clock,
                                   grader_references, name_mistake, ok, probed_names, record, same_values,
                                   served_speedup, stored_answers, visible_call)
 from course.data import device_generator
@@ -45,7 +45,7 @@ from course.devices import pick_device
 from course.grading import expect_constant_work
 from course.numerics import assert_close, describe, observing_paused
 from course.remote import factory, is_remote, mirrored, prober
-from course.timing import SpeedReport, format_time
+from course.timing import SpeedReport
 from course.vmap import (ForwardWatch, member_kl_planted, meta_copy, meta_mlp, mlp, mlp_ensemble, small_cnn, toy_features,
                          toy_images, vmap_fallbacks)
 from course.wire import ModuleState
@@ -180,21 +180,10 @@ def _module_facts(base) -> tuple[str, dict[str, str]] | None:
 
 def _expect_no_loop_by_clock(fn: Callable, label: str, setup: Callable[[], dict], *, count: int, unit: str,
                              key: tuple, no_loop: float = NO_LOOP) -> str:
-    """Across the boundary: ``fn`` must take at most ``no_loop`` of the course's loop on the same work
-    (``count`` models or samples), by the judge's clock (:func:`clock_against_loop`, with what
-    ``setup()`` returns: ``make``, ``loop``, and ``agree`` or ``kept`` where they apply). The reading
-    is made once per function and ``key``: a hidden test asking again gets it, and ``setup`` (which
-    builds the clock's members) is not called then. Returns the evidence, as text."""
-    reading = clock_reading(fn, key)
-    mine, theirs = reading if reading is not None else clock_against_loop(fn, label, key=key, no_loop=no_loop,
-                                                                          **setup())
-    text = (f"took {format_time(mine)} for {count} {unit}s, where the course's loop over them takes "
-            f"{format_time(theirs)} (the grader's clock)")
-    expect_loop_verdict(mine, theirs, want_loop=False, text=f"{label} {text}", unit=unit, no_loop=no_loop,
-                        fail=f": the work of a Python loop over the {unit}s (a batched answer takes a fraction of "
-                             f"it).\n  Hint: write the computation for one {unit} and let torch.func.vmap run it "
-                             "over all of them in one call; no loop inside or around it.")
-    return text
+    """:func:`course.checks.common.expect_no_loop_by_clock`, with lesson 6's hint (vmap)."""
+    return expect_no_loop_by_clock(fn, label, setup, count=count, unit=unit, key=key, no_loop=no_loop,
+                                   hint=f"write the computation for one {unit} and let torch.func.vmap run it over "
+                                        "all of them in one call; no loop inside or around it.")
 
 
 def check_stack_ensemble(stack_ensemble: Callable, *, seed: int = 0, n: int = 4, features: int = 12,
