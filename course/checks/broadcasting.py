@@ -30,8 +30,8 @@ from torch import nn
 
 from course.broadcasting import (_timing_critic, critic, loop_penalty, loop_segment_sum, naive_sq_dists, points,
                                  random_graph, with_copies)
-from course.checks.common import (call, expect_no_loop_by_clock, grader_references, name_mistake, ok, record, same_values, served_speedup,
-                                  stored_answers)
+from course.checks.common import (call, expect_no_loop_by_clock, grader_references, name_mistake, ok, record,
+                                  same_values, served_speedup, stored_answers)
 from course.checks.witnesses import DispatcherOps, alone
 from course.data import device_generator, generator
 from course.devices import pick_device
@@ -623,7 +623,7 @@ def _segment_max_clock(fn: Callable, label: str) -> str:
         n, e, d = SEGMENT_CLOCK["nodes"], SEGMENT_CLOCK["edges"], SEGMENT_CLOCK["d"]
 
         def make(fresh):
-            g = torch.Generator().manual_seed(fresh)
+            g = generator(fresh)
             return torch.randn(e, d, generator=g), torch.randint(0, n, (e,), generator=g), n
         return dict(make=make, loop=loop)
 
@@ -760,7 +760,7 @@ def _penalty_func_clock(fn: Callable, label: str) -> str:
         params = {k: v.detach() for k, v in model.named_parameters()}
 
         def make(fresh):
-            return model, params, torch.randn(PENALTY_CLOCK_SAMPLES, 8, generator=torch.Generator().manual_seed(fresh))
+            return model, params, torch.randn(PENALTY_CLOCK_SAMPLES, 8, generator=generator(fresh))
 
         def loop(model, params, x):
             return loop_penalty(model, x).detach()
