@@ -617,9 +617,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                 # Outputs within rtol of the baseline's, element by element, move the weighted sum by at
                 # most about rtol * |outputs|_2 (times a standard normal): 4 of those is the tolerance;
                 # they move the plain sum by at most rtol * the sum of absolute values: 4 of those too.
-                bad = (((have[:, 0] - want[:, 0]).abs() > 4 * rtol * want[:, 1] + 1e-9)
-                       | ((have[:, 2] - want[:, 2]).abs() > 4 * rtol * want[:, 3] + 1e-9)
-                       | ~torch.isfinite(have[:, 0]) | ~torch.isfinite(have[:, 2]))
+                bad = checksums_differ(have, want, rtol)
                 if bool(bad.any()):
                     i = int(bad.nonzero()[0])
                     raise AssertionError(
@@ -751,6 +749,14 @@ def cpu_factor(blocks: Sequence[tuple[float, float]], threads: int) -> float:
     if wall <= 0:
         return 1.0
     return max(1.0, (cpu - CPU_SLACK) / max(1, threads) / wall)
+
+
+def checksums_differ(have: torch.Tensor, want: torch.Tensor, rtol: float) -> torch.Tensor:
+    """Per call (row): whether the checksums ``have`` (:func:`course.remote.checksum`, one row of four
+    per call) show outputs other than those of ``want``, within ``rtol`` per element."""
+    return (((have[:, 0] - want[:, 0]).abs() > 4 * rtol * want[:, 1] + 1e-9)
+            | ((have[:, 2] - want[:, 2]).abs() > 4 * rtol * want[:, 3] + 1e-9)
+            | ~torch.isfinite(have[:, 0]) | ~torch.isfinite(have[:, 2]))
 
 
 def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequence[int] = (), reps: int = 5,

@@ -30,6 +30,8 @@ SIZES = {
     "course.checks.broadcasting.distance_inputs": dict(n=2048, m=2048, d=64),
     "course.checks.broadcasting.segment_inputs": dict(nodes=5000, edges=20000, d=4),
     "course.checks.broadcasting.penalty_inputs": dict(n=512, features=64, hidden=256, model_seed=0),
+    # the judge's clock on gradient_penalty_func (on the CPU, at these sizes, on every device)
+    "course.checks.broadcasting.penalty_func_inputs": dict(n=2048, features=8, hidden=32, model_seed=0),
     "course.checks.forward_ad.jacobian_speed_inputs": dict(k=16, m=1024, hidden=256, f_seed=0),
     "course.checks.vmap.member_kl_inputs": dict(n=256, batch=64, features=128, hidden=128, classes=10,
                                                 model_seed=0),

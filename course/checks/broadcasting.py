@@ -542,8 +542,9 @@ def check_segment_sum(segment_sum: Callable, *, seed: int = 0, nodes: int = 9, e
     f32 = call(segment_sum, values.float(), index, nodes, name=f"{label} (float32)")
     _expect_segments(f"{label} (float32)", f32, nodes, values.float())
     assert_close(f32.to(F64), want, name=f"{label} (float32)", rtol=1e-5, atol=1e-5)
+    clocked = f"; {segment_clock(segment_sum, label)}" if is_remote(segment_sum) else ""
     ok(f"{label} adds every value of every segment, repeated indices included, gives 0 for empty segments, "
-       f"and passes the gradient back ({edges} values into {nodes} segments, seed {seed})")
+       f"and passes the gradient back{clocked} ({edges} values into {nodes} segments, seed {seed})")
 
 
 @factory
@@ -565,11 +566,14 @@ def check_segment_speed(segment_sum: Callable, *, bars: Mapping[str, float], nod
         got = call(segment_sum, values, index, nodes, name="segment_sum")
         assert_close(got, loop_segment_sum(values, index, nodes), name="segment_sum on a graph like the timed ones",
                      rtol=1e-4, atol=1e-4, hint="the timed function must be right before it is fast.")
-    return served_speedup(("loop", loop_segment_sum), ("yours", segment_sum), factory=segment_inputs,
-                          sizes=dict(nodes=nodes, edges=edges, d=d), bars=bars, num_threads=num_threads, device=dev,
-                          rounds=rounds, min_run_time=min_run_time, attempts=attempts, rtol=1e-4,
-                          explain="course.references.explain.segment_sum",
-                          hint="one index_add_ over all the edges: no Python loop, no .item() per edge.")
+    report = served_speedup(("loop", loop_segment_sum), ("yours", segment_sum), factory=segment_inputs,
+                            sizes=dict(nodes=nodes, edges=edges, d=d), bars=bars, num_threads=num_threads,
+                            device=dev, rounds=rounds, min_run_time=min_run_time, attempts=attempts, rtol=1e-4,
+                            explain="course.references.explain.segment_sum",
+                            hint="one index_add_ over all the edges: no Python loop, no .item() per edge.")
+    if is_remote(segment_sum):  # a loop over the segments beats the loop over the edges; the clock tells it
+        ok(f"segment_sum {segment_clock(segment_sum, 'segment_sum')}")
+    return report
 
 
 def check_segment_max(segment_max: Callable, *, seed: int = 0, nodes: int = 9, edges: int = 30, d: int = 3,
@@ -603,34 +607,36 @@ def check_segment_max(segment_max: Callable, *, seed: int = 0, nodes: int = 9, e
     gv, = torch.autograd.grad((got * w).sum(), v)
     assert_close(gv, answers["grad"], name=f"the gradient of {label} w.r.t. values (it goes to each segment's maximum)",
                  **TIGHT)
-    clocked = f"; {_segment_max_clock(segment_max, label)}" if is_remote(segment_max) else ""
+    clocked = f"; {segment_clock(segment_max, label)}" if is_remote(segment_max) else ""
     ok(f"{label} gives each segment's maximum, all-negative segments included, 0 for empty ones, and the gradient "
        f"reaches the maxima{clocked} ({edges} values into {nodes} segments, seed {seed})")
 
 
-#: The judge's clock on ``segment_max`` (red team, round 13: a loop over the segments, one ``amax``
-#: each, earned the exercise on its values): 16,384 segments, 16,384 edges of 4 features, against the
-#: course's loop with one masked reduction per segment (about 360 ms). Under the grader (2026-12-02)
-#: ``scatter_reduce`` read 0.006 of it (2.1 ms, mostly the values crossing), a loop over the segments
-#: after one sort 0.13 (undecided); at 4,096 segments the right answer read 0.033, too near a bar.
+#: The judge's clocks on ``segment_sum`` and ``segment_max`` (red team, round 13: a loop over the
+#: segments, one ``amax`` each, earned Exercise 7 on its values, and a loop with one sum per segment beat
+#: the speed cell's loop over the edges by the 10x asked): 16,384 segments, 16,384 edges of 4 features,
+#: against the course's loop with one masked reduction per segment (about 370 ms), timed as blocks (the
+#: inputs made in the learner's process from a seed: ``clock_against_loop(factory=)``). Under the grader
+#: (2026-12-02) right answers read 0.004-0.005 of it; the leanest loops, over the edges in plain Python on
+#: lists 0.044, maxima likewise 0.085, one sum per segment after a sort 0.10 (all undecided).
 SEGMENT_CLOCK = dict(nodes=16384, edges=16384, d=4)
-SEGMENT_NO_LOOP = 0.03
+SEGMENT_NO_LOOP = 0.015
+#: what each segment check's clock times the learner's function against (``course.references.broadcasting``)
+_SEGMENT_LOOPS = {"segment_sum": "segment_sum_by_segment", "segment_max": "segment_max_reference"}
 
 
-def _segment_max_clock(fn: Callable, label: str) -> str:
+def segment_clock(fn: Callable, label: str) -> str:
+    """Across the boundary: ``fn`` (``segment_sum`` or ``segment_max``, by ``label``) takes at most
+    :data:`SEGMENT_NO_LOOP` of the course's loop over the segments on :data:`SEGMENT_CLOCK`'s graph."""
     def setup() -> dict:
-        loop = grader_references("broadcasting").segment_max_reference
-        n, e, d = SEGMENT_CLOCK["nodes"], SEGMENT_CLOCK["edges"], SEGMENT_CLOCK["d"]
+        loop = getattr(grader_references("broadcasting"), _SEGMENT_LOOPS[label])
+        return dict(make=None, loop=loop, factory=segment_inputs, sizes=SEGMENT_CLOCK)
 
-        def make(fresh):
-            g = generator(fresh)
-            return torch.randn(e, d, generator=g), torch.randint(0, n, (e,), generator=g), n
-        return dict(make=make, loop=loop)
-
+    how = "index_add_" if label == "segment_sum" else "scatter_reduce"
     with torch.no_grad():
         return expect_no_loop_by_clock(fn, label, setup, count=SEGMENT_CLOCK["nodes"], unit="segment",
-                                       key=("segments",), no_loop=SEGMENT_NO_LOOP,
-                                       hint="one scatter_reduce over every edge at once, no loop over the segments.")
+                                       key=(label,), no_loop=SEGMENT_NO_LOOP,
+                                       hint=f"one {how} over every edge at once, no loop over the segments.")
 
 
 # -- 5. gradient penalties ---------------------------------------------------------------------------
@@ -702,8 +708,9 @@ def check_gradient_penalty(gradient_penalty: Callable, *, seed: int = 0, n: int 
         raise AssertionError(f"{label}: no gradient reaches the critic's {missing[0]}. {_NO_WEIGHT_GRAD}")
     assert_close({k: grads[k] for k in expected}, expected, name=f"the gradient of {label} w.r.t. the critic's weights",
                  **TIGHT)
+    clocked = f"; {penalty_clock(gradient_penalty, label)}" if is_remote(gradient_penalty) else ""
     ok(f"{label} equals the reference and its gradient reaches every weight of the critic (second order), "
-       f"float64 (N={n}, features={features}, seed {seed})")
+       f"float64{clocked} (N={n}, features={features}, seed {seed})")
 
 
 def check_penalty_func(gradient_penalty_func: Callable, *, seed: int = 0, n: int = 6, features: int = 4,
@@ -741,35 +748,39 @@ def check_penalty_func(gradient_penalty_func: Callable, *, seed: int = 0, n: int
             raise AssertionError(f"{label}: no gradient reaches params[{k!r}]. Use the params given, in "
                                  "functional_call(model, params, ...), for every score.")
         assert_close(g, e, name=f"the gradient of {label} w.r.t. params[{k!r}]", **TIGHT)
-    clocked = f"; {_penalty_func_clock(gradient_penalty_func, label)}" if is_remote(gradient_penalty_func) else ""
+    clocked = f"; {penalty_clock(gradient_penalty_func, label)}" if is_remote(gradient_penalty_func) else ""
     ok(f"{label} equals the reference and its gradient w.r.t. params (taken through your function) is right, "
        f"float64{clocked} (N={n}, features={features}, seed {seed})")
 
 
-#: The judge's clock on ``gradient_penalty_func`` (red team, round 13: a loop over the samples with
-#: ``autograd.grad(create_graph=True)`` earned the exercise on its values): 1,024 samples of the lesson's
-#: critic (8 features, 32 hidden), against the course's loop of one backward pass per sample. In a thread
-#: (2026-12-02) ``vmap(grad)`` read 0.007 of it, a loop writing each sample's input gradient by hand 0.24.
-PENALTY_CLOCK_SAMPLES = 1024
-PENALTY_NO_LOOP = 0.1
+#: The judge's clocks on ``gradient_penalty`` and ``gradient_penalty_func`` (red team, round 13: a loop
+#: over the samples with ``autograd.grad(create_graph=True)`` earned Exercise 10 on its values, and one
+#: writing each sample's input gradient by hand beat the speed cell's loop by the 3x asked): 2,048 samples
+#: of the lesson's critic (8 features, 32 hidden), against the course's loop of one backward pass per
+#: sample (about 230 ms), timed as blocks. Under the grader (2026-12-02) right answers read 0.007-0.009 of
+#: it, each sample's input gradient by hand in NumPy 0.065, in torch 0.37 (undecided).
+PENALTY_CLOCK = dict(n=2048, features=8, hidden=32, model_seed=0)
+PENALTY_NO_LOOP = 0.025
 
 
-def _penalty_func_clock(fn: Callable, label: str) -> str:
+def penalty_clock(fn: Callable, label: str) -> str:
+    """Across the boundary: ``fn`` (``gradient_penalty(critic, x)``, or with ``label``
+    ``gradient_penalty_func``, ``(model, params, x)``) takes at most :data:`PENALTY_NO_LOOP` of the
+    course's loop over :data:`PENALTY_CLOCK`'s samples."""
+    functional = label == "gradient_penalty_func"
+
     def setup() -> dict:
-        model = critic(seed=0, features=8, hidden=32)
-        params = {k: v.detach() for k, v in model.named_parameters()}
+        def loop(*args):
+            return loop_penalty(args[0], args[-1]).detach()
+        return dict(make=None, loop=loop, factory=penalty_func_inputs if functional else penalty_inputs,
+                    sizes=PENALTY_CLOCK, grad=True, rtol=1e-3)
 
-        def make(fresh):
-            return model, params, torch.randn(PENALTY_CLOCK_SAMPLES, 8, generator=generator(fresh))
-
-        def loop(model, params, x):
-            return loop_penalty(model, x).detach()
-        return dict(make=make, loop=loop, rtol=1e-3, atol=1e-5)
-
-    return expect_no_loop_by_clock(fn, label, setup, count=PENALTY_CLOCK_SAMPLES, unit="sample", key=("penalty",),
-                                   no_loop=PENALTY_NO_LOOP,
-                                   hint="write the penalty's term for one sample and let torch.func.vmap run it over "
-                                        "all of them in one call (vmap(grad(...))); no loop inside or around it.")
+    hint = ("write the penalty's term for one sample and let torch.func.vmap run it over all of them in one call "
+            "(vmap(grad(...))); no loop inside or around it." if functional else
+            "one autograd.grad of the summed scores over the whole batch (create_graph=True); no loop over the "
+            "samples.")
+    return expect_no_loop_by_clock(fn, label, setup, count=PENALTY_CLOCK["n"], unit="sample", key=(label,),
+                                   no_loop=PENALTY_NO_LOOP, hint=hint)
 
 
 @factory
@@ -778,6 +789,13 @@ def penalty_inputs(seed: int, *, device: str, n: int, features: int, hidden: int
     every call), the batch from ``seed``."""
     x = torch.randn(n, features, generator=device_generator(seed, device), device=device)
     return _timing_critic(model_seed, features, hidden, device), x
+
+
+@factory
+def penalty_func_inputs(seed: int, *, device: str, n: int, features: int, hidden: int, model_seed: int) -> tuple:
+    """:func:`penalty_inputs` for ``gradient_penalty_func``: ``(critic, its weights as a dict, x)``."""
+    model, x = penalty_inputs(seed, device=device, n=n, features=features, hidden=hidden, model_seed=model_seed)
+    return model, {k: v.detach() for k, v in model.named_parameters()}, x
 
 
 def check_penalty_speed(gradient_penalty: Callable, *, bars: Mapping[str, float], n: int, features: int,
@@ -791,12 +809,15 @@ def check_penalty_speed(gradient_penalty: Callable, *, bars: Mapping[str, float]
     got = call(gradient_penalty, model, x, name="gradient_penalty")
     assert_close(got, loop_penalty(model, x), name="gradient_penalty on a batch like the timed ones", rtol=1e-4,
                  atol=1e-6, hint="the timed function must be right before it is fast.")
-    return served_speedup(("per-sample loop", loop_penalty), ("yours", gradient_penalty), factory=penalty_inputs,
-                          sizes=sizes, bars=bars, num_threads=num_threads, device=dev, rounds=rounds,
-                          min_run_time=min_run_time, attempts=attempts, rtol=1e-4, grad=True,
-                          explain="course.references.explain.gradient_penalty",
-                          hint="one autograd.grad over the whole batch (the gradient of the summed scores is every "
-                               "sample's own gradient), not a backward pass per sample.")
+    report = served_speedup(("per-sample loop", loop_penalty), ("yours", gradient_penalty),
+                            factory=penalty_inputs, sizes=sizes, bars=bars, num_threads=num_threads, device=dev,
+                            rounds=rounds, min_run_time=min_run_time, attempts=attempts, rtol=1e-4, grad=True,
+                            explain="course.references.explain.gradient_penalty",
+                            hint="one autograd.grad over the whole batch (the gradient of the summed scores is "
+                                 "every sample's own gradient), not a backward pass per sample.")
+    if is_remote(gradient_penalty):  # a lean loop over the samples beats the course's; the clock tells it
+        ok(f"gradient_penalty {penalty_clock(gradient_penalty, 'gradient_penalty')}")
+    return report
 
 
 # -- 6. a Function whose backward is differentiable ------------------------------------------------

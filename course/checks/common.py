@@ -238,8 +238,8 @@ def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str,
     tighter bar), a loop at least :data:`LOOP_LIKE`."""
     batched, looped = mine <= no_loop * loop, mine >= LOOP_LIKE * loop
     clock_verdict(looped if want_loop else batched, batched if want_loop else looped, text=text, fail=fail,
-                  between=f"{mine / loop:.2f} of the loop, between a batched answer (at most {no_loop:.2f}) and a "
-                          f"loop (at least {LOOP_LIKE:.2f})",
+                  between=f"{mine / loop:.2g} of the loop, between a batched answer (at most {no_loop:.2g}) and a "
+                          f"loop (at least {LOOP_LIKE:.2g})",
                   # a loop whose every step is already batched (the rows of one sample in one backward
                   # pass, say) reads about 0.6 of the course's loop on a quiet machine
                   or_else="" if want_loop else f", or the answer still loops over the {unit}s in Python, with "
@@ -247,10 +247,11 @@ def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str,
                                                "what the lesson asks")
 
 
-def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], loop: Callable, *, attempts: int = 3,
-                       key: Any = None, rtol: float = 1e-3, atol: float = 1e-4,
+def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | None, loop: Callable, *,
+                       attempts: int = 3, key: Any = None, rtol: float = 1e-3, atol: float = 1e-4,
                        no_loop: float = NO_LOOP, agree: Callable[[Any, Any], None] | None = None,
-                       kept: int = 0) -> tuple[float, float]:
+                       kept: int = 0, factory: Callable | None = None, sizes: Mapping[str, Any] | None = None,
+                       grad: bool = False) -> tuple[float, float]:
     """The best wall times of the learner's ``fn`` and of the course's ``loop`` (the same work done
     by a Python loop), by the grader's clock (:func:`course.timing.best_times`: in turn, the
     learner's process stopped while the loop runs), on ``make(seed)``: fresh arguments for every
@@ -268,7 +269,15 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], lo
     state): a learner's function across the boundary gets them sent once, ahead of the clock, and
     kept there (:meth:`course.remote.Remote.stage`), so that what the clock reads is the learner's
     work, not the state crossing again on every call (which, for thousands of tiny models, cost a
-    batched answer more than its work and narrowed its lead over a lean loop)."""
+    batched answer more than its work and narrowed its lead over a lean loop).
+
+    ``factory`` (a registered :func:`course.remote.factory`, with ``sizes``): a remote ``fn`` is timed
+    as :func:`course.timing.compare_served` times it, one block request per call in which the
+    learner's process makes the inputs from the seed sent and answers with its output's checksums;
+    the loop's side makes the same inputs here. Nothing crosses but a seed and four numbers, so the
+    clock reads the learner's work, not the data crossing: that crossing had cost a right answer
+    more than its work, and left room under a bar for a loop whose steps are each a few Python
+    operations (``grad``: both sides run with autograd on)."""
     import secrets
 
     from course.remote import is_remote
@@ -297,6 +306,11 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], lo
         assert_close(outputs[0], outputs[1], name=f"{name} while timed beside the course's loop", rtol=rtol,
                      atol=atol, hint="a timed answer must be right on every input it is given.")
 
+    if factory is not None and is_remote(fn):
+        learner, loop, fresh, check = _blocks(fn, name, loop, factory, dict(sizes or {}), rtol, grad)
+    elif factory is not None:  # a local function (the lesson's own run): the factory's inputs, passed as they are
+        make = lambda seed: factory(seed, device="cpu", **(sizes or {}))  # noqa: E731
+
     best = [float("inf"), float("inf")]
     attempts = max(attempts, 2)
     for attempt in range(2 * attempts):
@@ -308,6 +322,37 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple], lo
     if key is not None:
         cache[key] = (best[0], best[1])
     return best[0], best[1]
+
+
+def _blocks(fn: Callable, name: str, loop: Callable, factory: Callable, sizes: dict, rtol: float,
+            grad: bool) -> tuple:
+    """:func:`clock_against_loop`'s two sides on a registered ``factory``: the learner's as one block
+    request per call (a seed in, checksums out), the loop's on the same inputs made here; a fresh
+    seed for each repetition, and the check that compares the checksums."""
+    import secrets
+
+    from course.remote import checksum
+    from course.timing import checksums_differ
+
+    factory_name = f"{factory.__module__}.{factory.__qualname__}"
+    handle = fn.stage([])
+
+    def learner(seed: int) -> torch.Tensor:
+        return fn.block(handle, factory_name, sizes, [seed], "cpu", grad=grad)
+
+    def course_loop(seed: int) -> torch.Tensor:
+        with torch.set_grad_enabled(grad):
+            return checksum(loop(*factory(seed, device="cpu", **sizes)))[None]
+
+    def fresh() -> tuple:
+        return (secrets.randbits(31),)
+
+    def check(outputs: list) -> None:
+        if bool(checksums_differ(outputs[0], outputs[1], rtol).any()):
+            raise AssertionError(f"{name}: the output of a call timed beside the course's loop differs from the "
+                                 "loop's on the same inputs. A timed answer must be right on every input it is given.")
+
+    return learner, course_loop, fresh, check
 
 
 def expect_no_loop_by_clock(fn: Callable, label: str, setup: Callable[[], dict], *, count: int, unit: str,

@@ -21,8 +21,8 @@ from course.checks.common import visible_call
 from course.guard import reference
 
 __all__ = ["DATA_FILES", "answers", "broadcast_shape_reference", "mse_reference", "penalty_reference",
-           "segment_max_reference", "segment_sum_reference", "softplus_reference", "sq_dists_reference",
-           "visible_answers"]
+           "segment_max_reference", "segment_sum_by_segment", "segment_sum_reference", "softplus_reference",
+           "sq_dists_reference", "visible_answers"]
 
 F64 = torch.float64
 
@@ -55,6 +55,17 @@ def sq_dists_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def segment_sum_reference(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
     """Row ``s``: the sum of the values of segment ``s`` (every one); 0 for an empty segment."""
     return values.new_zeros((num_segments, *values.shape[1:])).index_add(0, index, values)
+
+
+@reference
+def segment_sum_by_segment(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """The segment sums by a Python loop with one masked sum per segment: the judge's clock on
+    ``segment_sum`` times the learner's against it (as it times ``segment_max`` against the loop
+    below), so that a loop over the segments, however lean, reads as one."""
+    out = values.new_zeros((num_segments, *values.shape[1:]))
+    for s in range(num_segments):
+        out[s] = values[index == s].sum(0)
+    return out
 
 
 @reference
