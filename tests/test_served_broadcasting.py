@@ -316,12 +316,12 @@ def test_wrong_answers_across_the_boundary_fail_with_their_cause(learner, check,
 ])
 def test_a_loop_over_the_segments_or_samples_never_passes_the_judges_clock(learner, check, name):
     """Right values by a Python loop over the segments, the edges or the samples: graded on values alone,
-    such loops earned Exercises 5, 7, 8 and 10 (red team, round 13, 2026-12-02); the judge's clock against the
-    course's loop refuses them, or (a lean loop, in plain Python or NumPy) leaves them undecided: never a
-    pass. The leanest read 0.04-0.05 of the course's loop when the values crossed the boundary in the timed
-    call, a right answer 0.006-0.03 under the grader: the clock now times calls whose inputs the learner's
-    process makes from a seed, and its bars sit between the two. The leanest loops of each kind: a coarser
-    one (the red team's, or the course's own) takes longer on the same work, and the clock reads time."""
+    such loops earned Exercises 5, 7, 8 and 10 (red team, round 13, 2026-12-02). With the values crossing the
+    boundary in every timed call and a slow yardstick, the leanest of them (these) read 0.04-0.06 of the
+    course's loop, near right answers' 0.004-0.009 (one passed Exercise 10's bar of a tenth). The clock now
+    times calls whose inputs the learner's process makes from a seed, against the leanest loop we know, so a
+    loop reads about 1 or more: refused (on a very busy machine, undecided: never a pass). A coarser loop
+    (the red team's, or the course's own) takes longer on the same work, and the clock reads time."""
     with pytest.raises((AssertionError, SpeedUndecided)) as caught:
         check(learner(name))
     assert "the grader's clock" in str(caught.value), caught.value  # the clock refused it, not the values

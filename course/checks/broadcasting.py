@@ -614,15 +614,18 @@ def check_segment_max(segment_max: Callable, *, seed: int = 0, nodes: int = 9, e
 
 #: The judge's clocks on ``segment_sum`` and ``segment_max`` (red team, round 13: a loop over the
 #: segments, one ``amax`` each, earned Exercise 7 on its values, and a loop with one sum per segment beat
-#: the speed cell's loop over the edges by the 10x asked): 16,384 segments, 16,384 edges of 4 features,
-#: against the course's loop with one masked reduction per segment (about 370 ms), timed as blocks (the
-#: inputs made in the learner's process from a seed: ``clock_against_loop(factory=)``). Under the grader
-#: (2026-12-02) right answers read 0.004-0.005 of it; the leanest loops, over the edges in plain Python on
-#: lists 0.044, maxima likewise 0.085, one sum per segment after a sort 0.10 (all undecided).
-SEGMENT_CLOCK = dict(nodes=16384, edges=16384, d=4)
-SEGMENT_NO_LOOP = 0.015
+#: the speed cell's loop over the edges by the 10x asked): 65,536 segments, 65,536 edges of 4 features,
+#: timed as blocks (the inputs made in the learner's process from a seed: ``clock_against_loop(factory=)``)
+#: against the leanest loop we know, over the edges in plain Python (``segment_sum_loop``,
+#: ``segment_max_loop``: about 50 ms), so that a loop of the learner's reads about 1 and fails. In a
+#: thread (2026-12-02) right answers read 0.06 (``index_add_``) and 0.09 (``scatter_reduce``); loops 3.5
+#: (the edges in Python, with a list per segment made first), 5 (one sum per segment after a sort), 5.6-6.3
+#: (maxima in Python or NumPy). Against a slower yardstick (a masked reduction per segment, 370 ms at
+#: 16,384) the same loops had read 0.04-0.1, near right answers' 0.004-0.005 and costlier to run.
+SEGMENT_CLOCK = dict(nodes=65536, edges=65536, d=4)
+SEGMENT_NO_LOOP = 0.25
 #: what each segment check's clock times the learner's function against (``course.references.broadcasting``)
-_SEGMENT_LOOPS = {"segment_sum": "segment_sum_by_segment", "segment_max": "segment_max_reference"}
+_SEGMENT_LOOPS = {"segment_sum": "segment_sum_loop", "segment_max": "segment_max_loop"}
 
 
 def segment_clock(fn: Callable, label: str) -> str:
@@ -755,12 +758,13 @@ def check_penalty_func(gradient_penalty_func: Callable, *, seed: int = 0, n: int
 
 #: The judge's clocks on ``gradient_penalty`` and ``gradient_penalty_func`` (red team, round 13: a loop
 #: over the samples with ``autograd.grad(create_graph=True)`` earned Exercise 10 on its values, and one
-#: writing each sample's input gradient by hand beat the speed cell's loop by the 3x asked): 2,048 samples
-#: of the lesson's critic (8 features, 32 hidden), against the course's loop of one backward pass per
-#: sample (about 230 ms), timed as blocks. Under the grader (2026-12-02) right answers read 0.007-0.009 of
-#: it, each sample's input gradient by hand in NumPy 0.065, in torch 0.37 (undecided).
-PENALTY_CLOCK = dict(n=2048, features=8, hidden=32, model_seed=0)
-PENALTY_NO_LOOP = 0.025
+#: writing each sample's input gradient by hand beat the speed cell's loop by the 3x asked): 8,192 samples
+#: of the lesson's critic (8 features, 32 hidden), timed as blocks against the leanest loop we know, each
+#: sample's input gradient by hand in NumPy (``penalty_loop``: about 57 ms). In a thread (2026-12-02)
+#: right answers read 0.043 (one batched ``autograd.grad``) and 0.056 (``vmap(grad)``); loops 0.97 (that
+#: loop, as the learner's) and 6 (by hand in torch).
+PENALTY_CLOCK = dict(n=8192, features=8, hidden=32, model_seed=0)
+PENALTY_NO_LOOP = 0.25
 
 
 def penalty_clock(fn: Callable, label: str) -> str:
@@ -770,8 +774,10 @@ def penalty_clock(fn: Callable, label: str) -> str:
     functional = label == "gradient_penalty_func"
 
     def setup() -> dict:
+        yardstick = grader_references("broadcasting").penalty_loop
+
         def loop(*args):
-            return loop_penalty(args[0], args[-1]).detach()
+            return yardstick(args[0], args[-1], args[1] if functional else None)
         return dict(make=None, loop=loop, factory=penalty_func_inputs if functional else penalty_inputs,
                     sizes=PENALTY_CLOCK, grad=True, rtol=1e-3)
 

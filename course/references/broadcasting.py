@@ -21,8 +21,8 @@ from course.checks.common import visible_call
 from course.guard import reference
 
 __all__ = ["DATA_FILES", "answers", "broadcast_shape_reference", "mse_reference", "penalty_reference",
-           "segment_max_reference", "segment_sum_by_segment", "segment_sum_reference", "softplus_reference",
-           "sq_dists_reference", "visible_answers"]
+           "penalty_loop", "segment_max_loop", "segment_max_reference", "segment_sum_loop",
+           "segment_sum_reference", "softplus_reference", "sq_dists_reference", "visible_answers"]
 
 F64 = torch.float64
 
@@ -57,15 +57,61 @@ def segment_sum_reference(values: torch.Tensor, index: torch.Tensor, num_segment
     return values.new_zeros((num_segments, *values.shape[1:])).index_add(0, index, values)
 
 
+# -- the judge's clocks' yardsticks: the leanest loops we know --------------------------------------
+# A clock asks "a loop or not" by timing the learner's answer against a loop over the same work; against
+# the leanest loop (a few Python or NumPy operations a step) a loop of the learner's reads about 1 and fails
+# outright, and the yardstick costs little to run. Each takes the clock's 2-D float inputs.
+
 @reference
-def segment_sum_by_segment(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
-    """The segment sums by a Python loop with one masked sum per segment: the judge's clock on
-    ``segment_sum`` times the learner's against it (as it times ``segment_max`` against the loop
-    below), so that a loop over the segments, however lean, reads as one."""
-    out = values.new_zeros((num_segments, *values.shape[1:]))
-    for s in range(num_segments):
-        out[s] = values[index == s].sum(0)
-    return out
+def segment_sum_loop(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Segment sums by a loop over the edges in plain Python, on lists: a segment's first value taken
+    as it is, a few additions for each further one."""
+    out: list = [None] * num_segments
+    for i, row in zip(index.tolist(), values.tolist()):
+        target = out[i]
+        if target is None:
+            out[i] = row
+            continue
+        for k, v in enumerate(row):
+            target[k] += v
+    zero = [0.0] * values.shape[1]
+    return torch.tensor([zero if r is None else r for r in out], dtype=values.dtype)
+
+
+@reference
+def segment_max_loop(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Segment maxima (0 where a segment is empty) by a loop over the edges in plain Python, on lists,
+    as :func:`segment_sum_loop`."""
+    out: list = [None] * num_segments
+    for i, row in zip(index.tolist(), values.tolist()):
+        target = out[i]
+        if target is None:
+            out[i] = row
+            continue
+        for k, v in enumerate(row):
+            if v > target[k]:
+                target[k] = v
+    zero = [0.0] * values.shape[1]
+    return torch.tensor([zero if r is None else r for r in out], dtype=values.dtype)
+
+
+@reference
+def penalty_loop(model: nn.Module, x: torch.Tensor, params: dict | None = None) -> torch.Tensor:
+    """The gradient penalty of the lesson's critic (:class:`course.broadcasting.Critic`, with its own
+    weights or ``params``) by a loop over the samples in NumPy, each sample's input gradient written out
+    by hand: about ten small NumPy calls a sample."""
+    import numpy as np
+
+    weights = dict(model.named_parameters()) if params is None else params
+    p = {k: v.detach().double().numpy() for k, v in weights.items()}
+    W1, b1, W2, b2, w3 = p["net.0.weight"], p["net.0.bias"], p["net.2.weight"], p["net.2.bias"], p["net.4.weight"][0]
+    W1T, W2T, total = W1.T.copy(), W2.T.copy(), 0.0
+    for xi in x.detach().double().numpy():
+        a1 = np.tanh(W1 @ xi + b1)
+        a2 = np.tanh(W2 @ a1 + b2)
+        g = W1T @ ((W2T @ (w3 * (1 - a2 * a2))) * (1 - a1 * a1))
+        total += (np.sqrt(g @ g) - 1.0) ** 2
+    return torch.tensor(total / x.shape[0], dtype=x.dtype)
 
 
 @reference
