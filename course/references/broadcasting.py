@@ -62,37 +62,34 @@ def segment_sum_reference(values: torch.Tensor, index: torch.Tensor, num_segment
 # the leanest loop (a few Python or NumPy operations a step) a loop of the learner's reads about 1 and fails
 # outright, and the yardstick costs little to run. Each takes the clock's 2-D float inputs.
 
+def _edge_loop(values: torch.Tensor, index: torch.Tensor, num_segments: int, maximum: bool) -> torch.Tensor:
+    out: list = [None] * num_segments
+    for i, row in zip(index.tolist(), values.tolist()):
+        target = out[i]
+        if target is None:  # a segment's first value, taken as it is
+            out[i] = row
+        elif maximum:
+            for k, v in enumerate(row):
+                if v > target[k]:
+                    target[k] = v
+        else:
+            for k, v in enumerate(row):
+                target[k] += v
+    zero = [0.0] * values.shape[1]
+    return torch.tensor([zero if r is None else r for r in out], dtype=values.dtype)
+
+
 @reference
 def segment_sum_loop(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
     """Segment sums by a loop over the edges in plain Python, on lists: a segment's first value taken
     as it is, a few additions for each further one."""
-    out: list = [None] * num_segments
-    for i, row in zip(index.tolist(), values.tolist()):
-        target = out[i]
-        if target is None:
-            out[i] = row
-            continue
-        for k, v in enumerate(row):
-            target[k] += v
-    zero = [0.0] * values.shape[1]
-    return torch.tensor([zero if r is None else r for r in out], dtype=values.dtype)
+    return _edge_loop(values, index, num_segments, maximum=False)
 
 
 @reference
 def segment_max_loop(values: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
-    """Segment maxima (0 where a segment is empty) by a loop over the edges in plain Python, on lists,
-    as :func:`segment_sum_loop`."""
-    out: list = [None] * num_segments
-    for i, row in zip(index.tolist(), values.tolist()):
-        target = out[i]
-        if target is None:
-            out[i] = row
-            continue
-        for k, v in enumerate(row):
-            if v > target[k]:
-                target[k] = v
-    zero = [0.0] * values.shape[1]
-    return torch.tensor([zero if r is None else r for r in out], dtype=values.dtype)
+    """Segment maxima (0 where a segment is empty) by the same loop, a few comparisons an edge."""
+    return _edge_loop(values, index, num_segments, maximum=True)
 
 
 @reference
