@@ -588,10 +588,12 @@ class Remote:
         return handle
 
     def block(self, handle: int, factory_name: str, sizes: dict, seeds: list[int], device: str,
-              grad: bool = False) -> torch.Tensor:
-        """Run the learner's function once per seed, on ``factory(seed) + constants``, and return
-        the checksums of its outputs (``len(seeds)`` x 4, :func:`checksum`): the call the judge times."""
-        return _checked(self._link.request(self._block(handle, factory_name, sizes, seeds, device, grad)), seeds)
+              grad: bool = False, lead: bool = False) -> torch.Tensor:
+        """Run the learner's function once per seed, on ``factory(seed) + constants`` (with ``lead``,
+        ``constants + factory(seed)``), and return the checksums of its outputs (``len(seeds)`` x 4,
+        :func:`checksum`): the call the judge times."""
+        message = self._block(handle, factory_name, sizes, seeds, device, grad)
+        return _checked(self._link.request({**message, "lead": True} if lead else message), seeds)
 
     def course_block(self, handle: int, factory_name: str, sizes: dict, seeds: list[int], device: str,
                      grad: bool = False, *, course_fn: str) -> tuple[torch.Tensor, list[str]]:
@@ -1029,7 +1031,7 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict, link: Lin
             for seed in message["seeds"]:
                 args = make(seed, device=device, **message["sizes"])
                 with answering():
-                    out = fn(*args, *constants)
+                    out = fn(*constants, *args) if message.get("lead") is True else fn(*args, *constants)
                 sums.append(checksum(out))
             synchronize(device)
         result = torch.stack(sums).cpu() if sums else torch.zeros(0, 2, dtype=torch.float64)

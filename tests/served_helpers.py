@@ -51,6 +51,18 @@ def loop_named(unit: str, prefix: str = "") -> str:
     return f"{prefix}(the work of a Python loop over the {unit}s|still loops over the {unit}s in Python)"
 
 
+def clock_ratio(message: str) -> float:
+    """The reading a clock's verdict states: the learner's time over the yardstick's ("took X for N
+    ..., where the course's loop over them takes Y")."""
+    import re
+
+    units = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9}
+    found = re.search(r"took ([\d.]+) (\w+) for \d+ \w+, where the course's loop over them takes ([\d.]+) (\w+)",
+                      message)
+    assert found, message
+    return float(found[1]) * units[found[2]] / (float(found[3]) * units[found[4]])
+
+
 _MEMO: dict = {}
 
 

@@ -54,6 +54,11 @@ def test_name_mistake_compares_other_data_with_the_callers_own_equality():
     ([(1.0, 1.0)] * 6, (1.0, 1.0), 3),
     # still in the gap after twice the readings: undecided is then the honest answer
     ([(0.6, 1.0)] * 8, (0.6, 1.0), 6),
+    # a loop of module calls, many times the loop's in the first reading: decided by it (LOOP_FAST)
+    ([(3.5, 1.0)] * 6, (3.5, 1.0), 1),
+    # ...but not one just under it, nor one whose loop side was slowed in the first reading (2.7)
+    ([(2.9, 1.0)] * 6, (2.9, 1.0), 3),
+    ([(3.5, 1.3)] + [(1.0, 1.0)] * 5, (1.0, 1.0), 3),
 ])
 def test_a_clock_reading_in_the_gap_is_refined_before_it_is_left_undecided(monkeypatch, readings, want, taken):
     from course import timing

@@ -597,24 +597,84 @@ def test_the_lesson_ensemble_learns_and_its_vote_beats_the_average_member(sol):
     assert vote > members.mean() + 0.03, (vote, members)
 
 
-def test_the_sgd_clock_times_float64_members_where_no_relu_kink_splits_a_right_answer(sol, monkeypatch):
-    """The clock compares every timed step with the loop's. In float32 a ReLU input within rounding of
-    0 sent one of 1,024 members down the other side in the batched kernel about once in 300 calls,
-    and the instructor's notebook lost the cell (CI on 2e78c7d); in float64 the steps agree."""
+def _clock_setup(monkeypatch, clock, *args) -> dict:
+    """What a lesson-6 clock hands the judge's clock (``setup()``), without timing anything."""
     seen = {}
 
     def capture(fn, label, setup, **kwargs):
-        seen.update(setup())
+        seen.update(setup(), no_loop=kwargs["no_loop"])
         return "timed"
 
     monkeypatch.setattr(C, "_expect_no_loop_by_clock", capture)
-    C._sgd_clock(sol.ensemble_sgd_step, "ensemble_sgd_step", 0.5)
-    args = seen["make"](11)
-    floats = [t for a in args for t in (a.values() if isinstance(a, dict) else [a])
-              if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    assert floats and {t.dtype for t in floats} == {torch.float64}
-    want = seen["loop"](*args)
-    assert {t.dtype for t in want.values()} == {torch.float64}
-    got = sol.ensemble_sgd_step(*args)
+    getattr(C, clock)(*args)
+    return seen
+
+
+@pytest.mark.parametrize("clock, answer, extra, dtype", [
+    ("_ensemble_clock", "predict_each", (False,), torch.float32),
+    ("_ensemble_clock", "predict_all", (True,), torch.float32),
+    ("_sgd_clock", "ensemble_sgd_step", (0.5,), torch.float64),
+    ("_per_sample_clock", "per_sample_grads", (), torch.float64),
+    ("_per_sample_clock", "opacus_per_sample_grads", (), torch.float64),
+])
+def test_the_block_clocks_yardsticks_give_the_right_answers_on_the_clocks_inputs(sol, monkeypatch, clock, answer,
+                                                                                   extra, dtype):
+    """The clocks timed as blocks compare every timed output's checksums with their yardstick's (the
+    leanest loop, course.references.vmap): on the clock's own inputs (the factory's, after the staged
+    state) the yardstick gives the instructor's answer, and a third of it is the bar."""
+    fn = getattr(sol, answer)
+    seen = _clock_setup(monkeypatch, clock, fn, answer, *extra)
+    assert seen["make"] is None and seen["no_loop"] == C.NO_LOOP
+    args = (*seen.get("constants", ()), *seen["factory"](11, device="cpu", **seen["sizes"]))
+    with torch.set_grad_enabled(seen.get("grad", False)):
+        want, got = seen["loop"](*args), fn(*args)
+    if isinstance(want, torch.Tensor):
+        want, got = {"out": want}, {"out": got}
+    assert set(want) == set(got) and {t.dtype for t in want.values()} == {dtype}
     for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(got[k].detach(), want[k], **(dict(rtol=1e-9, atol=1e-12) if dtype == torch.float64
+                                                                 else dict(rtol=1e-5, atol=1e-6)))
+
+
+def test_the_sgd_clock_times_float64_members_where_no_relu_kink_splits_a_right_answer(sol, monkeypatch):
+    """The clock compares every timed step with the loop's. In float32 a ReLU input within rounding of
+    0 sent one of 1,024 members down the other side in the batched kernel about once in 300 calls,
+    and the instructor's notebook lost the cell (CI on 2e78c7d); in float64 the steps agree: the staged
+    state and the factory's inputs are float64, for the per-sample clock too."""
+    for clock, extra in (("_sgd_clock", (0.5,)), ("_per_sample_clock", ())):
+        seen = _clock_setup(monkeypatch, clock, sol.ensemble_sgd_step, "x", *extra)
+        args = (*seen.get("constants", ()), *seen["factory"](11, device="cpu", **seen["sizes"]))
+        floats = [t for a in args for t in (a.values() if isinstance(a, dict) else
+                                            a.parameters() if isinstance(a, torch.nn.Module) else [a])
+                  if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        assert floats and {t.dtype for t in floats} == {torch.float64}, clock
+
+
+def test_the_block_clocks_state_is_drawn_once_and_matches_a_member_made_by_the_course():
+    """The prediction and SGD clocks' stacked state is drawn once per judge (8,192 members in
+    milliseconds: building modules took 3 s for 4,096), in the shape ``stack_module_state`` gives."""
+    from torch.func import stack_module_state
+
+    C._clock_state.cache_clear()
+    params, buffers, base = C._clock_state(8, torch.float32)
+    assert C._clock_state(8, torch.float32)[0] is params
+    ref_p, ref_b = stack_module_state(V.mlp_ensemble(8, seed=0, features=4, hidden=4, classes=3, device="cpu"))
+    assert {k: v.shape for k, v in params.items()} == {k: v.shape for k, v in ref_p.items()}
+    assert {k: v.shape for k, v in buffers.items()} == {k: v.shape for k, v in ref_b.items()}
+    assert all(p.device.type == "meta" for p in base.parameters())
+    assert len({tuple(v[i].flatten().tolist()) for v in params.values() for i in range(8)}) > 8  # members differ
+
+def test_the_exercises_state_the_clocks_sizes_and_bars():
+    """The lesson's text tells the learner what the grader's clocks ask: their sizes and bars as the
+    code has them (a draft's figures once stayed in lesson 7's text)."""
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "06_vmap_ensembles"
+                     / "06_vmap_ensembles.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    for count in (C.PREDICT_MEMBERS, C.CLOCK_MEMBERS, C.CLOCK_SAMPLES, C.ENSEMBLE_MEMBERS):
+        assert f"{count:,}" in text, count
+    assert C.BLOCK_NO_LOOP == 1 / 3 and text.count("at most a third of the time of the") >= 3
+    assert C.ENSEMBLE_NO_LOOP == 1 / 20 and "under a twentieth" in text  # the dropout clock's
+    assert "0.06" not in text and "1,024 samples" not in text

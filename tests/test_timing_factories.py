@@ -33,6 +33,10 @@ SIZES = {
     # the judge's clock on gradient_penalty_func (on the CPU, at these sizes, on every device)
     "course.checks.broadcasting.penalty_func_inputs": dict(n=2048, features=8, hidden=32, model_seed=0),
     "course.checks.forward_ad.jacobian_speed_inputs": dict(k=16, m=1024, hidden=256, f_seed=0),
+    # the judge's clocks of lesson 6 (on the CPU, at these sizes, on every device)
+    "course.checks.vmap.ensemble_clock_inputs": dict(members=8192, same=False),
+    "course.checks.vmap.sgd_clock_inputs": dict(members=2048, lr=0.1),
+    "course.checks.vmap.per_sample_clock_inputs": dict(samples=2048),
     "course.checks.vmap.member_kl_inputs": dict(n=256, batch=64, features=128, hidden=128, classes=10,
                                                 model_seed=0),
     "course.profiling.attention_inputs": dict(batch=8, heads=16, length=2048, dim=64),

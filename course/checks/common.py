@@ -212,6 +212,11 @@ NO_LOOP = 1 / 3
 #: ...and "a loop" at least this fraction. In between, the clock cannot tell (a busy machine slows the
 #: learner's side: a right answer under load measured 0.76): undecided, measured again, never a pass.
 LOOP_LIKE = 0.8
+#: ...and a first reading (each side's best of five) this many times the loop's, a loop at once
+#: (:func:`clock_against_loop`): loops of module calls read 3 to 40 of the leanest loops, and the
+#: further readings cost them a minute a clock; a right answer reads at most a third, and would need
+#: every one of its five timed calls slowed ten times more than the loop's.
+LOOP_FAST = 3.0
 
 
 def clock_verdict(shows_asked: bool, shows_other: bool, *, text: str, fail: str, between: str,
@@ -251,7 +256,7 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
                        attempts: int = 3, key: Any = None, rtol: float = 1e-3, atol: float = 1e-4,
                        no_loop: float = NO_LOOP, agree: Callable[[Any, Any], None] | None = None,
                        kept: int = 0, factory: Callable | None = None, sizes: Mapping[str, Any] | None = None,
-                       grad: bool = False) -> tuple[float, float]:
+                       grad: bool = False, constants: tuple = ()) -> tuple[float, float]:
     """The best wall times of the learner's ``fn`` and of the course's ``loop`` (the same work done
     by a Python loop), by the grader's clock (:func:`course.timing.best_times`: in turn, the
     learner's process stopped while the loop runs), on ``make(seed)``: fresh arguments for every
@@ -277,7 +282,9 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
     the loop's side makes the same inputs here. Nothing crosses but a seed and four numbers, so the
     clock reads the learner's work, not the data crossing: that crossing had cost a right answer
     more than its work, and left room under a bar for a loop whose steps are each a few Python
-    operations (``grad``: both sides run with autograd on)."""
+    operations (``grad``: both sides run with autograd on). ``constants`` (a model's state, the same in
+    every call) come ahead of the factory's arguments: the learner's process gets them once, ahead of
+    the clock, and both sides call ``fn(*constants, *factory(seed))``."""
     import secrets
 
     from course.remote import is_remote
@@ -307,9 +314,9 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
                      atol=atol, hint="a timed answer must be right on every input it is given.")
 
     if factory is not None and is_remote(fn):
-        learner, loop, fresh, check = _blocks(fn, name, loop, factory, dict(sizes or {}), rtol, grad)
+        learner, loop, fresh, check = _blocks(fn, name, loop, factory, dict(sizes or {}), rtol, grad, constants)
     elif factory is not None:  # a local function (the lesson's own run): the factory's inputs, passed as they are
-        make = lambda seed: factory(seed, device="cpu", **(sizes or {}))  # noqa: E731
+        make = lambda seed: (*constants, *factory(seed, device="cpu", **(sizes or {})))  # noqa: E731
 
     best = [float("inf"), float("inf")]
     attempts = max(attempts, 2)
@@ -319,30 +326,33 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
         batched, looped = best[0] <= no_loop * best[1], best[0] >= LOOP_LIKE * best[1]
         if attempt >= 1 and (batched or (attempt >= attempts - 1 and looped)):
             break
+        if best[0] >= LOOP_FAST * best[1]:  # a loop of module calls: decided by the first reading
+            break
     if key is not None:
         cache[key] = (best[0], best[1])
     return best[0], best[1]
 
 
 def _blocks(fn: Callable, name: str, loop: Callable, factory: Callable, sizes: dict, rtol: float,
-            grad: bool) -> tuple:
+            grad: bool, constants: tuple) -> tuple:
     """:func:`clock_against_loop`'s two sides on a registered ``factory``: the learner's as one block
-    request per call (a seed in, checksums out), the loop's on the same inputs made here; a fresh
-    seed for each repetition, and the check that compares the checksums."""
+    request per call (a seed in, checksums out; ``constants`` staged once, ahead of the factory's
+    arguments), the loop's on the same inputs made here; a fresh seed for each repetition, and the
+    check that compares the checksums."""
     import secrets
 
     from course.remote import checksum
     from course.timing import checksums_differ
 
     factory_name = f"{factory.__module__}.{factory.__qualname__}"
-    handle = fn.stage([])
+    handle = fn.stage(list(constants))
 
     def learner(seed: int) -> torch.Tensor:
-        return fn.block(handle, factory_name, sizes, [seed], "cpu", grad=grad)
+        return fn.block(handle, factory_name, sizes, [seed], "cpu", grad=grad, lead=bool(constants))
 
     def course_loop(seed: int) -> torch.Tensor:
         with torch.set_grad_enabled(grad):
-            return checksum(loop(*factory(seed, device="cpu", **sizes)))[None]
+            return checksum(loop(*constants, *factory(seed, device="cpu", **sizes)))[None]
 
     def fresh() -> tuple:
         return (secrets.randbits(31),)

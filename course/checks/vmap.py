@@ -60,30 +60,33 @@ SERVED = ("check_stack_ensemble", "check_ensemble_predict", "check_predict_dropo
           "check_per_sample_grads", "check_opacus_grads", "check_dp_sgd_step")
 
 #: Sizes at which the judge's clock asks "a loop or not": enough models or samples that a loop's
-#: per-item cost dominates, small enough to take well under a second. The state of the models is
-#: sent once, ahead of the clock (``kept``): what is timed is the learner's work on fresh inputs.
-CLOCK_MEMBERS = 1024
-#: The per-sample clocks' samples and bar (:func:`_per_sample_clock`). Their model is a tiny MLP, not
-#: the lesson's CNN: under ``vmap`` a convolution's per-sample weight gradient costs about 25 us a
-#: sample on a CPU, as much as a loop writing each sample's whole CNN gradient by hand in NumPy (it
-#: read 0.11 of the course's loop where right answers read 0.11-0.15, under a bar of a third; 2026-12-02).
-#: On the MLP right answers (vmap, Opacus) read 0.018-0.037 of the loop at 1,024 samples, and a NumPy
-#: loop doing each sample's forward and gradient by hand 0.14-0.15.
-CLOCK_SAMPLES = 1024
-PER_SAMPLE_NO_LOOP = 0.06
-#: The members of the prediction clocks and the ensemble-with-dropout's clock (each member a few
-#: module calls in the course's loop, 40-80 us), and their bar. A loop over the members in NumPy,
-#: each member's forward in five ops (about 1 us each), read 0.16-0.17 of the course's loop at 1,024
-#: members and 0.09-0.13 with dropout at 2,048 to 4,096, and passed every earlier bar (red team,
-#: round 11); right answers, with the state kept, read 0.026 (prediction) and 0.020 (dropout) at
-#: 4,096 members, in a thread (2026-12-02). A twentieth leaves each side a margin of about two.
+#: per-item cost dominates, small enough to take a fraction of a second. Three of the four clocks time
+#: *blocks* (``clock_against_loop(factory=)``): the members' state crosses once, ahead of the clock, and
+#: each timed request carries a seed, from which the learner's process makes the inputs with the
+#: course's factory and answers with its output's checksums; what is timed is the learner's work alone.
+#: Their yardstick is the leanest loop we know (:mod:`course.references.vmap`: ``predictions_loop``,
+#: ``sgd_step_loop``, ``per_sample_grads_loop``, NumPy on each member's or sample's few numbers, the
+#: gradient by hand): a loop of the learner's reads about 1 and fails outright, where against the
+#: course's loops of module calls (ten times as slow) NumPy loops read 0.10-0.16, undecided, and each
+#: such submission was graded twice.
+CLOCK_MEMBERS = 2048
+#: The per-sample clocks' samples (:func:`_per_sample_clock`). Their model is a tiny MLP, not the
+#: lesson's CNN: under ``vmap`` a convolution's per-sample weight gradient costs about 25 us a sample on
+#: a CPU, as much as a loop writing each sample's whole CNN gradient by hand in NumPy (2026-12-02).
+CLOCK_SAMPLES = 2048
+#: The members of the prediction clocks (a member is five NumPy calls in the yardstick, about 4 us).
+PREDICT_MEMBERS = 8192
+#: The members of the ensemble-with-dropout's clock (each a few module calls in the course's loop, 40-80 us).
 ENSEMBLE_MEMBERS = 4096
+#: The bar of the clocks timed as blocks, against the leanest loops: a third (right answers read 0.09-0.15
+#: of them, in a thread; the red team's NumPy loops 0.99-1.7; 2026-12-02).
+BLOCK_NO_LOOP = NO_LOOP
+#: The ensemble-with-dropout's bar, against the course's loop (its outputs are random: they cross, and
+#: are read back member by member, so it is not timed as blocks). A loop over the members in NumPy,
+#: each member's forward in five ops (about 1 us each), read 0.09-0.13 with dropout at 2,048 to 4,096
+#: members and passed every earlier bar (red team, round 11); right answers, with the state kept,
+#: read 0.020 at 4,096 members, in a thread (2026-12-02). A twentieth leaves each side a margin of two.
 ENSEMBLE_NO_LOOP = 0.05
-#: The ensemble SGD step's bar: there the course's loop does a forward and a backward pass of modules
-#: per member (220-340 ms for 1,024 members under the grader). A vmapped step, its state kept, read
-#: 0.025-0.031 of it under the grader; a NumPy loop writing each member's forward and gradient by
-#: hand read 0.15 (a torch loop so, red team round 8: 0.19-0.31) (2026-12-02).
-SGD_NO_LOOP = 0.06
 #: The seed of the clocks' members. The clock is the judge's yardstick, not the check's case: it asks
 #: once per learner function (a hidden test on another seed, size or rate asks the same question of
 #: the same function, and gets the first reading), on members built once per judge. Built per case,
@@ -145,19 +148,30 @@ def _call_stacked(fn: Callable, *args, name: str):
                              "functional_call(base, (p, b), (x,)).") from exc.__cause__
 
 
-def _clock_ensemble(dtype: torch.dtype = torch.float32, members: int = CLOCK_MEMBERS):
-    """``(members, params, buffers, base)``: ``members`` tiny models on the CPU, for the judge's
-    clock (a loop's cost is per model, a few module calls each, and the state to send is small)."""
-    members = _clock_members(members, CLOCK_SEED, dtype, 3, None)
-    return (members, *_stacked(members))
+@functools.lru_cache(maxsize=4)
+def _clock_state(n: int, dtype: torch.dtype) -> tuple[dict, dict, nn.Module]:
+    """``(params, buffers, base)``: the stacked state of ``n`` tiny members (4 features, 4 hidden units,
+    3 classes; drawn as :func:`course.vmap.mlp` draws a member's, from ``CLOCK_SEED``, for all at once)
+    and their meta base, once per judge: the clocks timed as blocks need no modules (their yardsticks
+    work on the stacked state), and drawing it costs milliseconds where building 4,096 modules took 3 s."""
+    g = torch.Generator().manual_seed(CLOCK_SEED)
+    base = meta_mlp(features=4, hidden=4, classes=3, dtype=dtype)
+    params = {}
+    for k, t in base.named_parameters():
+        fan_in = base.get_submodule(k.rpartition(".")[0]).in_features
+        params[k] = ((torch.rand(n, *t.shape, generator=g, dtype=torch.float64) * 2 - 1) / fan_in ** 0.5).to(dtype)
+    buffers = {"0.shift": (torch.randn(n, 4, generator=g, dtype=torch.float64) * 0.3).to(dtype),
+               "0.scale": (torch.rand(n, 4, generator=g, dtype=torch.float64) + 0.5).to(dtype)}
+    return params, buffers, base
 
 
-@functools.lru_cache(maxsize=2)
 def _clock_members(n: int, seed: int, dtype: torch.dtype, classes: int, dropout: float | None) -> list[nn.Module]:
-    """The judge's clock's ``n`` tiny members (4 features, 4 hidden units), built once per judge: 4,096
-    modules take about 3 s to build, and a submission's clocks (both prediction clocks; every hidden
-    test of a cell) ask for the same ones. The judge only ever runs them (the learner's side gets
-    their state); with dropout, the unit before the dropout is pushed alive (every mask bit readable)."""
+    """The dropout clock's ``n`` tiny members (4 features, 4 hidden units), built when its reading is
+    made (once per learner function: the hidden tests of the cell get the reading) and let go after:
+    4,096 modules take about 3 s to build, and while the judge held them (tens of thousands of
+    tensors) the NumPy yardsticks of the other clocks ran 20-30% slower, and the leanest loops read
+    0.7 of them (undecided) where they read 1. The judge only ever runs them (the learner's side gets
+    their state); the unit before the dropout is pushed alive (every mask bit readable)."""
     members = mlp_ensemble(n, seed=seed, features=4, hidden=4, classes=classes, dropout=dropout, device="cpu",
                            dtype=dtype)
     if dropout is not None:
@@ -338,23 +352,29 @@ def check_ensemble_predict(predict_each: Callable, predict_all: Callable, *, see
 
 
 def _ensemble_clock(fn: Callable, label: str, same: bool) -> str:
-    """The judge's clock on ``ENSEMBLE_MEMBERS`` small models (on the CPU), against the course's loop."""
+    """The judge's clock on ``PREDICT_MEMBERS`` small models (on the CPU), timed as blocks against
+    the leanest loop (``predictions_loop``)."""
     def setup() -> dict:
-        loop_predictions = grader_references("vmap").loop_predictions
-        members, params, buffers, base = _clock_ensemble(members=ENSEMBLE_MEMBERS)
-
-        def make(fresh):
-            return params, buffers, base, toy_features(*((4, 4) if same else (ENSEMBLE_MEMBERS, 4, 4)), seed=fresh,
-                                                        device="cpu")
+        yardstick = grader_references("vmap").predictions_loop
+        params, buffers, base = _clock_state(PREDICT_MEMBERS, torch.float32)
 
         def loop(params, buffers, base, x):
-            return loop_predictions(members, x, same_minibatch=same)
-        return dict(make=make, loop=loop, kept=3)
+            return yardstick(params, buffers, x, same_minibatch=same)
+        return dict(make=None, loop=loop, factory=ensemble_clock_inputs, constants=(params, buffers, base),
+                    sizes=dict(members=PREDICT_MEMBERS, same=same))
 
     with torch.no_grad():
-        text = _expect_no_loop_by_clock(fn, label, setup, count=ENSEMBLE_MEMBERS, unit="model",
-                                        key=("ensemble", same), no_loop=ENSEMBLE_NO_LOOP)
+        text = _expect_no_loop_by_clock(fn, label, setup, count=PREDICT_MEMBERS, unit="model",
+                                        key=("ensemble", same), no_loop=BLOCK_NO_LOOP)
     return f"{label} {text}"
+
+
+@factory
+def ensemble_clock_inputs(seed: int, *, device: str, members: int, same: bool) -> tuple:
+    """``(x,)`` for one timed call of the prediction clocks: one minibatch of 4 for every member, or
+    one for each (the members' state comes ahead of it, staged once)."""
+    shape = (4, 4) if same else (members, 4, 4)
+    return (torch.randn(shape, generator=device_generator(seed, device), device=device),)
 
 
 # -- dropout in an ensemble: randomness= ----------------------------------------------------------
@@ -868,29 +888,34 @@ def check_ensemble_sgd_step(ensemble_sgd_step: Callable, *, seed: int = 0, n: in
 
 
 def _sgd_clock(fn: Callable, label: str, lr: float) -> str:
-    """The judge's clock on ``CLOCK_MEMBERS`` small models (on the CPU), against the course's loop.
+    """The judge's clock on ``CLOCK_MEMBERS`` small models (on the CPU), timed as blocks against the
+    leanest loop (``sgd_step_loop``).
 
     In float64: a gradient jumps where a ReLU's input crosses 0, and in float32 a pre-activation
     within rounding of 0 falls on one side in the batched kernel and on the other in the loop's.
     One member's whole step then differs (a right answer measured 0.26 against 0.31), and with
     1,024 members and fresh inputs on every timed call, float32 met such a member in about one
     grading in four (CI on 2e78c7d: the instructor's notebook lost the cell). Float64 rounding
-    is 2**29 times finer; the clock's ratio is the same (the loop's cost is per-call overhead)."""
+    is 2**29 times finer; the clock's ratio is the same (both sides' cost is per-call overhead)."""
     def setup() -> dict:
-        loop_sgd_step = grader_references("vmap").loop_sgd_step
-        members, params, buffers, base = _clock_ensemble(torch.float64)
-        params = {k: v.detach() for k, v in params.items()}
-
-        def make(fresh):
-            xs = toy_features(CLOCK_MEMBERS, 4, 4, seed=fresh, device="cpu", dtype=torch.float64)
-            return params, buffers, base, xs, _labels((CLOCK_MEMBERS, 4), 3, fresh, torch.device("cpu")), lr
+        yardstick = grader_references("vmap").sgd_step_loop
+        params, buffers, base = _clock_state(CLOCK_MEMBERS, torch.float64)
 
         def loop(params, buffers, base, xs, ys, lr):
-            return loop_sgd_step(members, xs, ys, lr)
-        return dict(make=make, loop=loop, kept=3)
+            return yardstick(params, buffers, xs, ys, lr)
+        return dict(make=None, loop=loop, factory=sgd_clock_inputs, constants=(params, buffers, base),
+                    sizes=dict(members=CLOCK_MEMBERS, lr=lr), grad=True)
 
     return f"{label} " + _expect_no_loop_by_clock(fn, label, setup, count=CLOCK_MEMBERS, unit="member",
-                                                  key=("ensemble_sgd",), no_loop=SGD_NO_LOOP)
+                                                  key=("ensemble_sgd",), no_loop=BLOCK_NO_LOOP)
+
+
+@factory
+def sgd_clock_inputs(seed: int, *, device: str, members: int, lr: float) -> tuple:
+    """``(xs, ys, lr)`` for one timed SGD step: a minibatch of 4 (float64) and its labels for each member."""
+    g = device_generator(seed, device)
+    return (torch.randn(members, 4, 4, generator=g, device=device, dtype=torch.float64),
+            torch.randint(3, (members, 4), generator=g, device=device), lr)
 
 
 # -- per-sample gradients ------------------------------------------------------------------------
@@ -1031,21 +1056,27 @@ def check_per_sample_grads(per_sample_grads: Callable, *, seed: int = 0, batch: 
 
 
 def _per_sample_clock(fn: Callable, label: str) -> str:
-    """The judge's clock on ``CLOCK_SAMPLES`` samples of a tiny MLP (on the CPU; see
-    :data:`CLOCK_SAMPLES` for why not the CNN), against the course's loop of single-sample backward
-    passes. The model crosses with every call, not kept (``kept=``): an answer may leave things on the
-    module it is given (Opacus's hooks and ``grad_sample``, a ``.grad``), which a kept model would carry
-    into the next call; its state is a few dozen numbers."""
+    """The judge's clock on ``CLOCK_SAMPLES`` samples of a tiny MLP (on the CPU, in float64, for the
+    reason :func:`_sgd_clock` gives; see :data:`CLOCK_SAMPLES` for why not the CNN), timed as blocks
+    against the leanest loop (``per_sample_grads_loop``). The model is made afresh in every call (the
+    factory's), not kept: an answer may leave things on the module it is given (Opacus's hooks and
+    ``grad_sample``, a ``.grad``), which a kept model would carry into the next call."""
     def setup() -> dict:
-        model = mlp(seed=CLOCK_SEED, features=4, hidden=4, classes=3, device="cpu")
-
-        def make(fresh):
-            return (model, toy_features(CLOCK_SAMPLES, 4, seed=fresh, device="cpu"),
-                    _labels((CLOCK_SAMPLES,), 3, fresh, torch.device("cpu")))
-        return dict(make=make, loop=grader_references("vmap").reference_per_sample_grads)
+        return dict(make=None, loop=grader_references("vmap").per_sample_grads_loop, factory=per_sample_clock_inputs,
+                    sizes=dict(samples=CLOCK_SAMPLES), grad=True)
 
     return _expect_no_loop_by_clock(fn, label, setup, count=CLOCK_SAMPLES, unit="sample", key=("per-sample",),
-                                    no_loop=PER_SAMPLE_NO_LOOP)
+                                    no_loop=BLOCK_NO_LOOP)
+
+
+@factory
+def per_sample_clock_inputs(seed: int, *, device: str, samples: int) -> tuple:
+    """``(model, x, y)`` for one timed call of the per-sample clocks: the clock's MLP (float64, from
+    ``CLOCK_SEED``, built afresh) and ``samples`` features and labels from ``seed``."""
+    g = device_generator(seed, device)
+    return (mlp(seed=CLOCK_SEED, features=4, hidden=4, classes=3, device=device, dtype=torch.float64),
+            torch.randn(samples, 4, generator=g, device=device, dtype=torch.float64),
+            torch.randint(3, (samples,), generator=g, device=device))
 
 
 def check_opacus_grads(opacus_per_sample_grads: Callable, *, seed: int = 0, batch: int = 8, size: int = 8,

@@ -19,7 +19,8 @@ from torch import nn
 from course.guard import reference
 
 __all__ = ["DATA_FILES", "EPS", "dp_clip_mistakes", "dp_sgd_reference", "kl_mistakes", "loop_member_kl",
-           "loop_predictions", "loop_sgd_step", "per_sample_norms", "reference_per_sample_grads", "vmap_data"]
+           "loop_predictions", "loop_sgd_step", "per_sample_grads_loop", "per_sample_norms", "predictions_loop",
+           "reference_per_sample_grads", "sgd_step_loop", "vmap_data"]
 
 #: Added to every norm before dividing by it, as Opacus does, so that a zero gradient is no problem.
 EPS = 1e-6
@@ -89,6 +90,128 @@ def reference_per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tenso
     per_sample = [torch.autograd.grad(F.cross_entropy(model(xi[None]), yi[None]), params)
                   for xi, yi in zip(x, y)]
     return {k: torch.stack(g) for k, g in zip(names, zip(*per_sample))}
+
+
+# -- the clocks' yardsticks ----------------------------------------------------------------------
+# The judge's clocks (course.checks.vmap) time a learner's function against the leanest loop we know
+# over the same work: NumPy on each member's (or sample's) few numbers, a handful of calls a step,
+# everything that is not the step's own work done once for all (each layer's bias folded into its
+# matrix, acting on rows that end in a 1; the standardisation done for every row at once; the updates
+# written after the loop). Against it a loop of the learner's reads about 1 and fails outright, while
+# a batched answer reads a small fraction; the course's loops of module calls cost several times as
+# much, and left NumPy loops undecided. They take the lesson's small MLP (Standardize, Linear, ReLU,
+# Linear, ReLU, Linear: ``course.vmap.mlp``) as stacked state or as a module.
+
+_LAYERS = ("1", "3", "5")
+
+
+def _augmented(params: Mapping[str, torch.Tensor]) -> list:
+    """Each layer as one matrix ``[W^T; b]`` (members, or nothing, in front), the hidden layers with a
+    last column that carries the rows' 1 through: ``row @ A`` is the layer's output, and a 1."""
+    import numpy as np
+
+    mats = []
+    for k, layer in enumerate(_LAYERS):
+        w, b = params[f"{layer}.weight"].detach().numpy(), params[f"{layer}.bias"].detach().numpy()
+        carry = k < len(_LAYERS) - 1
+        a = np.zeros(w.shape[:-2] + (w.shape[-1] + 1, w.shape[-2] + carry), w.dtype)
+        a[..., :-1, :w.shape[-2]] = np.swapaxes(w, -1, -2)
+        a[..., -1, :w.shape[-2]] = b
+        if carry:
+            a[..., -1, -1] = 1.0
+        mats.append(a)
+    return mats
+
+
+def _rows(x: torch.Tensor, buffers: Mapping[str, torch.Tensor], members: bool) -> "np.ndarray":
+    """``x`` standardised (each member's own buffers where ``members``), every row ending in a 1."""
+    import numpy as np
+
+    shift, scale = buffers["0.shift"].numpy(), buffers["0.scale"].numpy()
+    if members and x.dim() == 3:
+        shift, scale = shift[:, None, :], scale[:, None, :]
+    z = (x.detach().numpy() - shift) / scale
+    return np.concatenate([z, np.ones(z.shape[:-1] + (1,), z.dtype)], -1)
+
+
+def _unaugmented(grads: list, lr: float | None = None, params=None) -> dict[str, torch.Tensor]:
+    """Gradients of the augmented matrices (stacked) as the parameters' own, or ``params - lr * grads``."""
+    out = {}
+    for layer, g in zip(_LAYERS, grads):
+        size = params[f"{layer}.weight"].shape[-2] if params is not None else None
+        w = torch.from_numpy(g[:, :-1, :size]).transpose(-1, -2)
+        b = torch.from_numpy(g[:, -1, :size])
+        out[f"{layer}.weight"], out[f"{layer}.bias"] = w, b
+    return out
+
+
+@reference
+def predictions_loop(params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], x: torch.Tensor, *,
+                     same_minibatch: bool) -> torch.Tensor:
+    """Every member's predictions on ``x`` (or on its own ``x[i]``), member by member in NumPy: five
+    calls a member."""
+    import numpy as np
+
+    a1, a2, a3 = (list(a) for a in _augmented(params))
+    shift, scale = buffers["0.shift"].numpy(), buffers["0.scale"].numpy()
+    xs = x.detach().numpy()
+    xs = (xs[None] if same_minibatch else xs) - shift[:, None, :]
+    rows = list(np.concatenate([xs / scale[:, None, :], np.ones(xs.shape[:-1] + (1,), xs.dtype)], -1))
+    return torch.from_numpy(np.stack([np.maximum(np.maximum(z @ m1, 0) @ m2, 0) @ m3
+                                      for z, m1, m2, m3 in zip(rows, a1, a2, a3)]))
+
+
+def _gradient_loop(rows, ys, mats, shared: bool) -> list:
+    """The augmented matrices' gradients of each item's cross-entropy (an item: a member's minibatch,
+    its mean, or one sample), item by item, by hand; ``shared``: one model for every item."""
+    import numpy as np
+
+    n = len(rows)
+    classes = mats[2].shape[-1]
+    onehot = np.eye(classes, dtype=rows.dtype)[ys] / (ys.shape[-1] if ys.ndim == 2 else 1)
+    grads = [np.empty((n,) + a.shape[-2:], rows.dtype) for a in mats]
+    g1s, g2s, g3s = grads
+    if shared:
+        m1, m2, m3 = mats
+        t2, t3 = m2.T.copy(), m3.T.copy()
+        items = zip(rows, onehot, [m1] * n, [m2] * n, [m3] * n, [t2] * n, [t3] * n)
+    else:
+        items = zip(rows, onehot, *mats, *(list(np.swapaxes(a, -1, -2).copy()) for a in mats[1:]))
+    scale = 1.0 / ys.shape[-1] if ys.ndim == 2 else 1.0
+    for i, (z, y, m1, m2, m3, t2, t3) in enumerate(items):
+        a1 = z @ m1
+        h1 = np.maximum(a1, 0)
+        a2 = h1 @ m2
+        h2 = np.maximum(a2, 0)
+        e = np.exp(h2 @ m3)
+        d = e / (e.sum(-1, keepdims=True) / scale) - y
+        g2 = (d @ t3) * (a2 > 0)
+        g1 = (g2 @ t2) * (a1 > 0)
+        if shared:
+            g3s[i], g2s[i], g1s[i] = np.outer(h2, d), np.outer(h1, g2), np.outer(z, g1)
+        else:
+            g3s[i], g2s[i], g1s[i] = h2.T @ d, h1.T @ g2, z.T @ g1
+    return grads
+
+
+@reference
+def sgd_step_loop(params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], xs: torch.Tensor,
+                  ys: torch.Tensor, lr: float) -> dict[str, torch.Tensor]:
+    """Each member's SGD step on its own minibatch's mean cross-entropy, member by member in NumPy,
+    the gradient by hand (about twenty calls a member; the updates after the loop, for all at once)."""
+    grads = _unaugmented(_gradient_loop(_rows(xs, buffers, True), ys.numpy(), _augmented(params), shared=False),
+                         params=params)
+    return {k: params[k].detach() - lr * g for k, g in grads.items()}
+
+
+@reference
+def per_sample_grads_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each sample's gradient of its own cross-entropy, sample by sample in NumPy, by hand (about
+    twenty calls a sample)."""
+    params = {k: p.detach()[None] for k, p in model.named_parameters()}
+    mats = [a[0] for a in _augmented(params)]
+    return _unaugmented(_gradient_loop(_rows(x, dict(model.named_buffers()), False), y.numpy(), mats, shared=True),
+                        params=params)
 
 
 # -- DP-SGD --------------------------------------------------------------------------------------
