@@ -452,6 +452,22 @@ def _lent_out(value: Any, link: Link, device: str, handles: list, depth: int = 0
 
 _HANDLES = itertools.count(1)
 
+#: The intra-op threads a learner's calls are asked to run with while a judge's clock reads them
+#: (:func:`pinned_calls`); ``None``: the learner's process keeps its own setting.
+_PINNED: list[int | None] = [None]
+
+
+@contextlib.contextmanager
+def pinned_calls(n: int):
+    """Within this block every call of a learner's function across the boundary asks to run with ``n``
+    intra-op threads (as a block request does): a clock that charges the learner's CPU time over ``n``
+    threads must not find an honest answer's own spare threads there."""
+    before, _PINNED[0] = _PINNED[0], n
+    try:
+        yield
+    finally:
+        _PINNED[0] = before
+
 
 def _lending(link: Link, message: dict, args: tuple, kwargs: dict) -> Any:
     """``link.request`` of ``message`` with ``args`` and ``kwargs`` (a call's or a probe's), every
@@ -548,9 +564,11 @@ class Remote:
         device = _call_device((args, kwargs))
         grad = bool(leaves) and torch.is_grad_enabled()
         mirror = self.__dict__.get("mirror", False)
-        reply = _lending(self._link, {"op": "call", "name": self.__name__, "grad": grad,
-                                      "grad_mode": torch.is_grad_enabled(), "device": device, "after": mirror},
-                         args, kwargs)
+        message = {"op": "call", "name": self.__name__, "grad": grad, "grad_mode": torch.is_grad_enabled(),
+                   "device": device, "after": mirror}
+        if _PINNED[0] is not None:
+            message["threads"] = _PINNED[0]
+        reply = _lending(self._link, message, args, kwargs)
         if not (isinstance(reply, dict) and isinstance(reply.get("id"), int) and "value" in reply
                 and isinstance(reply.get("differentiable"), list)):
             raise RemoteError("the learner's process sent a malformed result")
@@ -967,9 +985,12 @@ def _answer(message: dict, namespace: dict, calls: dict, staged: dict, link: Lin
     if op in ("call", "script", "describe", "block", "probe") and name not in namespace:
         raise NameError(f"name {name!r} is not defined")
     if op == "call":
+        from course.devices import asked_threads, threads
+
         args, kwargs = _arguments(message, link, staged)
         # autograd on as in the judge's call (an answer may differentiate inside, whatever its inputs)
-        with torch.set_grad_enabled(message.get("grad_mode", message.get("grad")) is True), answering():
+        with torch.set_grad_enabled(message.get("grad_mode", message.get("grad")) is True), answering(), \
+                threads(asked_threads(message.get("threads"), str(message.get("device")))):
             value = namespace[name](*args, **kwargs)
         call_id = len(calls)
         leaves = [t for t in _tensors((args, kwargs)) if t.requires_grad]

@@ -74,3 +74,28 @@ def test_a_clock_reading_in_the_gap_is_refined_before_it_is_left_undecided(monke
     monkeypatch.setattr(timing, "best_times", fake_best_times)
     assert clock_against_loop(lambda: None, "fn", lambda seed: (), lambda: None, attempts=3) == want
     assert len(seen) == taken
+
+
+def test_a_clock_reads_both_sides_in_one_thread_and_charges_the_learner_over_one(monkeypatch):
+    """The yardstick is a loop in one thread: a loop of the learner's spread over the machine's cores
+    (a pool of processes) must not read a fraction of it because the judge runs many threads. Every
+    reading is taken with one intra-op thread on the judge's side (best_times charges the learner's CPU
+    time over the judge's count), and with calls pinned to one thread on the learner's."""
+    from course import remote, timing
+    from course.checks.common import clock_against_loop
+
+    seen = []
+
+    def fake_best_times(pairs, held, check, warm=()):
+        seen.append((torch.get_num_threads(), remote._PINNED[0]))
+        return [0.1, 1.0]
+
+    monkeypatch.setattr(timing, "best_times", fake_best_times)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        clock_against_loop(lambda: None, "fn", lambda seed: (), lambda: None)
+        assert seen and set(seen) == {(1, 1)}
+        assert torch.get_num_threads() == 3 and remote._PINNED[0] is None
+    finally:
+        torch.set_num_threads(before)

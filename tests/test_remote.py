@@ -772,3 +772,22 @@ def test_a_frame_over_the_limit_breaks_the_channel_for_good_not_the_judge():
     finally:
         for fd in (a_r, a_w, b_r, b_w):
             os.close(fd)
+
+
+def test_a_call_under_pinned_calls_runs_with_the_threads_the_judge_asks():
+    """The judge's clocks charge a learner's CPU time over one thread (``clock_against_loop``): within
+    ``pinned_calls(1)`` every call across the boundary runs the learner's function with one intra-op
+    thread (a block request already carries the count), and outside it the learner keeps its own."""
+    from course.remote import pinned_calls, serve_in_thread
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        with serve_in_thread({"count": lambda: torch.get_num_threads()}) as judge:
+            count = Remote(judge, "count")
+            assert count() == 3
+            with pinned_calls(1):
+                assert count() == 1
+            assert count() == 3 and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

@@ -287,7 +287,8 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
     the clock, and both sides call ``fn(*constants, *factory(seed))``."""
     import secrets
 
-    from course.remote import is_remote
+    from course.devices import threads
+    from course.remote import is_remote, pinned_calls
     from course.timing import best_times
     from course.wire import Kept
 
@@ -320,14 +321,18 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
 
     best = [float("inf"), float("inf")]
     attempts = max(attempts, 2)
-    for attempt in range(2 * attempts):
-        times = best_times([(learner, fresh), (loop, fresh)], held=[1], check=check, warm=[0])
-        best = [min(b, t) for b, t in zip(best, times)]
-        batched, looped = best[0] <= no_loop * best[1], best[0] >= LOOP_LIKE * best[1]
-        if attempt >= 1 and (batched or (attempt >= attempts - 1 and looped)):
-            break
-        if best[0] >= LOOP_FAST * best[1]:  # a loop of module calls: decided by the first reading
-            break
+    # One thread on both sides, and the learner's CPU time charged over one (best_times charges it over
+    # the judge's thread count): the yardstick is a loop in one thread, and a loop spread over many
+    # processes or threads of the learner's must not read a fraction of it for the machine's cores.
+    with threads(1), pinned_calls(1):
+        for attempt in range(2 * attempts):
+            times = best_times([(learner, fresh), (loop, fresh)], held=[1], check=check, warm=[0])
+            best = [min(b, t) for b, t in zip(best, times)]
+            batched, looped = best[0] <= no_loop * best[1], best[0] >= LOOP_LIKE * best[1]
+            if attempt >= 1 and (batched or (attempt >= attempts - 1 and looped)):
+                break
+            if best[0] >= LOOP_FAST * best[1]:  # a loop of module calls: decided by the first reading
+                break
     if key is not None:
         cache[key] = (best[0], best[1])
     return best[0], best[1]
