@@ -78,8 +78,8 @@ CLOCK_SAMPLES = 2048
 PREDICT_MEMBERS = 8192
 #: The members of the ensemble-with-dropout's clock (each a few module calls in the course's loop, 40-80 us).
 ENSEMBLE_MEMBERS = 4096
-#: The bar of the clocks timed as blocks, against the leanest loops: a third (right answers read 0.09-0.15
-#: of them, in a thread; the red team's NumPy loops 0.99-1.7; 2026-12-02).
+#: The bar of the clocks timed as blocks, against the leanest loops: a third (under the grader right
+#: answers read 0.10-0.19 of them, the red team's NumPy loops 0.97-1.75; 2-core Xeon, 2026-12-02).
 BLOCK_NO_LOOP = NO_LOOP
 #: The ensemble-with-dropout's bar, against the course's loop (its outputs are random: they cross, and
 #: are read back member by member, so it is not timed as blocks). A loop over the members in NumPy,

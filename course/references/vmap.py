@@ -134,11 +134,12 @@ def _rows(x: torch.Tensor, buffers: Mapping[str, torch.Tensor], members: bool) -
     return np.concatenate([z, np.ones(z.shape[:-1] + (1,), z.dtype)], -1)
 
 
-def _unaugmented(grads: list, lr: float | None = None, params=None) -> dict[str, torch.Tensor]:
-    """Gradients of the augmented matrices (stacked) as the parameters' own, or ``params - lr * grads``."""
+def _unaugmented(grads: list, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Gradients of the augmented matrices (stacked) as the parameters' own (the carried 1's column
+    dropped), named as in ``params``."""
     out = {}
     for layer, g in zip(_LAYERS, grads):
-        size = params[f"{layer}.weight"].shape[-2] if params is not None else None
+        size = params[f"{layer}.weight"].shape[-2]
         w = torch.from_numpy(g[:, :-1, :size]).transpose(-1, -2)
         b = torch.from_numpy(g[:, -1, :size])
         out[f"{layer}.weight"], out[f"{layer}.bias"] = w, b
@@ -167,8 +168,8 @@ def _gradient_loop(rows, ys, mats, shared: bool) -> list:
     import numpy as np
 
     n = len(rows)
-    classes = mats[2].shape[-1]
-    onehot = np.eye(classes, dtype=rows.dtype)[ys] / (ys.shape[-1] if ys.ndim == 2 else 1)
+    scale = 1.0 / ys.shape[-1] if ys.ndim == 2 else 1.0  # a minibatch's mean
+    onehot = np.eye(mats[2].shape[-1], dtype=rows.dtype)[ys] * scale
     grads = [np.empty((n,) + a.shape[-2:], rows.dtype) for a in mats]
     g1s, g2s, g3s = grads
     if shared:
@@ -177,7 +178,6 @@ def _gradient_loop(rows, ys, mats, shared: bool) -> list:
         items = zip(rows, onehot, [m1] * n, [m2] * n, [m3] * n, [t2] * n, [t3] * n)
     else:
         items = zip(rows, onehot, *mats, *(list(np.swapaxes(a, -1, -2).copy()) for a in mats[1:]))
-    scale = 1.0 / ys.shape[-1] if ys.ndim == 2 else 1.0
     for i, (z, y, m1, m2, m3, t2, t3) in enumerate(items):
         a1 = z @ m1
         h1 = np.maximum(a1, 0)
