@@ -114,14 +114,18 @@ def test_the_judges_clock_cases_live_on_the_cpu(default_elsewhere, monkeypatch):
         with pytest.raises(_Stop):
             call()
     def clock(fn, label, setup, *args, **kwargs):  # the stateless base of an ensemble is on meta by design
-        made.append([v for v in setup()["make"](1) if not (isinstance(v, nn.Module) and _devices(v) == {"meta"})])
+        given = setup()
+        args = (given["make"](1) if given["make"] is not None else  # a factory's, after the staged state
+                (*given.get("constants", ()), *given["factory"](1, device="cpu", **given["sizes"])))
+        made.append([v for v in args if not (isinstance(v, nn.Module) and _devices(v) == {"meta"})])
         return ""
 
     monkeypatch.setattr(CV, "_expect_no_loop_by_clock", clock)
     CV._per_sample_clock(None, "f")
     CV._ensemble_clock(None, "f", False)
     CV._ensemble_clock(None, "f", True)
-    assert len(made) == 9
+    CV._sgd_clock(None, "f", 0.1)
+    assert len(made) == 10
     for case in made:
         assert _devices(case) == {"cpu"}, case
 

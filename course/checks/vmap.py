@@ -155,14 +155,14 @@ def _clock_state(n: int, dtype: torch.dtype) -> tuple[dict, dict, nn.Module]:
     and their meta base, once per judge: the clocks timed as blocks need no modules (their yardsticks
     work on the stacked state), and drawing it costs milliseconds where building 4,096 modules took 3 s."""
     g = torch.Generator().manual_seed(CLOCK_SEED)
-    base = meta_mlp(features=4, hidden=4, classes=3, dtype=dtype)
-    params = {}
-    for k, t in base.named_parameters():
-        fan_in = base.get_submodule(k.rpartition(".")[0]).in_features
-        params[k] = ((torch.rand(n, *t.shape, generator=g, dtype=torch.float64) * 2 - 1) / fan_in ** 0.5).to(dtype)
-    buffers = {"0.shift": (torch.randn(n, 4, generator=g, dtype=torch.float64) * 0.3).to(dtype),
-               "0.scale": (torch.rand(n, 4, generator=g, dtype=torch.float64) + 0.5).to(dtype)}
-    return params, buffers, base
+    architecture = meta_mlp(features=4, hidden=4, classes=3, dtype=dtype)
+    weights = {}
+    for k, t in architecture.named_parameters():
+        fan_in = architecture.get_submodule(k.rpartition(".")[0]).in_features
+        weights[k] = ((torch.rand(n, *t.shape, generator=g, dtype=torch.float64) * 2 - 1) / fan_in ** 0.5).to(dtype)
+    standardise = {"0.shift": (torch.randn(n, 4, generator=g, dtype=torch.float64) * 0.3).to(dtype),
+                   "0.scale": (torch.rand(n, 4, generator=g, dtype=torch.float64) + 0.5).to(dtype)}
+    return weights, standardise, architecture
 
 
 def _clock_members(n: int, seed: int, dtype: torch.dtype, classes: int, dropout: float | None) -> list[nn.Module]:
