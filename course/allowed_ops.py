@@ -88,13 +88,25 @@ fft ifft rfft irfft fft2 ifft2 rfft2 irfft2 fftn ifftn rfftn irfftn fftfreq rfft
 FUNC = frozenset("functional_call jvp vjp vmap".split())
 FORWARD_AD = frozenset("make_dual unpack_dual".split())
 
+#: Lesson 10's workers: ``torch.distributed``'s messages between ranks, its all-reduce (a communication
+#: hook's), and who this rank is; ``DistributedDataParallel`` and ``torch.optim.SGD`` to train with;
+#: ``contextlib.nullcontext`` (the ``with`` of the micro-batch that synchronises). A program reads no
+#: process group, store or backend: it talks through the group the course's worker joined, and what it
+#: sends is counted there, out of its reach (:mod:`course.checks.parallel`).
+DISTRIBUTED = frozenset("send recv isend irecv all_reduce get_rank get_world_size".split())
+PARALLEL = frozenset({"DistributedDataParallel"})
+OPTIM = frozenset({"SGD"})
+CONTEXTLIB = frozenset({"nullcontext"})
+
 #: Module by module: what a program may read there. ``math``'s whole public namespace is pure
 #: arithmetic on numbers; ``torch.nn`` is only the way to ``torch.nn.functional``.
 MEMBERS = {"torch": TORCH, "torch.nn": frozenset({"functional"}), "torch.nn.functional": FUNCTIONAL,
            "torch.linalg": LINALG, "torch.special": SPECIAL, "torch.fft": FFT, "torch.func": FUNC,
-           "torch.autograd": frozenset({"forward_ad"}), "torch.autograd.forward_ad": FORWARD_AD}
-SUBMODULES = {"torch": frozenset({"nn", "linalg", "special", "fft", "func", "autograd"}),
-              "torch.nn": frozenset({"functional"}), "torch.autograd": frozenset({"forward_ad"})}
+           "torch.autograd": frozenset({"forward_ad"}), "torch.autograd.forward_ad": FORWARD_AD,
+           "torch.distributed": DISTRIBUTED, "torch.nn.parallel": PARALLEL, "torch.nn.parallel.distributed": PARALLEL,
+           "torch.optim": OPTIM, "contextlib": CONTEXTLIB}
+SUBMODULES = {"torch": frozenset({"nn", "linalg", "special", "fft", "func", "autograd", "distributed", "optim"}),
+              "torch.nn": frozenset({"functional", "parallel"}), "torch.autograd": frozenset({"forward_ad"})}
 
 #: Attribute names a program may read on a value: tensors' methods of the functions above, their
 #: in-place forms, what describes a tensor (shape, dtype, device...) and converts it, what describes
@@ -108,6 +120,9 @@ self_attn num_heads head_dim embed_dim batch_first in_proj_weight in_proj_bias o
 linear1 linear2 norm_first normalized_shape activation
 named_parameters parameters primal tangent
 """.split()
+#: Lesson 10's: a request's ``wait``, a model's training (``backward``, an optimizer's ``zero_grad`` and
+#: ``step``, DDP's ``no_sync``), and a communication hook's bucket and future.
+_WORKERS = "wait is_completed backward zero_grad step no_sync buffer get_future then value".split()
 _IN_PLACE = [f"{n}_" for n in _POINTWISE + "tril triu unsqueeze squeeze t transpose swapaxes swapdims index_fill "
              "index_add index_copy scatter scatter_add scatter_reduce masked_scatter".split()]
 ATTRIBUTES = frozenset(_POINTWISE + _OTHER + _IN_PLACE + """
@@ -119,4 +134,4 @@ clamp_ stride element_size is_cuda is_cpu sum_to_size unfold
 is_signed itemsize type index eps tiny bits resolution smallest_normal values indices
 append extend insert pop count reverse copy clear remove items keys values get update setdefault join split strip
 startswith endswith lower upper replace
-""".split() + _LAYERS)
+""".split() + _LAYERS + _WORKERS)

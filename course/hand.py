@@ -53,7 +53,8 @@ __all__ = ["AGAIN", "Hosted", "again", "define", "hosted", "read_program"]
 
 #: Modules a program may import and read members of (and the check's named helpers).
 MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.special", "torch.fft", "torch.func",
-           "torch.autograd", "torch.autograd.forward_ad", "math")
+           "torch.autograd", "torch.autograd.forward_ad", "math", "torch.distributed", "torch.nn.parallel",
+           "torch.nn.parallel.distributed", "torch.optim", "contextlib")
 
 #: Builtins a program may read: plain Python on plain values. ``print`` prints nothing there.
 BUILTINS = ("abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter", "float", "frozenset", "int",
@@ -153,6 +154,52 @@ def _context_of(node: ast.AST, modules: dict, contexts: dict) -> bool:
         return node.id in contexts
     module = _module_of(node.value, modules) if isinstance(node, ast.Attribute) else None
     return module is not None and node.attr in allowed_ops.CONTEXTS.get(module.__name__, ())
+
+
+def _switches(tree: ast.AST, modules: dict, bindings: dict) -> set[str]:
+    """The names a program binds only ever to a switch a ``with`` may hold (:func:`_switch`): every
+    binding of the name a plain assignment of one (``quiet = m.no_sync() if i < k else
+    contextlib.nullcontext()``), never a parameter, a loop variable or anything else."""
+    assigned: dict[str, list] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            assigned.setdefault(node.targets[0].id, []).append(node.value)
+    stores: dict[str, int] = {}  # every binding of a name as a Name: assignments, loop targets, with ... as
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            stores[n.id] = stores.get(n.id, 0) + 1
+    other = {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)} | {
+        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ExceptHandler)) and n.name}
+    return {name for name, values in assigned.items() if stores[name] == len(values) and name not in other
+            and all(_switch(v, modules, bindings) for v in values)}
+
+
+def _switch(expr: ast.AST, modules: dict, bindings: dict) -> bool:
+    """Whether ``expr`` makes a switch a ``with`` may hold (lesson 10): DDP's ``<value>.no_sync()`` (a
+    method of a value, not of a module), ``contextlib.nullcontext()``, or a conditional of them. None of
+    them sets a mode of torch's; a program cut short inside one leaves only its own worker changed."""
+    if isinstance(expr, ast.IfExp):
+        return _switch(expr.body, modules, bindings) and _switch(expr.orelse, modules, bindings)
+    if not (isinstance(expr, ast.Call) and not expr.args and not expr.keywords):
+        return False
+    func = expr.func
+    if isinstance(func, ast.Name):
+        return bindings.get(func.id) == "contextlib:nullcontext"
+    if not isinstance(func, ast.Attribute):
+        return False
+    module = _module_of(func.value, modules)
+    if module is None:
+        return func.attr == "no_sync"
+    return module.__name__ == "contextlib" and func.attr == "nullcontext"
+
+
+def _held_context(item: ast.withitem, modules: dict, bindings: dict, switches: set) -> bool:
+    """Whether a ``with`` item, without ``as``, is a switch (:func:`_switch`) or a name bound only to
+    switches (:func:`_switches`)."""
+    if item.optional_vars is not None:
+        return False
+    expr = item.context_expr
+    return expr.id in switches if isinstance(expr, ast.Name) else _switch(expr, modules, bindings)
 
 
 def _constant(node: ast.expr) -> bool:
@@ -316,6 +363,7 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
     # a context manager only as the call of a with statement, never held: with torch.no_grad():
     entered = {id(item.context_expr.func) for n in everything if isinstance(n, ast.With) for item in n.items
                if isinstance(item.context_expr, ast.Call) and item.optional_vars is None}
+    switches = _switches(ast.Module(body=kept, type_ignores=[]), modules, bindings)
     stack: list[ast.AST] = list(kept)
     while stack:
         node = stack.pop()
@@ -327,12 +375,15 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
             refuse(node, f"it passes keywords from a dict (**, line {line}): name each keyword")
         elif isinstance(node, ast.keyword) and (node.arg.startswith("_") or node.arg in _KEYWORDS_REFUSED):
             refuse(node, f"it passes the keyword {node.arg} (line {line}), which is not for a program")
+        elif isinstance(node, ast.withitem) and _held_context(node, modules, bindings, switches):
+            pass  # DDP's no_sync(), or a context the program holds (lesson 10): no mode of torch's to leave set
         elif isinstance(node, ast.withitem) and not (isinstance(node.context_expr, ast.Call)
                                                      and id(node.context_expr.func) in entered
                                                      and _context_of(node.context_expr.func, modules, contexts)):
             refuse(node.context_expr, f"it uses a with statement (line {getattr(node.context_expr, 'lineno', '?')}) "
                                       "other than `with torch.no_grad():`, `torch.enable_grad()`, "
-                                      "`torch.inference_mode()` or `torch.autocast(...)`, without `as`")
+                                      "`torch.inference_mode()`, `torch.autocast(...)` or `model.no_sync()`, "
+                                      "without `as`")
         elif isinstance(node, ast.withitem) and _context_arguments(node.context_expr, modules, contexts):
             refuse(node.context_expr, f"{_context_arguments(node.context_expr, modules, contexts)} "
                                       f"(line {getattr(node.context_expr, 'lineno', '?')})")
@@ -420,6 +471,9 @@ def define(source: Any, bindings: Any, name: Any) -> Callable:
     fn = space.get(name)
     if not isinstance(fn, types.FunctionType):
         raise ValueError(f"the program does not define {name}")
+    # What was read and defined, for a check that runs it again elsewhere (lesson 10's workers). The
+    # program cannot read it: an attribute a program may read is on allowed_ops.ATTRIBUTES, and this is not.
+    fn.course_program = {"source": source, "bindings": dict(bindings), "name": name}
     return fn
 
 
@@ -475,10 +529,16 @@ def checked_sdpa(real: Callable) -> Callable:
     return scaled_dot_product_attention
 
 
+#: ``[True]`` in the program host (:func:`guard_script_host`): a prober there may trust a program's
+#: ``course_program`` (:func:`define` set it), which in a learner's process anything could set.
+IN_PROGRAM_HOST = [False]
+
+
 def guard_script_host() -> None:
     """In the program host, once, before any program is defined: SDPA checked (:func:`checked_sdpa`)."""
     import torch.nn.functional as F
 
+    IN_PROGRAM_HOST[0] = True
     if not getattr(F.scaled_dot_product_attention, "course_checked", False):
         F.scaled_dot_product_attention = checked_sdpa(F.scaled_dot_product_attention)
 
@@ -511,7 +571,11 @@ class Hosted(Remote):
         return f"<your program for {self.label}, run again by the grader>"
 
 
-def hosted(fn: Any, name: str, *, forbidden: tuple = (), helpers: tuple = ()) -> Hosted | None:
+#: What a program may use, as the advice of a refusal says it (:func:`hosted`'s ``uses``).
+USES = "torch, math, plain Python and the values it is given"
+
+
+def hosted(fn: Any, name: str, *, forbidden: tuple = (), helpers: tuple = (), uses: str = USES) -> Hosted | None:
     """``fn``'s program read by the judge and defined in the program host, to be called there. None
     outside the grader's judge: there the program is read all the same (a learner's notebook hears
     of a refusal before the grader does) and the caller's watcher decides alone. A program that
@@ -524,7 +588,7 @@ def hosted(fn: Any, name: str, *, forbidden: tuple = (), helpers: tuple = ()) ->
     roots = tuple(dict.fromkeys(["torch", *(h.rpartition(".")[0] for h in helpers)]))
     program = probe(fn, bare_program, list(roots))
     advice = (f"The grader reads {name}'s program and runs it again in a process of its own: define it (and the "
-              "functions it calls) with def in a cell, using torch, math, plain Python and the values it is given.")
+              f"functions it calls) with def in a cell, using {uses}.")
     if not isinstance(program, dict) or "error" in program or not isinstance(program.get("source"), str):
         if not is_remote(fn):
             return None  # a function with no source to read (made by exec): nothing to say before grading

@@ -277,7 +277,7 @@ def _confine() -> Callable[[], list]:
 
 def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: str = "gloo",
            rendezvous: str = "file", timeout_s: float = 60.0, path: str | os.PathLike | None = None,
-           echo: bool = True) -> list[Any]:
+           echo: bool = True, plain: bool = False) -> list[Any]:
     """Run ``function(rank, world_size, *args)`` in ``world_size`` spawned processes joined in one
     process group, and return the results in rank order.
 
@@ -291,7 +291,9 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
     ``echo``: print what the workers printed (each line marked ``[rank r]``) once they have ended.
 
     Under the grader every worker confines itself before it imports anything of the learner's, as the
-    learner's own process is (see :func:`_confine`), and what it saw comes back in :data:`WORKER_FLAGS`."""
+    learner's own process is (see :func:`_confine`), and what it saw comes back in :data:`WORKER_FLAGS`.
+    ``plain``: read the results back as plain values and tensors only (``weights_only``), as under the
+    grader (the program host's launches: nothing a result holds runs code there)."""
     import subprocess
 
     if not isinstance(world_size, int) or world_size < 1:
@@ -333,7 +335,7 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
         results: dict[int, dict] = {}  # each rank's result, read (verified, unpickled) once its file appears
 
         def settled() -> bool:
-            _poll(outs, keys, results)
+            _poll(outs, keys, results, plain)
             return all(_settled(p, results.get(r)) for r, p in enumerate(procs))
 
         while not settled() and time.monotonic() < deadline:
@@ -347,7 +349,7 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
         for p in procs:
             if not p.is_alive() and p.pid is not None:
                 p.join(1.0)
-        _poll(outs, keys, results)  # a rank may have written its result since the last look
+        _poll(outs, keys, results, plain)  # a rank may have written its result since the last look
         states = [_state(p, results.get(r)) for r, p in enumerate(procs)]
         for result in results.values():
             WORKER_FLAGS.extend(result.get("flags", ()))
@@ -363,13 +365,13 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _poll(outs: list[str], keys: list[bytes], results: dict[int, dict]) -> None:
+def _poll(outs: list[str], keys: list[bytes], results: dict[int, dict], plain: bool = False) -> None:
     """Read into ``results`` the result of every rank whose file has appeared since the last look,
     once: a worker writes its file whole (``os.replace``), and the first file there is the one that
     counts (one written over it later is not read)."""
     for r, out in enumerate(outs):
         if r not in results and os.path.exists(out):
-            results[r] = _read(out, keys[r], r)
+            results[r] = _read(out, keys[r], r, plain)
 
 
 def _settled(p, result: dict | None) -> bool:
@@ -418,7 +420,7 @@ def _report(name: str, world_size: int, states: list[tuple[str, str]], timeout_s
     return f"{name} in {world_size} workers failed: {head}\n  ({ranks}; every worker has been stopped)"
 
 
-def _read(path: str, key: bytes, rank: int) -> dict:
+def _read(path: str, key: bytes, rank: int, plain: bool = False) -> dict:
     """Rank ``rank``'s result, if the course's worker wrote it (signed with the launch's ``key``); a
     file anything else wrote there is a failed rank, and under the grader a ``tampered`` flag. Under
     the grader only plain values and tensors are read back (``weights_only``): nothing a file holds
@@ -436,7 +438,7 @@ def _read(path: str, key: bytes, rank: int) -> dict:
         return {"ok": False, "error": f"rank {rank}'s result was not written by the course's worker (something else "
                                       "wrote the file it leaves)", "flags": flags if os.environ.get(GUARD_ENV) else []}
     try:
-        return torch.load(io.BytesIO(payload), weights_only=bool(os.environ.get(GUARD_ENV)))
+        return torch.load(io.BytesIO(payload), weights_only=plain or bool(os.environ.get(GUARD_ENV)))
     except Exception as exc:  # noqa: BLE001 - what the learner's function returned could not be read back
         return {"ok": False, "error": f"rank {rank}'s result could not be read back ({type(exc).__name__}: "
                                       f"{str(exc)[:300]}); return tensors, numbers, strings, lists and dicts of them",
@@ -541,7 +543,14 @@ def _mark(wrapper, fn):
     return wrapper
 
 
-def _target(target: str) -> Callable:
+def _target(target: "str | dict") -> Callable:
+    """The function a case calls: ``"module:function"``, or a program the judge read (``{"source",
+    "bindings", "name"}``, :func:`course.hand.read_program`), defined here as the program host defines
+    one: in a namespace of its own, with the imports the judge read and a few builtins."""
+    if isinstance(target, dict):
+        from course.hand import define
+
+        return define(target.get("source"), target.get("bindings"), target.get("name"))
     mod, _, fn = target.partition(":")
     return getattr(importlib.import_module(mod), fn)
 

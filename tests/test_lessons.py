@@ -272,11 +272,12 @@ def mistake_losses(lesson_id: str) -> set[str]:
 
 
 #: Lesson 10's answers run in worker processes: cheats that only a worker can try. A ring that sums
-#: through the process group's own method around the byte counter and sends dummy chunks (the kernel's
-#: count of what the process wrote shows it), a DDP answer that reaches for the course's frames (the
-#: worker's audit hook refuses it), and a comm hook that is right but patches the course in its worker
-#: (the worker's seal reports it: the cell is set aside, as every later one would be). The shift and
-#: the accumulation are right: they keep their points.
+#: through the process group's own method around the byte counter and sends dummy chunks, a DDP answer
+#: that reaches for the course's frames, and a comm hook that is right but patches the course in its
+#: worker. Until grader version 45 the learner's workers ran them (the kernel's byte count, the workers'
+#: audit hook and seal caught them); since version 46 the judge reads each program first and the
+#: program host's workers run only what it let through: all three are refused by that reading, and no
+#: worker of the learner's starts. The shift and the accumulation are right: they keep their points.
 WORKER_LESSON = "10_data_parallel"
 WORKER_CHEATS = {
     "ring_all_reduce": "def ring_all_reduce(tensor):\n"
@@ -491,7 +492,8 @@ def test_cheats_inside_lesson_10s_workers_earn_nothing_and_are_named(graded):
     row = graded.rows[("workers", WORKER_LESSON)]
     expected = graded_cells(notebook(WORKER_LESSON, "solutions"))
     graded.expect("workers", WORKER_LESSON, {k: 0.0 if k in WORKER_CHEATS_LOSE else v for k, v in expected.items()})
-    assert {"tampered", "introspection"} <= set(row["flags"].split(",")), row
+    for cell in sorted(WORKER_CHEATS_LOSE):
+        assert "read by the grader" in graded.why("workers", WORKER_LESSON, cell), (cell, row)
 
 
 @pytest.mark.notebooks

@@ -104,7 +104,7 @@ def test_each_result_file_is_read_once_however_long_the_others_take(worker, monk
     import course.parallel
 
     reads, read = [], course.parallel._read
-    monkeypatch.setattr(course.parallel, "_read", lambda path, key, rank: reads.append(rank) or read(path, key, rank))
+    monkeypatch.setattr(course.parallel, "_read", lambda path, key, rank, plain=False: reads.append(rank) or read(path, key, rank, plain))
     with pytest.raises(WorkersFailed, match=r"rank 1: finished"):  # rank 1's file waits while rank 0 hangs
         launch(f"{worker}:waits", 2, timeout_s=6)
     # each file read once; rank 0 may have raised (its peer gone; then both files can appear within one poll,
@@ -235,9 +235,14 @@ def test_a_ring_that_hides_its_traffic_from_the_counter_is_caught_by_the_kernels
     wrote (``/proc/self/io``) are twice what its counted sends account for."""
     from course.checks.parallel import check_ring_all_reduce
 
-    for cheat in (answers.ring_hidden, answers.ring_group):
+    for cheat in ("ring_hidden", "ring_group"):  # the module, as such a worker imports it: no program read
         with pytest.raises(AssertionError, match="wrote .* bytes while its sends account for"):
-            check_ring_all_reduce(cheat, world_sizes=(2,))
+            check_ring_all_reduce(f"parallel_answers:{cheat}", world_sizes=(2,))
+    # as an answer, a program the judge reads: neither route can be written (tests/test_served_parallel.py)
+    with pytest.raises(AssertionError, match=r"read by the grader: it calls torch\.distributed\.all_reduce, the one-"):
+        check_ring_all_reduce(answers.ring_hidden, world_sizes=(2,))
+    with pytest.raises(AssertionError, match=r"read by the grader: it reads torch\.distributed\.group"):
+        check_ring_all_reduce(answers.ring_group, world_sizes=(2,))
 
 
 def test_no_rank_can_compute_the_others_inputs_from_the_seed():
@@ -248,9 +253,11 @@ def test_no_rank_can_compute_the_others_inputs_from_the_seed():
     from course.checks.parallel import check_ring_all_reduce, check_shift
 
     with pytest.raises(AssertionError, match="rank 0's result"):
-        check_ring_all_reduce(answers.ring_from_seed, world_sizes=(2,))
+        check_ring_all_reduce("parallel_answers:ring_from_seed", world_sizes=(2,))
     with pytest.raises(AssertionError, match="rank 0's result"):
-        check_shift(answers.shift_from_seed, world_sizes=(2,))
+        check_shift("parallel_answers:shift_from_seed", world_sizes=(2,))
+    with pytest.raises(AssertionError, match="read by the grader: it uses an import inside a function"):
+        check_shift(answers.shift_from_seed, world_sizes=(2,))  # as an answer: the spec file cannot be opened
     assert no_worker_left()
 
 
@@ -279,10 +286,12 @@ def test_under_the_grader_no_rank_shares_memory_or_makes_a_socket(tmp_path, monk
     root = Path(__file__).resolve().parent.parent
     monkeypatch.setenv(parallel.GUARD_ENV, str(root / "autograder" / "sandbox" / "child.py"))
     monkeypatch.setattr(parallel, "WORKER_FLAGS", [])
+    monkeypatch.syspath_prepend(str(tmp_path))  # the cheats as a learner's cell would leave them (no program read)
+    write_worker("course_test_cheats", answers.ring_shared_memory, answers.ring_by_datagrams, folder=tmp_path)
     with pytest.raises(AssertionError, match="unable to mmap .* Operation not permitted"):
-        check_ring_all_reduce(answers.ring_shared_memory, world_sizes=(2,))
+        check_ring_all_reduce("course_test_cheats:ring_shared_memory", world_sizes=(2,))
     with pytest.raises(AssertionError, match="socket.__new__ is not allowed"):
-        check_ring_all_reduce(answers.ring_by_datagrams, world_sizes=(2,))
+        check_ring_all_reduce("course_test_cheats:ring_by_datagrams", world_sizes=(2,))
     assert [name for name, _ in parallel.WORKER_FLAGS] == ["introspection"] * 2
     check_ring_all_reduce(answers.ring_all_reduce, world_sizes=(2,))  # the right ring runs, filter and all
     assert no_worker_left()
@@ -303,7 +312,7 @@ def test_under_the_grader_no_rank_shares_memory_or_makes_a_socket(tmp_path, monk
     ("check_comm_hook", "fp16_hook", None),
     ("check_comm_hook", "fp16_hook_nodiv", "summed over the ranks instead of averaged"),
     ("check_comm_hook", "hook32", "all-reduced float32 tensors; compress the bucket to float16"),
-    ("check_comm_hook", "hook_gathered", "hook called all_gather"),
+    ("check_comm_hook", "hook_gathered", "read by the grader: it reads torch.distributed.all_gather"),
     ("check_accumulation", "accumulate_concat", "forward passes saw \\[\\[32\\], \\[32\\], \\[32\\]\\] rows per step"),
 ])
 def test_lesson_10_checks_pass_the_answer_and_name_each_mistake(check, answer, named, capsys):

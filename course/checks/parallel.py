@@ -1,9 +1,11 @@
 """Checks for lesson 10_data_parallel: point-to-point, a ring all-reduce, DDP, ``no_sync`` and a
 communication hook, each run in real worker processes joined by gloo.
 
-The learner's answer is a function written in a cell; the course copies its source into a worker
-module and starts the workers (:func:`run_workers`, a probe: under the grader it runs in the learner's
-sandboxed process, whose workers confine themselves as that process is confined). Every worker
+The learner's answer is a function written in a cell. Under the grader the judge reads its program
+(:func:`course.hand.hosted`: what it may call is a list) and the program host starts the workers, which
+define that program and nothing else of the learner's (:func:`run_workers` there); in a notebook the
+program is read the same way and the learner's process copies the function's source into a worker
+module and starts the workers itself. Every worker
 draws its own inputs inside its own process, from the check's seed and, for a part, from the system's
 randomness (:func:`course.parallel.private_part`), so no rank sees another's or can compute it; each
 reports that part. The check compares what comes back with what it computes here from the reports (a
@@ -25,7 +27,8 @@ from course.checks.common import not_written, ok, record
 from course.numerics import assert_close, observing_paused
 from course.parallel import (WorkersFailed, _written, launch, rank_input, regression_model, train_full_batch,
                              write_worker)
-from course.remote import probe, prober
+from course.hand import hosted
+from course.remote import is_remote, probe, prober
 
 __all__ = ["check_accumulation", "check_comm_hook", "check_ddp_training", "check_ring_all_reduce", "check_shift",
            "run_case", "run_workers"]
@@ -35,23 +38,41 @@ SERVED = ("check_shift", "check_ring_all_reduce", "check_ddp_training", "check_a
 CASES = ("shift_case", "all_reduce_case", "ddp_case", "accumulate_case", "hook_case")
 
 
-def run_case(target: str, case: str, world_size: int, *args, timeout_s: float = 60.0, path: str | None = None) -> list:
+def run_case(target: "str | dict", case: str, world_size: int, *args, timeout_s: float = 60.0,
+             path: str | None = None, **launching) -> list:
     """Run the course's worker ``case`` on ``world_size`` ranks with ``target`` (``"module:function"``,
-    importable by the workers, first from ``path``); their results in rank order, a failed launch as an
-    ``AssertionError``."""
+    importable by the workers, first from ``path``, or a program the judge read,
+    :func:`course.parallel._target`); their results in rank order, a failed launch as an
+    ``AssertionError``. ``launching``: more of :func:`course.parallel.launch`'s keywords."""
     if case not in CASES:
         raise ValueError(f"unknown worker case {case!r}")
     try:
-        return launch(f"course.parallel:{case}", world_size, target, *args, timeout_s=timeout_s, path=path)
+        return launch(f"course.parallel:{case}", world_size, target, *args, timeout_s=timeout_s, path=path,
+                      **launching)
     except WorkersFailed as e:
         raise AssertionError(str(e)) from None
+
+
+#: What no answer of lessons 10's point-to-point exercises may call (the program the judge reads):
+#: the library's collective, which would do the exercise in one call.
+ONE_CALL = {"shift_case": ("all_reduce",), "all_reduce_case": ("all_reduce",)}
+#: What such a program may use, as a refusal's advice says it.
+USES = ("torch (torch.distributed's send, recv, isend, irecv, all_reduce, get_rank and get_world_size; DDP; "
+        "torch.optim.SGD), math, plain Python and the values it is given")
 
 
 @prober
 def run_workers(answer, case: str, world_size: int, *args, timeout_s: float = 60.0) -> list:
     """:func:`run_case` with the learner's function ``answer``: its source copied into a module in a
     fresh folder, which the workers import. Only a function defined with ``def`` is an answer (never a
-    name of something importable: the workers run the code the learner wrote)."""
+    name of something importable: the workers run the code the learner wrote).
+
+    In the program host (under the grader), ``answer`` is a program the judge read and the host defined
+    (:func:`course.hand.define` keeps it on the function): the workers define that same program, and
+    nothing else of the learner's runs in them; their results are read back as plain data."""
+    program = getattr(answer, "course_program", None) if _in_program_host() else None
+    if isinstance(program, dict):
+        return run_case(dict(program), case, world_size, *args, timeout_s=timeout_s, echo=False, plain=True)
     name = getattr(answer, "__name__", "")
     if not callable(answer) or isinstance(answer, type) or not str(name).isidentifier():
         raise AssertionError(f"the answer should be a function defined with def in a cell; got "
@@ -83,11 +104,30 @@ def _wire(label: str, r: int, res: dict, hint: str) -> None:
                              f"a process group's own methods), or it printed a lot.\n  Hint: {hint}")
 
 
+def _in_program_host() -> bool:
+    from course.hand import IN_PROGRAM_HOST
+
+    return IN_PROGRAM_HOST[0]
+
+
 def _run(answer, case: str, n: int, *args, label: str, hint: str, timeout_s: float = 60.0) -> list:
+    """The workers' results for ``answer`` in ``case`` on ``n`` ranks. Under the grader's judge the
+    learner's process only sends the answer's program: the judge reads it (:func:`course.hand.hosted`: a
+    short list of what a program may call, ``torch.distributed``'s messages among them, nothing that
+    reaches the course's counters) and the workers that run it are started by the program host, where
+    nothing else of the learner's runs. What they count (bytes, collectives, synchronisations, rows) is
+    then counted out of the learner's reach. In a notebook the program is read all the same (a refusal
+    is told there first) and the learner's process starts the workers."""
+    program = None
+    if not isinstance(answer, str):
+        program = hosted(answer, getattr(answer, "__name__", None) or "the answer", forbidden=ONE_CALL.get(case, ()),
+                         uses=USES)
+        if program is None and is_remote(answer):
+            raise AssertionError(f"{label}: the grader could not run your program again in a process of its own.")
     try:
         if isinstance(answer, str):  # a module the caller wrote ("module:function"): here, never under the grader
             return run_case(answer, case, n, *args, timeout_s=timeout_s)
-        return probe(answer, run_workers, case, n, *args, timeout_s=timeout_s)
+        return probe(program if program is not None else answer, run_workers, case, n, *args, timeout_s=timeout_s)
     except AssertionError as e:
         text = str(e)
         if re.search(r"^NotImplementedError\s*$", text, re.MULTILINE):  # the stub's bare raise, in a worker

@@ -1,0 +1,168 @@
+"""Lesson 10 under the grader's judge: the learner's process only sends each answer's program; the judge
+reads it (``course.hand.read_program``) and the program host starts the workers that run it, so what the
+workers count (bytes sent, collectives, synchronisations, rows) is counted where no learner code reaches.
+
+In grader version 45 the workers were the learner's: the counts lived in the course's wrappers there,
+reachable through their closures, and a ring that let the library's all-reduce do the sum, its counter
+set by hand to a ring's bytes, earned the ring's three points (the kernel's count of bytes written agreed:
+the library's ring writes what a ring writes)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from course.hand import read_program
+from course.remote import serve_in_thread
+from served_helpers import forging, served as _served
+
+sys.path.insert(0, str(Path(__file__).parent))
+import parallel_answers as answers  # noqa: E402
+
+served = contextlib.contextmanager(_served)
+from test_parallel import no_worker_left  # noqa: E402
+
+#: The counters forged through the course's wrappers' closures: the sum by the library, the counts by hand.
+CLOSURE_RING = '''
+import torch
+import torch.distributed as dist
+
+
+def ring_all_reduce(tensor):
+    n = dist.get_world_size()
+    counting = [c.cell_contents for c in dist.send.__closure__ if hasattr(c.cell_contents, "traffic")][0]
+    dist.all_reduce.__wrapped__(tensor)
+    ring = 2 * (n - 1) * tensor.numel() * tensor.element_size() // n
+    counting.traffic["sent"] += ring
+    counting.traffic["received"] += ring
+'''
+
+
+@pytest.fixture
+def program_host(monkeypatch):
+    """A program host served from a thread, as the grader's judge reaches its confined process."""
+    from course import grader_hooks
+    from course.hand import IN_PROGRAM_HOST
+
+    IN_PROGRAM_HOST[0] = True
+    try:
+        with serve_in_thread({}, host=True) as link:
+            monkeypatch.setattr(grader_hooks, "program_host", lambda: link)
+            yield link
+    finally:
+        IN_PROGRAM_HOST[0] = False
+
+
+@pytest.fixture
+def learner_workers(monkeypatch):
+    """Counts the launches that the learner's side starts (through ``write_worker``, as the learner's
+    process does); under the judge there are none."""
+    import course.checks.parallel as checks
+
+    started = []
+    real = checks.write_worker
+
+    def counted(*args, **kwargs):
+        started.append(args[0])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(checks, "write_worker", counted)
+    return started
+
+
+@pytest.mark.parametrize("check, answer, kwargs", [
+    ("check_shift", "shift", {"world_sizes": (3,)}),
+    ("check_ring_all_reduce", "ring_all_reduce", {"world_sizes": (3,)}),
+    ("check_ddp_training", "train_ddp", {}),
+    ("check_accumulation", "accumulate", {}),
+    ("check_comm_hook", "fp16_hook", {}),
+])
+def test_every_lesson_10_answer_keeps_its_marks_run_by_the_program_hosts_workers(program_host, learner_workers, capsys,
+                                                                                 check, answer, kwargs):
+    import course.checks.parallel as checks
+
+    with served({answer: getattr(answers, answer)}) as remote:
+        getattr(checks, check)(remote(answer), **kwargs)
+    assert "ok: " in capsys.readouterr().out
+    assert learner_workers == []  # no worker of the learner's process ran: only its program crossed
+    assert no_worker_left()
+
+
+def test_a_mistake_is_still_named_run_by_the_program_hosts_workers(program_host):
+    from course.checks.parallel import check_ddp_training
+
+    with served({"train_ddp": answers.train_ddp_sum}) as remote:
+        with pytest.raises(AssertionError, match="the sum of the squared errors instead of their mean"):
+            check_ddp_training(remote("train_ddp"))
+    assert no_worker_left()
+
+
+def test_counts_forged_through_the_wrappers_closures_earn_nothing(tmp_path, monkeypatch, program_host):
+    """Red team, round 16 (ours, against version 45): the counter reached through ``dist.send``'s closure,
+    the sum by the library's all-reduce. In the learner's workers it passes (the module run as before, no
+    program read); as an answer the judge reads, it cannot be written."""
+    from course.checks.parallel import check_ring_all_reduce
+    from course.parallel import write_worker
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write_worker("closure_ring", CLOSURE_RING.split("\n\n\n", 1)[1], folder=tmp_path)
+    check_ring_all_reduce("closure_ring:ring_all_reduce", world_sizes=(3,))  # what version 45 believed
+    namespace: dict = {}
+    exec(compile(CLOSURE_RING, str(tmp_path / "cell.py"), "exec"), namespace)  # noqa: S102
+    (tmp_path / "cell.py").write_text(CLOSURE_RING)
+    with served({"ring_all_reduce": namespace["ring_all_reduce"]}) as remote:
+        with pytest.raises(AssertionError, match=r"read by the grader: it reads \.(cell_contents|__closure__)"):
+            check_ring_all_reduce(remote("ring_all_reduce"), world_sizes=(3,))
+    assert no_worker_left()
+
+
+def test_a_program_forged_by_the_learners_process_is_still_read(monkeypatch, program_host):
+    """The learner's process may send any text as the program (its word): what runs is what the judge
+    read, and a program that calls the library is refused, whatever the function in the notebook was."""
+    import course.bare
+    from course.checks.parallel import check_ring_all_reduce
+
+    forged = {"source": "import torch.distributed as dist\n\n\ndef ring_all_reduce(tensor):\n"
+                        "    dist.all_reduce(tensor)\n", "name": "ring_all_reduce", "left": []}
+    forging(monkeypatch, course.bare, "bare_program", lambda real, *args, **kwargs: forged)
+    with served({"ring_all_reduce": answers.ring_all_reduce}) as remote:
+        with pytest.raises(AssertionError, match="read by the grader: it calls torch.distributed.all_reduce, the "
+                                                 "one-call version"):
+            check_ring_all_reduce(remote("ring_all_reduce"), world_sizes=(2,))
+
+
+@pytest.mark.parametrize("body, refused", [
+    ("dist.all_reduce(tensor)", r"torch\.distributed\.all_reduce, the one-call version"),
+    ("dist.all_gather([tensor], tensor)", r"torch\.distributed\.all_gather"),
+    ("dist.batch_isend_irecv([])", r"torch\.distributed\.batch_isend_irecv"),
+    ("dist.new_group([0, 1])", r"torch\.distributed\.new_group"),
+    ("dist.group.WORLD.allreduce([tensor])", r"torch\.distributed\.group"),
+    ("dist.send.__wrapped__(tensor, 1)", r"\.__wrapped__"),
+    ("dist.send.__closure__", r"\.__closure__"),
+    ("getattr(dist, 'all_reduce')(tensor)", r"the builtin getattr"),
+    ("torch.from_file('/tmp/x', shared=True, size=4)", r"torch\.from_file"),
+    ("open('/tmp/x', 'w').write('1')", r"the builtin open"),
+    ("dist.init_process_group('gloo')", r"torch\.distributed\.init_process_group"),
+])
+def test_the_reading_refuses_every_route_around_the_workers_counters(body, refused):
+    """What a program for lesson 10's point-to-point exercises may call is a list (send, recv, isend,
+    irecv, who this rank is): collectives, process groups, the course's wrappers' insides, files."""
+    source = f"import torch\nimport torch.distributed as dist\n\n\ndef ring(tensor):\n    {body}\n"
+    with pytest.raises(AssertionError, match=refused):
+        read_program(source, forbidden=("all_reduce",))
+
+
+def test_the_with_statement_a_program_may_use_sets_no_mode_of_torchs():
+    """``with model.no_sync():`` and a name the program bound are read; a context manager of torch's
+    held in a name (which could be left entered) is not, nor a with that binds its value."""
+    ok = ("import contextlib\n\n\ndef f(m, xs):\n    for i, x in enumerate(xs):\n"
+          "        quiet = m.no_sync() if i else contextlib.nullcontext()\n        with quiet:\n            m(x)\n"
+          "        with m.no_sync():\n            m(x)\n")
+    read_program(ok)
+    for bad, why in [("q = torch.no_grad()\n    with q:\n        pass", r"torch\.no_grad .* other than"),
+                     ("with m.no_sync() as s:\n        pass", "with statement"),
+                     ("with torch.no_sync():\n        pass", r"torch\.no_sync")]:
+        with pytest.raises(AssertionError, match=why):
+            read_program(f"import torch\n\n\ndef f(m):\n    {bad}\n")
