@@ -95,7 +95,8 @@ def _member_refusal(module: types.ModuleType, attr: str, forbidden: tuple) -> st
     (:mod:`course.allowed_ops`), and never the exercise's one-call op (``forbidden``'s words)."""
     where = f"{module.__name__}.{attr}"
     if any(word in attr.lower() for word in forbidden):
-        return f"it calls {where}, the one-call version of what the exercise asks to write"
+        return (f"it calls {where}, which this exercise's answer may not use (the one-call version of what it asks "
+                "to write, or a way around what it asks)")
     member = vars(module).get(attr)  # what the module holds (no lazy import of a submodule here)
     if module.__name__ == "math" and not attr.startswith("_") and member is not None:
         return None  # arithmetic on numbers

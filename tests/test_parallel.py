@@ -239,7 +239,7 @@ def test_a_ring_that_hides_its_traffic_from_the_counter_is_caught_by_the_kernels
         with pytest.raises(AssertionError, match="wrote .* bytes while its sends account for"):
             check_ring_all_reduce(f"parallel_answers:{cheat}", world_sizes=(2,))
     # as an answer, a program the judge reads: neither route can be written (tests/test_served_parallel.py)
-    with pytest.raises(AssertionError, match=r"read by the grader: it calls torch\.distributed\.all_reduce, the one-"):
+    with pytest.raises(AssertionError, match=r"read by the grader: it calls torch\.distributed\.all_reduce, which this"):
         check_ring_all_reduce(answers.ring_hidden, world_sizes=(2,))
     with pytest.raises(AssertionError, match=r"read by the grader: it reads torch\.distributed\.group"):
         check_ring_all_reduce(answers.ring_group, world_sizes=(2,))

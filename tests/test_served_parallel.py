@@ -128,13 +128,13 @@ def test_a_program_forged_by_the_learners_process_is_still_read(monkeypatch, pro
                         "    dist.all_reduce(tensor)\n", "name": "ring_all_reduce", "left": []}
     forging(monkeypatch, course.bare, "bare_program", lambda real, *args, **kwargs: forged)
     with served({"ring_all_reduce": answers.ring_all_reduce}) as remote:
-        with pytest.raises(AssertionError, match="read by the grader: it calls torch.distributed.all_reduce, the "
-                                                 "one-call version"):
+        with pytest.raises(AssertionError, match="read by the grader: it calls torch.distributed.all_reduce, which "
+                                                 "this exercise's answer may not use"):
             check_ring_all_reduce(remote("ring_all_reduce"), world_sizes=(2,))
 
 
 @pytest.mark.parametrize("body, refused", [
-    ("dist.all_reduce(tensor)", r"torch\.distributed\.all_reduce, the one-call version"),
+    ("dist.all_reduce(tensor)", r"torch\.distributed\.all_reduce, which this exercise's answer may not use"),
     ("dist.all_gather([tensor], tensor)", r"torch\.distributed\.all_gather"),
     ("dist.batch_isend_irecv([])", r"torch\.distributed\.batch_isend_irecv"),
     ("dist.new_group([0, 1])", r"torch\.distributed\.new_group"),
@@ -166,3 +166,70 @@ def test_the_with_statement_a_program_may_use_sets_no_mode_of_torchs():
                      ("with torch.no_sync():\n        pass", r"torch\.no_sync")]:
         with pytest.raises(AssertionError, match=why):
             read_program(f"import torch\n\n\ndef f(m):\n    {bad}\n")
+
+
+#: A hook that all-reduces float16 zeros for the record and averages the float32 gradients by messages of
+#: its own; a DDP answer that trains alone on every share, received point to point (no DDP traffic at all).
+AROUND = '''
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def fp16_hook(state, bucket):
+    buffer = bucket.buffer()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    total = buffer.clone()
+    for other in range(n):
+        if other != rank:
+            got = torch.empty_like(buffer)
+            requests = [dist.isend(buffer.clone(), other), dist.irecv(got, other)]
+            for request in requests:
+                request.wait()
+            total.add_(got)
+    work = dist.all_reduce(torch.zeros_like(buffer, dtype=torch.float16), async_op=True)
+    return work.get_future().then(lambda fut: total / n)
+
+
+def train_ddp(model, inputs, targets, steps, lr):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    xs, ys = list(inputs.chunk(n)), list(targets.chunk(n))
+    for other in range(n):
+        if other != rank:
+            requests = [dist.isend(xs[rank].clone(), other), dist.isend(ys[rank].clone(), other),
+                        dist.irecv(xs[other], other), dist.irecv(ys[other], other)]
+            for request in requests:
+                request.wait()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(xs[rank])
+        first, last = model[0], model[2]
+        out = F.linear(torch.tanh(F.linear(inputs, first.weight, first.bias)), last.weight, last.bias)
+        F.mse_loss(out, targets).backward()
+        optimizer.step()
+'''
+
+
+@pytest.mark.parametrize("check, name, refused", [
+    ("check_comm_hook", "fp16_hook", r"it calls torch\.distributed\.isend, which this exercise's answer may not use"),
+    ("check_ddp_training", "train_ddp", r"it calls torch\.distributed\.isend, which this exercise's answer may not use"),
+])
+def test_messages_of_an_answers_own_around_what_the_exercise_asks_are_refused(tmp_path, monkeypatch, program_host,
+                                                                              check, name, refused):
+    """Ours, round 16: the hook's counts see only collectives, and the DDP check compares parameters and
+    rows: messages sent point to point beside them passed both in the learner's workers (the module, run as
+    before). As answers, the judge's reading refuses the messages."""
+    import course.checks.parallel as checks
+    from course.parallel import write_worker
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write_worker("around", AROUND.split("\n\n\n", 1)[1], folder=tmp_path)
+    getattr(checks, check)(f"around:{name}")  # what version 45 believed
+    namespace: dict = {}
+    (tmp_path / "cell.py").write_text(AROUND)
+    exec(compile(AROUND, str(tmp_path / "cell.py"), "exec"), namespace)  # noqa: S102
+    with served({name: namespace[name]}) as remote:
+        with pytest.raises(AssertionError, match=refused):
+            getattr(checks, check)(remote(name))
+    assert no_worker_left()

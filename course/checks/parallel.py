@@ -53,9 +53,13 @@ def run_case(target: "str | dict", case: str, world_size: int, *args, timeout_s:
         raise AssertionError(str(e)) from None
 
 
-#: What no answer of lessons 10's point-to-point exercises may call (the program the judge reads):
-#: the library's collective, which would do the exercise in one call.
-ONE_CALL = {"shift_case": ("all_reduce",), "all_reduce_case": ("all_reduce",)}
+#: What each exercise's program may not call (words in the names, as the judge reads it): the point-to-point
+#: exercises, the library's collective, which would do them in one call; the DDP exercises, every message of
+#: their own (DDP's are the only traffic: a rank that received the other shares point to point could train
+#: alone, beside the model, to the same parameters); the hook, point-to-point messages (float32 gradients
+#: sent that way beside a float16 all-reduce for the record would pass its counts).
+NOT_HERE = {"shift_case": ("all_reduce",), "all_reduce_case": ("all_reduce",), "ddp_case": ("send", "recv", "all_reduce"),
+            "accumulate_case": ("send", "recv", "all_reduce"), "hook_case": ("send", "recv")}
 #: What such a program may use, as a refusal's advice says it.
 USES = ("torch (torch.distributed's send, recv, isend, irecv, all_reduce, get_rank and get_world_size; DDP; "
         "torch.optim.SGD), math, plain Python and the values it is given")
@@ -120,7 +124,7 @@ def _run(answer, case: str, n: int, *args, label: str, hint: str, timeout_s: flo
     is told there first) and the learner's process starts the workers."""
     program = None
     if not isinstance(answer, str):
-        program = hosted(answer, getattr(answer, "__name__", None) or "the answer", forbidden=ONE_CALL.get(case, ()),
+        program = hosted(answer, getattr(answer, "__name__", None) or "the answer", forbidden=NOT_HERE[case],
                          uses=USES)
         if program is None and is_remote(answer):
             raise AssertionError(f"{label}: the grader could not run your program again in a process of its own.")
