@@ -97,6 +97,8 @@ DISTRIBUTED = frozenset("send recv isend irecv all_reduce get_rank get_world_siz
 PARALLEL = frozenset({"DistributedDataParallel"})
 OPTIM = frozenset({"SGD"})
 CONTEXTLIB = frozenset({"nullcontext"})
+#: A hook may also make its future itself (``torch.futures.Future()``, ``set_result``) after a blocking all-reduce.
+FUTURES = frozenset({"Future"})
 
 #: Module by module: what a program may read there. ``math``'s whole public namespace is pure
 #: arithmetic on numbers; ``torch.nn`` is only the way to ``torch.nn.functional``.
@@ -104,8 +106,9 @@ MEMBERS = {"torch": TORCH, "torch.nn": frozenset({"functional"}), "torch.nn.func
            "torch.linalg": LINALG, "torch.special": SPECIAL, "torch.fft": FFT, "torch.func": FUNC,
            "torch.autograd": frozenset({"forward_ad"}), "torch.autograd.forward_ad": FORWARD_AD,
            "torch.distributed": DISTRIBUTED, "torch.nn.parallel": PARALLEL, "torch.nn.parallel.distributed": PARALLEL,
-           "torch.optim": OPTIM, "contextlib": CONTEXTLIB}
-SUBMODULES = {"torch": frozenset({"nn", "linalg", "special", "fft", "func", "autograd", "distributed", "optim"}),
+           "torch.optim": OPTIM, "contextlib": CONTEXTLIB, "torch.futures": FUTURES}
+SUBMODULES = {"torch": frozenset({"nn", "linalg", "special", "fft", "func", "autograd", "distributed", "optim",
+                                   "futures"}),
               "torch.nn": frozenset({"functional", "parallel"}), "torch.autograd": frozenset({"forward_ad"})}
 
 #: Attribute names a program may read on a value: tensors' methods of the functions above, their
@@ -122,7 +125,8 @@ named_parameters parameters primal tangent
 """.split()
 #: Lesson 10's: a request's ``wait``, a model's training (``backward``, an optimizer's ``zero_grad`` and
 #: ``step``, DDP's ``no_sync``), and a communication hook's bucket and future.
-_WORKERS = "wait is_completed backward zero_grad step no_sync buffer get_future then value".split()
+_WORKERS = ("wait is_completed backward zero_grad step no_sync buffer gradients is_last get_future then value "
+            "set_result done").split()
 _IN_PLACE = [f"{n}_" for n in _POINTWISE + "tril triu unsqueeze squeeze t transpose swapaxes swapdims index_fill "
              "index_add index_copy scatter scatter_add scatter_reduce masked_scatter".split()]
 ATTRIBUTES = frozenset(_POINTWISE + _OTHER + _IN_PLACE + """

@@ -54,7 +54,7 @@ __all__ = ["AGAIN", "Hosted", "again", "define", "hosted", "read_program"]
 #: Modules a program may import and read members of (and the check's named helpers).
 MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.special", "torch.fft", "torch.func",
            "torch.autograd", "torch.autograd.forward_ad", "math", "torch.distributed", "torch.nn.parallel",
-           "torch.nn.parallel.distributed", "torch.optim", "contextlib")
+           "torch.nn.parallel.distributed", "torch.optim", "contextlib", "torch.futures")
 
 #: Builtins a program may read: plain Python on plain values. ``print`` prints nothing there.
 BUILTINS = ("abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter", "float", "frozenset", "int",

@@ -233,3 +233,19 @@ def test_messages_of_an_answers_own_around_what_the_exercise_asks_are_refused(tm
         with pytest.raises(AssertionError, match=refused):
             getattr(checks, check)(remote(name))
     assert no_worker_left()
+
+
+def test_a_hook_that_makes_its_own_future_after_a_blocking_all_reduce_is_read_and_passes(tmp_path, program_host):
+    """Another right hook than the lesson's: a blocking float16 all-reduce, the future made by hand."""
+    from course.checks.parallel import check_comm_hook
+
+    source = ("import torch\nimport torch.distributed as dist\n\n\ndef fp16_hook(state, bucket):\n"
+              "    buffer = bucket.buffer()\n    half = buffer.to(torch.float16).div_(dist.get_world_size())\n"
+              "    dist.all_reduce(half)\n    fut = torch.futures.Future()\n    fut.set_result(half.to(buffer.dtype))\n"
+              "    return fut\n")
+    (tmp_path / "cell.py").write_text(source)
+    namespace: dict = {}
+    exec(compile(source, str(tmp_path / "cell.py"), "exec"), namespace)  # noqa: S102
+    with served({"fp16_hook": namespace["fp16_hook"]}) as remote:
+        check_comm_hook(remote("fp16_hook"), world_size=2, steps=2)
+    assert no_worker_left()
