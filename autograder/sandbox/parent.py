@@ -348,6 +348,25 @@ def _tree_rss_mb(tree: list[int]) -> float:
     return _resident_bytes(tree) / 2**20
 
 
+def _private_bytes_and_files_once(pids: list[int]) -> float:
+    """The resident bytes of ``pids`` with the file-backed pages counted once: each process's private
+    and shared-memory pages (``RssAnon`` and ``RssShmem`` in ``/proc/<pid>/status``), summed, and the
+    largest ``RssFile`` among them. A host's processes (the program host and the workers it starts for
+    lesson 10) map the same libraries (torch's, about 77 MB a process), which the kernel keeps once;
+    summed per process they made lesson 10's instructor run read 2,227 MB, about 400 MB of it the same
+    library pages counted again."""
+    private, files = 0, 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as fh:
+                fields = dict(line.split(":", 1) for line in fh if line.startswith("Rss"))
+            private += sum(int(fields.get(k, "0 kB").split()[0]) for k in ("RssAnon", "RssShmem"))
+            files = max(files, int(fields.get("RssFile", "0 kB").split()[0]))
+        except (OSError, ValueError, IndexError):
+            pass
+    return (private + files) * 1024.0
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of ``pid`` and its descendants, their reaped children included:
     what a learner's process tree has used, every thread and helper process counted (a thread
@@ -479,13 +498,14 @@ OUTSIDE = {"files": "the files it wrote in the sandbox's /tmp or /grading (kept 
            "kernel": "the kernel's objects made for it (socket and pipe buffers, page tables)"}
 
 
-def _memory_look(proc: "_Proc", held: Held | None) -> tuple[float, dict[str, int]]:
+def _memory_look(proc: "_Proc", held: Held | None, files_once: bool = False) -> tuple[float, dict[str, int]]:
     """One look at the memory of ``proc``'s tree (one walk over it): its resident MB, and the bytes
     the kernel holds for it outside that, by part (:data:`OUTSIDE`): what ``held`` finds (tmpfs
     files, memory files, socket queues), and what its memory group was charged beyond that.
-    Raises :class:`TooManyFiles`."""
+    ``files_once``: the tree's file-backed pages counted once (:func:`_private_bytes_and_files_once`;
+    the hosts' trees). Raises :class:`TooManyFiles`."""
     tree = [proc.proc.pid, *descendants(proc.proc.pid)]
-    rss = _tree_rss_mb(tree)
+    rss = _private_bytes_and_files_once(tree) / 2**20 if files_once else _tree_rss_mb(tree)
     outside = held.bytes(tree) if held is not None else {}
     if proc.memory is not None:  # what the kernel charged beyond what was found
         kernel = proc.memory.counts()
@@ -880,7 +900,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     # The learner's TorchScript and answers by hand, run in the hosts: the learner's count.
                     in_hosts: dict[str, float] = {}
                     for which, host in (hosts.items() if proc is child else ()):
-                        rss_host, more = _memory_look(host, None)
+                        rss_host, more = _memory_look(host, None, files_once=True)
                         in_hosts[which] = rss_host + sum(more.values()) / 2**20
                     scripts = sum(in_hosts.values())
                 except TooManyFiles as exc:
