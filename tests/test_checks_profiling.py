@@ -216,6 +216,32 @@ def half_precision(q, k, v, causal=False):
     return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal).to(q.dtype)
 
 
+def by_hand(q, k, v, causal=False):
+    return naive_attention(q, k, v, causal)
+
+
+def head_by_head(q, k, v, causal=False):
+    return torch.cat([F.scaled_dot_product_attention(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], is_causal=causal)
+                      for h in range(q.shape[1])], dim=1)
+
+
+def sdpa_for_show(q, k, v, causal=False):
+    F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return naive_attention(q, k, v, causal)
+
+
+@pytest.mark.parametrize("answer, message", [
+    (by_hand, "gives the right numbers without calling F.scaled_dot_product_attention"),
+    (head_by_head, "called F.scaled_dot_product_attention 2 times"),
+    (sdpa_for_show, "and returned something else"),
+])
+def test_right_numbers_without_one_sdpa_call_fail(answer, message):
+    """Exercise 3 is the fused kernel's: the naive formula, SDPA per head, or SDPA called for show beside
+    the answer give the right numbers and fail."""
+    with pytest.raises(AssertionError, match=message):
+        check_attention(answer, seed=1)
+
+
 @pytest.mark.parametrize("wrong, named", [(unscaled, "sqrt(d)"), (causal_ignored, "causal was ignored"),
                                           (bottom_right, None), (detached, "gradient"), (half_precision, None)])
 def test_attention_mistakes_fail(wrong, named):

@@ -125,6 +125,18 @@ _NOTEBOOK = textwrap.dedent('''
         return layer.norm2(x + layer.linear2(F.relu(layer.linear1(x))))
 
 
+    def attention(q, k, v, causal=False):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+    def attention_by_hand(q, k, v, causal=False):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal:
+            keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
+
+
     def guarded_forward(enc, x, key_padding_mask=None):
         if not torch.is_autocast_enabled("cpu"):
             return enc(x, src_key_padding_mask=key_padding_mask)
@@ -444,6 +456,31 @@ def test_a_forged_probe_is_not_enough_for_lesson_9s_structure(monkeypatch, noteb
     with served({"answer": getattr(notebook, answer)}) as remote:
         with pytest.raises(AssertionError, match=message):
             getattr(fastpath, check)(remote("answer"), seed=2)
+
+
+def test_lesson_8s_attention_keeps_its_marks_run_again_in_the_program_host(notebook, program_host):
+    """Control: the instructor's ``attention`` (one SDPA call) passes, its program run again there with
+    its gradients, and watched."""
+    from course.checks import profiling
+
+    with served({"attention": notebook.attention}) as remote:
+        profiling.check_attention(remote("attention"), seed=2)
+
+
+def test_a_forged_probe_is_not_enough_for_lesson_8s_fused_attention(monkeypatch, notebook, program_host):
+    """The naive formula (right numbers, no SDPA), the learner's probe made to report one clean SDPA
+    call: the program, watched in the program host, fails."""
+    from course.checks import profiling
+
+    def one_clean_call(real, fn, q, k, v, causal):
+        return [{"mask": None, "causal": causal, "shapes": [list(q.shape), list(k.shape), list(v.shape)],
+                 "result": True}]
+
+    forging(monkeypatch, profiling, "attention_sdpa_calls", _clean_in_the_learners_process(one_clean_call))
+    with served({"attention": notebook.attention_by_hand}) as remote:
+        with pytest.raises(AssertionError, match=r"attention, its program run again by the grader, gives the right "
+                                                 r"numbers without calling F\.scaled_dot_product_attention"):
+            profiling.check_attention(remote("attention"), seed=2)
 
 
 # Lesson 4's answers: the instructor's, and right values by the other mode or API.

@@ -151,7 +151,8 @@ def hostile(path: Path) -> dict:
 #: The lesson whose planted mistake also hides behind patched checks (one is enough: each costs a run).
 PATCHED_LESSON = "01_custom_rnns"
 
-#: A right but slow answer, whose speed cell must fail and say why in the feedback (issue 15).
+#: An answer by the naive formula: right numbers, but slow (its speed cell must fail and say why in the
+#: feedback, issue 15) and not the fused kernel Exercise 3 asks for (that cell fails too, since version 47).
 SLOW_LESSON = "08_profiling_trace_diff"
 SLOW = ("    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)",
         "    return naive_attention(q, k, v, causal)")
@@ -262,12 +263,13 @@ def borrowed_student(lesson_id: str) -> str:
 def mistake_losses(lesson_id: str) -> set[str]:
     """The graded cells the "mistake" submission loses: the planted mistake's, the borrowed answer's
     where it rides along, and the slow answer's speed cell in SLOW_LESSON (two faults in cells of
-    their own, one run: each must cost its own cells exactly, and nothing of the other's)."""
+    their own, one run: each must cost its own cells exactly, and nothing of the other's). The slow
+    answer is the naive formula, which Exercise 3's watch refuses as well as the speed cell."""
     lost = set(PLANTED[lesson_id][2])
     if lesson_id in BORROWED and borrowed_beside_the_mistake(lesson_id):
         lost.add(BORROWED[lesson_id][2])
     if lesson_id == SLOW_LESSON:
-        lost.add("test_attention_speed")
+        lost |= {"test_attention", "test_attention_speed"}
     return lost
 
 
@@ -502,6 +504,7 @@ def test_a_slow_answer_loses_its_speed_cell_and_the_feedback_says_what_the_profi
     got = graded.cells[("mistake", SLOW_LESSON)]  # beside the planted mistake, in a cell of its own
     lost = mistake_losses(SLOW_LESSON)
     assert "test_attention_speed" in lost and got["test_attention_speed"] == 0.0, got
+    assert got["test_attention"] == 0.0, got  # the naive formula is not the fused kernel Exercise 3 asks for
     assert all(got[g] == p for g, p in expected.items() if g not in lost), got
     page = next((graded.out / "feedback" / "mistake" / SLOW_LESSON).glob("*.html")).read_text()
     assert "What the profiler saw your code run" in page, page[-3000:]

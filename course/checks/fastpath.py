@@ -24,10 +24,10 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from course.checks.common import (TorchCalls, call, grader_references, name_mistake, names_with, ok, probed_names,
                                   record, served_speedup, stored_answers)
+from course.checks.sdpa_watch import SDPACalls, every_sdpa_call, watched
 from course.checks.witnesses import DispatcherOps, alone
 from course.data import generator
 from course.devices import pick_device
@@ -219,63 +219,12 @@ def check_masked_attention(masked_attention: Callable, *, seed: int = 0, device=
 
 # -- SDPA, portably ---------------------------------------------------------------------------------
 
-_BOTH = ("sdpa_attention passed SDPA both an attn_mask and is_causal=True. PyTorch 2.4 to 2.13 combine them; 2.14 "
-         "and later raise 'Explicit attn_mask should not be set when is_causal=True'. Fold the causal mask into the "
-         "boolean mask yourself, and pass is_causal=False.")
-
-
-class _SDPACalls(TorchFunctionMode):
-    """Notes how ``F.scaled_dot_product_attention`` was called: whether with an ``attn_mask`` (and
-    its dtype) and ``is_causal``, the shapes of query, key and value, and (``outputs``) what it
-    returned: a call on a slice beside an answer computed another way is not the answer's SDPA."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls: list[dict] = []
-        self.outputs: list = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention or getattr(func, "__name__", "") == "scaled_dot_product_attention":
-            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-            causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
-            qkv = [kwargs.get(n, args[i] if len(args) > i else None) for i, n in enumerate(("query", "key", "value"))]
-            self.calls.append(dict(mask=None if mask is None else str(mask.dtype).replace("torch.", ""),
-                                   causal=bool(causal), shapes=[list(getattr(t, "shape", ())) for t in qkv]))
-            if mask is not None and causal:  # before the call: some releases raise, others run it
-                raise AssertionError(_BOTH)
-            out = func(*args, **kwargs)
-            self.outputs.append(out)
-            return out
-        return func(*args, **kwargs)
-
-
-_SDPA_OP = "aten::scaled_dot_product_attention"
-
-
-def _every_sdpa_call(calls: "_SDPACalls", ops: DispatcherOps, label: str) -> list[dict]:
-    """The SDPA calls the mode saw, and one ``{"mask": "unseen"}`` for each the dispatcher ran that it
-    did not: code of the answer's that runs inside a torch function (a generator read there) runs where
-    a ``TorchFunctionMode`` is off the stack, and the dispatcher's record is what counts."""
-    if ops.blocked:
-        raise AssertionError(f"{label} could not be watched: {ops.blocked}.")
-    ran = ops.counts.get(_SDPA_OP, 0)
-    return calls.calls + [{"mask": "unseen", "causal": None}] * max(0, ran - len(calls.calls))
-
-
 @prober
 def sdpa_calls(sdpa_attention: Callable, q, k, v, key_padding_mask, is_causal: bool) -> list[dict]:
     """The learner's side: run ``sdpa_attention`` once and report how it called SDPA (the mode's
     view of each call, and the dispatcher's count of them)."""
-    with DispatcherOps() as ops, _SDPACalls() as calls:
-        got = call(sdpa_attention, q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                   name="sdpa_attention")
-    for seen, out in zip(calls.calls, calls.outputs):  # whether the answer is what that call returned (rows
-        # that see no key are NaN on some releases)
-        seen["result"] = bool(isinstance(got, torch.Tensor) and isinstance(out, torch.Tensor)
-                              and got.shape == out.shape and got.dtype == out.dtype
-                              and torch.allclose(got.detach(), out.detach(), rtol=0, atol=0, equal_nan=True))
-    return _every_sdpa_call(calls, ops, "sdpa_attention")
+    return watched(sdpa_attention, "sdpa_attention", q, k, v, key_padding_mask=key_padding_mask,
+                   is_causal=is_causal)[1]
 
 
 def _sdpa_once(sdpa_attention: Callable, label: str, seed: int, dev: torch.device, hint: str) -> None:
@@ -608,13 +557,13 @@ def layer_by_hand(sdpa_encoder_layer: Callable, layer, x, key_padding_mask) -> t
     handles = [m.register_forward_pre_hook(lambda m, a, name=name: called.append(name))
                for name, m in (("the layer itself", layer), ("layer.self_attn (nn.MultiheadAttention)", layer.self_attn))]
     try:
-        with DispatcherOps() as ops, _SDPACalls() as calls, warnings.catch_warnings():
+        with DispatcherOps() as ops, SDPACalls("sdpa_encoder_layer") as calls, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = call(sdpa_encoder_layer, layer, x, key_padding_mask, name="sdpa_encoder_layer")
     finally:
         for h in handles:
             h.remove()
-    every = _every_sdpa_call(calls, ops, "sdpa_encoder_layer")
+    every = every_sdpa_call(calls, ops, "sdpa_encoder_layer")
     return out, {"sdpa": len(every), "modules": sorted(set(called)), "shapes": every[0].get("shapes") if every else None,
                  "attention": calls.outputs[0].detach() if len(calls.outputs) == 1 and isinstance(calls.outputs[0], torch.Tensor)
                  else None}

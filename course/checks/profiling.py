@@ -25,11 +25,13 @@ import torch.nn.functional as F
 from course import streams, traces
 from course.bare import expect_value, outcome_said, run_bare
 from course.checks.common import call, expect_grads, name_mistake, ok, record, served_speedup
+from course.checks.sdpa_watch import watched
 from course.data import generator
 from course.devices import pick_device
 from course.numerics import assert_close, describe
 from course.profiling import attention_inputs, naive_attention
-from course.remote import mirrored
+from course.hand import again
+from course.remote import mirrored, probe, prober
 from course.timing import SpeedReport
 
 __all__ = ["check_attention", "check_attention_speed", "check_find_races", "check_op_table", "check_ops_diff",
@@ -379,12 +381,9 @@ def _attention_reference(q, k, v, causal):
     return naive_attention(q.double(), k.double(), v.double(), causal=causal)
 
 
-def check_attention(attention: Callable, *, seed: int = 0, device=None) -> None:
-    """``attention(q, k, v, causal=False)``: ``softmax(q k^T / sqrt(d)) v`` for ``(B, H, L, D)``
-    inputs (keys longer than queries allowed), causal masks aligned to the top left, equal to the
-    naive formula in float64 with its gradients, and close in float32."""
-    dev = pick_device(device)
-    label = "attention"
+def _attention_numbers(attention: Callable, label: str, seed: int, dev: torch.device) -> None:
+    """Equal to the naive formula in float64, causal or not, keys longer than queries too, with its
+    gradients; close in float32, keeping the dtype. A known mistake is named."""
     g = generator(seed)
     shapes = [(2, 3, 7, 7, 8), (1, 2, 5, 9, 4), (3, 1, 16, 16, 16)]
     for b, h, lq, lk, d in shapes:
@@ -418,7 +417,60 @@ def check_attention(attention: Callable, *, seed: int = 0, device=None) -> None:
                  check_dtype=False)
     if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
         raise AssertionError(f"{label} in float32 returned {got.dtype}; keep the inputs' dtype.")
-    ok(f"{label} matches softmax(q k^T / sqrt(d)) v, causal or not, with its gradients (seed {seed})")
+
+
+@prober
+def attention_sdpa_calls(attention: Callable, q, k, v, causal: bool) -> list[dict]:
+    """The learner's side: run ``attention`` once and report how it called SDPA
+    (:func:`course.checks.sdpa_watch.watched`)."""
+    return watched(attention, "attention", q, k, v, causal=causal)[1]
+
+
+def _fused(attention: Callable, label: str, seed: int, dev: torch.device) -> None:
+    """Causal and not, keys longer than queries: ``attention`` called SDPA exactly once, on q, k and
+    v as given, and returned what that call returned (the watcher's report: the learner's process's
+    word, or the program host's for the program the judge read). Right numbers computed another way
+    (the naive formula, a loop over heads of SDPA) are not this exercise's answer."""
+    g = generator(seed + 1)
+    use = ("Call F.scaled_dot_product_attention once, on the whole batch (q, k and v as given, the mask by is_causal), "
+           "and return its output: that one call runs PyTorch's fused kernel.")
+    for causal in (False, True):
+        q = torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64).to(dev)
+        k, v = (torch.randn(2, 2, 7, 8, generator=g, dtype=torch.float64).to(dev) for _ in range(2))
+        calls = probe(attention, attention_sdpa_calls, q, k, v, causal)
+        if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise AssertionError(f"{label} could not be watched (got {describe(calls)}).")
+        if not calls:
+            raise AssertionError(f"{label} gives the right numbers without calling F.scaled_dot_product_attention: "
+                                 f"this exercise is the fused kernel's. {use}")
+        if len(calls) != 1:
+            raise AssertionError(f"{label} called F.scaled_dot_product_attention {len(calls)} times for one batch "
+                                 f"(causal={causal}). {use}")
+        seen = calls[0]
+        if seen.get("mask") == "unseen":
+            raise AssertionError(f"{label} called F.scaled_dot_product_attention where the course's watcher could "
+                                 f"not see it (inside another torch function's arguments). {use}")
+        want = [list(q.shape), list(k.shape), list(v.shape)]
+        if seen.get("shapes") != want or seen.get("result") is not True:
+            raise AssertionError(f"{label} called SDPA on {seen.get('shapes')} and returned "
+                                 f"{'its output' if seen.get('result') is True else 'something else'}, for q, k, v "
+                                 f"of {want}. {use}")
+
+
+def check_attention(attention: Callable, *, seed: int = 0, device=None) -> None:
+    """``attention(q, k, v, causal=False)``: ``softmax(q k^T / sqrt(d)) v`` for ``(B, H, L, D)``
+    inputs (keys longer than queries allowed), causal masks aligned to the top left, equal to the
+    naive formula in float64 with its gradients, and close in float32; through one call of
+    ``F.scaled_dot_product_attention`` that returns the answer, as watched where it runs and, under
+    the grader, on its program run again in the program host (:func:`course.hand.again`)."""
+    dev = pick_device(device)
+    label = "attention"
+    _attention_numbers(attention, label, seed, dev)
+    _fused(attention, label, seed, dev)
+    again(attention, label, lambda program, name: (_attention_numbers(program, name, seed, dev),
+                                                   _fused(program, name, seed, dev)))
+    ok(f"{label} matches softmax(q k^T / sqrt(d)) v, causal or not, with its gradients, through one call of "
+       f"F.scaled_dot_product_attention (seed {seed})")
 
 
 def check_attention_speed(attention: Callable, *, bars: Mapping[str, float], batch: int, heads: int, length: int,
