@@ -160,18 +160,21 @@ def _context_of(node: ast.AST, modules: dict, contexts: dict) -> bool:
 def _switches(tree: ast.AST, modules: dict, bindings: dict) -> set[str]:
     """The names a program binds only ever to a switch a ``with`` may hold (:func:`_switch`): every
     binding of the name a plain assignment of one (``quiet = m.no_sync() if i < k else
-    contextlib.nullcontext()``), never a parameter, a loop variable or anything else."""
+    contextlib.nullcontext()``), never a parameter, a loop variable, an import or anything else. One
+    walk over the tree."""
     assigned: dict[str, list] = {}
+    stores: dict[str, int] = {}  # every binding of a name as a Name: assignments, loop targets, with ... as
+    other: set[str] = set(bindings)  # names bound otherwise: imports, parameters, functions, except ... as
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             assigned.setdefault(node.targets[0].id, []).append(node.value)
-    stores: dict[str, int] = {}  # every binding of a name as a Name: assignments, loop targets, with ... as
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
-            stores[n.id] = stores.get(n.id, 0) + 1
-    other = {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)} | {
-        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ExceptHandler)) and n.name}
-    return {name for name, values in assigned.items() if stores[name] == len(values) and name not in other
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            stores[node.id] = stores.get(node.id, 0) + 1
+        elif isinstance(node, ast.arg):
+            other.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ExceptHandler)) and node.name:
+            other.add(node.name)
+    return {name for name, values in assigned.items() if stores.get(name) == len(values) and name not in other
             and all(_switch(v, modules, bindings) for v in values)}
 
 

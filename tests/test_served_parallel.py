@@ -133,6 +133,23 @@ def test_a_program_forged_by_the_learners_process_is_still_read(monkeypatch, pro
             check_ring_all_reduce(remote("ring_all_reduce"), world_sizes=(2,))
 
 
+def test_a_refusals_advice_names_what_the_exercise_may_use():
+    """The advice is read from the lists the judge holds the program to, less what the exercise refuses:
+    a point-to-point exercise is not told of all_reduce, the DDP ones of no message of their own, the
+    hook of all_reduce but of no point-to-point message."""
+    from course import allowed_ops
+    from course.checks.parallel import NOT_HERE, uses
+
+    said = {case: uses(case) for case in NOT_HERE}
+    assert "all_reduce" not in said["shift_case"] and "isend" in said["shift_case"], said
+    assert "get_rank, get_world_size;" in said["ddp_case"] and "send" not in said["ddp_case"], said
+    assert "all_reduce" in said["hook_case"] and "recv" not in said["hook_case"], said
+    for case, text in said.items():
+        named = {n for n in allowed_ops.DISTRIBUTED if f" {n}," in text or f" {n};" in text}
+        assert named == {n for n in allowed_ops.DISTRIBUTED if not any(w in n for w in NOT_HERE[case])}, (case, text)
+        assert "DistributedDataParallel" in text and "SGD" in text, text
+
+
 @pytest.mark.parametrize("body, refused", [
     ("dist.all_reduce(tensor)", r"torch\.distributed\.all_reduce, which this exercise's answer may not use"),
     ("dist.all_gather([tensor], tensor)", r"torch\.distributed\.all_gather"),

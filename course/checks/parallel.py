@@ -27,6 +27,7 @@ from course.checks.common import not_written, ok, record
 from course.numerics import assert_close, observing_paused
 from course.parallel import (WorkersFailed, _written, launch, rank_input, regression_model, train_full_batch,
                              write_worker)
+from course import allowed_ops
 from course.hand import hosted
 from course.remote import is_remote, probe, prober
 
@@ -60,9 +61,18 @@ def run_case(target: "str | dict", case: str, world_size: int, *args, timeout_s:
 #: sent that way beside a float16 all-reduce for the record would pass its counts).
 NOT_HERE = {"shift_case": ("all_reduce",), "all_reduce_case": ("all_reduce",), "ddp_case": ("send", "recv", "all_reduce"),
             "accumulate_case": ("send", "recv", "all_reduce"), "hook_case": ("send", "recv")}
-#: What such a program may use, as a refusal's advice says it.
-USES = ("torch (torch.distributed's send, recv, isend, irecv, all_reduce, get_rank and get_world_size; DDP; "
-        "torch.optim.SGD), math, plain Python and the values it is given")
+
+
+def uses(case: str) -> str:
+    """What a program for ``case`` may use, as a refusal's advice says it: read from the lists the judge
+    holds it to (:mod:`course.allowed_ops`), less what the exercise refuses (:data:`NOT_HERE`)."""
+    calls = [n for n in sorted(allowed_ops.DISTRIBUTED) if not any(word in n for word in NOT_HERE[case])]
+    return (f"torch (torch.distributed's {', '.join(calls)}; "
+            f"{', '.join(f'torch.nn.parallel.{n}' for n in sorted(allowed_ops.PARALLEL))}; "
+            f"{', '.join(f'torch.optim.{n}' for n in sorted(allowed_ops.OPTIM))}; "
+            f"{', '.join(f'torch.futures.{n}' for n in sorted(allowed_ops.FUTURES))}; "
+            f"{', '.join(f'contextlib.{n}' for n in sorted(allowed_ops.CONTEXTLIB))}), math, plain Python and the values "
+            "it is given")
 
 
 @prober
@@ -125,7 +135,7 @@ def _run(answer, case: str, n: int, *args, label: str, hint: str, timeout_s: flo
     program = None
     if not isinstance(answer, str):
         program = hosted(answer, getattr(answer, "__name__", None) or "the answer", forbidden=NOT_HERE[case],
-                         uses=USES)
+                         uses=uses(case))
         if program is None and is_remote(answer):
             raise AssertionError(f"{label}: the grader could not run your program again in a process of its own.")
     try:
