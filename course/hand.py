@@ -533,16 +533,10 @@ def checked_sdpa(real: Callable) -> Callable:
     return scaled_dot_product_attention
 
 
-#: ``[True]`` in the program host (:func:`guard_script_host`): a prober there may trust a program's
-#: ``course_program`` (:func:`define` set it), which in a learner's process anything could set.
-IN_PROGRAM_HOST = [False]
-
-
 def guard_script_host() -> None:
     """In the program host, once, before any program is defined: SDPA checked (:func:`checked_sdpa`)."""
     import torch.nn.functional as F
 
-    IN_PROGRAM_HOST[0] = True
     if not getattr(F.scaled_dot_product_attention, "course_checked", False):
         F.scaled_dot_product_attention = checked_sdpa(F.scaled_dot_product_attention)
 

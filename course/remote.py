@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import contextvars
 import errno
 import io
 import os
@@ -39,7 +40,7 @@ from course import wire
 
 __all__ = ["FACTORIES", "PROBES", "RECIPES", "Described", "Link", "Remote", "RemoteError", "build", "checksum",
            "course_function", "disturbances", "factory", "is_remote", "lend", "Lending", "local_script", "mirrored", "serve_in_thread",
-           "probe", "prober", "recipe", "Scripted", "serve"]
+           "probe", "prober", "recipe", "Scripted", "serve", "serving_host"]
 
 _FRAME = struct.Struct(">Q")
 
@@ -891,11 +892,31 @@ def serve_in_thread(namespace: dict, *, host: bool = False):
         sys.setswitchinterval(interval)
 
 
+#: Whether the code running now was called by :func:`serve` as the program host (``host=True``), in this
+#: thread's context: a prober there may trust what only the host's own :func:`course.hand.define` set on a
+#: program (lesson 10's workers define the program the judge read). Elsewhere, a learner's process or a
+#: thread serving one in a test, it is False.
+_SERVING_HOST: contextvars.ContextVar[bool] = contextvars.ContextVar("course_serving_host", default=False)
+
+
+def serving_host() -> bool:
+    """True inside :func:`serve` with ``host=True`` (the program host), else False."""
+    return _SERVING_HOST.get()
+
+
 def serve(link: Link, namespace: dict, *, host: bool = False) -> int:
     """Answer the judge's requests on ``link`` from ``namespace`` until it says ``end``; return
     how many were answered. Runs in the learner's process: nothing here is trusted. ``host``: in
     the script host (``autograder/sandbox/script_host.py``), which also loads archives (:func:`_load`)
-    and serves until the judge closes the channel."""
+    and serves until the judge closes the channel; what it calls knows it (:func:`serving_host`)."""
+    token = _SERVING_HOST.set(host)
+    try:
+        return _serve(link, namespace, host)
+    finally:
+        _SERVING_HOST.reset(token)
+
+
+def _serve(link: Link, namespace: dict, host: bool) -> int:
     link.recipes = False
     calls: dict[int, tuple[list, list]] = {}
     calls_staged: dict[int, list] = {}

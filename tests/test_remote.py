@@ -791,3 +791,28 @@ def test_a_call_under_pinned_calls_runs_with_the_threads_the_judge_asks():
             assert count() == 3 and torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+# -- where a probe runs ---------------------------------------------------------------------------
+
+from course.remote import probe, prober, serve_in_thread, serving_host  # noqa: E402
+
+
+@prober
+def where_served(answer) -> bool:
+    """A probe that says whether it runs inside the program host's serving loop."""
+    return serving_host()
+
+
+def test_only_the_program_hosts_serving_loop_says_it_is_the_program_host():
+    """``serving_host()`` is True where :func:`serve` answers as the program host, and only there: not in
+    the judge, not in a learner's process served from a thread of the same test process, and not after
+    the host's loop ended (lesson 10's workers trust a program's ``course_program`` only there)."""
+    assert serving_host() is False
+    with serve_in_thread({"f": len}) as learner:
+        assert probe(Remote(learner, "f"), where_served) is False
+    with serve_in_thread({"f": len}, host=True) as host:
+        assert probe(Remote(host, "f"), where_served) is True
+        with serve_in_thread({"f": len}) as learner:  # a learner's side beside a live host
+            assert probe(Remote(learner, "f"), where_served) is False
+        assert serving_host() is False

@@ -29,7 +29,7 @@ from course.parallel import (WorkersFailed, _written, launch, rank_input, regres
                              write_worker)
 from course import allowed_ops
 from course.hand import hosted
-from course.remote import is_remote, probe, prober
+from course.remote import is_remote, probe, prober, serving_host
 
 __all__ = ["check_accumulation", "check_comm_hook", "check_ddp_training", "check_ring_all_reduce", "check_shift",
            "run_case", "run_workers"]
@@ -84,7 +84,7 @@ def run_workers(answer, case: str, world_size: int, *args, timeout_s: float = 60
     In the program host (under the grader), ``answer`` is a program the judge read and the host defined
     (:func:`course.hand.define` keeps it on the function): the workers define that same program, and
     nothing else of the learner's runs in them; their results are read back as plain data."""
-    program = getattr(answer, "course_program", None) if _in_program_host() else None
+    program = getattr(answer, "course_program", None) if serving_host() else None
     if isinstance(program, dict):
         return run_case(dict(program), case, world_size, *args, timeout_s=timeout_s, echo=False, plain=True)
     name = getattr(answer, "__name__", "")
@@ -116,12 +116,6 @@ def _wire(label: str, r: int, res: dict, hint: str) -> None:
         raise AssertionError(f"{label}: rank {r}'s process wrote {wire} bytes while its sends account for {res['sent']}: "
                              "something sent data the counted send, recv, isend and irecv did not (a collective, or "
                              f"a process group's own methods), or it printed a lot.\n  Hint: {hint}")
-
-
-def _in_program_host() -> bool:
-    from course.hand import IN_PROGRAM_HOST
-
-    return IN_PROGRAM_HOST[0]
 
 
 def _run(answer, case: str, n: int, *args, label: str, hint: str, timeout_s: float = 60.0) -> list:
