@@ -5,9 +5,15 @@ pointwise ops, attention from a softmax) are written with it, and because it com
 nothing else: no callable it runs, no global state it sets, no memory it reaches unchecked (sparse
 tensors, whose invariants PyTorch does not check by default, and pointers are not here). A name a
 release does not have is simply not there. What is not listed is refused, with a message that names it.
+
+An exercise reads its answers with a :class:`Vocabulary`, the part of these lists it needs: lesson 10's
+workers (``WORKERS``: messages between ranks, DDP, an optimizer, a hook's bucket and future) and every
+other answer (``TENSORS``), which reaches none of the workers' modules or methods.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 _POINTWISE = """
 abs absolute add sub subtract mul multiply div divide true_divide floor_divide remainder fmod neg negative reciprocal
@@ -129,7 +135,7 @@ _WORKERS = ("wait is_completed backward zero_grad step no_sync buffer gradients 
             "set_result done").split()
 _IN_PLACE = [f"{n}_" for n in _POINTWISE + "tril triu unsqueeze squeeze t transpose swapaxes swapdims index_fill "
              "index_add index_copy scatter scatter_add scatter_reduce masked_scatter".split()]
-ATTRIBUTES = frozenset(_POINTWISE + _OTHER + _IN_PLACE + """
+_ON_VALUES = frozenset(_POINTWISE + _OTHER + _IN_PLACE + """
 shape size dim ndim ndimension nelement dtype device T mT H mH real imag view view_as reshape_as expand expand_as repeat
 contiguous is_contiguous clone detach data to cpu cuda float double half bfloat16 int long short bool byte char type_as item
 tolist requires_grad requires_grad_ is_leaf grad is_floating_point is_complex masked_scatter copy_ new_zeros new_ones
@@ -138,4 +144,29 @@ clamp_ stride element_size is_cuda is_cpu sum_to_size unfold
 is_signed itemsize type index eps tiny bits resolution smallest_normal values indices
 append extend insert pop count reverse copy clear remove items keys values get update setdefault join split strip
 startswith endswith lower upper replace
-""".split() + _LAYERS + _WORKERS)
+""".split() + _LAYERS)
+ATTRIBUTES = _ON_VALUES | frozenset(_WORKERS)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What one kind of answer's program may reach: the modules it may import or name (``reach``: their
+    members are then read from :data:`MEMBERS`), and the attributes it may read on a value. Each exercise
+    reads its answers with the vocabulary it needs (:func:`course.hand.read_program`'s ``vocabulary``),
+    never with another lesson's."""
+    name: str
+    reach: frozenset
+    attributes: frozenset
+
+
+#: Modules and attributes only lesson 10's workers need: elsewhere there is no process group to talk
+#: through, no model to train, no hook's bucket; a program of another lesson that names them is refused.
+WORKERS_ONLY = frozenset({"torch.distributed", "torch.nn.parallel", "torch.nn.parallel.distributed", "torch.optim",
+                          "contextlib", "torch.futures"})
+
+#: Answers that compute on tensors (lessons 1, 4, 8 and 9): torch's tensor functions, ``math``, a layer's parts.
+TENSORS = Vocabulary("tensors", reach=frozenset(MEMBERS) - WORKERS_ONLY | {"math"},
+                     attributes=_ON_VALUES)
+#: Lesson 10's answers, run on every rank: the tensor vocabulary, and the workers' own.
+WORKERS = Vocabulary("workers", reach=TENSORS.reach | WORKERS_ONLY, attributes=ATTRIBUTES)
+VOCABULARIES = {v.name: v for v in (TENSORS, WORKERS)}

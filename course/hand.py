@@ -51,10 +51,9 @@ from course.remote import Remote, is_remote, probe
 
 __all__ = ["AGAIN", "Hosted", "again", "define", "hosted", "read_program"]
 
-#: Modules a program may import and read members of (and the check's named helpers).
-MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.special", "torch.fft", "torch.func",
-           "torch.autograd", "torch.autograd.forward_ad", "math", "torch.distributed", "torch.nn.parallel",
-           "torch.nn.parallel.distributed", "torch.optim", "contextlib", "torch.futures")
+#: Modules some program may import (the reading holds each to its exercise's vocabulary,
+#: :data:`course.allowed_ops.VOCABULARIES`; the program host defines what the judge read).
+MODULES = tuple(sorted(frozenset().union(*(v.reach for v in allowed_ops.VOCABULARIES.values()))))
 
 #: Builtins a program may read: plain Python on plain values. ``print`` prints nothing there.
 BUILTINS = ("abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter", "float", "frozenset", "int",
@@ -90,10 +89,14 @@ class Refused(AssertionError):
     """What the judge's reading of a program refused, and why."""
 
 
-def _member_refusal(module: types.ModuleType, attr: str, forbidden: tuple) -> str | None:
+def _member_refusal(module: types.ModuleType, attr: str, forbidden: tuple,
+                    vocab: allowed_ops.Vocabulary) -> str | None:
     """Why ``module.attr`` may not be read by a program (None: it may): it must be on the list
-    (:mod:`course.allowed_ops`), and never the exercise's one-call op (``forbidden``'s words)."""
+    (:mod:`course.allowed_ops`) and within the exercise's vocabulary, and never the exercise's one-call
+    op (``forbidden``'s words)."""
     where = f"{module.__name__}.{attr}"
+    if module.__name__ not in vocab.reach:
+        return _out_of_reach(module.__name__)
     if any(word in attr.lower() for word in forbidden):
         return (f"it calls {where}, which this exercise's answer may not use (the one-call version of what it asks "
                 "to write, or a way around what it asks)")
@@ -109,22 +112,29 @@ def _member_refusal(module: types.ModuleType, attr: str, forbidden: tuple) -> st
     if member is not None and attr in allowed_ops.MEMBERS.get(module.__name__, ()):
         return None
     if attr in allowed_ops.SUBMODULES.get(module.__name__, ()):
-        return None
+        return None if where in vocab.reach else _out_of_reach(where)
     return f"it reads {where}, which is not among the tensor functions a program may use"
 
 
-def _module_of(node: ast.AST, modules: dict) -> types.ModuleType | None:
-    """The module an expression names (a module's alias, or an allowed submodule of one), else None."""
+def _out_of_reach(module: str) -> str:
+    """Why a module on the lists is refused: another exercise's vocabulary has it, this one's does not."""
+    return f"it reads {module}, which this exercise's programs may not use (another exercise's may)"
+
+
+def _module_of(node: ast.AST, modules: dict, vocab: allowed_ops.Vocabulary) -> types.ModuleType | None:
+    """The module an expression names (a module's alias, or an allowed submodule of one within the
+    vocabulary's reach), else None."""
     if isinstance(node, ast.Name):
         return modules.get(node.id)
     if isinstance(node, ast.Attribute):
-        parent = _module_of(node.value, modules)
-        if parent is not None and node.attr in allowed_ops.SUBMODULES.get(parent.__name__, ()):
+        parent = _module_of(node.value, modules, vocab)
+        if (parent is not None and node.attr in allowed_ops.SUBMODULES.get(parent.__name__, ())
+                and f"{parent.__name__}.{node.attr}" in vocab.reach):
             return vars(parent).get(node.attr)
     return None
 
 
-def _context_arguments(call: ast.Call, modules: dict, contexts: dict) -> str | None:
+def _context_arguments(call: ast.Call, modules: dict, contexts: dict, vocab: allowed_ops.Vocabulary) -> str | None:
     """Why the arguments of a ``with`` item's call are not allowed (None: they are): each a constant on
     the list for its context manager (:data:`course.allowed_ops.CONTEXT_ARGUMENTS`), a dtype as
     ``torch.<dtype>``. A value its ``__enter__`` would refuse halfway (``cache_enabled="no"``) could
@@ -141,23 +151,23 @@ def _context_arguments(call: ast.Call, modules: dict, contexts: dict) -> str | N
             return f"it passes {name} the argument {arg}, which a program may not"
         if isinstance(value, ast.Constant) and type(value.value) in (str, bool) and value.value in allowed[arg]:
             continue
-        module = _module_of(value.value, modules) if isinstance(value, ast.Attribute) else None
+        module = _module_of(value.value, modules, vocab) if isinstance(value, ast.Attribute) else None
         if module is torch and f"torch.{value.attr}" in allowed[arg]:
             continue
         return f"it passes {name} a value of {arg} other than {', '.join(map(str, allowed[arg]))}"
     return None
 
 
-def _context_of(node: ast.AST, modules: dict, contexts: dict) -> bool:
+def _context_of(node: ast.AST, modules: dict, contexts: dict, vocab: allowed_ops.Vocabulary) -> bool:
     """Whether ``node`` names a context manager of :data:`course.allowed_ops.CONTEXTS` (``torch.no_grad``,
     or a name imported as one)."""
     if isinstance(node, ast.Name):
         return node.id in contexts
-    module = _module_of(node.value, modules) if isinstance(node, ast.Attribute) else None
+    module = _module_of(node.value, modules, vocab) if isinstance(node, ast.Attribute) else None
     return module is not None and node.attr in allowed_ops.CONTEXTS.get(module.__name__, ())
 
 
-def _switches(tree: ast.AST, modules: dict, bindings: dict) -> set[str]:
+def _switches(tree: ast.AST, modules: dict, bindings: dict, vocab: allowed_ops.Vocabulary) -> set[str]:
     """The names a program binds only ever to a switch a ``with`` may hold (:func:`_switch`): every
     binding of the name a plain assignment of one (``quiet = m.no_sync() if i < k else
     contextlib.nullcontext()``), never a parameter, a loop variable, an import or anything else. One
@@ -175,15 +185,15 @@ def _switches(tree: ast.AST, modules: dict, bindings: dict) -> set[str]:
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ExceptHandler)) and node.name:
             other.add(node.name)
     return {name for name, values in assigned.items() if stores.get(name) == len(values) and name not in other
-            and all(_switch(v, modules, bindings) for v in values)}
+            and all(_switch(v, modules, bindings, vocab) for v in values)}
 
 
-def _switch(expr: ast.AST, modules: dict, bindings: dict) -> bool:
+def _switch(expr: ast.AST, modules: dict, bindings: dict, vocab: allowed_ops.Vocabulary) -> bool:
     """Whether ``expr`` makes a switch a ``with`` may hold (lesson 10): DDP's ``<value>.no_sync()`` (a
     method of a value, not of a module), ``contextlib.nullcontext()``, or a conditional of them. None of
     them sets a mode of torch's; a program cut short inside one leaves only its own worker changed."""
     if isinstance(expr, ast.IfExp):
-        return _switch(expr.body, modules, bindings) and _switch(expr.orelse, modules, bindings)
+        return _switch(expr.body, modules, bindings, vocab) and _switch(expr.orelse, modules, bindings, vocab)
     if not (isinstance(expr, ast.Call) and not expr.args and not expr.keywords):
         return False
     func = expr.func
@@ -191,19 +201,20 @@ def _switch(expr: ast.AST, modules: dict, bindings: dict) -> bool:
         return bindings.get(func.id) == "contextlib:nullcontext"
     if not isinstance(func, ast.Attribute):
         return False
-    module = _module_of(func.value, modules)
+    module = _module_of(func.value, modules, vocab)
     if module is None:
-        return func.attr == "no_sync"
+        return func.attr == "no_sync" and "no_sync" in vocab.attributes
     return module.__name__ == "contextlib" and func.attr == "nullcontext"
 
 
-def _held_context(item: ast.withitem, modules: dict, bindings: dict, switches: set) -> bool:
+def _held_context(item: ast.withitem, modules: dict, bindings: dict, switches: set,
+                  vocab: allowed_ops.Vocabulary) -> bool:
     """Whether a ``with`` item, without ``as``, is a switch (:func:`_switch`) or a name bound only to
     switches (:func:`_switches`)."""
     if item.optional_vars is not None:
         return False
     expr = item.context_expr
-    return expr.id in switches if isinstance(expr, ast.Name) else _switch(expr, modules, bindings)
+    return expr.id in switches if isinstance(expr, ast.Name) else _switch(expr, modules, bindings, vocab)
 
 
 def _constant(node: ast.expr) -> bool:
@@ -287,20 +298,22 @@ def _imports(stmt: ast.stmt, helpers: tuple) -> list[tuple[str, str, str | None]
                   f"(line {getattr(stmt, 'lineno', '?')})")
 
 
-def read_program(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[str, dict]:
+def read_program(source: Any, *, forbidden: tuple = (), helpers: tuple = (),
+                 vocabulary: str = "tensors") -> tuple[str, dict]:
     """See :func:`_read`; a program nested too deeply to read is refused as well."""
     try:
-        return _read(source, forbidden=forbidden, helpers=helpers)
+        return _read(source, forbidden=forbidden, helpers=helpers, vocab=allowed_ops.VOCABULARIES[vocabulary])
     except (RecursionError, MemoryError, TooDeep):
         raise Refused("its program is nested too deeply to read") from None
 
 
-def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[str, dict]:
+def _read(source: Any, *, forbidden: tuple, helpers: tuple, vocab: allowed_ops.Vocabulary) -> tuple[str, dict]:
     """The judge's reading of a program sent as an answer's (see the module's docstring): the
     program to define, without its imports, and what its names are bound to (``{alias: "module"
     or "module:member"}``). A :class:`Refused` (an ``AssertionError``) names the first thing that
     is not allowed. ``forbidden``: words no module member it reads may have in its name
-    (``"lstm"``); ``helpers``: the check's own functions it may import (``"course.fastpath.causal_mask"``)."""
+    (``"lstm"``); ``helpers``: the check's own functions it may import (``"course.fastpath.causal_mask"``);
+    ``vocab``: the modules and attributes the exercise's programs may reach (:class:`course.allowed_ops.Vocabulary`)."""
     if not isinstance(source, str) or len(source) > MAX_PROGRAM_CHARS:
         raise Refused(f"its program is not text of at most {MAX_PROGRAM_CHARS:,} characters")
     tree = parse(source, say_too_deep=True)  # TooDeep: caught by read_program
@@ -325,13 +338,15 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
             continue
         for alias, module, member in _imports(stmt, helpers):
             full = f"{module}.{member}" if member else module
-            if member is None and module in MODULES or member and full in MODULES:
+            if member is None and module in vocab.reach or member and full in vocab.reach:
                 bindings[alias] = full
                 modules[alias] = importlib.import_module(full)
+            elif member is None and module in MODULES or member and full in MODULES:
+                unavailable[alias] = f"{_out_of_reach(full)} (as {alias})"
             elif member and full in helpers:
                 bindings[alias] = f"{module}:{member}"
             elif member and module in MODULES:
-                why = _member_refusal(importlib.import_module(module), member, forbidden)
+                why = _member_refusal(importlib.import_module(module), member, forbidden, vocab)
                 if why is None:
                     bindings[alias] = f"{module}:{member}"
                     if member in allowed_ops.CLASSES.get(module, ()):
@@ -367,7 +382,7 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
     # a context manager only as the call of a with statement, never held: with torch.no_grad():
     entered = {id(item.context_expr.func) for n in everything if isinstance(n, ast.With) for item in n.items
                if isinstance(item.context_expr, ast.Call) and item.optional_vars is None}
-    switches = _switches(ast.Module(body=kept, type_ignores=[]), modules, bindings)
+    switches = _switches(ast.Module(body=kept, type_ignores=[]), modules, bindings, vocab)
     stack: list[ast.AST] = list(kept)
     while stack:
         node = stack.pop()
@@ -379,17 +394,17 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
             refuse(node, f"it passes keywords from a dict (**, line {line}): name each keyword")
         elif isinstance(node, ast.keyword) and (node.arg.startswith("_") or node.arg in _KEYWORDS_REFUSED):
             refuse(node, f"it passes the keyword {node.arg} (line {line}), which is not for a program")
-        elif isinstance(node, ast.withitem) and _held_context(node, modules, bindings, switches):
+        elif isinstance(node, ast.withitem) and _held_context(node, modules, bindings, switches, vocab):
             pass  # DDP's no_sync(), or a context the program holds (lesson 10): no mode of torch's to leave set
         elif isinstance(node, ast.withitem) and not (isinstance(node.context_expr, ast.Call)
                                                      and id(node.context_expr.func) in entered
-                                                     and _context_of(node.context_expr.func, modules, contexts)):
+                                                     and _context_of(node.context_expr.func, modules, contexts, vocab)):
             refuse(node.context_expr, f"it uses a with statement (line {getattr(node.context_expr, 'lineno', '?')}) "
                                       "other than `with torch.no_grad():`, `torch.enable_grad()`, "
                                       "`torch.inference_mode()`, `torch.autocast(...)` or `model.no_sync()`, "
                                       "without `as`")
-        elif isinstance(node, ast.withitem) and _context_arguments(node.context_expr, modules, contexts):
-            refuse(node.context_expr, f"{_context_arguments(node.context_expr, modules, contexts)} "
+        elif isinstance(node, ast.withitem) and _context_arguments(node.context_expr, modules, contexts, vocab):
+            refuse(node.context_expr, f"{_context_arguments(node.context_expr, modules, contexts, vocab)} "
                                       f"(line {getattr(node.context_expr, 'lineno', '?')})")
         elif isinstance(node, ast.arguments) and _changeable_default(node):
             refuse(node, f"a default value (line {_changeable_default(node)}) is not a constant that cannot change (a "
@@ -414,11 +429,11 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
                 refuse(node, f"it uses the module {node.id} as a value (line {line}): call its functions, "
                              f"{node.id}.<function>(...), and hold nothing else of it")
         elif isinstance(node, ast.Attribute):
-            module = _module_of(node.value, modules)
+            module = _module_of(node.value, modules, vocab)
             if not isinstance(node.ctx, ast.Load):
                 refuse(node, f"it assigns to an attribute (.{node.attr}, line {line})")
             elif module is not None:
-                why = _member_refusal(module, node.attr, forbidden)
+                why = _member_refusal(module, node.attr, forbidden, vocab)
                 if why:
                     refuse(node, why)
                 elif node.attr in allowed_ops.CLASSES.get(module.__name__, ()) and id(node) not in slots:
@@ -427,10 +442,10 @@ def _read(source: Any, *, forbidden: tuple = (), helpers: tuple = ()) -> tuple[s
                 elif node.attr in allowed_ops.CONTEXTS.get(module.__name__, ()) and id(node) not in entered:
                     refuse(node, f"it uses {module.__name__}.{node.attr} (line {line}) other than as "
                                  f"`with {module.__name__}.{node.attr}(...):`, without as")
-                elif _module_of(node, modules) is not None and id(node) not in objects:
+                elif _module_of(node, modules, vocab) is not None and id(node) not in objects:
                     refuse(node, f"it uses the module {module.__name__}.{node.attr} as a value (line {line}): call its "
                                  "functions, and hold nothing else of it")
-            elif node.attr not in allowed_ops.ATTRIBUTES or any(w in node.attr.lower() for w in forbidden):
+            elif node.attr not in vocab.attributes or any(w in node.attr.lower() for w in forbidden):
                 refuse(node, f"it reads .{node.attr} (line {line}), which is not among the attributes a program may use "
                              "(tensors' methods of the allowed functions, shape, dtype, device and the like, and those "
                              "of lists, dicts and strings)")
@@ -573,11 +588,13 @@ class Hosted(Remote):
 USES = "torch, math, plain Python and the values it is given"
 
 
-def hosted(fn: Any, name: str, *, forbidden: tuple = (), helpers: tuple = (), uses: str = USES) -> Hosted | None:
+def hosted(fn: Any, name: str, *, forbidden: tuple = (), helpers: tuple = (), uses: str = USES,
+           vocabulary: str = "tensors") -> Hosted | None:
     """``fn``'s program read by the judge and defined in the program host, to be called there. None
     outside the grader's judge: there the program is read all the same (a learner's notebook hears
     of a refusal before the grader does) and the caller's watcher decides alone. A program that
-    cannot be read, is refused, or fails to define is an ``AssertionError`` that says why and what to do."""
+    cannot be read, is refused, or fails to define is an ``AssertionError`` that says why and what to do.
+    ``vocabulary``: what the exercise's programs may reach (:data:`course.allowed_ops.VOCABULARIES`)."""
     from course import grader_hooks
     from course.bare import bare_program
 
@@ -594,7 +611,8 @@ def hosted(fn: Any, name: str, *, forbidden: tuple = (), helpers: tuple = (), us
         raise AssertionError(f"{name}: {why or 'its program did not come back'}. {advice}")
     fname = program.get("name") if isinstance(program.get("name"), str) else name
     try:
-        source, bindings = read_program(program["source"], forbidden=tuple(forbidden), helpers=tuple(helpers))
+        source, bindings = read_program(program["source"], forbidden=tuple(forbidden), helpers=tuple(helpers),
+                                        vocabulary=vocabulary)
     except Refused as exc:
         raise AssertionError(f"{name}, read by the grader: {exc}. {advice}") from None
     if grader_hooks.program_host is None or not is_remote(fn):

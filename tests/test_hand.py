@@ -302,6 +302,16 @@ REFUSED = {
     "a forward AD level by number": ("import torch.autograd.forward_ad as fwAD\ndef f(x):\n    return "
                                      "fwAD.make_dual(x, x, level=0)\n", r"keyword level"),
     "torch.func.grad": ("def f(x):\n    return torch.func.grad(torch.sum)(x)\n", r"torch\.func\.grad"),
+    # lesson 10's vocabulary is lesson 10's: no other exercise's program reaches a process group or trains
+    "a message to another rank": ("def f(x):\n    torch.distributed.send(x, 1)\n    return x\n",
+                                  r"torch\.distributed, which this exercise's programs may not use"),
+    "torch.distributed imported": ("import torch.distributed as dist\ndef f(x):\n    return dist.get_rank()\n",
+                                   r"torch\.distributed, which this exercise's programs may not use .*\(as dist\)"),
+    "an optimizer": ("from torch.optim import SGD\ndef f(x):\n    return SGD\n", r"torch\.optim, which this exercise"),
+    "contextlib": ("import contextlib\ndef f(x):\n    with contextlib.nullcontext():\n        return x\n",
+                   r"contextlib, which this exercise's programs may not use"),
+    "a backward pass": ("def f(x):\n    x.sum().backward()\n    return x.grad\n", r"\.backward"),
+    "a model's no_sync": ("def f(m, x):\n    with m.no_sync():\n        return m(x)\n", r"with statement|\.no_sync"),
 }
 
 
@@ -310,6 +320,22 @@ def test_the_reading_refuses(name):
     body, message = REFUSED[name]
     with pytest.raises(Refused, match=message):
         read_program(_with_torch(body), forbidden=RNN + ("attention",), helpers=("course.fastpath.causal_mask",))
+
+
+def test_each_exercise_reads_with_its_own_vocabulary():
+    """Lesson 10's modules and methods are read only for lesson 10's programs; every other exercise's
+    vocabulary is the tensor one, which lesson 10's contains."""
+    from course import allowed_ops
+
+    assert allowed_ops.TENSORS.reach < allowed_ops.WORKERS.reach
+    assert allowed_ops.TENSORS.attributes < allowed_ops.WORKERS.attributes
+    assert allowed_ops.WORKERS.reach <= set(allowed_ops.MEMBERS) | {"math"}
+    assert not allowed_ops.TENSORS.reach & allowed_ops.WORKERS_ONLY
+    ring = ("import torch\nimport torch.distributed as dist\n\n\ndef ring(x):\n"
+            "    dist.send(x, (dist.get_rank() + 1) % dist.get_world_size())\n    return x\n")
+    read_program(ring, vocabulary="workers")
+    with pytest.raises(Refused, match="this exercise's programs may not use"):
+        read_program(ring)
 
 
 def test_a_program_defined_for_the_judge_has_only_its_builtins_and_prints_nothing(capsys):

@@ -163,7 +163,7 @@ def test_the_reading_refuses_every_route_around_the_workers_counters(body, refus
     irecv, who this rank is): collectives, process groups, the course's wrappers' insides, files."""
     source = f"import torch\nimport torch.distributed as dist\n\n\ndef ring(tensor):\n    {body}\n"
     with pytest.raises(AssertionError, match=refused):
-        read_program(source, forbidden=("all_reduce",))
+        read_program(source, forbidden=("all_reduce",), vocabulary="workers")
 
 
 def test_the_with_statement_a_program_may_use_sets_no_mode_of_torchs():
@@ -172,12 +172,12 @@ def test_the_with_statement_a_program_may_use_sets_no_mode_of_torchs():
     ok = ("import contextlib\n\n\ndef f(m, xs):\n    for i, x in enumerate(xs):\n"
           "        quiet = m.no_sync() if i else contextlib.nullcontext()\n        with quiet:\n            m(x)\n"
           "        with m.no_sync():\n            m(x)\n")
-    read_program(ok)
+    read_program(ok, vocabulary="workers")
     for bad, why in [("q = torch.no_grad()\n    with q:\n        pass", r"torch\.no_grad .* other than"),
                      ("with m.no_sync() as s:\n        pass", "with statement"),
                      ("with torch.no_sync():\n        pass", r"torch\.no_sync")]:
         with pytest.raises(AssertionError, match=why):
-            read_program(f"import torch\n\n\ndef f(m):\n    {bad}\n")
+            read_program(f"import torch\n\n\ndef f(m):\n    {bad}\n", vocabulary="workers")
 
 
 #: A hook that all-reduces float16 zeros for the record and averages the float32 gradients by messages of

@@ -129,7 +129,7 @@ def _run(answer, case: str, n: int, *args, label: str, hint: str, timeout_s: flo
     program = None
     if not isinstance(answer, str):
         program = hosted(answer, getattr(answer, "__name__", None) or "the answer", forbidden=NOT_HERE[case],
-                         uses=uses(case))
+                         uses=uses(case), vocabulary="workers")
         if program is None and is_remote(answer):
             raise AssertionError(f"{label}: the grader could not run your program again in a process of its own.")
     try:
