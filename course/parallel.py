@@ -292,9 +292,12 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
 
     Under the grader every worker confines itself before it imports anything of the learner's, as the
     learner's own process is (see :func:`_confine`), and what it saw comes back in :data:`WORKER_FLAGS`.
-    ``plain``: read the results back as plain values and tensors only (``weights_only``), as under the
-    grader (the program host's launches: nothing a result holds runs code there)."""
+    ``plain``: read the results back as plain values and tensors only (``weights_only``): the program
+    host's launches ask for it, and under the grader's harness (:data:`GUARD_ENV`) every launch is plain,
+    so nothing a result holds runs code where it is read. The one rule, decided here."""
     import subprocess
+
+    plain = plain or bool(os.environ.get(GUARD_ENV))
 
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size should be a positive int (the number of workers), got {world_size!r}")
@@ -365,7 +368,7 @@ def launch(function: Callable | str, world_size: int = 2, *args: Any, backend: s
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _poll(outs: list[str], keys: list[bytes], results: dict[int, dict], plain: bool = False) -> None:
+def _poll(outs: list[str], keys: list[bytes], results: dict[int, dict], plain: bool) -> None:
     """Read into ``results`` the result of every rank whose file has appeared since the last look,
     once: a worker writes its file whole (``os.replace``), and the first file there is the one that
     counts (one written over it later is not read)."""
@@ -420,11 +423,11 @@ def _report(name: str, world_size: int, states: list[tuple[str, str]], timeout_s
     return f"{name} in {world_size} workers failed: {head}\n  ({ranks}; every worker has been stopped)"
 
 
-def _read(path: str, key: bytes, rank: int, plain: bool = False) -> dict:
+def _read(path: str, key: bytes, rank: int, plain: bool) -> dict:
     """Rank ``rank``'s result, if the course's worker wrote it (signed with the launch's ``key``); a
-    file anything else wrote there is a failed rank, and under the grader a ``tampered`` flag. Under
-    the grader only plain values and tensors are read back (``weights_only``): nothing a file holds
-    runs code here."""
+    file anything else wrote there is a failed rank, and under the grader a ``tampered`` flag.
+    ``plain`` (:func:`launch` decides it): only plain values and tensors are read back
+    (``weights_only``), and nothing a file holds runs code here."""
     import hmac
     import io
 
@@ -438,7 +441,7 @@ def _read(path: str, key: bytes, rank: int, plain: bool = False) -> dict:
         return {"ok": False, "error": f"rank {rank}'s result was not written by the course's worker (something else "
                                       "wrote the file it leaves)", "flags": flags if os.environ.get(GUARD_ENV) else []}
     try:
-        return torch.load(io.BytesIO(payload), weights_only=plain or bool(os.environ.get(GUARD_ENV)))
+        return torch.load(io.BytesIO(payload), weights_only=plain)
     except Exception as exc:  # noqa: BLE001 - what the learner's function returned could not be read back
         return {"ok": False, "error": f"rank {rank}'s result could not be read back ({type(exc).__name__}: "
                                       f"{str(exc)[:300]}); return tensors, numbers, strings, lists and dicts of them",
