@@ -454,8 +454,8 @@ def _lent_out(value: Any, link: Link, device: str, handles: list, depth: int = 0
 _HANDLES = itertools.count(1)
 
 #: The intra-op threads a learner's calls are asked to run with while a judge's clock reads them
-#: (:func:`pinned_calls`); ``None``: the learner's process keeps its own setting.
-_PINNED: list[int | None] = [None]
+#: (:func:`pinned_calls`), in the calling thread's context; ``None``: the learner's process keeps its own.
+_PINNED: contextvars.ContextVar[int | None] = contextvars.ContextVar("course_pinned_calls", default=None)
 
 
 @contextlib.contextmanager
@@ -463,11 +463,11 @@ def pinned_calls(n: int):
     """Within this block every call of a learner's function across the boundary asks to run with ``n``
     intra-op threads (as a block request does): a clock that charges the learner's CPU time over ``n``
     threads must not find an honest answer's own spare threads there."""
-    before, _PINNED[0] = _PINNED[0], n
+    token = _PINNED.set(n)
     try:
         yield
     finally:
-        _PINNED[0] = before
+        _PINNED.reset(token)
 
 
 def _lending(link: Link, message: dict, args: tuple, kwargs: dict) -> Any:
@@ -567,8 +567,9 @@ class Remote:
         mirror = self.__dict__.get("mirror", False)
         message = {"op": "call", "name": self.__name__, "grad": grad, "grad_mode": torch.is_grad_enabled(),
                    "device": device, "after": mirror}
-        if _PINNED[0] is not None:
-            message["threads"] = _PINNED[0]
+        pinned = _PINNED.get()
+        if pinned is not None:
+            message["threads"] = pinned
         reply = _lending(self._link, message, args, kwargs)
         if not (isinstance(reply, dict) and isinstance(reply.get("id"), int) and "value" in reply
                 and isinstance(reply.get("differentiable"), list)):

@@ -788,6 +788,14 @@ def test_a_call_under_pinned_calls_runs_with_the_threads_the_judge_asks():
             assert count() == 3
             with pinned_calls(1):
                 assert count() == 1
+                with pinned_calls(2):  # nested: the inner setting, then the outer one back
+                    assert count() == 2
+                assert count() == 1
+                other: list = []  # another thread of the judge's is not pinned by this block
+                worker = threading.Thread(target=lambda: other.append(count()))
+                worker.start()
+                worker.join()
+                assert other == [3]
             assert count() == 3 and torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
