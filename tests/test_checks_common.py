@@ -87,7 +87,7 @@ def test_a_clock_reads_both_sides_in_one_thread_and_charges_the_learner_over_one
     seen = []
 
     def fake_best_times(pairs, held, check, warm=()):
-        seen.append((torch.get_num_threads(), remote._PINNED[0]))
+        seen.append((torch.get_num_threads(), remote._PINNED.get()))
         return [0.1, 1.0]
 
     monkeypatch.setattr(timing, "best_times", fake_best_times)
@@ -96,6 +96,6 @@ def test_a_clock_reads_both_sides_in_one_thread_and_charges_the_learner_over_one
     try:
         clock_against_loop(lambda: None, "fn", lambda seed: (), lambda: None)
         assert seen and set(seen) == {(1, 1)}
-        assert torch.get_num_threads() == 3 and remote._PINNED[0] is None
+        assert torch.get_num_threads() == 3 and remote._PINNED.get() is None
     finally:
         torch.set_num_threads(before)
