@@ -30,7 +30,7 @@ from course.devices import pick_device
 from course.models import small_resnet
 from course.remote import factory, recipe
 
-__all__ = ["PLANTED_VARIANTS", "autocast_witness", "channels_last_strides_of", "coord_conv_inputs", "coord_conv_planted",
+__all__ = ["PLANTED_VARIANTS", "WEIGHTS_WITNESS_OUT", "autocast_witness", "float32_weights_witness", "channels_last_strides_of", "coord_conv_inputs", "coord_conv_planted",
            "coordinate_planes", "cpu_has_native_bf16", "list_probe", "memory_format_of", "op_name", "planted_model", "plot_layout",
            "plot_layouts", "tensors_in"]
 
@@ -242,6 +242,28 @@ def autocast_witness(*, device=None) -> nn.Module:
         conv.weight.fill_(1.0)
         conv.bias.fill_(-1.0)
     return nn.Sequential(conv).eval().to(pick_device(device))
+
+
+#: What :func:`float32_weights_witness` returns on an input of ones while its weights are float32.
+WEIGHTS_WITNESS_OUT = -0.25
+
+
+@recipe
+def float32_weights_witness(*, device=None) -> nn.Module:
+    """A 1x1 convolution that passes its input through, then a BatchNorm (eval mode, no epsilon) whose
+    running mean is ``1 + 2**-12`` and running variance ``2**-20``. On an input of ones it returns
+    ``(1 - mean) / sqrt(var) = -2**-12 * 2**10 = -0.25`` while its weights are float32, under autocast
+    or not (autocast runs the convolution in low precision, whose output is 1 exactly, and keeps the
+    BatchNorm's float32 statistics); with the model cast to bfloat16 or float16 the mean rounds to 1
+    and it returns 0: how a check sees from outside that the weights stayed float32."""
+    conv = nn.Conv2d(1, 1, 1)
+    norm = nn.BatchNorm2d(1, eps=0.0)
+    with torch.no_grad():
+        conv.weight.fill_(1.0)
+        conv.bias.fill_(0.0)
+        norm.running_mean.fill_(1.0 + 2.0 ** -12)
+        norm.running_var.fill_(2.0 ** -20)
+    return nn.Sequential(conv, norm).eval().to(pick_device(device))
 
 
 

@@ -131,6 +131,11 @@ MISTAKES = {
         "autocast", "with torch.inference_mode(), torch.autocast(device_type=x.device.type, dtype=dtype):\n"
                     "        return model(x)",
         "with torch.inference_mode():\n        return model.to(dtype)(x.to(dtype))", "without autocast"),
+    "autocast: the model cast inside autocast, and back": (
+        "autocast", "with torch.inference_mode(), torch.autocast(device_type=x.device.type, dtype=dtype):\n"
+                    "        return model(x)",
+        "with torch.inference_mode(), torch.autocast(device_type=x.device.type, dtype=dtype):\n"
+        "        out = model.to(dtype)(x)\n    model.float()\n    return out", "did not stay float32"),
     "coord_conv: everything made channels-last": (
         "coord", "    fmt = CL if x.is_contiguous(memory_format=CL) else torch.contiguous_format",
         "    fmt = CL\n    x = x.to(memory_format=CL)", "returned channels-last for an NCHW input"),

@@ -34,9 +34,9 @@ from course.checks.common import TorchCalls, call, grader_references, ok, record
 from course.checks.witnesses import alone
 from course.data import randn
 from course.devices import pick_device
-from course.memory_format import (PLANTED_VARIANTS, autocast_witness, channels_last_strides_of, coord_conv_inputs,
-                                  coord_conv_planted, coordinate_planes, list_probe, memory_format_of,
-                                  planted_model)
+from course.memory_format import (PLANTED_VARIANTS, WEIGHTS_WITNESS_OUT, autocast_witness, channels_last_strides_of,
+                                  coord_conv_inputs, coord_conv_planted, coordinate_planes, float32_weights_witness,
+                                  list_probe, memory_format_of, planted_model)
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
 from course.bare import as_tuples, outcome_said, outcome_value, run_bare
@@ -465,6 +465,22 @@ def check_autocast_inference(autocast_inference: Callable, *, seed: int = 0, wid
             f"returned {float(witness.detach().double().abs().max()):.2e} (float32 keeps the difference; under "
             "autocast the input rounds to 1 and the result is 0).\n  Hint: run the model itself inside "
             "torch.autocast(...); casting its output (or its input) afterwards is not autocast.")
+    # From outside too: float32 statistics that bfloat16 or float16 would round away (float32_weights_witness),
+    # and the autograd flag every output crosses with (the witnesses' parameters require grad).
+    ones = torch.ones(1, 1, 4, 4, device=dev)
+    weights = call(autocast_inference, float32_weights_witness(device=dev), ones, name="autocast_inference")
+    if not isinstance(weights, torch.Tensor) or weights.shape != ones.shape:
+        raise AssertionError(f"autocast_inference should return the model's output, got {describe(weights)}.")
+    value = float(weights.detach().double().flatten()[0])
+    if not abs(value - WEIGHTS_WITNESS_OUT) <= 2.0 ** -6:
+        raise AssertionError(
+            f"the model's weights did not stay float32: a BatchNorm whose running mean is 1 + 2**-12 (variance "
+            f"2**-20) returned {value:.4g} on an input of ones, where its float32 statistics give "
+            f"{WEIGHTS_WITNESS_OUT} (in {names} the mean rounds to 1, and the output to 0). Autocast picks each "
+            "op's precision on the fly and keeps the weights as they are; leave the model as it is.")
+    if witness.requires_grad or weights.requires_grad:
+        raise AssertionError("the output carries an autograd graph (it came back requiring grad): for inference, "
+                             "run under torch.inference_mode() (or torch.no_grad()), which saves memory and time.")
     ok(f"autocast_inference runs in {str(dtype).replace('torch.', '')}, weights stay float32, output within "
        f"{err:.2%} of float32 (width={width}, seed {seed})")
 
