@@ -761,7 +761,8 @@ def checksums_differ(have: torch.Tensor, want: torch.Tensor, rtol: float) -> tor
 
 def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequence[int] = (), reps: int = 5,
                device: str | torch.device | None = None,
-               check: Callable[[list], None] | None = None, warm: Sequence[int] = ()) -> list[float]:
+               check: Callable[[list], None] | None = None, warm: Sequence[int] = (),
+               record: dict | None = None) -> list[float]:
     """The best of ``reps`` wall times of each ``fn(*args)`` in ``calls``, taken in turn within every
     repetition (a busy moment slows one sample of each; the best of each is left), after one
     untimed repetition. Evidence of structure that a check can take from outside the learner's
@@ -779,16 +780,24 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     their own (``args()`` again: nothing of the timed call's can be kept from it). After a held call
     the learner's process comes back cold (its caches and its allocator's pages the loop's), and the
     first call after pays for that: a per-sample answer that runs in 2 ms read 8 ms so. The warm-up
-    call pays it instead; the timed call is the learner's work."""
+    call pays it instead; the timed call is the learner's work.
+
+    ``record``: a dict to which this reading appends, under ``"used"``, the (wall, CPU) seconds of each
+    learner's call per entry of ``calls`` (how much of its time the learner's processes worked), and
+    under ``"grown"`` the growth of their peak resident memory during each (the kernel's count, read
+    by the grading parent, reset just before the call and its warm-up call: outside the timed span)."""
     dev = pick_device(device)
     learner_cpu = grader_hooks.learner_cpu if dev.type == "cpu" else None
+    peak = grader_hooks.learner_peak if record is not None else None
     used: list[list[tuple[float, float]]] = [[] for _ in calls]  # (wall, CPU) of the learner's calls
+    grown: list[list[float]] = [[] for _ in calls]
     best = [math.inf] * len(calls)
     with observing_paused(), steady(), grader_hooks.machine_turn():
         for rep in range(reps + 1):  # the first is a warm-up
             made: dict[int, tuple] = {}
             outputs = []
             for i, (fn, args) in enumerate(calls):
+                base = peak(True) if peak is not None and i not in held else None  # the warm-up call counts too
                 if i in warm and callable(args):
                     fn(*tuple(args()))  # untimed, unchecked, on its own fresh arguments
                 if callable(args):
@@ -802,6 +811,8 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
                     took = time.perf_counter() - t0
                     if cpu is not None and rep:
                         used[i].append((took, learner_cpu() - cpu))
+                    if base is not None:
+                        grown[i].append(peak(False) - base)
                 if rep:
                     best[i] = min(best[i], took)
                 outputs.append(out)
@@ -811,6 +822,9 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     # learner's call counts at least its CPU time over the threads allowed (charged_seconds), and the
     # best of those is kept.
     threads_allowed = torch.get_num_threads()
+    if record is not None:
+        record.setdefault("used", []).append(used)
+        record.setdefault("grown", []).append(grown)
     return [min(charged_seconds(u, threads_allowed)) if len(u) == reps else b for b, u in zip(best, used)]
 
 

@@ -67,7 +67,7 @@ def test_a_clock_reading_in_the_gap_is_refined_before_it_is_left_undecided(monke
     calls = iter(readings)
     seen = []
 
-    def fake_best_times(pairs, held, check, warm=()):
+    def fake_best_times(pairs, held, check, warm=(), record=None):
         seen.append(1)
         return list(next(calls))
 
@@ -86,7 +86,7 @@ def test_a_clock_reads_both_sides_in_one_thread_and_charges_the_learner_over_one
 
     seen = []
 
-    def fake_best_times(pairs, held, check, warm=()):
+    def fake_best_times(pairs, held, check, warm=(), record=None):
         seen.append((torch.get_num_threads(), remote._PINNED.get()))
         return [0.1, 1.0]
 

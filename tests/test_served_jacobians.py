@@ -151,12 +151,20 @@ LEARNER = {
     "jacobian_lean_loop": lambda f, xs: torch.stack([lean_rows(f, x) for x in xs]),
     # a loop over the samples whose every step is batched: the rows of one sample in one backward pass
     "rows_batched_loop": lambda f, xs: torch.stack([batched_rows(f, x) for x in xs]),
+    # red team, round 18: per sample, the gradient with its graph, then every row of the Hessian in one
+    # batched backward pass (0.33 of the former yardstick, which took a backward pass per row)
+    "hessian_batched_loop": lambda f, xs: torch.stack([batched_rows(lambda z: torch.autograd.grad(
+        f(z), z, create_graph=True)[0], x) for x in xs]),
     # a loop that sleeps at small sizes, to look as flat as one Jacobian of the batch
     "flat_loop": lambda f, xs: (time.sleep(max(0.0, 0.05 - 0.0004 * len(xs))), sample_loop(f, xs))[1],
     # a loop that remembers its answers (the same inputs timed again and again would be free)
     "memo_loop": lambda f, xs: memoised(sample_loop)(f, xs),
     # right at the numerics check's sizes, anything at the clock's
     "fast_garbage": lambda f, xs: by_sum(f, xs) if len(xs) < 100 else torch.zeros(len(xs), f(xs).shape[1], xs.shape[1]),
+    # red team, round 18: the Hessian written out except at the one-call memory reading's size
+    "hvp_switch": lambda f, x, v: (jvp(grad(f), (x,), (v,))[1] if x.numel() == 4096 else closed_form_hvp(f, x, v)),
+    # ...and jacrev, then a sleep as long as a loop over the rows
+    "rows_asleep": lambda f, x: (lambda J: (time.sleep(60e-6 * J.shape[0]), J)[1])(jacrev(f)(x.detach())),
     # and wrong choices
     "pick_first_dim": lambda f, x: jacfwd if f(x).shape[0] > x.shape[0] else jacrev,
     "pick_by_name": lambda f, x: "jacfwd" if f(x).numel() > x.numel() else "jacrev",
@@ -222,6 +230,7 @@ def test_wrong_structure_or_choice_across_the_boundary_fails_with_its_cause(lear
     (check_batched_jacobian, "jacobian_lean_loop"),
     (check_batched_hessian, "hessian_lean_loop"),
     (check_batched_jacobian, "rows_batched_loop"),
+    (check_batched_hessian, "hessian_batched_loop"),
 ])
 def test_a_loop_over_the_samples_however_lean_never_passes_and_is_named(learner, check, name):
     """Loops as lean as loops get read about 1.0 of the course's loop on a quiet machine (the yardstick
@@ -404,10 +413,10 @@ def test_an_hvp_that_writes_the_hessian_out_beats_the_clock_but_not_the_kernels_
     from course.checks.jacobians import _hvp_growth
     from course.grading import SpeedUndecided
 
-    try:  # the clock passes it, or cannot tell: 0.37-0.41 of the loop, against a bar of 0.33 and a loop's 0.80
-        _hvp_growth(learner("hvp_closed_form"), "hvp_fwd_rev", 0)  # (an idle AMD EPYC, 2026-11-29)
-    except SpeedUndecided:
-        pass
+    # fast enough for the clock (0.06-0.41 of the course's Hessian, against a bar of 0.33), but the kernel
+    # counts the learner's memory during every timed call as well
+    with pytest.raises(AssertionError, match="built the Hessian .*during a call the grader timed"):
+        _hvp_growth(learner("hvp_closed_form"), "hvp_fwd_rev", 0)
     closed = learner("hvp_closed_form")
     for seed in (0, 1):  # read once, judged at every call (the hidden tests ask again); the kernel's count
         # comes before the clock, so the verdict is "built the Hessian" at once, never "run it again"
@@ -424,6 +433,32 @@ def test_an_hvp_that_writes_the_hessian_out_beats_the_clock_but_not_the_kernels_
     right = learner("hvp_fwd_rev"), learner("hvp_rev_rev")
     check_hvp(*right)
     assert all(fn.__dict__["memory_reading"] < 8 * 2**20 for fn in right), [fn.__dict__["memory_reading"] for fn in right]
+
+
+def test_an_hvp_that_builds_the_hessian_only_where_memory_is_not_read_once_is_caught_while_timed(learner,
+                                                                                                  kernel_count):
+    """Red team, round 18: an HVP that behaves at the size of the one-call memory reading
+    (``HVP_MEMORY_N``) and writes the Hessian out everywhere else passed (3/3 under the grader): the clock
+    alone cannot tell a fast built Hessian. The kernel's count is now read around every call the clock
+    times as well."""
+    from course.checks.jacobians import HVP_MEMORY_N
+
+    switch = learner("hvp_switch")
+    with pytest.raises(AssertionError, match="built the Hessian .*during a call the grader timed"):
+        check_hvp(switch, learner("hvp_rev_rev"))
+    assert switch.__dict__["memory_reading"] < 8 * 2**20  # the one-call reading alone was fooled
+    assert HVP_MEMORY_N == 4096
+
+
+def test_a_row_loop_that_sleeps_instead_of_working_fails(learner, monkeypatch):
+    """Red team, round 18: jacrev, then a sleep as long as a loop over the rows would take, grew with the
+    rows as a loop does (2/2). The kernel's count of the learner's CPU time says it waited; a loop works."""
+    from course import grader_hooks
+
+    monkeypatch.setattr(grader_hooks, "learner_cpu", time.process_time)  # the learner is a thread here
+    with pytest.raises(AssertionError, match="spent only .* of that time on a CPU"):
+        check_row_jacobian(learner("rows_asleep"))
+    check_row_jacobian(learner("jacobian_rows"))  # a loop works for its time
 
 
 def test_the_picker_speed_check_times_the_judges_own_transforms(learner, capsys):

@@ -256,7 +256,7 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
                        attempts: int = 3, key: Any = None, rtol: float = 1e-3, atol: float = 1e-4,
                        no_loop: float = NO_LOOP, agree: Callable[[Any, Any], None] | None = None,
                        kept: int = 0, factory: Callable | None = None, sizes: Mapping[str, Any] | None = None,
-                       grad: bool = False, constants: tuple = ()) -> tuple[float, float]:
+                       grad: bool = False, constants: tuple = (), record: dict | None = None) -> tuple[float, float]:
     """The best wall times of the learner's ``fn`` and of the course's ``loop`` (the same work done
     by a Python loop), by the grader's clock (:func:`course.timing.best_times`: in turn, the
     learner's process stopped while the loop runs), on ``make(seed)``: fresh arguments for every
@@ -284,7 +284,9 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
     more than its work, and left room under a bar for a loop whose steps are each a few Python
     operations (``grad``: both sides run with autograd on). ``constants`` (a model's state, the same in
     every call) come ahead of the factory's arguments: the learner's process gets them once, ahead of
-    the clock, and both sides call ``fn(*constants, *factory(seed))``."""
+    the clock, and both sides call ``fn(*constants, *factory(seed))``. ``record``: what
+    :func:`course.timing.best_times` records of the learner's calls (their CPU time, their memory's
+    growth), every reading's appended (not with ``factory``)."""
     import secrets
 
     from course.devices import threads
@@ -326,7 +328,7 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
     # processes or threads of the learner's must not read a fraction of it for the machine's cores.
     with threads(1), pinned_calls(1):
         for attempt in range(2 * attempts):
-            times = best_times([(learner, fresh), (loop, fresh)], held=[1], check=check, warm=[0])
+            times = best_times([(learner, fresh), (loop, fresh)], held=[1], check=check, warm=[0], record=record)
             best = [min(b, t) for b, t in zip(best, times)]
             batched, looped = best[0] <= no_loop * best[1], best[0] >= LOOP_LIKE * best[1]
             if attempt >= 1 and (batched or (attempt >= attempts - 1 and looped)):

@@ -84,17 +84,21 @@ def _rows(f: Callable, x: torch.Tensor) -> torch.Tensor:
 
 
 def _hessian_rows(f: Callable, x: torch.Tensor) -> torch.Tensor:
-    def gradient(z):
-        return torch.autograd.grad(f(z), z, create_graph=True)[0]
-
-    return _rows(gradient, x)
+    """The Hessian of one sample as the leanest loop we know takes it: the gradient with its graph,
+    then every row of its Jacobian in one batched backward pass (``is_grads_batched``). One backward
+    pass per row took 2.4 times as long, and a learner's loop written this way read 0.33 of it, at
+    the bar (red team, round 18)."""
+    leaf = x.detach().requires_grad_(True)
+    gradient = torch.autograd.grad(f(leaf), leaf, create_graph=True)[0]
+    basis = torch.eye(gradient.numel(), dtype=gradient.dtype, device=gradient.device)
+    return torch.autograd.grad(gradient, leaf, basis, is_grads_batched=True)[0]
 
 
 @reference
 def sample_loop(f: Callable, xs: torch.Tensor, *, hessian: bool = False, of_batch: bool = False) -> torch.Tensor:
     """The yardstick of 'no loop over the samples': a Python loop over the samples of ``xs`` doing,
-    per sample, one backward pass per row of the Jacobian (of the gradient's Jacobian, the Hessian,
-    with ``hessian``). With ``of_batch``, ``f`` takes a batch and is applied to one sample as
+    per sample, one backward pass per row of the Jacobian (with ``hessian``, the gradient's Jacobian,
+    the Hessian, all its rows in one batched backward pass: :func:`_hessian_rows`). With ``of_batch``, ``f`` takes a batch and is applied to one sample as
     ``f(x[None])[0]``. Nothing but the loop runs per sample (the guard and the lookups run once per
     call): a learner's loop, however lean, takes about as long, not less."""
     per_sample = _hessian_rows if hessian else _rows
