@@ -299,6 +299,79 @@ def test_a_chain_turned_into_another_op_is_not_a_fold(fx_solution):
     both_refuse(as_batch_norm, "the graph runs .* ops, and folding every legal chain leaves")
 
 
+#: Red team, round 18: each legal BatchNorm module turned into the same BatchNorm as a function call
+#: (no arithmetic folded): the BatchNorm modules were gone, and the outputs equal, so it earned fuse's 3 points.
+BATCH_NORM_AS_A_FUNCTION = 'def replace_submodule(gm: fx.GraphModule, target: str, new: nn.Module) -> None:\n    parent, _, name = target.rpartition(".")\n    setattr(gm.get_submodule(parent), name, new)\n\n\ndef fuse(model: nn.Module) -> fx.GraphModule:\n    """NOT a fold: each legal BatchNorm module becomes the same BatchNorm as a function call."""\n    gm = fx.symbolic_trace(copy.deepcopy(model))\n    for conv_node, bn_node in conv_bn_pairs(gm):\n        bn = gm.get_submodule(bn_node.target)\n        base = bn_node.target.replace(".", "_") + "_st"\n        names = {}\n        for k in ("running_mean", "running_var", "weight", "bias"):\n            gm.register_buffer(f"{base}_{k}", getattr(bn, k).detach().clone())\n            names[k] = f"{base}_{k}"\n        with gm.graph.inserting_before(bn_node):\n            a = {k: gm.graph.get_attr(v) for k, v in names.items()}\n            new = gm.graph.call_function(torch.nn.functional.batch_norm,\n                                         (conv_node, a["running_mean"], a["running_var"]),\n                                         dict(weight=a["weight"], bias=a["bias"], training=False,\n                                              momentum=0.0, eps=bn.eps))\n        bn_node.replace_all_uses_with(new)\n        gm.graph.erase_node(bn_node)\n    gm.delete_all_unused_submodules()\n    gm.recompile()\n    return gm\n'
+
+#: Red team, round 18: every chain folded but the first, which becomes one F.batch_norm call, paid for by
+#: merging adaptive_avg_pool2d and flatten into one torch.mean: the count of ops the graph runs was met.
+ONE_CHAIN_AS_A_BATCH_NORM = 'def fold_affine(gm: fx.GraphModule) -> fx.GraphModule:\n    """Folds every chain but the first, which becomes ONE F.batch_norm call (not a fold);\n    pays for that op by merging adaptive_avg_pool2d + flatten into one torch.mean."""\n    gm = copy.deepcopy(gm)\n    graph = gm.graph\n    skipped = False\n    for node in list(graph.nodes):\n        if node.op != "call_module" or not isinstance(gm.get_submodule(node.target), nn.Conv2d):\n            continue\n        conv = gm.get_submodule(node.target)\n        a = torch.ones(conv.out_channels, dtype=conv.weight.dtype, device=conv.weight.device)\n        b = torch.zeros_like(a)\n        chain, last = [], node\n        while len(last.users) == 1:\n            nxt = next(iter(last.users))\n            if nxt.op != "call_function" or nxt.target not in (operator.add, operator.sub, operator.mul):\n                break\n            other = nxt.args[1] if nxt.args[0] is last else nxt.args[0]\n            if not (isinstance(other, fx.Node) and other.op == "get_attr"):\n                break\n            c = getattr(gm, other.target).reshape(-1)\n            if nxt.target is operator.mul:\n                a, b = a * c, b * c\n            elif nxt.target is operator.add:\n                b = b + c\n            elif nxt.args[0] is last:\n                b = b - c\n            else:\n                a, b = -a, c - b\n            chain.append(nxt)\n            last = nxt\n        if not chain:\n            continue\n        if not skipped and len(chain) == 4:\n            skipped = True\n            consts = {}\n            for n in chain:\n                other = n.args[1] if isinstance(n.args[1], fx.Node) and n.args[1].op == "get_attr" else n.args[0]\n                consts[other.target.rsplit("_", 1)[-1] if not other.target.endswith("inv_std") else "inv_std"] = other\n            base = consts["mean"].target[: -len("mean")]\n            inv = getattr(gm, base + "inv_std")\n            gm.register_buffer(base + "var2", (1.0 / inv.double() ** 2).to(inv.dtype).reshape(-1))\n            gm.register_buffer(base + "m2", getattr(gm, base + "mean").reshape(-1).clone())\n            gm.register_buffer(base + "w2", getattr(gm, base + "weight").reshape(-1).clone())\n            gm.register_buffer(base + "b2", getattr(gm, base + "bias").reshape(-1).clone())\n            with graph.inserting_before(chain[0]):\n                g = [graph.get_attr(base + k) for k in ("m2", "var2", "w2", "b2")]\n                bn = graph.call_function(torch.nn.functional.batch_norm, (node, g[0], g[1]),\n                                         dict(weight=g[2], bias=g[3], training=False, momentum=0.0, eps=0.0))\n            last.replace_all_uses_with(bn)\n            for n in reversed(chain):\n                graph.erase_node(n)\n            continue\n        folded = copy.deepcopy(conv)\n        bias = conv.bias.detach() if conv.bias is not None else torch.zeros_like(a)\n        folded.weight = nn.Parameter(conv.weight.detach() * a.reshape(-1, 1, 1, 1))\n        folded.bias = nn.Parameter(bias * a + b)\n        name = node.target.replace(".", "_") + "_folded"\n        gm.add_submodule(name, folded)\n        node.target = name\n        last.replace_all_uses_with(node)\n        for n in reversed(chain):\n            graph.erase_node(n)\n    # pay for the extra op: adaptive_avg_pool2d(x, 1) + flatten(., 1) -> torch.mean(x, (2, 3))\n    for n in list(graph.nodes):\n        if n.op == "call_function" and n.target is torch.nn.functional.adaptive_avg_pool2d:\n            (fl,) = list(n.users)\n            with graph.inserting_before(n):\n                m = graph.call_function(torch.mean, (n.args[0], (2, 3)))\n            fl.replace_all_uses_with(m)\n            graph.erase_node(fl)\n            graph.erase_node(n)\n    graph.eliminate_dead_code()\n    gm.delete_all_unused_submodules()\n    gm.recompile()\n    return gm\n'
+
+
+def _define(source: str, solution) -> dict:
+    import torch.nn as nn
+    from torch import fx
+
+    space = {"copy": copy, "operator": operator, "torch": torch, "nn": nn, "fx": fx,
+             "conv_bn_pairs": solution.conv_bn_pairs}
+    exec(compile(source, "<red team>", "exec"), space)
+    return space
+
+
+def test_a_batch_norm_written_as_a_function_is_not_fused(fx_solution):
+    fuse = _define(BATCH_NORM_AS_A_FUNCTION, fx_solution)["fuse"]
+    with pytest.raises(AssertionError, match="besides the legal BatchNorms folded, the graph changed: it runs more "
+                                             "of batch norm"):
+        C.check_fuse(fuse)
+
+
+def test_an_op_merged_elsewhere_does_not_pay_for_a_chain_left_as_a_batch_norm(fx_solution):
+    fold_affine = _define(ONE_CHAIN_AS_A_BATCH_NORM, fx_solution)["fold_affine"]
+    both_refuse(fold_affine, "besides the legal chains folded, the graph changed: it runs more of batch norm x1, mean "
+                             "x1, and less of adaptive_avg_pool2d x1, flatten x1")
+
+
+#: Red team, round 18: a profiler that times whole runs only and gives their mean to the node named
+#: 'slow' (the others 0): the planted node's window held the whole run's time, so it earned 2 points.
+WHOLE_RUNS_ONLY = 'class ProfilingInterpreter(fx.Interpreter):\n    """Times whole runs only; no per-node timing at all."""\n\n    def __init__(self, gm: fx.GraphModule):\n        super().__init__(gm)\n        self.times: Dict[str, List[float]] = defaultdict(list)\n        self.whole: List[float] = []\n\n    def profile(self, *args, runs: int = 5):\n        for _ in range(runs):\n            t = time.perf_counter()\n            out = self.run(*args)\n            self.whole.append(time.perf_counter() - t)\n        return out\n\n    def run_node(self, n: fx.Node):\n        return super().run_node(n)\n\n    def rows(self) -> List[Tuple[str, str, float, float]]:\n        nodes = list(self.module.graph.nodes)\n        total = sum(self.whole) / len(self.whole)\n        # the whole run goes to the module node called \'slow\' if there is one, else spread evenly\n        names = [n.name for n in nodes]\n        if "slow" in names:\n            means = {n: (total if n == "slow" else 0.0) for n in names}\n        else:\n            means = {n: total / len(names) * (1 + 1e-9 * i) for i, n in enumerate(names)}\n        s = sum(means.values())\n        rows = [("X", n, means[n], means[n] / s) for n in names]\n        return sorted(rows, key=lambda r: r[2], reverse=True)\n'
+
+
+def test_a_profiler_that_times_whole_runs_does_not_find_each_node(fx_solution):
+    from collections import defaultdict
+    from typing import Dict, List, Tuple
+    from torch import fx
+
+    space = {"fx": fx, "time": __import__("time"), "defaultdict": defaultdict, "Dict": Dict, "List": List,
+             "Tuple": Tuple, "op_type": fx_solution.op_type}
+    exec(compile(WHOLE_RUNS_ONLY, "<red team>", "exec"), space)
+    with pytest.raises(AssertionError, match="rows\\(\\) says .* ms\\.|Time only the node itself"):
+        C.check_profiler(space["ProfilingInterpreter"])
+
+
+
+def test_compile_frozen_must_compile_the_model_it_was_given_with_inductor(fx_solution):
+    """Red team, round 18 (1 point each under version 47, no patching): Inductor compiled a decoy while the
+    model went to the eager backend, so the code captured had no BatchNorm; or the model was folded by hand
+    (fuse) and the folded copy compiled with freezing off."""
+    def decoy(model, example):
+        torch._dynamo.reset()
+        other = torch.compile(lambda t: t * 2.0 + 1.0)
+        with torch.no_grad():
+            other(example)
+        return torch.compile(model, backend="eager")
+
+    def folded_by_hand(model, example):
+        compiled = torch.compile(fx_solution.fuse(model.eval()))
+        with torch.no_grad():
+            compiled(example)
+        return compiled
+
+    with pytest.raises(AssertionError, match="calls 0 convolution"):
+        C.check_compile_frozen(decoy, width=4, blocks=(1,), image=8)
+    with pytest.raises(AssertionError, match="returned a compiled version of another module"):
+        C.check_compile_frozen(folded_by_hand, width=4, blocks=(1,), image=8)
+
+
 def test_what_the_checks_judge_is_the_graph_fuse_returned_not_its_python_object(fx_solution):
     """A forward replaced on the returned object, or a module of the learner's own kind in the graph,
     does not reach the judge: the graph is rebuilt from its nodes and the torch.nn layers they call."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import operator
 import random
 import time
+from collections import Counter
 from typing import Any, Callable, Mapping
 
 import torch
@@ -256,9 +257,56 @@ def check_fold_conv_bn(fold_conv_bn: Callable, *, seed: int = 0, c_in: int = 3, 
        f"({c_out}x{c_in // groups}x{kernel}x{kernel}, {'with' if bias else 'no'} bias, eps={eps:g}, seed {seed})")
 
 
-def _check_fused_graph(fused: fx.GraphModule, legality: Mapping[str, Any], label: str) -> tuple[int, int]:
+#: Ops that are one op however a graph calls them: a module, its function, an ATen overload.
+_SAME_OP = {"conv2d": "conv", "batchnorm2d": "batch norm", "batch_norm": "batch norm",
+            "_native_batch_norm_legit_no_training": "batch norm", "native_batch_norm": "batch norm"}
+
+
+def op_kinds(gm: fx.GraphModule) -> Counter:
+    """How many times ``gm`` runs each kind of op: a module by its type, a function or method by its
+    name (``torch.add``, ``operator.add``, ``Tensor.add`` and ``aten.add.Tensor`` are all ``add``; a
+    ``Conv2d`` module and ``F.conv2d`` are both ``conv``, a ``BatchNorm2d`` and ``F.batch_norm`` both
+    ``batch norm``)."""
+    return op_kinds_of(list(gm.graph.nodes), dict(gm.named_modules()))
+
+
+def op_kinds_of(nodes: list, modules: Mapping[str, nn.Module] | None = None) -> Counter:
+    """:func:`op_kinds` of some nodes (``modules``: their graph's, by name)."""
+    kinds: Counter = Counter()
+    for n in nodes:
+        if n.op == "call_module":
+            kind = type(modules[n.target]).__name__ if modules and n.target in modules else str(n.target)
+        elif n.op == "call_function":
+            kind = getattr(n.target, "__name__", str(n.target))
+        elif n.op == "call_method":
+            kind = str(n.target)
+        else:
+            continue
+        kind = kind.split(".")[0].lower()
+        kinds[_SAME_OP.get(kind, kind)] += 1
+    return kinds
+
+
+def _only_removed(got: fx.GraphModule, was: fx.GraphModule, removed: Counter, label: str, what: str) -> None:
+    """``got`` runs exactly the ops of ``was`` less ``removed`` (by :func:`op_kinds`): a fold takes
+    nodes away and adds none, and every other node stays (red team, round 18: a BatchNorm written as
+    ``F.batch_norm`` passed as fused, and an op merged elsewhere paid for a chain left as a BatchNorm)."""
+    want, have = op_kinds(was) - removed, op_kinds(got)
+    if have != want:
+        more = ", ".join(f"{k} x{c}" for k, c in sorted((have - want).items())) or "nothing"
+        fewer = ", ".join(f"{k} x{c}" for k, c in sorted((want - have).items())) or "nothing"
+        raise AssertionError(f"{label}: besides {what}, the graph changed: it runs more of {more}, and less of "
+                             f"{fewer}, than the model's graph would. A fold puts the numbers into the conv's "
+                             "weight and bias and removes nodes; it adds none (a BatchNorm written as a function, "
+                             "a multiply and an add on constants are not folds), and leaves every other node as "
+                             "it was.")
+
+
+def _check_fused_graph(fused: fx.GraphModule, legality: Mapping[str, Any], label: str,
+                       original: fx.GraphModule | None = None) -> tuple[int, int]:
     """The BatchNorms left in ``fused`` against ``legality`` (the grader's ``conv_bn_legality``
-    answer for the model it came from): every legal one gone, every other one kept."""
+    answer for the model it came from): every legal one gone, every other one kept; with
+    ``original`` (the model's graph), every other op left as it was (:func:`_only_removed`)."""
     left = {str(n.target) for n in bn_nodes(fused)}
     reasons = legality["reasons"]
     legal = {bn for _, bn in legality["pairs"]}
@@ -273,6 +321,8 @@ def _check_fused_graph(fused: fx.GraphModule, legality: Mapping[str, Any], label
         why = "; ".join(f"{t}: {reasons[t]}" for t in removed)
         raise AssertionError(f"{label}: BatchNorm node(s) were removed that had to stay: {why}.\n"
                              "  Hint: fuse only the pairs conv_bn_pairs returns.")
+    if original is not None:
+        _only_removed(fused, original, Counter({"batch norm": len(legal)}), label, "the legal BatchNorms folded")
     return len(legal), len(must_stay)
 
 
@@ -320,20 +370,20 @@ def check_fuse(fuse: Callable, *, seed: int = 0, width: int = 8, blocks=(1, 1), 
     legality = _answer("conv_bn_legality", seed=seed, width=width, blocks=blocks, train_bn=None)
     with torch.no_grad():
         for dtype, rel in ((F64, 1e-10), (torch.float32, 1e-5)):
-            model, _ = _traced(seed, width, blocks, tap=True, dtype=dtype, device=dev)
+            model, graph = _traced(seed, width, blocks, tap=True, dtype=dtype, device=dev)
             fused = _fused(fuse, model, dev)
-            legal, kept = _check_fused_graph(fused, legality, "fuse(model)")
+            legal, kept = _check_fused_graph(fused, legality, "fuse(model)", graph)
             for s in (seed + 11, seed + 12):
                 x = randn(batch, 3, image, image, seed=s, device=dev, dtype=dtype)
                 ref = model(x)
                 assert_close(fused(x), ref, atol=_scaled_tol(ref, rel), rtol=0,
                              name=f"fuse(model)(x) vs model(x) in {str(dtype).replace('torch.', '')}", hint=hint)
         # a BatchNorm in training mode must stay
-        model, _ = _traced(seed, width, blocks, tap=True, train_bn=FUSE_TRAIN_BN, device=dev)
+        model, graph = _traced(seed, width, blocks, tap=True, train_bn=FUSE_TRAIN_BN, device=dev)
         fused = _fused(fuse, model, dev)
         _check_fused_graph(fused, _answer("conv_bn_legality", seed=seed, width=width, blocks=blocks,
                                           train_bn=FUSE_TRAIN_BN),
-                           f"fuse(model) with {FUSE_TRAIN_BN} in training mode")
+                           f"fuse(model) with {FUSE_TRAIN_BN} in training mode", graph)
     ok(f"fuse folds all {legal} legal BatchNorms, keeps the {kept} that must stay (and one in training mode), "
        f"and equals the model in float64 and float32 (width {width}, blocks {tuple(blocks)}, seed {seed})")
 
@@ -397,6 +447,8 @@ def _check_folded_graph(folded: fx.GraphModule, exported: fx.GraphModule, chains
         raise AssertionError(f"{label}: the chain after {removed} was folded, but it had to stay: that conv's "
                              "output has another user, which would then see the folded values.\n  Hint: fold only "
                              "when the conv's output, and every node of the chain, has exactly one user.")
+    chain_ops = op_kinds_of([n for n, c in constant_ops(exported) if c in fold])
+    _only_removed(folded, exported, chain_ops, label, "the legal chains folded")
     return len(set(fold.values())), len(set(stay.values()))
 
 
@@ -480,9 +532,9 @@ class Sleeper:
     #: Where the short and the long sleep are drawn from, in seconds (uniformly).
     SHORT_S, LONG_S = (0.001, 0.004), (0.035, 0.200)
 
-    def __init__(self):
+    def __init__(self, short_s: tuple[float, float] | None = None, long_s: tuple[float, float] | None = None):
         draw = random.SystemRandom()  # not the check's seed: the learner's process sees that
-        self.cycle_s = (draw.uniform(*self.SHORT_S), draw.uniform(*self.LONG_S))
+        self.cycle_s = (draw.uniform(*(short_s or self.SHORT_S)), draw.uniform(*(long_s or self.LONG_S)))
         self.slept: list[float] = []
 
     @property
@@ -520,14 +572,20 @@ class _LeafTracer(fx.Tracer):
         return isinstance(m, _SlowNode) or super().is_leaf_module(m, qualname)
 
 
+#: The second planted node's sleeps (seconds, drawn per check): longer than a crossing (CROSSING_S), so a
+#: profile that gives 'slow' the whole run's time finds it too slow; shorter than any mean of 'slow'.
+PAUSE_S = (0.013, 0.017)
+
+
 class _Probe(nn.Module):
-    def __init__(self, slow: Callable):
+    def __init__(self, slow: Callable, pause: Callable = _unchanged):
         super().__init__()
         self.lin = nn.Linear(6, 6)
         self.slow = _SlowNode(slow)
+        self.pause = _SlowNode(pause)
 
     def forward(self, x):
-        return torch.relu(self.slow(self.lin(x))).mean(dim=1) + 1.0
+        return self.pause(torch.relu(self.slow(self.lin(x)))).mean(dim=1) + 1.0
 
 
 def _check_rows(rows: Any, gm: fx.GraphModule, label: str) -> list[tuple[str, str, float, float]]:
@@ -565,22 +623,24 @@ def _check_rows(rows: Any, gm: fx.GraphModule, label: str) -> list[tuple[str, st
     return list(rows)
 
 
-def _profiled_graph(seed: int, slow: Callable = _unchanged) -> tuple[_Probe, fx.GraphModule, torch.Tensor]:
+def _profiled_graph(seed: int, slow: Callable = _unchanged,
+                    pause: Callable = _unchanged) -> tuple[_Probe, fx.GraphModule, torch.Tensor]:
     with torch.random.fork_rng(devices=[]):  # the same weights in every process (grading compares runs)
         torch.manual_seed(seed)
-        root = _Probe(slow)
+        root = _Probe(slow, pause)
     return root, fx.GraphModule(root, _LeafTracer().trace(root)), randn(3, 6, seed=seed, device="cpu")
 
 
 @prober
-def profiler_case(ProfilingInterpreter: type, slow: Callable, seed: int, runs: int, width: int, blocks) -> tuple:
-    """The learner's side of :func:`check_profiler`: the learner's interpreter on the graph whose node
-    'slow' calls ``slow`` (the judge's :class:`Sleeper`, lent) for ``runs`` runs, and on a traced
-    ``small_resnet`` (2 runs); each run's output and rows."""
+def profiler_case(ProfilingInterpreter: type, slow: Callable, seed: int, runs: int, width: int, blocks,
+                  pause: Callable = _unchanged) -> tuple:
+    """The learner's side of :func:`check_profiler`: the learner's interpreter on the graph whose nodes
+    'slow' and 'pause' call ``slow`` and ``pause`` (the judge's :class:`Sleeper` s, lent) for ``runs``
+    runs, and on a traced ``small_resnet`` (2 runs); each run's output and rows."""
     if not isinstance(ProfilingInterpreter, type) or not issubclass(ProfilingInterpreter, fx.Interpreter):
         raise AssertionError(f"ProfilingInterpreter should be a subclass of torch.fx.Interpreter, got "
                              f"{describe(ProfilingInterpreter)}.")
-    _, gm, x = _profiled_graph(seed, slow)
+    _, gm, x = _profiled_graph(seed, slow, pause)
     _, gm2 = _traced(seed, width, blocks, tap=True)
     x2 = randn(2, 3, 16, 16, seed=seed + 1)
     out = []
@@ -641,9 +701,9 @@ def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, 
     them; the judge also counts the calls (one per run). See :func:`_slow_mean` for the window."""
     if runs < 2 or runs % 2:
         raise ValueError("check_profiler needs an even number of runs (the slow node alternates short and long).")
-    sleeper = Sleeper()
+    sleeper, pause = Sleeper(), Sleeper(PAUSE_S, PAUSE_S)
     with machine_to_itself():  # the rows are times: measured with no other submission running
-        got = probe(ProfilingInterpreter, profiler_case, lend(sleeper), seed, runs, width, tuple(blocks))
+        got = probe(ProfilingInterpreter, profiler_case, lend(sleeper), seed, runs, width, tuple(blocks), lend(pause))
     if not (isinstance(got, tuple) and len(got) == 4):
         raise AssertionError("ProfilingInterpreter: the answers came back malformed.")
     out, rows, out2, rows2 = got
@@ -651,16 +711,24 @@ def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, 
     with torch.no_grad():
         assert_close(out, gm(x), name="ProfilingInterpreter(gm).profile(x) (the graph's output)",
                      hint="profile should return what the last run returned: self.run(*args).")
-    if len(sleeper.slept) != runs:
-        raise AssertionError(f"The graph's node 'slow' ran {len(sleeper.slept)} times while profile(x, runs={runs}) "
-                             f"ran; once per run is {runs}. Run the graph with self.run(*args), once per run, and "
-                             "nothing else.")
+    for node, planted in (("slow", sleeper), ("pause", pause)):
+        if len(planted.slept) != runs:
+            raise AssertionError(f"The graph's node {node!r} ran {len(planted.slept)} times while profile(x, "
+                                 f"runs={runs}) ran; once per run is {runs}. Run the graph with self.run(*args), "
+                                 "once per run, and nothing else.")
     rows = _check_rows(rows, gm, "ProfilingInterpreter")
     op, name, mean, share = rows[0]
     if name != "slow":
         raise AssertionError(f"The slowest node should be 'slow' (it slept {sleeper.mean * 1e3:.3g} ms "
                              f"on average), but rows() puts {name!r} first ({mean * 1e3:.3g} ms).")
     _slow_mean(mean, sleeper, runs)
+    # the second planted node, its own row: a profile that times whole runs (red team, round 18) gives 'slow'
+    # both nodes' time, over the window above, and cannot tell this one's
+    paused = next(r[2] for r in rows if r[1] == "pause")
+    if not pause.mean * (1 - 1e-3) - 1e-4 <= paused <= pause.mean + CROSSING_S:
+        raise AssertionError(f"The grader's node 'pause' slept {pause.mean * 1e3:.3g} ms on average by the grader's "
+                             f"clock, and rows() says {paused * 1e3:.3g} ms. Time each node itself, in run_node: "
+                             "time.perf_counter() before and after super().run_node(n), kept per node.name.")
     # the same on a real model: every node, shares summing to 1
     model, gm2 = _traced(seed, width, blocks, tap=True)
     x2 = randn(2, 3, 16, 16, seed=seed + 1)
@@ -679,9 +747,16 @@ def compile_frozen_case(compile_frozen: Callable, model: nn.Module, example: tor
     outputs on ``xs``."""
     compiled, code = capture_inductor_code(lambda: call(compile_frozen, model, example, name="compile_frozen"))
     expect_compiled(compiled, "compile_frozen(model, example)")
+    if getattr(compiled, "_orig_mod", None) is not model:  # red team, round 18: a model folded first, compiled
+        raise AssertionError("compile_frozen should return torch.compile(model) for the model it was given; it "
+                             "returned a compiled version of another module. Freezing is what folds the "
+                             "BatchNorms here: compile the model as it is, with freezing on.")
+    convs = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    called = sum("conv" in name.lower() for name in code.library)
     with torch.no_grad():
         outs = [compiled(x) for x in xs] if code.code and not code.mentions_batch_norm else []
-    return bool(code.code), int(code.mentions_batch_norm), len(code.library), len(code.generated), outs
+    return (bool(code.code), int(code.mentions_batch_norm), len(code.library), len(code.generated), outs,
+            convs, called)
 
 
 def check_compile_frozen(compile_frozen: Callable, *, seed: int = 0, batch: int = 1, image: int = 32,
@@ -695,13 +770,17 @@ def check_compile_frozen(compile_frozen: Callable, *, seed: int = 0, batch: int 
     example = randn(batch, 3, image, image, seed=seed + 1, device=dev)
     xs = [randn(batch, 3, image, image, seed=s, device=dev) for s in (seed + 2, seed + 3)]
     got = probe(compile_frozen, compile_frozen_case, model, example, xs)
-    if not (isinstance(got, tuple) and len(got) == 5 and type(got[0]) is bool and type(got[1]) is int
-            and isinstance(got[4], list)):
+    if not (isinstance(got, tuple) and len(got) == 7 and type(got[0]) is bool and type(got[1]) is int
+            and isinstance(got[4], list) and type(got[5]) is int and type(got[6]) is int):
         raise AssertionError("compile_frozen: the answer came back malformed.")
-    compiled_something, batch_norms, library, generated, outs = got
+    compiled_something, batch_norms, library, generated, outs, convs, called = got
     if not compiled_something:
         raise AssertionError("Nothing was compiled while compile_frozen ran. Make the first call, "
                              "compiled(example), inside compile_frozen, with freezing on, under torch.no_grad().")
+    if called < convs:  # red team, round 18: something else compiled by Inductor, the model by another backend
+        raise AssertionError(f"The code Inductor generated while compile_frozen ran calls {called} convolution(s); "
+                             f"the model has {convs}. Compile the model itself with Inductor (torch.compile's "
+                             "default backend) and make its first call, compiled(example), inside compile_frozen.")
     if batch_norms:
         raise AssertionError(
             f"The code Inductor generated still computes BatchNorm ('batch_norm' appears "
