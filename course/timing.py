@@ -117,6 +117,10 @@ class SpeedReport:
     #: The entry of ``times`` that is the course's own fast solution, timed beside the others as a
     #: witness of what a right answer costs now, on this machine, under its present load (None: none).
     witness: str | None = None
+    #: Rounds counted although this process was starved of CPU in them (every round had already been
+    #: measured again once): their ratios tell the machine's load, not the candidates, so no verdict of
+    #: this report is "fail" (a starved run read a candidate 512 times lighter as 1.00x: 2026-12-03).
+    starved: int = 0
 
     @property
     def names(self) -> list[str]:
@@ -132,7 +136,7 @@ class SpeedReport:
         low, high = _quartiles(ratios)
         k = _bound_rank(len(ratios))
         return Ratio(statistics.median(ratios), low, high, ratios[k] if k >= 0 else 0.0,
-                     ratios[len(ratios) - 1 - k] if k >= 0 else math.inf)
+                     ratios[len(ratios) - 1 - k] if k >= 0 and not self.starved else math.inf)
 
     def _known(self, name: str) -> str:
         if name not in self.times:
@@ -320,12 +324,12 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
                        disable=progress is None and rounds * len(names) * min_run_time < 3)
         except ImportError:  # pragma: no cover - tqdm is a dependency
             bar = None
-    r = redone = 0
+    r = redone = kept = 0
     while r < limit:
         if r >= rounds:
             if until is None:
                 break
-            report = SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads)
+            report = SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads, starved=kept)
             if not _undecided(report.speedup(until[0], until[1]), until[2]):
                 break
         values = [make() for _ in range(block)]
@@ -354,13 +358,17 @@ def _compare(candidates, *, inputs, baseline, rounds, warmup, min_run_time, devi
         if starved and redone < rounds:  # a busy machine took the core away: measure this round again
             redone += 1
             continue
+        kept += starved
         for name in names:
             times[name].append(got[name])
         r += 1
     if bar is not None:
         bar.close()
     notes = [f"{redone} round(s) measured again: this process was starved of CPU in them."] if redone else []
-    return SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads, notes=notes)
+    if kept:
+        notes.append(f"{kept} round(s) counted although starved of CPU: no verdict here is a fail; run it again "
+                     "on a quieter machine.")
+    return SpeedReport(times=times, baseline=baseline, device=str(dev), threads=threads, notes=notes, starved=kept)
 
 
 _RECYCLED: set = set()  # (function, factory, sizes, constants' shapes) already seen to stay under MAP_FROM
@@ -585,14 +593,14 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                     return [True] * len(disturbed)
             return disturbed
         limit = max_rounds or (4 * rounds if until is not None else rounds)
-        r = redone = 0
+        r = redone = kept = 0
         while r < limit:
             if r >= rounds:
                 if until is None:
                     break
                 now = _netted(*calibrated())
-                if not _undecided(SpeedReport(now, base_name, str(dev), torch.get_num_threads()).speedup(cand_name),
-                                  until):
+                if not _undecided(SpeedReport(now, base_name, str(dev), torch.get_num_threads(),
+                                              starved=kept).speedup(cand_name), until):
                     break
             seeds = fresh(block)
             got, took, starved, charged = {}, {}, False, len(used)
@@ -630,6 +638,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                 redone += 1
                 del used[charged:]
                 continue
+            kept += starved
             for side in sides:
                 times[side].append(took[side] / block)
             disturbed.append(bool(odd))
@@ -677,8 +686,11 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
         taken = gross[base_name][0] - times[base_name][0] if times[base_name] else 0.0
         notes.append(f"Times are net of {format_time(taken)} per call that the check itself spends making the inputs "
                      "and checking the output (measured beside them; the same is taken off every side).")
+    if kept:
+        notes.append(f"{kept} round(s) counted although this process was starved of CPU in them: no verdict here "
+                     "is a fail.")
     return SpeedReport(times=times, baseline=base_name, device=str(dev), threads=torch.get_num_threads(),
-                       notes=notes, witness=wit_name)
+                       notes=notes, witness=wit_name, starved=kept)
 
 
 #: What names the baseline timed in the learner's process (``compare_served(calibrate=...)``).

@@ -23,6 +23,21 @@ def test_compare_ranks_more_work_as_slower_and_reports_ratios():
     assert "small" in repr(rep)
 
 
+def test_rounds_starved_of_cpu_past_the_redo_budget_never_give_a_fail(monkeypatch):
+    """2026-12-03, beside two grading runs: every round starved, measured again once each, then counted;
+    both sides read 16 ms a call (a candidate 512 times lighter at 1.00x), and the verdict was a decided
+    fail. Starved rounds tell the machine's load, not the candidates: such a report can pass on its lower
+    bound as before, and is otherwise undecided, never failed."""
+    from course import timing
+
+    monkeypatch.setattr(timing, "_starved", lambda *a, **k: True)
+    rep = compare({"big": work(64), "small": work(64)}, rounds=7, warmup=1, min_run_time=0.01, progress=False)
+    assert rep.starved == 7 and any("starved" in n for n in rep.notes), rep.notes
+    assert rep.speedup("small").verdict(2.0) == "undecided", rep.table()  # equal sides: not a fail
+    monkeypatch.setattr(timing, "_starved", lambda *a, **k: False)
+    rep = compare({"big": work(64), "small": work(64)}, rounds=7, warmup=1, min_run_time=0.01, progress=False)
+    assert rep.starved == 0 and rep.speedup("small").verdict(2.0) == "fail", rep.table()
+
 def test_a_slow_candidate_runs_a_block_of_its_own_length_not_the_fast_ones():
     """Lesson 8's bfloat16 demonstration: on a CPU without bfloat16 instructions a product is 60x
     slower than in float32, and one block length for both (set by the fast side) made the slow side
