@@ -200,6 +200,23 @@ class Group:
             pass
         return -1.0
 
+    def settled_cpu_seconds(self, step: float = 0.002, limit: float = 0.05) -> float:
+        """:meth:`cpu_seconds` of a frozen group, once the count has stopped moving: read every
+        ``step`` s until two readings agree (at most ``limit`` s; then the last). The kernel says
+        a group is frozen when its last thread has entered the freezer, just before that thread
+        is switched out, and only the switch adds the CPU time it ran since the last scheduler
+        tick (up to a tick per thread, several ms). A reading taken in between misses that time,
+        and the pause's account would charge it to the learner as CPU used while frozen: a
+        fresh-clone CI run flagged an honest notebook ('escaped-pause', 0.007 s) that way."""
+        reading, deadline = self.cpu_seconds(), time.monotonic() + limit
+        while time.monotonic() < deadline:
+            time.sleep(step)
+            again = self.cpu_seconds()
+            if again == reading:
+                break
+            reading = again
+        return reading
+
     def kill(self) -> None:
         """Kill every process in the group, frozen or not (whoever their parents are now)."""
         if self._write("cgroup.kill", "1"):

@@ -598,7 +598,7 @@ class Pause:
         pid, group = self.proc.proc.pid, self.proc.group
         if group is not None and group.holds(pid) and group.freeze():
             self.group = group
-            self.cpu = group.cpu_seconds()
+            self.cpu = group.settled_cpu_seconds()
         else:  # no group, or the kernel did not say it froze (a process stuck in a disk wait): signals
             if group is not None:
                 group.thaw()
