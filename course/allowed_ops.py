@@ -90,8 +90,9 @@ fft ifft rfft irfft fft2 ifft2 rfft2 irfft2 fftn ifftn rfftn irfftn fftfreq rfft
 #: ``torch.func``'s transforms and ``torch.autograd.forward_ad``'s duals (lesson 4's JVPs and Jacobians
 #: by forward and reverse mode): they run the program's own functions, which the reading has read,
 #: and the model the judge gives (``functional_call`` sets only tensors, by name, and puts them back).
-#: Not ``jacfwd``, ``jacrev``, ``hessian``: the one-call versions of the exercises.
-FUNC = frozenset("functional_call jvp vjp vmap".split())
+#: ``grad`` too (lesson 5's HVPs: a gradient of a gradient). Not ``jacfwd``, ``jacrev``, ``hessian``:
+#: the one-call versions of the exercises.
+FUNC = frozenset("functional_call grad jvp vjp vmap".split())
 FORWARD_AD = frozenset("make_dual unpack_dual".split())
 
 #: Lesson 10's workers: ``torch.distributed``'s messages between ranks, its all-reduce (a communication

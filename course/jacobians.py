@@ -183,18 +183,88 @@ class Energy:
         return f"Energy(n={self.n}, k={self.A.shape[0]}, {self.A.dtype}, {self.A.device})"
 
 
+#: How each evaluation of a :class:`WatchedEnergy` was differentiated, outermost first: "forward"
+#: (a ``torch.func.jvp`` level, or a forward-AD dual) and "reverse" (a ``grad`` or ``vjp`` level, or
+#: autograd); ``vmap`` levels are left out. A plain ``torch.autograd.grad`` taken again through the
+#: gradient appends ``["reverse", "reverse"]`` when its second pass runs. Cleared by the check that
+#: reads it (:func:`course.checks.jacobians.hvp_modes_case`); a program the grader runs again cannot name it.
+MODES_SEEN: list[list[str]] = []
+
+_LEVELS = {"Jvp": "forward", "Grad": "reverse"}
+
+
+class _Again(torch.autograd.Function):
+    """The identity on a gradient; its backward is a second reverse pass through that gradient."""
+
+    @staticmethod
+    def forward(ctx, g):
+        return g.clone()
+
+    @staticmethod
+    def backward(ctx, gg):
+        MODES_SEEN.append(["reverse", "reverse"])
+        return gg
+
+
+class _Once(torch.autograd.Function):
+    """The identity on ``x``, whose gradient comes back through :class:`_Again`."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _Again.apply(g)
+
+
+def _levels() -> list[str]:
+    stack = torch._C._functorch.get_interpreter_stack() or []
+    return [_LEVELS[k] for k in (getattr(i.key(), "name", str(i.key())).rsplit(".", 1)[-1] for i in stack)
+            if k in _LEVELS]
+
+
+class WatchedEnergy(Energy):
+    """An :class:`Energy` that notes, each time it is evaluated, how it is being differentiated
+    (:data:`MODES_SEEN`): the functorch levels around the call, or beneath them plain autograd
+    and forward AD. Lesson 5's HVP check asks of it whether ``hvp_fwd_rev`` really pushed ``v``
+    forward through a reverse-mode gradient and ``hvp_rev_rev`` took a gradient of a gradient,
+    which values cannot tell: finite differences, a formula written out, or the other exercise's
+    mode give the same ``H @ v``."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        levels = _levels()
+        if not levels and isinstance(x, torch.Tensor) and x.device.type != "meta":
+            import torch.autograd.forward_ad as fwAD
+
+            if fwAD.unpack_dual(x).tangent is not None:
+                levels.append("forward")
+            if x.requires_grad and torch.is_grad_enabled():
+                levels.append("reverse")
+                if "forward" not in levels:
+                    x = _Once.apply(x)  # a second pass of autograd through the gradient says so
+        MODES_SEEN.append(levels)
+        return super().__call__(x)
+
+    def to(self, *args, **kwargs) -> "WatchedEnergy":
+        return WatchedEnergy(self.A.to(*args, **kwargs), self.c.to(*args, **kwargs), self.d.to(*args, **kwargs))
+
+
 @recipe
-def energy(n: int, *, k: int = 8, seed: int = 0, device=None, dtype: torch.dtype = torch.float32) -> Energy:
-    """A seeded ``Energy`` of ``n`` variables with a rank-``k`` coupling (``device='meta'`` works)."""
+def energy(n: int, *, k: int = 8, seed: int = 0, device=None, dtype: torch.dtype = torch.float32,
+           watched: bool = False) -> Energy:
+    """A seeded ``Energy`` of ``n`` variables with a rank-``k`` coupling (``device='meta'`` works);
+    ``watched``: a :class:`WatchedEnergy`."""
     if n < 2 or k < 1:
         raise ValueError(f"an Energy needs n >= 2 variables and k >= 1 rows, got n={n}, k={k}.")
     dev = _device(device)
+    kind = WatchedEnergy if watched else Energy
     if dev.type == "meta":  # shapes only: draw nothing (n may be in the millions)
-        return Energy(*(torch.empty(shape, device=dev, dtype=dtype) for shape in ((k, n), (k,), (n,))))
+        return kind(*(torch.empty(shape, device=dev, dtype=dtype) for shape in ((k, n), (k,), (n,))))
     A = randn(k, n, seed=seed, device="cpu", dtype=torch.float64) / n ** 0.5
     c = randn(k, seed=seed + 1, device="cpu", dtype=torch.float64)
     d = randn(n, seed=seed + 2, device="cpu", dtype=torch.float64)
-    return Energy(A.to(dev, dtype), c.to(dev, dtype), d.to(dev, dtype))
+    return kind(A.to(dev, dtype), c.to(dev, dtype), d.to(dev, dtype))
 
 
 # -- watching what a call does --------------------------------------------------------------

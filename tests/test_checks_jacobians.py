@@ -250,6 +250,29 @@ MISTAKES = {
     "hvp fwd-rev: reads a Python number": (
         "hvp", "return jvp(grad(f), (x,), (v,))[1]",
         "return jvp(grad(f), (x,), (v,))[1] * (1.0 + 0.0 * float(v.sum()))", "meta"),
+    "hvp fwd-rev: finite differences of the gradient (four points)": (
+        "hvp", "return jvp(grad(f), (x,), (v,))[1]",
+        "g, h, x2, v2 = grad(f.to(torch.float64)), 1e-3, x.double(), v.double()\n"
+        "    d = [g(x2 + k * h * v2) for k in (-2, -1, 1, 2)]\n"
+        "    return ((d[0] - 8 * d[1] + 8 * d[2] - d[3]) / (12 * h)).to(x.dtype)", "hvp_fwd_rev evaluated f 4 time"),
+    "hvp fwd-rev: reverse over forward": (
+        "hvp", "return jvp(grad(f), (x,), (v,))[1]", "return grad(lambda y: jvp(f, (y,), (v,))[1])(x)",
+        "by reverse over forward"),
+    "hvp fwd-rev: reverse over reverse": (
+        "hvp", "return jvp(grad(f), (x,), (v,))[1]", "return grad(lambda y: torch.dot(grad(f)(y), v))(x)",
+        "hvp_fwd_rev must push v forward"),
+    "hvp fwd-rev: jvp of the hand-written gradient": (
+        "hvp", "return jvp(grad(f), (x,), (v,))[1]", "return jvp(f.gradient, (x,), (v,))[1]", "never evaluated f"),
+    "hvp rev-rev: forward over reverse": (
+        "hvp", "return grad(lambda y: torch.dot(grad(f)(y), v))(x)", "return jvp(grad(f), (x,), (v,))[1]",
+        "hvp_rev_rev must take the gradient of a gradient"),
+    "hvp rev-rev: finite differences through autograd": (
+        "hvp", "return grad(lambda y: torch.dot(grad(f)(y), v))(x)",
+        "h, out, f2 = 1e-3, [], f.to(torch.float64)\n    for k in (-2, -1, 1, 2):\n"
+        "        y = (x.double() + k * h * v.double()).requires_grad_()\n"
+        "        out.append(torch.autograd.grad(f2(y), y, create_graph=True)[0])\n"
+        "    return ((out[0] - 8 * out[1] + 8 * out[2] - out[3]) / (12 * h)).to(x.dtype)",
+        "hvp_rev_rev must take the gradient of a gradient"),
     "chunk: the Jacobian itself forgotten (a chunk that cannot fit)": (
         "chunk", "    if peak(1) > budget_bytes:\n        raise ValueError", "    if False:\n        raise ValueError",
         "That tensor is the Jacobian itself"),

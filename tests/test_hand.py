@@ -13,7 +13,7 @@ import pytest
 
 from course.hand import BUILTINS, Refused, define, read_program
 from course.remote import serve_in_thread
-from served_helpers import cell_module, forging, served as _served
+from served_helpers import cell_module, forging, never_failed, served as _served
 
 served = contextlib.contextmanager(_served)
 
@@ -301,7 +301,9 @@ REFUSED = {
                                  r"no_grad more positional arguments"),
     "a forward AD level by number": ("import torch.autograd.forward_ad as fwAD\ndef f(x):\n    return "
                                      "fwAD.make_dual(x, x, level=0)\n", r"keyword level"),
-    "torch.func.grad": ("def f(x):\n    return torch.func.grad(torch.sum)(x)\n", r"torch\.func\.grad"),
+    # the one-call Jacobians and Hessians the exercises build from jvp, vjp and grad
+    "torch.func.hessian": ("def f(x):\n    return torch.func.hessian(torch.sum)(x)\n", r"torch\.func\.hessian"),
+    "torch.func.jacrev": ("def f(x):\n    return torch.func.jacrev(torch.sin)(x)\n", r"torch\.func\.jacrev"),
     # lesson 10's vocabulary is lesson 10's: no other exercise's program reaches a process group or trains
     "a message to another rank": ("def f(x):\n    torch.distributed.send(x, 1)\n    return x\n",
                                   r"torch\.distributed, which this exercise's programs may not use"),
@@ -805,3 +807,67 @@ def test_a_decoy_call_beside_an_answer_computed_otherwise_earns_nothing(tmp_path
     with served({name: getattr(decoys, name) for name in answers}) as remote:
         with pytest.raises(AssertionError, match=message):
             getattr(checks, check)(*(remote(name) for name in answers), seed=2)
+
+
+# Lesson 5's HVPs: right, by finite differences, and with the modes swapped (values equal to 1e-9).
+_HVPS = textwrap.dedent('''
+    import torch
+    from torch.func import grad, jvp
+
+
+    def hvp_fwd_rev(f, x, v):
+        return jvp(grad(f), (x,), (v,))[1]
+
+
+    def hvp_rev_rev(f, x, v):
+        return grad(lambda y: torch.dot(grad(f)(y), v))(x)
+
+
+    def hvp_by_differences(f, x, v):
+        g, h, x2, v2 = grad(f.to(torch.float64)), 1e-3, x.double(), v.double()
+        d = [g(x2 + k * h * v2) for k in (-2, -1, 1, 2)]
+        return ((d[0] - 8 * d[1] + 8 * d[2] - d[3]) / (12 * h)).to(x.dtype)
+
+
+    def hvp_rev_fwd(f, x, v):
+        return grad(lambda y: jvp(f, (y,), (v,))[1])(x)
+''')
+
+
+@pytest.mark.parametrize("answer, says", [
+    ("hvp_by_differences", "evaluated f 4 time\\(s\\), differentiated by reverse\\."),
+    ("hvp_rev_fwd", "evaluated f 1 time\\(s\\), differentiated by reverse over forward"),
+    ("hvp_rev_rev", "evaluated f 1 time\\(s\\), differentiated by reverse over reverse"),
+])
+def test_a_forged_record_of_how_an_hvp_differentiated_is_not_enough_for_lesson_5(tmp_path, program_host, answer,
+                                                                                    says):
+    """The learner's side made to report forward over reverse for an HVP computed another way: its
+    program, read by the judge and run again in the program host on a watched energy there, is
+    seen for what it does."""
+    import functools
+
+    from course import jacobians
+    from course.checks.jacobians import check_hvp
+
+    cells = cell_module(tmp_path, _HVPS, "learner_cell_hvps")
+    other = getattr(cells, answer)
+
+    @functools.wraps(other)  # its program is the other answer's: what the learner's process sends
+    def forged(f, x, v):
+        out = other(f, x, v)
+        jacobians.MODES_SEEN[:] = [["forward", "reverse"]]
+        return out
+
+    with served({"fwd": forged, "rev": cells.hvp_rev_rev}) as remote:
+        with pytest.raises(AssertionError, match=f"hvp_fwd_rev, its program run again by the grader, {says}"):
+            check_hvp(remote("fwd"), remote("rev"), seed=2, n=7)
+
+
+def test_lesson_5s_hvps_pass_through_the_program_host(tmp_path, program_host):
+    """Control: both HVPs as the lesson writes them keep their marks, run again there (or, on a busy
+    machine, the clock after it leaves them undecided: never a decided miss)."""
+    from course.checks.jacobians import check_hvp
+
+    cells = cell_module(tmp_path, _HVPS, "learner_cell_hvps")
+    with served({"fwd": cells.hvp_fwd_rev, "rev": cells.hvp_rev_rev}) as remote:
+        never_failed(lambda: check_hvp(remote("fwd"), remote("rev"), seed=2, n=7))

@@ -129,12 +129,19 @@ def closed_form_hvp(f, x, v):
     return h @ v
 
 
+def hvp_fwd_rev(f, x, v):
+    return jvp(grad(f), (x,), (v,))[1]
+
+
+def hvp_rev_rev(f, x, v):
+    return grad(lambda y: torch.dot(grad(f)(y), v))(x)
+
+
 LEARNER = {
     "jacobian_rows": rows, "batched_jacobian_sum": by_sum, "pick_jacobian": pick,
     "batched_jacobian": lambda f, xs: vmap(jacrev(f))(xs),
     "batched_hessian": lambda f, xs: vmap(hessian(f))(xs),
-    "hvp_fwd_rev": lambda f, x, v: jvp(grad(f), (x,), (v,))[1],
-    "hvp_rev_rev": lambda f, x, v: grad(lambda y: torch.dot(grad(f)(y), v))(x),
+    "hvp_fwd_rev": hvp_fwd_rev, "hvp_rev_rev": hvp_rev_rev,  # defined with def: the judge reads their programs
     "largest_chunk": chunk_by_search,
     # a chunk from a formula for 4-byte numbers, and the error for every budget
     "chunk_4_bytes": lambda f, x, budget: max(1, min(f(x).numel(), budget // (4 * f(x).numel()))),

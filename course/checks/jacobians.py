@@ -46,11 +46,12 @@ from course.checks.common import (NO_LOOP, call, clock_against_loop, clock_verdi
                                   grader_references, name_mistake, ok, record, stored_answers, visible_call)
 from course.data import randn
 from course.devices import pick_device, threads
+from course.hand import again
 from course.grading import best_of, expect_speedup, speed_bar
 from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, format_bytes, normed_layer, tanh_layer
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, best_times, compare, format_time
-from course.remote import is_remote, mirrored, recipe
+from course.remote import is_remote, mirrored, probe, prober, recipe
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
 SERVED = ("check_row_jacobian", "check_largest_chunk", "check_pick_jacobian", "check_picker_speed",
@@ -864,6 +865,65 @@ def _hvp_answers(refs, seed: int, *, n: int) -> list:
     return out
 
 
+@prober
+def hvp_modes_case(fn: Callable, label: str, e, x: torch.Tensor, v: torch.Tensor) -> dict:
+    """``fn(e, x, v)`` on a watched energy (:class:`course.jacobians.WatchedEnergy`): what it returned,
+    and how each evaluation of ``e`` was differentiated (:data:`course.jacobians.MODES_SEEN`)."""
+    from course import jacobians
+
+    del jacobians.MODES_SEEN[:]
+    got = call(fn, e, x, v, name=label)
+    seen = [list(levels) for levels in jacobians.MODES_SEEN]
+    del jacobians.MODES_SEEN[:]
+    return {"hv": got.detach() if isinstance(got, torch.Tensor) else None, "seen": seen}
+
+
+#: What each HVP must do to ``f``, as its message says it.
+HVP_MODES = {
+    "hvp_fwd_rev": ("push v forward through a reverse-mode gradient: jvp(grad(f), (x,), (v,)), where f is evaluated "
+                    "under a forward-mode level that holds a reverse-mode one (forward AD's duals through "
+                    "torch.autograd.grad count too)"),
+    "hvp_rev_rev": ("take the gradient of a gradient: grad(lambda y: torch.dot(grad(f)(y), v))(x), where f is "
+                    "evaluated under two reverse-mode levels and no forward mode (torch.autograd.grad twice, with "
+                    "create_graph=True, counts too)"),
+}
+
+
+def _modes_text(seen: list) -> str:
+    if not seen:
+        return "never evaluated f (a formula written out from f's parts does not differentiate it)"
+    kinds = sorted({" over ".join(levels) or "no differentiation" for levels in seen})
+    return f"evaluated f {len(seen)} time(s), differentiated by {'; '.join(kinds)}"
+
+
+def _hvp_modes_ok(exercise: str, seen: list) -> bool:
+    if exercise == "hvp_fwd_rev":
+        return any("forward" in lv and "reverse" in lv[lv.index("forward"):] for lv in seen)
+    return any(lv.count("reverse") >= 2 for lv in seen) and not any("forward" in lv for lv in seen)
+
+
+def _hvp_modes(fn: Callable, name: str, seed: int, n: int, device, exercise: str) -> None:
+    """``fn`` computes H @ v the way its name says (:data:`HVP_MODES`), on a watched energy of ``n``
+    variables in float64: its result equal to the formula, and the levels around each evaluation
+    of ``f`` those of its mode. Where ``fn`` runs (the learner's process: its word; the program
+    host, on the program the judge read: out of the learner's reach)."""
+    refs = grader_references("jacobians")
+    e = energy(n, seed=seed, device=device, dtype=F64, watched=True)
+    x, v = (randn(n, seed=seed + s, device=device, dtype=F64) for s in (30, 31))
+    got = probe(fn, hvp_modes_case, name, e, x, v)
+    if not isinstance(got, dict) or not isinstance(got.get("seen"), list) or \
+            not all(isinstance(lv, list) and all(m in ("forward", "reverse") for m in lv) for lv in got["seen"]):
+        raise AssertionError(f"{name}: the watch of how it differentiated f came back malformed ({describe(got)}).")
+    hv = got.get("hv")
+    _expect_tensor(hv, f"{name} on a watched Energy of {n} variables (float64)", x, (n,), "H(x) @ v has the shape of x.")
+    if refs is not None:
+        assert_close(hv, refs.energy_hvp(e.to(F64), x, v), name=f"{name} on a watched Energy (float64)", **TOL64)
+    if not _hvp_modes_ok(exercise, got["seen"]):
+        raise AssertionError(
+            f"{name} {_modes_text(got['seen'])}. {exercise} must {HVP_MODES[exercise]}. The same H @ v by finite "
+            "differences, by a formula written out, or by the other exercise's mode is not this exercise's answer.")
+
+
 def check_hvp(hvp_fwd_rev: Callable, hvp_rev_rev: Callable, *, seed: int = 0, n: int = 50, big_n: int = 40_000,
               device=None) -> None:
     """``hvp_fwd_rev(f, x, v)`` and ``hvp_rev_rev(f, x, v)`` return ``H(x) @ v`` for a scalar ``f``:
@@ -887,9 +947,14 @@ def check_hvp(hvp_fwd_rev: Callable, hvp_rev_rev: Callable, *, seed: int = 0, n:
                 "v never reached the result (it is H(x) @ ones, the gradient of grad(f)(x).sum())": hv_ones})
         if is_remote(fn):  # the kernel's count first: it fails a built Hessian outright, where a busy
             _hvp_memory(fn, name)  # machine can leave the clock undecided (a closed form sits near its bar)
-            _hvp_growth(fn, name, seed)
         else:
             _never_builds_the_hessian(fn, name, seed, big_n)
+        # How f was differentiated: where the answer runs (under the grader, the learner's process's
+        # word), then on its program, read by the judge and run again in the program host.
+        _hvp_modes(fn, name, seed, min(n, 64), dev, name)
+        again(fn, name, lambda program, label: _hvp_modes(program, label, seed, min(n, 64), dev, name))
+        if is_remote(fn):
+            _hvp_growth(fn, name, seed)
     if is_remote(hvp_fwd_rev):
         ok(f"hvp_fwd_rev and hvp_rev_rev equal the float64 formula (n={n}, seed {seed}); at n={HVP_SIZES[1]:,} "
            "each takes a fraction of the time of building the Hessian")
