@@ -121,6 +121,8 @@ class SpeedReport:
     #: measured again once): their ratios tell the machine's load, not the candidates, so no verdict of
     #: this report is "fail" (a starved run read a candidate 512 times lighter as 1.00x: 2026-12-03).
     starved: int = 0
+    #: ``compare_served(net=True)``: the same rounds before netting (``times`` holds them net).
+    gross: dict[str, list[float]] | None = None
 
     @property
     def names(self) -> list[str]:
@@ -680,6 +682,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
             notes.append(f"In {sum(marked)} round(s), while {base_name} ran in your process, "
                          + "; ".join(sorted(why_disturbed)) + f": there your process is not believed slower than the "
                          "grader's. Leave nothing running between calls of your function.")
+    gross = None
     if net:
         gross = times
         times = _netted(times, harness)
@@ -690,7 +693,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
         notes.append(f"{kept} round(s) counted although this process was starved of CPU in them: no verdict here "
                      "is a fail.")
     return SpeedReport(times=times, baseline=base_name, device=str(dev), threads=torch.get_num_threads(),
-                       notes=notes, witness=wit_name, starved=kept)
+                       notes=notes, witness=wit_name, starved=kept, gross=gross)
 
 
 #: What names the baseline timed in the learner's process (``compare_served(calibrate=...)``).
