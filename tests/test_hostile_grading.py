@@ -1268,3 +1268,54 @@ def test_a_folder_on_the_hosts_root_filesystem_is_never_counted_as_the_sandboxs_
     if os.stat("/usr").st_dev != os.stat("/").st_dev:
         pytest.skip("/usr is not on the root filesystem here")
     assert held._scratch_bytes(os.getpid()) == 0
+
+
+def test_a_tmpfs_of_the_hosts_is_never_counted_as_the_sandboxs_files(monkeypatch):
+    """Skipping only the host's /, /tmp and a folder of the same name left every other device of the
+    host's to chance while bwrap sets a sandbox up (CI graded the instructor's lesson 5 "oom" with 0
+    of 16, early in its run, where no run here comes near the cap: a misread folder is one way that
+    happens). A folder counts once, as the process inside sees its own
+    mounts, a tmpfs is mounted there, on no device the grader's own mounts have: here a tmpfs of the
+    host's, reached as if it were a scratch folder with no host folder of that name, counts nothing."""
+    import os
+
+    from autograder.sandbox import held
+
+    shm = next((point for dev, point, fstype in held._mounts("self") if fstype == "tmpfs"
+                and os.access(point, os.R_OK)), None)
+    if shm is None:
+        pytest.skip("no tmpfs is mounted here")
+    monkeypatch.setattr(held, "SCRATCH", (shm,))
+    monkeypatch.setattr(held, "_host_dev", lambda folder: None)  # the old rule alone would count it
+    assert held._tmpfs_mounts(os.getpid())[shm] == os.stat(shm).st_dev
+    assert held._scratch_bytes(os.getpid()) == 0
+    monkeypatch.setattr(held, "_host_devs", set)  # the rule that skips it
+    assert held._scratch_bytes(os.getpid()) > 0
+
+
+def test_one_look_past_the_memory_cap_is_not_a_verdict_two_in_a_row_are(tmp_path, monkeypatch):
+    """A run is ``oom`` when two looks in a row find it over the cap: one reading past it can be a
+    misreading (a folder read while bwrap sets the sandbox up), and between two looks the kernel's wall
+    holds. Here the parent's look is made to read 100 GB more, once, then at every look."""
+    from autograder.sandbox import bwrap_works, parent, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    real, calls = parent._memory_look, []
+
+    def misread(every):
+        def look(proc, held, files_once=False):
+            rss, outside = real(proc, held, files_once)
+            calls.append(1)
+            if not files_once and (every or len(calls) == 3):
+                outside = {**outside, "files": outside.get("files", 0) + 100 * 2**30}
+            return rss, outside
+        return look
+
+    cells = [_cell("import time\ntime.sleep(2)\nprint('still here')\n")]
+    monkeypatch.setattr(parent, "_memory_look", misread(False))
+    once = run_program(cells, sandbox=sandbox, cell_timeout=60, timeout=120, memory_mb=1000, log=tmp_path / "once")
+    assert once.status == "ok" and "still here" in once.cells[0].output, once
+    monkeypatch.setattr(parent, "_memory_look", misread(True))
+    always = run_program(cells, sandbox=sandbox, cell_timeout=60, timeout=120, memory_mb=1000, log=tmp_path / "always")
+    assert always.status == "oom" and "the files it wrote" in always.detail, always
+    assert "(its processes " in always.detail, always

@@ -211,14 +211,18 @@ def _worst_queue() -> int:
 def _scratch_bytes(inside: int) -> int:
     """What the files in the sandbox's tmpfs folders hold (open files already deleted included)."""
     seen, total = set(), 0
+    own = _tmpfs_mounts(inside)
+    host = _host_devs()
     for folder in SCRATCH:
         try:
             where = f"/proc/{inside}/root{folder}"
             dev = os.stat(where).st_dev
-            # bwrap still setting up: not its tmpfs yet. The folder may then be the host's (/tmp), or
-            # reach the host's root filesystem another way (CI met /grading there: 56 GB "written" by a
-            # submission 0.04 s old, graded oom): any folder on a device of the host's is not the sandbox's.
-            if dev in seen or dev in {_host_dev(folder), _host_dev("/"), _host_dev("/tmp")}:
+            # Counted only once it is the sandbox's: a tmpfs mounted at that folder as the process
+            # inside sees its own root, on no device the host has mounted. While bwrap sets up, the
+            # folder can be the host's (/tmp), or reach the host's filesystems another way (CI met
+            # /grading there: 56 GB "written" by a submission 0.04 s old, graded oom).
+            if (dev in seen or own.get(folder) != dev or dev in host
+                    or dev in {_host_dev(folder), _host_dev("/"), _host_dev("/tmp")}):
                 continue
             seen.add(dev)
             st = os.statvfs(where)
@@ -228,6 +232,38 @@ def _scratch_bytes(inside: int) -> int:
         # own memory: about a kilobyte (measured), which no block count shows
         total += (st.f_blocks - st.f_bfree) * st.f_frsize + (st.f_files - st.f_ffree) * INODE_BYTES
     return total
+
+
+def _mounts(pid: int | str) -> list[tuple[int, str, str]]:
+    """``pid``'s mounts as it sees them: (device, mount point relative to its root, file system type),
+    in mount order (a later mount at the same point covers an earlier one)."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/mountinfo") as fh:
+            for line in fh:
+                fields = line.split()
+                try:
+                    major, minor = fields[2].split(":")
+                    fstype = fields[fields.index("-") + 1]
+                    out.append((os.makedev(int(major), int(minor)), fields[4], fstype))
+                except (ValueError, IndexError):
+                    continue
+    except OSError:
+        pass
+    return out
+
+
+def _tmpfs_mounts(pid: int) -> dict[str, int]:
+    """The device of the mount at each of ``pid``'s mount points where it is a tmpfs (the topmost)."""
+    top: dict[str, tuple[int, str]] = {}
+    for dev, point, fstype in _mounts(pid):
+        top[point] = (dev, fstype)
+    return {point: dev for point, (dev, fstype) in top.items() if fstype == "tmpfs"}
+
+
+def _host_devs() -> set[int]:
+    """Every device mounted where the grader runs: none of them is a sandbox's own tmpfs."""
+    return {dev for dev, _, _ in _mounts("self")}
 
 
 def _host_dev(folder: str) -> int | None:

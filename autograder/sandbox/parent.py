@@ -79,6 +79,8 @@ WALL = 2.0
 HOSTED = protocol.HOST_RUNS
 #: Seconds between two looks at a learner's memory.
 POLL = 0.2
+#: Looks in a row that must find a process over the memory cap before its run is ``oom``.
+OVER_LOOKS = 2
 
 
 @dataclass
@@ -869,6 +871,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     interrupted = False
     last_poll = 0.0
     held: list[Pause] | None = None  # the judge has the learner's processes stopped (a baseline block)
+    over_looks: dict[int, int] = {}  # per process: looks in a row that found it over the cap
     watch = PeakWatch(child.proc.pid)  # the learner's memory between the judge's two PEAK messages
     held_for = Held(child.proc.pid) if sandbox == "bwrap" else None  # memory outside its processes
     closed: _Proc | None = None  # a process whose pipe closed before it said it was done
@@ -911,12 +914,19 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     peak = max(peak, rss + scripts)
                 else:  # the judge's own count, against the same cap
                     judge_peak = max(judge_peak, used)
-                if used > memory_mb:
+                if used <= memory_mb:
+                    over_looks[id(proc)] = 0
+                    continue
+                # Over the cap at two looks in a row: a single reading past it can be a misreading (a
+                # folder read while bwrap sets the sandbox up); between two looks, the kernel's wall
+                # (the memory group's limit, WALL times the cap) holds.
+                over_looks[id(proc)] = over_looks.get(id(proc), 0) + 1
+                if over_looks[id(proc)] >= OVER_LOOKS:
                     said = "".join(f", {OUTSIDE[k]} {v / 2**20:.0f} MB" for k, v in outside.items() if v >= 2**20)
                     said += "".join(f", its {HOSTED[w]} in the {w} host {mb:.0f} MB" for w, mb in in_hosts.items() if mb >= 1)
                     over = (f"used more than the memory cap of {memory_mb:g} MB" if proc is child else
                             f"its answers made the judge process (served checks) hold {used:.0f} MB, more than "
-                            f"the memory cap of {memory_mb:g} MB") + (f" (its processes {rss:.0f} MB{said})" if said else "")
+                            f"the memory cap of {memory_mb:g} MB") + f" (its processes {rss:.0f} MB{said})"
                     break
             if over:
                 status, detail = "oom", over
