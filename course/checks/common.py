@@ -237,14 +237,14 @@ def clock_verdict(shows_asked: bool, shows_other: bool, *, text: str, fail: str,
 
 
 def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str, fail: str,
-                        unit: str = "sample", no_loop: float = NO_LOOP) -> None:
+                        unit: str = "sample", no_loop: float = NO_LOOP, loop_like: float = LOOP_LIKE) -> None:
     """:func:`clock_verdict` on the learner's time ``mine`` beside the course's ``loop`` (one step per ``unit``):
-    a batched answer takes at most ``no_loop`` of it (:data:`NO_LOOP` unless a check measured a
-    tighter bar), a loop at least :data:`LOOP_LIKE`."""
-    batched, looped = mine <= no_loop * loop, mine >= LOOP_LIKE * loop
+    a batched answer takes at most ``no_loop`` of it, a loop at least ``loop_like`` (:data:`NO_LOOP` and
+    :data:`LOOP_LIKE` unless a check measured tighter bars for its own work)."""
+    batched, looped = mine <= no_loop * loop, mine >= loop_like * loop
     clock_verdict(looped if want_loop else batched, batched if want_loop else looped, text=text, fail=fail,
                   between=f"{mine / loop:.2g} of the loop, between a batched answer (at most {no_loop:.2g}) and a "
-                          f"loop (at least {LOOP_LIKE:.2g})",
+                          f"loop (at least {loop_like:.2g})",
                   # a loop whose every step is already batched (the rows of one sample in one backward
                   # pass, say) reads about 0.6 of the course's loop on a quiet machine
                   or_else="" if want_loop else f", or the answer still loops over the {unit}s in Python, with "
@@ -254,8 +254,8 @@ def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str,
 
 def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | None, loop: Callable, *,
                        attempts: int = 3, key: Any = None, rtol: float = 1e-3, atol: float = 1e-4,
-                       no_loop: float = NO_LOOP, agree: Callable[[Any, Any], None] | None = None,
-                       kept: int = 0, factory: Callable | None = None, sizes: Mapping[str, Any] | None = None,
+                       no_loop: float = NO_LOOP, loop_like: float = LOOP_LIKE,
+                       agree: Callable[[Any, Any], None] | None = None, kept: int = 0, factory: Callable | None = None, sizes: Mapping[str, Any] | None = None,
                        grad: bool = False, constants: tuple = (), record: dict | None = None) -> tuple[float, float]:
     """The best wall times of the learner's ``fn`` and of the course's ``loop`` (the same work done
     by a Python loop), by the grader's clock (:func:`course.timing.best_times`: in turn, the
@@ -264,8 +264,8 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
     memoised; every output of ``fn`` is compared with the loop's (a fast wrong answer is refused).
     Two to ``attempts`` readings, each side's best kept across them: noise only ever adds time,
     so a further reading refines the estimate and is taken only while the learner's side is not
-    yet below ``no_loop`` of the loop; it is not a new chance. A reading still between the two
-    verdicts after ``attempts`` (a busy machine slowed one side) is refined by up to ``attempts``
+    yet below ``no_loop`` of the loop (nor, after ``attempts``, above ``loop_like``); it is not a new
+    chance. A reading still between the two verdicts after ``attempts`` (a busy machine slowed one side) is refined by up to ``attempts``
     more: undecided is the last resort, not the answer to one noisy run. With ``key``, the reading
     is made once per learner function (a remote one keeps it: the hidden tests of a cell ask again).
     ``agree(mine, loops)`` replaces the comparison where the two sides cannot be equal (random ops:
@@ -330,7 +330,7 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
         for attempt in range(2 * attempts):
             times = best_times([(learner, fresh), (loop, fresh)], held=[1], check=check, warm=[0], record=record)
             best = [min(b, t) for b, t in zip(best, times)]
-            batched, looped = best[0] <= no_loop * best[1], best[0] >= LOOP_LIKE * best[1]
+            batched, looped = best[0] <= no_loop * best[1], best[0] >= loop_like * best[1]
             if attempt >= 1 and (batched or (attempt >= attempts - 1 and looped)):
                 break
             if best[0] >= LOOP_FAST * best[1]:  # a loop of module calls: decided by the first reading
