@@ -255,7 +255,8 @@ def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str,
 def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | None, loop: Callable, *,
                        attempts: int = 3, key: Any = None, rtol: float = 1e-3, atol: float = 1e-4,
                        no_loop: float = NO_LOOP, loop_like: float = LOOP_LIKE,
-                       agree: Callable[[Any, Any], None] | None = None, kept: int = 0, factory: Callable | None = None, sizes: Mapping[str, Any] | None = None,
+                       agree: Callable[[Any, Any], None] | None = None, kept: int = 0,
+                       factory: Callable | None = None, sizes: Mapping[str, Any] | None = None,
                        grad: bool = False, constants: tuple = (), record: dict | None = None) -> tuple[float, float]:
     """The best wall times of the learner's ``fn`` and of the course's ``loop`` (the same work done
     by a Python loop), by the grader's clock (:func:`course.timing.best_times`: in turn, the
@@ -265,9 +266,10 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
     Two to ``attempts`` readings, each side's best kept across them: noise only ever adds time,
     so a further reading refines the estimate and is taken only while the learner's side is not
     yet below ``no_loop`` of the loop (nor, after ``attempts``, above ``loop_like``); it is not a new
-    chance. A reading still between the two verdicts after ``attempts`` (a busy machine slowed one side) is refined by up to ``attempts``
-    more: undecided is the last resort, not the answer to one noisy run. With ``key``, the reading
-    is made once per learner function (a remote one keeps it: the hidden tests of a cell ask again).
+    chance. A reading still between the two verdicts after ``attempts`` (a busy machine slowed one
+    side) is refined by up to ``attempts`` more: undecided is the last resort, not the answer to one
+    noisy run. With ``key``, the reading is made once per learner function (a remote one keeps it:
+    the hidden tests of a cell ask again).
     ``agree(mine, loops)`` replaces the comparison where the two sides cannot be equal (random ops:
     the loop then returns what the check needs to tell a right output) and raises when ``mine`` is wrong.
     ``kept``: how many of ``make``'s leading arguments are the same objects in every call (a model's

@@ -266,7 +266,7 @@ def _growth(fn: Callable, name: str, make: Callable[..., tuple], ops_sizes: tupl
 
 
 def _clock_growth(fn, name: str, make: Callable[..., tuple], time_sizes: tuple[int, int], loop: Callable | None,
-                  attempts: int, bars: tuple[float, float] = (NO_LOOP, LOOP_LIKE), **tolerance: float) -> _Growth:
+                  attempts: int, bars: tuple[float, float], **tolerance: float) -> _Growth:
     """Best times over two to ``attempts`` readings, each side's best kept across all of them: more
     readings refine both sides' estimates (noise only ever adds time), they are not new chances.
     Beside the times, what the kernel counted of the learner's timed calls: the most its peak memory
