@@ -230,7 +230,17 @@ class WatchedEnergy(Energy):
     and forward AD. Lesson 5's HVP check asks of it whether ``hvp_fwd_rev`` really pushed ``v``
     forward through a reverse-mode gradient and ``hvp_rev_rev`` took a gradient of a gradient,
     which values cannot tell: finite differences, a formula written out, or the other exercise's
-    mode give the same ``H @ v``."""
+    mode give the same ``H @ v``.
+
+    With a *mark* (:class:`HvpMark`), it also ties the value returned to that differentiation: an
+    evaluation at the mark's point exactly, differentiated in the mark's mode, adds the term
+    ``sum(w * (y - x0)**2) / 2``, whose value and gradient are zero there, so nothing of first order
+    (a gradient, finite differences of it, f's values) sees it, but whose Hessian ``diag(w)`` adds
+    ``w * v`` to an HVP taken that way at ``x0``, and only to one taken that way."""
+
+    def __init__(self, A: torch.Tensor, c: torch.Tensor, d: torch.Tensor, mark: "HvpMark | None" = None):
+        super().__init__(A, c, d)
+        self._mark = mark
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         levels = _levels()
@@ -243,28 +253,81 @@ class WatchedEnergy(Energy):
                 levels.append("reverse")
                 if "forward" not in levels:
                     x = _Once.apply(x)  # a second pass of autograd through the gradient says so
-        MODES_SEEN.append(levels)
-        return super().__call__(x)
+        MODES_SEEN.append(list(levels))
+        out = super().__call__(x)
+        if self._mark is not None and hvp_mode_matches(self._mark.exercise, levels):
+            out = out + self._mark.term(x)
+        return out
 
     def to(self, *args, **kwargs) -> "WatchedEnergy":
-        return WatchedEnergy(self.A.to(*args, **kwargs), self.c.to(*args, **kwargs), self.d.to(*args, **kwargs))
+        mark = self._mark.to(*args, **kwargs) if self._mark is not None else None
+        return WatchedEnergy(self.A.to(*args, **kwargs), self.c.to(*args, **kwargs), self.d.to(*args, **kwargs),
+                             mark)
+
+
+#: Each HVP exercise's mode, as the levels around an evaluation of ``f`` show it (outermost first).
+HVP_EXERCISES = ("hvp_fwd_rev", "hvp_rev_rev")
+
+
+def hvp_mode_matches(exercise: str, levels: list[str]) -> bool:
+    """Whether one evaluation of ``f`` under ``levels`` may be differentiated as ``exercise`` says, so
+    that its :class:`HvpMark` applies: ``hvp_fwd_rev``, a forward level holding a reverse one;
+    ``hvp_rev_rev``, reverse levels and no forward one (plain autograd shows one reverse level while
+    ``f`` runs: its second pass, if any, comes later and is noted then)."""
+    if exercise == "hvp_fwd_rev":
+        return "forward" in levels and "reverse" in levels[levels.index("forward"):]
+    if exercise == "hvp_rev_rev":
+        return "reverse" in levels and "forward" not in levels
+    raise ValueError(f"no HVP exercise {exercise!r}: expected one of {HVP_EXERCISES}")
+
+
+class HvpMark:
+    """The term a :class:`WatchedEnergy` adds, for one exercise, at one point: ``sum(w * (y - x0)**2) / 2``
+    times ``y == x0`` (a comparison, which autograd does not differentiate), with every ``w`` between
+    0.5 and 1.5, so that what it adds to an HVP, ``w * v``, is never small beside ``v``. Drawn by the
+    grader from a seed the learner's code never sees; a program the grader runs again cannot read it
+    (its name is on no list of :mod:`course.allowed_ops`)."""
+
+    def __init__(self, exercise: str, x0: torch.Tensor, w: torch.Tensor):
+        hvp_mode_matches(exercise, [])  # a known exercise
+        self.exercise, self.x0, self.w = exercise, x0, w
+
+    def term(self, y: torch.Tensor) -> torch.Tensor:
+        at = (y == self.x0).all().to(y.dtype)
+        return 0.5 * (self.w * (y - self.x0) ** 2).sum() * at
+
+    def hv(self, v: torch.Tensor) -> torch.Tensor:
+        """What the term adds to ``H(x0) @ v``: ``w * v``."""
+        return self.w.to(v.dtype) * v
+
+    def to(self, *args, **kwargs) -> "HvpMark":
+        return HvpMark(self.exercise, self.x0.to(*args, **kwargs), self.w.to(*args, **kwargs))
 
 
 @recipe
 def energy(n: int, *, k: int = 8, seed: int = 0, device=None, dtype: torch.dtype = torch.float32,
-           watched: bool = False) -> Energy:
+           watched: bool = False, mark: tuple | None = None) -> Energy:
     """A seeded ``Energy`` of ``n`` variables with a rank-``k`` coupling (``device='meta'`` works);
-    ``watched``: a :class:`WatchedEnergy`."""
+    ``watched``: a :class:`WatchedEnergy`; ``mark``: ``(exercise, point_seed, mark_seed)``, its
+    :class:`HvpMark` for ``exercise`` at ``randn(n, seed=point_seed)`` (watched energies only)."""
     if n < 2 or k < 1:
         raise ValueError(f"an Energy needs n >= 2 variables and k >= 1 rows, got n={n}, k={k}.")
     dev = _device(device)
     kind = WatchedEnergy if watched else Energy
+    if mark is not None and not (watched and isinstance(mark, (tuple, list)) and len(mark) == 3
+                                 and isinstance(mark[0], str) and all(type(m) is int for m in mark[1:])):
+        raise ValueError(f"an Energy's mark is (exercise, point_seed, mark_seed) on a watched Energy, got {mark!r}.")
     if dev.type == "meta":  # shapes only: draw nothing (n may be in the millions)
         return kind(*(torch.empty(shape, device=dev, dtype=dtype) for shape in ((k, n), (k,), (n,))))
     A = randn(k, n, seed=seed, device="cpu", dtype=torch.float64) / n ** 0.5
     c = randn(k, seed=seed + 1, device="cpu", dtype=torch.float64)
     d = randn(n, seed=seed + 2, device="cpu", dtype=torch.float64)
-    return kind(A.to(dev, dtype), c.to(dev, dtype), d.to(dev, dtype))
+    parts = A.to(dev, dtype), c.to(dev, dtype), d.to(dev, dtype)
+    if mark is None:
+        return kind(*parts)
+    x0 = randn(n, seed=mark[1], device=dev, dtype=dtype)  # the point the check passes, drawn as it draws it
+    w = (1 + 0.5 * torch.tanh(randn(n, seed=mark[2], device="cpu", dtype=torch.float64))).to(dev, dtype)
+    return WatchedEnergy(*parts, HvpMark(mark[0], x0, w))
 
 
 # -- watching what a call does --------------------------------------------------------------

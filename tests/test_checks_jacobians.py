@@ -95,6 +95,67 @@ def test_energy_derivative_formulas_match_autograd():
     torch.testing.assert_close(jacrev(e.gradient)(x), R.energy_hessian(e, x))
 
 
+def _hvp_ways():
+    """Each way to take H(x) @ v by differentiating f, with the exercise whose mode it is (None: neither)."""
+    import torch.autograd.forward_ad as fw
+    from torch.func import jvp, vjp
+
+    def autograd_twice(f, x, v):
+        y = x.detach().requires_grad_()
+        g = torch.autograd.grad(f(y), y, create_graph=True)[0]
+        return torch.autograd.grad(g @ v, y)[0]
+
+    def duals_through_autograd(f, x, v):
+        with fw.dual_level():
+            y = fw.make_dual(x.detach().requires_grad_(), v)
+            return fw.unpack_dual(torch.autograd.grad(f(y), y)[0]).tangent
+
+    return {"jvp of grad": ("hvp_fwd_rev", lambda f, x, v: jvp(grad(f), (x,), (v,))[1]),
+            "forward AD's duals through autograd.grad": ("hvp_fwd_rev", duals_through_autograd),
+            "grad of grad . v": ("hvp_rev_rev", lambda f, x, v: grad(lambda y: torch.dot(grad(f)(y), v))(x)),
+            "vjp of grad": ("hvp_rev_rev", lambda f, x, v: vjp(grad(f), x)[1](v)[0]),
+            "autograd.grad twice": ("hvp_rev_rev", autograd_twice),
+            "grad of jvp (reverse over forward)": (None, lambda f, x, v: grad(lambda y: jvp(f, (y,), (v,))[1])(x)),
+            "differences of the gradient": (None, lambda f, x, v: (grad(f)(x + 1e-4 * v) - grad(f)(x - 1e-4 * v)) / 2e-4),
+            "one-sided differences from x": (None, lambda f, x, v: (grad(f)(x + 1e-7 * v) - grad(f)(x)) / 1e-7)}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("exercise", J.HVP_EXERCISES)
+def test_an_hvp_mark_is_seen_by_its_exercises_mode_at_its_point_and_by_nothing_else(exercise, seed):
+    """A marked energy is the plain one in value and gradient, at its point and beside it; an HVP
+    taken there in the exercise's mode (every way of writing it) gains exactly the mark's (w . v) w,
+    and every other HVP (the other mode, reverse over forward, differences) gains nothing."""
+    n = 9
+    x, v = torch.randn(n, dtype=F64, generator=torch.Generator().manual_seed(seed)), torch.randn(n, dtype=F64)
+    marked = J.energy(n, seed=seed, dtype=F64, watched=True, mark=(exercise, 0, 77 + seed))
+    marked._mark.x0 = x.clone()  # the point the check passes (drawn from its seed there)
+    plain = J.energy(n, seed=seed, dtype=F64)
+    for y in (x, x + 1e-6 * v, x.double().clone()):
+        assert torch.equal(marked(y), plain(y))
+        assert torch.equal(grad(marked)(y), grad(plain)(y))
+    hv = R.energy_hvp(plain, x, v)
+    extra = marked._mark.hv(v)
+    assert torch.all(extra.abs() >= 0.5 * v.abs())
+    for way, (mode, fn) in _hvp_ways().items():
+        want = hv + extra if mode == exercise else hv
+        torch.testing.assert_close(fn(marked, x, v), want, rtol=1e-5 if "differences" in way else 1e-9,
+                                   atol=1e-5 if "differences" in way else 1e-11, msg=lambda m: f"{way}: {m}")
+    J.MODES_SEEN.clear()
+
+
+def test_an_hvp_mark_is_checked_and_drawn_at_the_checks_point():
+    x = J.energy(5, seed=1, dtype=F64, watched=True, mark=("hvp_rev_rev", 31, 4))._mark.x0
+    from course.data import randn
+
+    assert torch.equal(x, randn(5, seed=31, dtype=F64))
+    for bad in (("hvp_fwd", 1, 2), ("hvp_rev_rev", 1), ("hvp_rev_rev", 1.0, 2)):
+        with pytest.raises(ValueError):
+            J.energy(5, dtype=F64, watched=True, mark=bad)
+    with pytest.raises(ValueError, match="watched"):
+        J.energy(5, dtype=F64, mark=("hvp_rev_rev", 1, 2))
+
+
 def test_makers_are_seeded_and_reject_bad_sizes():
     a, b = J.tanh_layer(4, 3, seed=9), J.tanh_layer(4, 3, seed=9)
     assert torch.equal(a.weight, b.weight) and not torch.equal(a.weight, J.tanh_layer(4, 3, seed=8).weight)
@@ -263,6 +324,20 @@ MISTAKES = {
         "hvp_fwd_rev must push v forward"),
     "hvp fwd-rev: jvp of the hand-written gradient": (
         "hvp", "return jvp(grad(f), (x,), (v,))[1]", "return jvp(f.gradient, (x,), (v,))[1]", "never evaluated f"),
+    "hvp fwd-rev: the right call made for show, reverse over reverse returned": (
+        "hvp", "return jvp(grad(f), (x,), (v,))[1]",
+        "jvp(grad(f), (x,), (v,))\n    return grad(lambda y: torch.dot(grad(f)(y), v))(x)",
+        "not the value its own differentiation of f at x gave"),
+    "hvp rev-rev: the right call made for show, forward over reverse returned": (
+        "hvp", "return grad(lambda y: torch.dot(grad(f)(y), v))(x)",
+        "grad(lambda y: torch.dot(grad(f)(y), v))(x + 1)\n    return jvp(grad(f), (x,), (v,))[1]",
+        "hvp_rev_rev must take the gradient of a gradient"),
+    "hvp rev-rev: the right call made for show, a formula returned": (
+        "hvp", "return grad(lambda y: torch.dot(grad(f)(y), v))(x)",
+        "grad(lambda y: torch.dot(grad(f)(y), v))(x)\n"
+        "    s = torch.sigmoid(f.A @ x + f.c)\n"
+        "    return f.A.T @ (s * (1 - s) * (f.A @ v)) - f.d * torch.cos(x) * v + f._neighbours(v)",
+        "not the value its own differentiation of f at x gave"),
     "hvp rev-rev: forward over reverse": (
         "hvp", "return grad(lambda y: torch.dot(grad(f)(y), v))(x)", "return jvp(grad(f), (x,), (v,))[1]",
         "hvp_rev_rev must take the gradient of a gradient"),

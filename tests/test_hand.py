@@ -831,6 +831,16 @@ _HVPS = textwrap.dedent('''
 
     def hvp_rev_fwd(f, x, v):
         return grad(lambda y: jvp(f, (y,), (v,))[1])(x)
+
+
+    def hvp_token_differences(f, x, v):  # the right transform called on a throwaway point, for show
+        jvp(grad(f), (x + 1.0,), (v,))
+        return hvp_by_differences(f, x, v)
+
+
+    def hvp_token_rev_rev(f, x, v):  # the right transform called on the right point, its value dropped
+        jvp(grad(f), (x,), (v,))
+        return hvp_rev_rev(f, x, v)
 ''')
 
 
@@ -853,13 +863,42 @@ def test_a_forged_record_of_how_an_hvp_differentiated_is_not_enough_for_lesson_5
     other = getattr(cells, answer)
 
     @functools.wraps(other)  # its program is the other answer's: what the learner's process sends
-    def forged(f, x, v):
-        out = other(f, x, v)
+    def forged(f, x, v):  # while it answers, and records, as the right answer does
+        out = cells.hvp_fwd_rev(f, x, v)
         jacobians.MODES_SEEN[:] = [["forward", "reverse"]]
         return out
 
     with served({"fwd": forged, "rev": cells.hvp_rev_rev}) as remote:
         with pytest.raises(AssertionError, match=f"hvp_fwd_rev, its program run again by the grader, {says}"):
+            check_hvp(remote("fwd"), remote("rev"), seed=2, n=7)
+
+
+_TOKEN = "returned H\\(x\\) @ v, but not the value its own differentiation of f at x gave"
+
+
+@pytest.mark.parametrize("answer", ["hvp_token_differences", "hvp_token_rev_rev"])
+@pytest.mark.parametrize("forged", [False, True], ids=["as_written", "learner_side_forged"])
+def test_an_hvp_whose_value_is_not_its_transforms_fails_for_lesson_5(tmp_path, program_host, answer, forged):
+    """A call of the right transform (forward over reverse) made for show beside a value computed
+    another way (finite differences, reverse over reverse): the watch of the modes sees the call, but
+    the energy's mark (a second derivative at x that only the exercise's mode sees there) is missing
+    from the value. As written, the learner's process's answer fails; with that process forging the
+    right answer, the program the judge read fails when run again in the program host."""
+    import functools
+
+    from course.checks.jacobians import check_hvp
+
+    cells = cell_module(tmp_path, _HVPS, "learner_cell_hvps")
+    other = getattr(cells, answer)
+    fwd = other
+    if forged:
+        @functools.wraps(other)
+        def fwd(f, x, v):
+            return cells.hvp_fwd_rev(f, x, v)
+
+    where = "hvp_fwd_rev, its program run again by the grader, " if forged else "hvp_fwd_rev "
+    with served({"fwd": fwd, "rev": cells.hvp_rev_rev}) as remote:
+        with pytest.raises(AssertionError, match=where + _TOKEN):
             check_hvp(remote("fwd"), remote("rev"), seed=2, n=7)
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -48,7 +49,8 @@ from course.data import randn
 from course.devices import pick_device, threads
 from course.hand import again
 from course.grading import best_of, expect_speedup, speed_bar
-from course.jacobians import TanhLayer, TensorWatch, banded_layer, energy, format_bytes, normed_layer, tanh_layer
+from course.jacobians import (TanhLayer, TensorWatch, banded_layer, energy, format_bytes, hvp_mode_matches, normed_layer,
+                              tanh_layer)
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, best_times, compare, format_time
 from course.remote import is_remote, mirrored, probe, prober, recipe
@@ -903,30 +905,44 @@ def _modes_text(seen: list) -> str:
 
 def _hvp_modes_ok(exercise: str, seen: list) -> bool:
     if exercise == "hvp_fwd_rev":
-        return any("forward" in lv and "reverse" in lv[lv.index("forward"):] for lv in seen)
+        return any(hvp_mode_matches(exercise, lv) for lv in seen)
     return any(lv.count("reverse") >= 2 for lv in seen) and not any("forward" in lv for lv in seen)
 
 
 def _hvp_modes(fn: Callable, name: str, seed: int, n: int, device, exercise: str) -> None:
     """``fn`` computes H @ v the way its name says (:data:`HVP_MODES`), on a watched energy of ``n``
-    variables in float64: its result equal to the formula, and the levels around each evaluation
-    of ``f`` those of its mode. Where ``fn`` runs (the learner's process: its word; the program
-    host, on the program the judge read: out of the learner's reach)."""
+    variables in float64: the levels around its evaluations of ``f`` those of its mode, and its
+    result that of the energy differentiated so at ``x``. The energy carries a mark drawn afresh
+    here (:class:`course.jacobians.HvpMark`): a second derivative at ``x`` that only an evaluation
+    in the exercise's mode sees, so a value computed otherwise beside a call of the right transform
+    (finite differences, a formula, the other mode) misses it. Where ``fn`` runs (the learner's
+    process: its word; the program host, on the program the judge read: out of the learner's reach)."""
     refs = grader_references("jacobians")
-    e = energy(n, seed=seed, device=device, dtype=F64, watched=True)
+    mark = (exercise, seed + 30, int.from_bytes(os.urandom(4), "big"))  # unknown to any earlier run
+    e = energy(n, seed=seed, device=device, dtype=F64, watched=True, mark=mark)
     x, v = (randn(n, seed=seed + s, device=device, dtype=F64) for s in (30, 31))
     got = probe(fn, hvp_modes_case, name, e, x, v)
     if not isinstance(got, dict) or not isinstance(got.get("seen"), list) or \
             not all(isinstance(lv, list) and all(m in ("forward", "reverse") for m in lv) for lv in got["seen"]):
         raise AssertionError(f"{name}: the watch of how it differentiated f came back malformed ({describe(got)}).")
-    hv = got.get("hv")
-    _expect_tensor(hv, f"{name} on a watched Energy of {n} variables (float64)", x, (n,), "H(x) @ v has the shape of x.")
-    if refs is not None:
-        assert_close(hv, refs.energy_hvp(e.to(F64), x, v), name=f"{name} on a watched Energy (float64)", **TOL64)
     if not _hvp_modes_ok(exercise, got["seen"]):
         raise AssertionError(
             f"{name} {_modes_text(got['seen'])}. {exercise} must {HVP_MODES[exercise]}. The same H @ v by finite "
             "differences, by a formula written out, or by the other exercise's mode is not this exercise's answer.")
+    hv = got.get("hv")
+    _expect_tensor(hv, f"{name} on a watched Energy of {n} variables (float64)", x, (n,), "H(x) @ v has the shape of x.")
+    if refs is None:
+        return
+    plain = refs.energy_hvp(e.to(F64), x, v)
+    if torch.allclose(hv.to(F64), plain, **TOL64):
+        raise AssertionError(
+            f"{name} returned H(x) @ v, but not the value its own differentiation of f at x gave. The grader's "
+            f"energy had, at x exactly, second derivatives that only f evaluated there and differentiated as "
+            f"{exercise} says sees (value and gradient unchanged): a result computed another way (finite "
+            "differences, a formula, the other mode) beside a call of the right transform misses them. Return "
+            "the output of the call that differentiates f.")
+    # The mark's share taken off here, so that what is compared (and recorded) is the same in every run.
+    assert_close(hv.to(F64) - e._mark.hv(v), plain, name=f"{name} on a watched Energy (float64)", **TOL64)
 
 
 def check_hvp(hvp_fwd_rev: Callable, hvp_rev_rev: Callable, *, seed: int = 0, n: int = 50, big_n: int = 40_000,
