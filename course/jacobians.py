@@ -240,7 +240,7 @@ class WatchedEnergy(Energy):
 
     def __init__(self, A: torch.Tensor, c: torch.Tensor, d: torch.Tensor, mark: "HvpMark | None" = None):
         super().__init__(A, c, d)
-        self._mark = mark
+        self.mark = mark
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         levels = _levels()
@@ -255,12 +255,12 @@ class WatchedEnergy(Energy):
                     x = _Once.apply(x)  # a second pass of autograd through the gradient says so
         MODES_SEEN.append(list(levels))
         out = super().__call__(x)
-        if self._mark is not None and hvp_mode_matches(self._mark.exercise, levels):
-            out = out + self._mark.term(x)
+        if self.mark is not None and hvp_mode_matches(self.mark.exercise, levels):
+            out = out + self.mark.term(x)
         return out
 
     def to(self, *args, **kwargs) -> "WatchedEnergy":
-        mark = self._mark.to(*args, **kwargs) if self._mark is not None else None
+        mark = self.mark.to(*args, **kwargs) if self.mark is not None else None
         return WatchedEnergy(self.A.to(*args, **kwargs), self.c.to(*args, **kwargs), self.d.to(*args, **kwargs),
                              mark)
 
@@ -286,7 +286,7 @@ class HvpMark:
     times ``y == x0`` (a comparison, which autograd does not differentiate), with every ``w`` between
     0.5 and 1.5, so that what it adds to an HVP, ``w * v``, is never small beside ``v``. Drawn by the
     grader from a seed the learner's code never sees; a program the grader runs again cannot read it
-    (its name is on no list of :mod:`course.allowed_ops`)."""
+    (``mark``, ``x0`` and ``w`` are on no list of :mod:`course.allowed_ops`)."""
 
     def __init__(self, exercise: str, x0: torch.Tensor, w: torch.Tensor):
         hvp_mode_matches(exercise, [])  # a known exercise

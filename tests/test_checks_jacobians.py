@@ -129,13 +129,13 @@ def test_an_hvp_mark_is_seen_by_its_exercises_mode_at_its_point_and_by_nothing_e
     n = 9
     x, v = torch.randn(n, dtype=F64, generator=torch.Generator().manual_seed(seed)), torch.randn(n, dtype=F64)
     marked = J.energy(n, seed=seed, dtype=F64, watched=True, mark=(exercise, 0, 77 + seed))
-    marked._mark.x0 = x.clone()  # the point the check passes (drawn from its seed there)
+    marked.mark.x0 = x.clone()  # the point the check passes (drawn from its seed there)
     plain = J.energy(n, seed=seed, dtype=F64)
     for y in (x, x + 1e-6 * v, x.double().clone()):
         assert torch.equal(marked(y), plain(y))
         assert torch.equal(grad(marked)(y), grad(plain)(y))
     hv = R.energy_hvp(plain, x, v)
-    extra = marked._mark.hv(v)
+    extra = marked.mark.hv(v)
     assert torch.all(extra.abs() >= 0.5 * v.abs())
     for way, (mode, fn) in _hvp_ways().items():
         want = hv + extra if mode == exercise else hv
@@ -145,7 +145,7 @@ def test_an_hvp_mark_is_seen_by_its_exercises_mode_at_its_point_and_by_nothing_e
 
 
 def test_an_hvp_mark_is_checked_and_drawn_at_the_checks_point():
-    x = J.energy(5, seed=1, dtype=F64, watched=True, mark=("hvp_rev_rev", 31, 4))._mark.x0
+    x = J.energy(5, seed=1, dtype=F64, watched=True, mark=("hvp_rev_rev", 31, 4)).mark.x0
     from course.data import randn
 
     assert torch.equal(x, randn(5, seed=31, dtype=F64))
@@ -154,6 +154,9 @@ def test_an_hvp_mark_is_checked_and_drawn_at_the_checks_point():
             J.energy(5, dtype=F64, watched=True, mark=bad)
     with pytest.raises(ValueError, match="watched"):
         J.energy(5, dtype=F64, mark=("hvp_rev_rev", 1, 2))
+    from course.allowed_ops import ATTRIBUTES
+
+    assert not {"mark", "x0", "w", "term", "hv"} & ATTRIBUTES  # a program run again cannot read it
 
 
 def test_makers_are_seeded_and_reject_bad_sizes():

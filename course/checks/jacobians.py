@@ -942,7 +942,7 @@ def _hvp_modes(fn: Callable, name: str, seed: int, n: int, device, exercise: str
             "differences, a formula, the other mode) beside a call of the right transform misses them. Return "
             "the output of the call that differentiates f.")
     # The mark's share taken off here, so that what is compared (and recorded) is the same in every run.
-    assert_close(hv.to(F64) - e._mark.hv(v), plain, name=f"{name} on a watched Energy (float64)", **TOL64)
+    assert_close(hv.to(F64) - e.mark.hv(v), plain, name=f"{name} on a watched Energy (float64)", **TOL64)
 
 
 def check_hvp(hvp_fwd_rev: Callable, hvp_rev_rev: Callable, *, seed: int = 0, n: int = 50, big_n: int = 40_000,
