@@ -768,10 +768,25 @@ def cpu_factor(blocks: Sequence[tuple[float, float]], threads: int) -> float:
 
 def checksums_differ(have: torch.Tensor, want: torch.Tensor, rtol: float) -> torch.Tensor:
     """Per call (row): whether the checksums ``have`` (:func:`course.remote.checksum`, one row of four
-    per call) show outputs other than those of ``want``, within ``rtol`` per element."""
-    return (((have[:, 0] - want[:, 0]).abs() > 4 * rtol * want[:, 1] + 1e-9)
-            | ((have[:, 2] - want[:, 2]).abs() > 4 * rtol * want[:, 3] + 1e-9)
-            | ~torch.isfinite(have[:, 0]) | ~torch.isfinite(have[:, 2]))
+    per call) show outputs other than those of ``want``, within ``rtol`` per element.
+
+    All four numbers are compared, each within four times ``rtol`` of its scale (the 2-norm for the
+    weighted sum and the norm, the sum of absolute values for the plain sum and itself), and none may
+    be NaN or infinite. Two kinds of evidence:
+
+    - the 2-norm and the sum of absolute values: outputs within ``rtol`` of every element move them by
+      at most ``rtol`` of themselves (the triangle inequality), whatever the outputs, so an honest
+      output never trips them, and an output scaled by more than ``1 + 4 * rtol`` (or less than
+      ``1 - 4 * rtol``) trips them in every call. Neither can be had without every element: there is
+      no shortcut through the weights (which are public), as there is for a linear sum of a linear
+      function's output;
+    - the weighted sum (fixed random weights) and the plain sum: what the first two are blind to (a
+      sign flipped, elements swapped or moved, an offset where outputs cross zero), seen by chance in
+      each call (an error ``e`` moves the weighted sum by about ``|e|_2`` times a standard normal),
+      and so with certainty over a block of calls.
+    """
+    scale = 4 * rtol * torch.stack([want[:, 1], want[:, 1], want[:, 3], want[:, 3]], dim=1) + 1e-9
+    return ((have - want).abs() > scale).any(dim=1) | ~torch.isfinite(have).all(dim=1)
 
 
 def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequence[int] = (), reps: int = 5,

@@ -207,15 +207,14 @@ def test_speed_check_verifies_every_output_it_times(fad):
     with pytest.raises(AssertionError, match="on the function it is timed on"):
         C.check_jacobian_speed(lambda f, x: fad.jacobian_fwd(f, x) * 1.01, bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)
     # Right once, where the check looks first (every element compared); wrong where it is timed, where
-    # each call's outputs are compared by checksums (course.remote.checksum). Their tolerance is four
-    # times rtol's share of the outputs' norm, so an output scaled by 1 + e is seen in one call with the
-    # chance that a standard normal exceeds 4 * rtol / e: measured on this function (300 fresh points),
-    # missed in 50% of calls at 1.01, 3% at 1.1, 0.7% at 1.5. With three short rounds on a busy machine a
-    # 1.01 slipped through every timed call once (CI, 2026-12-04); at 1.5 every call is a fresh 0.7%.
+    # each call's outputs are compared by checksums (course.remote.checksum). Scaled by 1.01, the weighted
+    # and plain sums alone missed it in half the calls (measured on this function, 300 fresh points: three
+    # short rounds once let every timed call through, CI 2026-12-04); the norm moves by 1%, beyond its
+    # tolerance of 4 * rtol = 0.4%, so since grader version 52 every timed call is caught.
     calls = iter(range(10**6))
 
     def right_once(f, x):
-        return fad.jacobian_fwd(f, x) * (1.0 if next(calls) == 0 else 1.5)
+        return fad.jacobian_fwd(f, x) * (1.0 if next(calls) == 0 else 1.01)
 
     with pytest.raises(AssertionError, match="the output of a timed call differs from reverse"):
         C.check_jacobian_speed(right_once, bars={"cpu": 0.01, "cuda": 0.01}, **SPEED)

@@ -510,6 +510,95 @@ def test_timed_outputs_off_by_one_shared_offset_are_seen_where_the_random_weight
                        factory=distance_inputs, sizes=sizes, device="cpu", rounds=2, warmup=1, min_run_time=0.002)
 
 
+def _outputs(seed: int) -> list:
+    """Outputs of every kind a timed call returns: sizes from one element to thousands, float32 and
+    float64, a channels-last batch, a transpose, a tuple of two, a complex one, offsets on both sides
+    of zero."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 5000, (1,), generator=g))
+    return [torch.randn(n, generator=g, dtype=torch.float64),
+            torch.randn(n, generator=g) + 3.0,
+            torch.randn(2, 8, 5, 3, generator=g).to(memory_format=torch.channels_last),
+            torch.randn(7, n % 50 + 1, generator=g, dtype=torch.float64).t(),
+            (torch.randn(3, generator=g), torch.rand(n % 97 + 1, 4, generator=g) - 0.2),
+            torch.randn(n % 300 + 1, generator=g, dtype=torch.complex64)]
+
+
+def _each(value, fn):
+    if isinstance(value, tuple):
+        return tuple(fn(v) for v in value)
+    return fn(value)
+
+
+@pytest.mark.parametrize("rtol", [1e-3, 1e-4])
+def test_timed_outputs_within_rtol_always_pass_and_scaled_ones_never_do(rtol):
+    """``checksums_differ`` on every kind of output, 40 fresh sets each: outputs within ``rtol`` of
+    every element pass (the norm and the absolute sum move by at most ``rtol`` of themselves, the two
+    sums by a few thousandths of their tolerance); outputs scaled by ``1 +- 5 * rtol`` fail in every
+    call (the norm moves by 5 rtol, beyond its 4), where the weighted and plain sums alone, the check
+    before grader version 52, let a share of them through (x1.01 at rtol 1e-3: half the calls)."""
+    from course.remote import checksum
+    from course.timing import checksums_differ
+
+    honest, scaled, linear_missed = [], [], 0
+    for seed in range(40):
+        g = torch.Generator().manual_seed(1000 + seed)
+        for out in _outputs(seed):
+            want = checksum(out)[None]
+
+            def jitter(t):
+                u = torch.rand(t.shape, generator=g, dtype=torch.float64) * 2 - 1
+                return (t * (1 + rtol * u).to(t.real.dtype if t.is_complex() else t.dtype)).to(t.dtype)
+            honest.append(checksums_differ(checksum(_each(out, jitter))[None], want, rtol))
+            for factor in (1 + 5 * rtol, 1 - 5 * rtol):
+                have = checksum(_each(out, lambda t: t * factor))[None]
+                scaled.append(checksums_differ(have, want, rtol))
+                tol = 4 * rtol * want[:, [1, 3]] + 1e-9
+                linear_missed += int(not bool(((have - want)[:, [0, 2]].abs() > tol).any()))
+    assert not bool(torch.cat(honest).any())
+    assert bool(torch.cat(scaled).all()), f"{int((~torch.cat(scaled)).sum())} scaled outputs passed"
+    assert linear_missed > len(scaled) // 4  # what this test is about: the sums alone missed most of them
+
+
+def test_a_timed_output_forged_to_the_public_weights_fails():
+    """The checksum's weights are public (seeded by the output's size), and the weighted and plain
+    sums are linear: for a linear function of a staged constant, both could be had from the input
+    (through the constant's adjoint, computed once) and an output made to match them in two cheap
+    strokes, ``a * weights + b``, without the work. The norm and the absolute sum cannot be had so:
+    the forgery passes the two sums and fails the check, for every kind of output."""
+    from course.remote import _check_weights, _in_memory_order, checksum
+    from course.timing import checksums_differ
+
+    for seed in range(20):
+        for out in _outputs(seed)[:4]:
+            flat, order = _in_memory_order(out)
+            w = _check_weights(out, order).to(torch.float64)
+            one = torch.ones_like(w)
+            want = checksum(out)[None]
+            gram = torch.tensor([[w @ w, w @ one], [one @ w, one @ one]], dtype=torch.float64)
+            a, b = torch.linalg.solve(gram, want[0, [0, 2]])
+            forged_flat = (a * w + b * one).to(out.dtype)
+            forged = torch.empty_like(out)  # the same layout as the output
+            _in_memory_order(forged)[0].copy_(forged_flat)
+            have = checksum(forged)[None]
+            tol = 4 * 1e-4 * want[:, [1, 3]] + 1e-9
+            assert not bool(((have - want)[:, [0, 2]].abs() > tol).any())  # the sums are matched
+            assert bool(checksums_differ(have, want, 1e-4).all())
+
+
+@pytest.mark.parametrize("column", range(4))
+def test_a_timed_output_whose_checksum_is_not_finite_fails(column):
+    from course.remote import checksum
+    from course.timing import checksums_differ
+
+    want = checksum(torch.randn(100))[None]
+    for bad in (float("nan"), float("inf")):
+        have = want.clone()
+        have[0, column] = bad
+        assert bool(checksums_differ(have, want, 1e-3).all())
+    assert not bool(checksums_differ(want.clone(), want, 1e-3).any())
+
+
 def test_compiled_is_asked_of_the_learners_process(served_speed):
     from course.grading import expect_compiled
 
