@@ -281,6 +281,20 @@ def hvp_mode_matches(exercise: str, levels: list[str]) -> bool:
     raise ValueError(f"no HVP exercise {exercise!r}: expected one of {HVP_EXERCISES}")
 
 
+def hvp_run_matches(exercise: str, seen: list[list[str]]) -> bool:
+    """Whether a whole HVP, whose evaluations of ``f`` were differentiated as ``seen`` says (the levels
+    of each, as :data:`MODES_SEEN` notes them), was taken the way ``exercise`` says: ``hvp_fwd_rev``,
+    some evaluation under a forward level holding a reverse one (:func:`hvp_mode_matches`);
+    ``hvp_rev_rev``, some evaluation under two reverse levels (plain autograd's second pass, noted when
+    it comes, counts) and none under a forward one. The rule the check applies to a run, where
+    :func:`hvp_mode_matches` is the one the mark applies to each evaluation as it happens."""
+    if exercise == "hvp_fwd_rev":
+        return any(hvp_mode_matches(exercise, levels) for levels in seen)
+    if exercise == "hvp_rev_rev":
+        return any(levels.count("reverse") >= 2 for levels in seen) and not any("forward" in lv for lv in seen)
+    raise ValueError(f"no HVP exercise {exercise!r}: expected one of {HVP_EXERCISES}")
+
+
 class HvpMark:
     """The term a :class:`WatchedEnergy` adds, for one exercise, at one point: ``sum(w * (y - x0)**2) / 2``
     times ``y == x0`` (a comparison, which autograd does not differentiate), with every ``w`` between

@@ -159,6 +159,22 @@ def test_an_hvp_mark_is_checked_and_drawn_at_the_checks_point():
     assert not {"mark", "x0", "w", "term", "hv"} & ATTRIBUTES  # a program run again cannot read it
 
 
+@pytest.mark.parametrize("seen, fwd_rev, rev_rev", [
+    ([["forward", "reverse"]], True, False),  # jvp of grad
+    ([["reverse"], ["forward", "reverse"]], True, False),
+    ([["reverse", "forward"]], False, False),  # reverse over forward: neither exercise
+    ([["reverse", "reverse"]], False, True),  # grad of grad, or autograd.grad twice
+    ([["reverse", "reverse"], ["forward"]], False, False),  # a forward level anywhere: not reverse over reverse
+    ([["reverse"], ["reverse"]], False, False),  # differences of gradients: one level each
+    ([], False, False),  # a formula: f never evaluated
+])
+def test_an_hvp_runs_mode_is_read_from_all_its_evaluations(seen, fwd_rev, rev_rev):
+    assert J.hvp_run_matches("hvp_fwd_rev", seen) is fwd_rev
+    assert J.hvp_run_matches("hvp_rev_rev", seen) is rev_rev
+    with pytest.raises(ValueError, match="no HVP exercise"):
+        J.hvp_run_matches("hvp", seen)
+
+
 def test_makers_are_seeded_and_reject_bad_sizes():
     a, b = J.tanh_layer(4, 3, seed=9), J.tanh_layer(4, 3, seed=9)
     assert torch.equal(a.weight, b.weight) and not torch.equal(a.weight, J.tanh_layer(4, 3, seed=8).weight)

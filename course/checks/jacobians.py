@@ -49,7 +49,7 @@ from course.data import randn
 from course.devices import pick_device, threads
 from course.hand import again
 from course.grading import best_of, expect_speedup, speed_bar
-from course.jacobians import (TanhLayer, TensorWatch, banded_layer, energy, format_bytes, hvp_mode_matches, normed_layer,
+from course.jacobians import (TanhLayer, TensorWatch, banded_layer, energy, format_bytes, hvp_run_matches, normed_layer,
                               tanh_layer)
 from course.numerics import assert_close, describe
 from course.timing import SpeedReport, best_times, compare, format_time
@@ -903,12 +903,6 @@ def _modes_text(seen: list) -> str:
     return f"evaluated f {len(seen)} time(s), differentiated by {'; '.join(kinds)}"
 
 
-def _hvp_modes_ok(exercise: str, seen: list) -> bool:
-    if exercise == "hvp_fwd_rev":
-        return any(hvp_mode_matches(exercise, lv) for lv in seen)
-    return any(lv.count("reverse") >= 2 for lv in seen) and not any("forward" in lv for lv in seen)
-
-
 def _hvp_modes(fn: Callable, name: str, seed: int, n: int, device, exercise: str) -> None:
     """``fn`` computes H @ v the way its name says (:data:`HVP_MODES`), on a watched energy of ``n``
     variables in float64: the levels around its evaluations of ``f`` those of its mode, and its
@@ -925,7 +919,7 @@ def _hvp_modes(fn: Callable, name: str, seed: int, n: int, device, exercise: str
     if not isinstance(got, dict) or not isinstance(got.get("seen"), list) or \
             not all(isinstance(lv, list) and all(m in ("forward", "reverse") for m in lv) for lv in got["seen"]):
         raise AssertionError(f"{name}: the watch of how it differentiated f came back malformed ({describe(got)}).")
-    if not _hvp_modes_ok(exercise, got["seen"]):
+    if not hvp_run_matches(exercise, got["seen"]):
         raise AssertionError(
             f"{name} {_modes_text(got['seen'])}. {exercise} must {HVP_MODES[exercise]}. The same H @ v by finite "
             "differences, by a formula written out, or by the other exercise's mode is not this exercise's answer.")
