@@ -291,7 +291,7 @@ def hvp_run_matches(exercise: str, seen: list[list[str]]) -> bool:
     if exercise == "hvp_fwd_rev":
         return any(hvp_mode_matches(exercise, levels) for levels in seen)
     if exercise == "hvp_rev_rev":
-        return any(levels.count("reverse") >= 2 for levels in seen) and not any("forward" in lv for lv in seen)
+        return any(levels.count("reverse") >= 2 for levels in seen) and not any("forward" in levels for levels in seen)
     raise ValueError(f"no HVP exercise {exercise!r}: expected one of {HVP_EXERCISES}")
 
 

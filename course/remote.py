@@ -216,10 +216,8 @@ def checksum(value: Any) -> torch.Tensor:
     sum and the sum of absolute values (for outputs off by at most ``rtol`` of each element, the sums
     differ by at most ``rtol`` times it). The plain sum sees what one fixed set of weights may be
     blind to, an offset shared by every element: for some sizes the random weights add up to almost
-    nothing. The norm and the absolute sum are compared too (:func:`course.timing.checksums_differ`):
-    they need every element, where the two sums of a linear function's output could be had from its
-    input through the public weights, and they see a scaled output in every call. Timed blocks report these instead of their outputs, so
-    checking must cost little beside the call it checks: every tensor is read where it lies, in
+    nothing. All four are compared (:func:`course.timing.checksums_differ` says why each). Timed
+    blocks report these instead of their outputs, so checking must cost little beside the call it checks: every tensor is read where it lies, in
     its own memory order (each element keeps its weight whatever the layout), in its own
     precision, with sums accumulated in float32 (float64 for float64 outputs); reordering a
     channels-last output, or widening it to float64, cost more than lesson 3's repaired block."""

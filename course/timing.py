@@ -782,8 +782,8 @@ def checksums_differ(have: torch.Tensor, want: torch.Tensor, rtol: float) -> tor
       function's output;
     - the weighted sum (fixed random weights) and the plain sum: what the first two are blind to (a
       sign flipped, elements swapped or moved, an offset where outputs cross zero), seen by chance in
-      each call (an error ``e`` moves the weighted sum by about ``|e|_2`` times a standard normal),
-      and so with certainty over a block of calls.
+      each call (an error ``e`` moves the weighted sum by about ``|e|_2`` times a standard normal):
+      an error of a few ``rtol`` is missed in a share of calls, and seen over the dozens a clock times.
     """
     scale = 4 * rtol * torch.stack([want[:, 1], want[:, 1], want[:, 3], want[:, 3]], dim=1) + 1e-9
     return ((have - want).abs() > scale).any(dim=1) | ~torch.isfinite(have).all(dim=1)
