@@ -217,10 +217,11 @@ def checksum(value: Any) -> torch.Tensor:
     differ by at most ``rtol`` times it). The plain sum sees what one fixed set of weights may be
     blind to, an offset shared by every element: for some sizes the random weights add up to almost
     nothing. All four are compared (:func:`course.timing.checksums_differ` says why each). Timed
-    blocks report these instead of their outputs, so checking must cost little beside the call it checks: every tensor is read where it lies, in
-    its own memory order (each element keeps its weight whatever the layout), in its own
-    precision, with sums accumulated in float32 (float64 for float64 outputs); reordering a
-    channels-last output, or widening it to float64, cost more than lesson 3's repaired block."""
+    blocks report these instead of their outputs, so checking must cost little beside the call it
+    checks: every tensor is read where it lies, in its own memory order (each element keeps its
+    weight whatever the layout), in its own precision, with sums accumulated in float32 (float64 for
+    float64 outputs); reordering a channels-last output, or widening it to float64, cost more than
+    lesson 3's repaired block."""
     dot, squares, total, absolute, device = 0.0, 0.0, 0.0, 0.0, None
     for t in _tensors(value):
         if not (t.is_floating_point() or t.is_complex()):
