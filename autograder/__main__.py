@@ -69,9 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "and recorded as 'timeout' (default: %(default)s)")
     gra.add_argument("--jobs", metavar="N", type=positive(int), default=1,
                      help="grade N submissions at once (default: %(default)s)")
-    gra.add_argument("--memory-mb", metavar="MB", type=positive(float), default=4096,
+    gra.add_argument("--memory-mb", metavar="MB", type=positive(float), default=None,
                      help="memory cap of one submission's processes, and of the judge serving its checks "
-                          "on its own count; above it the row is 'oom' (default: %(default)s)")
+                          "on its own count; above it the row is 'oom' (default: 4096, or 8192 with the "
+                          "GPU's bars: each process holding CUDA keeps its libraries in host memory)")
     gra.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto",
                      help="confine submissions with bubblewrap (bwrap), or not (none); auto uses "
                           "bwrap when it works here (default: %(default)s)")

@@ -114,7 +114,8 @@ class Transcript:
     def from_outcome(cls, program: Program, outcome: Outcome) -> "Transcript":
         problems = []
         if outcome.status != "ok":
-            problems.append(f"the run ended with status {outcome.status} ({outcome.detail})")
+            problems.append(f"the run ended with status {outcome.status} ({outcome.detail})"
+                            + ("; a larger --memory-mb lets it run" if outcome.status == "oom" else ""))
         records, unproven = {}, {}
         for cell in program.graded:
             rep = outcome.cells.get(cell.index)

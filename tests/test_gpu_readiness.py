@@ -7,6 +7,9 @@
 - float32 on a GPU is float32: ``import course`` turns TF32 off.
 - The sandbox binds the GPU's device files after ``--dev /dev``, which would hide them.
 - A call whose arguments are only modules (a list of models) returns its result on their device.
+- The third run (an H200, 2026-12-04): lesson 2's profiler ran its real model on the default device,
+  but its profile came back on the CPU (a probe's results land on its arguments' device, and it
+  had no tensor among them); and three processes holding CUDA passed the CPU's memory cap.
 """
 
 from __future__ import annotations
@@ -78,10 +81,21 @@ def test_fold_check_works_on_the_cpu_whatever_the_default_device(default_elsewhe
 
 
 def test_the_profiler_probe_graph_and_its_input_share_a_device(default_elsewhere):
-    from course.checks.fx import _profiled_graph
+    from course.checks.fx import _profiled_graph, _profiled_resnet
 
     root, gm, x = _profiled_graph(0)
     assert _devices([root, gm, x]) == {"cpu"}
+    # the real model too: its profile came back to the judge on the CPU (the probe's arguments hold no
+    # tensor) and was compared with the judge's model on the GPU (the third GPU run, an H200)
+    model, gm, x = _profiled_resnet(0, 8, (1, 1))
+    assert _devices([model, gm, x]) == {"cpu"}
+
+
+def test_the_profiler_check_passes_whatever_the_default_device(default_elsewhere, tmp_path):
+    from course.checks import fx as C
+
+    fx = load_solution(solution_source("02_fx_transforms"), tmp_path / "fx_prof.py", "fx_sol_prof")
+    C.check_profiler(fx.ProfilingInterpreter)
 
 
 def test_the_picker_cases_live_on_the_cpu(default_elsewhere):
@@ -187,3 +201,20 @@ def test_a_call_of_modules_alone_returns_on_their_device():
     assert _call_device(([meta], {})) == "cpu"
     assert _call_device(((torch.zeros(1), [OnGpu()]), {})) == "cpu"   # a tensor argument decides first
     assert _call_device(((), {"models": (OnGpu(),)})) == "cuda:0"
+
+
+def test_the_memory_cap_left_unset_follows_the_device_whose_bars_apply():
+    """Three processes holding CUDA passed the CPU's 4,096 MB in lesson 1's instructor run (H200): with
+    no --memory-mb, grading with the GPU's bars caps at 8,192; a cap given is kept on every device."""
+    from autograder.grade import MEMORY_MB, Settings
+
+    def cap(device, memory_mb=None):
+        return Settings(sandbox="none", cell_timeout=1, timeout=1, memory_mb=memory_mb, device=device, jobs=1,
+                        force=False).memory_mb
+
+    assert (cap("cpu"), cap("cuda")) == (MEMORY_MB["cpu"], MEMORY_MB["cuda"]) == (4096, 8192)
+    assert cap("cuda", 1500) == cap("cpu", 1500) == 1500
+    assert cap("auto") == MEMORY_MB["cuda" if torch.cuda.is_available() else "cpu"]
+    help_text = subprocess.run([sys.executable, "-m", "autograder", "grade", "--help"], capture_output=True,
+                               text=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    assert "8192 with the" in " ".join(help_text.split())

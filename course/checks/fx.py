@@ -619,6 +619,14 @@ def _profiled_graph(seed: int, slow: Callable = _unchanged,
     return root, fx.GraphModule(root, _LeafTracer().trace(root)), randn(3, 6, seed=seed, device="cpu")
 
 
+def _profiled_resnet(seed: int, width: int, blocks) -> tuple[nn.Module, fx.GraphModule, torch.Tensor]:
+    """The real model :func:`check_profiler` profiles, on the CPU on every machine, like the planted
+    graph: the profile's output comes back to the judge on its arguments' device, and none of them is
+    a tensor (on a GPU, a model there came back on the CPU and failed the instructor's run, H200 2026-12-04)."""
+    model, gm = _traced(seed, width, blocks, tap=True, device="cpu")
+    return model, gm, randn(2, 3, 16, 16, seed=seed + 1, device="cpu")
+
+
 @prober
 def profiler_case(ProfilingInterpreter: type, slow: Callable, seed: int, runs: int, width: int, blocks,
                   pause: Callable = _unchanged) -> tuple:
@@ -629,8 +637,7 @@ def profiler_case(ProfilingInterpreter: type, slow: Callable, seed: int, runs: i
         raise AssertionError(f"ProfilingInterpreter should be a subclass of torch.fx.Interpreter, got "
                              f"{describe(ProfilingInterpreter)}.")
     _, gm, x = _profiled_graph(seed, slow, pause)
-    _, gm2 = _traced(seed, width, blocks, tap=True)
-    x2 = randn(2, 3, 16, 16, seed=seed + 1)
+    _, gm2, x2 = _profiled_resnet(seed, width, blocks)
     out = []
     with torch.no_grad():
         for graph, inp, n in ((gm, x, runs), (gm2, x2, 2)):
@@ -718,8 +725,7 @@ def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, 
                              f"clock, and rows() says {paused * 1e3:.3g} ms. Time each node itself, in run_node: "
                              "time.perf_counter() before and after super().run_node(n), kept per node.name.")
     # the same on a real model: every node, shares summing to 1
-    model, gm2 = _traced(seed, width, blocks, tap=True)
-    x2 = randn(2, 3, 16, 16, seed=seed + 1)
+    model, gm2, x2 = _profiled_resnet(seed, width, blocks)
     with torch.no_grad():
         assert_close(out2, model(x2), name="ProfilingInterpreter on small_resnet")
     rows2 = _check_rows(rows2, gm2, "ProfilingInterpreter (small_resnet)")
