@@ -108,8 +108,24 @@ def test_the_wheels_carried_to_an_offline_gpu_machine_leave_out_torch_and_the_la
     names = {acceptance._norm(p.split("==")[0]) for p in pins}
     assert all("==" in p for p in pins)
     assert {"nbgrader", "nbclient", "ipykernel", "opacus", "psycopg2-binary"} <= names
-    assert not names & {"torch", "triton", "jupyterlab", "playwright", "babel"}
+    assert not names & {"torch", "triton", "jupyterlab", "playwright", "babel", "notebook", "plotly"}
     assert not any(n.startswith("nvidia-") for n in names)
+
+
+def test_grading_imports_none_of_the_packages_left_behind():
+    """What is not carried must not be needed: grading's modules (nbgrader's command line, the grader,
+    the sandbox's child, the course and what lessons import) load with those packages unimportable."""
+    left = ["torch", "triton", "jupyterlab", "notebook", "widgetsnbextension", "jupyter_builder", "babel", "plotly",
+            "playwright"]
+    assert all(acceptance.NOT_CARRIED.match(acceptance._norm(n)) for n in left)
+    code = ("import sys\n"
+            f"for m in {left[2:]!r}: sys.modules[m] = None\n"
+            "from nbgrader.apps.nbgraderapp import main\n"
+            "import autograder.grade, autograder.sandbox.child, course, course.checks, matplotlib.pyplot, tqdm.auto\n"
+            "import nbclient, nbconvert, ipykernel.kernelapp\n"
+            "print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=acceptance.ROOT)
+    assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
 def test_a_machines_package_listing_is_read_in_any_of_pips_formats():
