@@ -132,9 +132,30 @@ def speed_figures(work: Path, lesson_id: str) -> list[dict]:
     return out
 
 
-def check_lesson(lesson_id: str, grades: Path, cells: Path) -> tuple[dict, list[str], list[str]]:
+def errored_cells(graded: Path) -> list[str]:
+    """Each cell of a graded notebook (the grader's autograded copy, in ``graded``) that raised: its
+    number, its grade id or first line, and the error's first line."""
+    out = []
+    for notebook in sorted(graded.glob("*.ipynb")) if graded.is_dir() else []:
+        for i, cell in enumerate(json.loads(notebook.read_text()).get("cells", [])):
+            error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+            if error is not None:
+                lines = "".join(cell.get("source", "")).strip().splitlines() or ["(empty)"]
+                name = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") or lines[0][:60]
+                # the grader's traceback starts with the error's whole first line; a kernel's, with colour codes
+                first = (error.get("traceback") or [""])[0]
+                if not first or "\x1b" in first:
+                    first = f"{error.get('ename')}: {error.get('evalue')}".rstrip(": ")
+                out.append(f"cell {i} ({name}): {first.splitlines()[0][:240]}")
+    return out
+
+
+def check_lesson(lesson_id: str, grades: Path, cells: Path,
+                 graded: Path | None = None) -> tuple[dict, list[str], list[str]]:
     """The three rows of a lesson, what did not hold, and what was left undecided: a speed bar that
-    this machine was too busy to decide (measure again; never counted as holding)."""
+    this machine was too busy to decide (measure again; never counted as holding). The instructor's
+    solution must also run every cell without an error (``graded``: its autograded copy, which
+    names them): on a GPU, lesson 4's earned every point with two cells raising."""
     rows = {r["student_id"]: r for r in _rows(grades) if r["lesson_id"] == lesson_id}
     scores: dict[str, dict[str, float]] = {}
     most: dict[str, float] = {}
@@ -160,6 +181,11 @@ def check_lesson(lesson_id: str, grades: Path, cells: Path) -> tuple[dict, list[
     if perfect["status"] != "graded" or float(perfect["score"]) + unsettled != float(perfect["max_score"]):
         problems.append(f"{lesson_id}: the instructor's solution scored {perfect['score']} of {perfect['max_score']} "
                         f"({perfect['status']}; {perfect['detail']})")
+    errors = int(float(perfect.get("cell_errors") or 0))
+    if errors:
+        named = errored_cells(graded) if graded is not None else []
+        problems.append(f"{lesson_id}: the instructor's solution raised an error in {errors} cell(s) on this "
+                        "device" + (": " + "; ".join(named) if named else ""))
     if float(untouched["score"]) != 0:
         problems.append(f"{lesson_id}: the untouched student version scored {untouched['score']}")
     broken = PLANTED[lesson_id][2]
@@ -277,7 +303,8 @@ def run(device: str, lessons: list[str], out: Path, *, quick: bool = False, reco
             entry["problems"].append(f"{lesson_id}: grading could not run: {tail}")
         else:
             rows, entry["problems"], entry["undecided"] = check_lesson(lesson_id, graded / "grades.csv",
-                                                                       graded / "cells.csv")
+                                                                       graded / "cells.csv",
+                                                                       work / "autograded" / "perfect" / lesson_id)
             entry["rows"] = {s: {k: rows[s][k] for k in ("score", "max_score", "status", "seconds", "peak_rss_mb")}
                              for s in SUBMISSIONS if s in rows}
             entry["speed"] = speed_figures(work, lesson_id)

@@ -37,7 +37,7 @@ def test_a_lesson_is_accepted_only_when_all_three_rows_are_as_expected(tmp_path)
     broken = acceptance.PLANTED[lesson][2]
     cells = ["test_dual", "test_jacobians", "test_jacobian_speed"]
 
-    def rows(untouched=0.0, planted_off=(), undecided=()):
+    def rows(untouched=0.0, planted_off=(), undecided=(), errors=0):
         """``undecided``: (student, cell) pairs the machine left undecided (no points, said so)."""
         c = []
         for s in acceptance.SUBMISSIONS:
@@ -55,7 +55,8 @@ def test_a_lesson_is_accepted_only_when_all_three_rows_are_as_expected(tmp_path)
         total = {s: sum(r["score"] for r in c if r["student_id"] == s) for s in acceptance.SUBMISSIONS}
         total["untouched"] += untouched
         g = [{"student_id": s, "lesson_id": lesson, "score": total[s], "max_score": 6.0, "status": "graded",
-              "seconds": 1, "peak_rss_mb": 1, "detail": ""} for s in acceptance.SUBMISSIONS]
+              "cell_errors": errors if s == "perfect" else 5, "seconds": 1, "peak_rss_mb": 1, "detail": ""}
+             for s in acceptance.SUBMISSIONS]
         return _csv(tmp_path / "g.csv", g), _csv(tmp_path / "c.csv", c)
 
     assert acceptance.check_lesson(lesson, *rows())[1:] == ([], [])
@@ -71,6 +72,19 @@ def test_a_lesson_is_accepted_only_when_all_three_rows_are_as_expected(tmp_path)
     _, problems, _ = acceptance.check_lesson(lesson, *rows(planted_off={"test_dual"},
                                                            undecided={("planted", "test_jacobian_speed")}))
     assert problems and "test_dual" in problems[0]
+    # Full marks are not enough: the instructor's notebook runs every cell (on an H200, lesson 4 earned
+    # every point with two cells raising), and the graded copy names them
+    graded = tmp_path / "autograded"
+    graded.mkdir()
+    nb = {"cells": [{"cell_type": "code", "source": "x = 1", "metadata": {}, "outputs": []},
+                    {"cell_type": "code", "source": "plt.plot(t)\nplt.show()", "metadata": {},
+                     "outputs": [{"output_type": "error", "ename": "TypeError",
+                                  "evalue": "can't convert cuda:0 device type tensor to numpy", "traceback": []}]}]}
+    (graded / f"{lesson}.ipynb").write_text(json.dumps(nb))
+    _, problems, _ = acceptance.check_lesson(lesson, *rows(errors=1), graded)
+    assert problems == [f"{lesson}: the instructor's solution raised an error in 1 cell(s) on this device: cell 1 "
+                        "(plt.plot(t)): TypeError: can't convert cuda:0 device type tensor to numpy"]
+    assert "raised an error in 2 cell(s)" in acceptance.check_lesson(lesson, *rows(errors=2))[1][0]
 
 
 def test_cuda_acceptance_without_a_gpu_says_what_to_do():
