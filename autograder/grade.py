@@ -57,7 +57,7 @@ GRADER_VERSION = "53"  # 53: lesson 2's profiler profiles its real model on the 
 #: The memory cap of one submission's processes (MB) when ``--memory-mb`` is not given, by the device
 #: whose bars apply. Every process that touches a GPU holds CUDA's runtime and libraries in host memory:
 #: on an H200 (2026-12-04), lesson 1's instructor run passed 4,096 MB in three such processes (its
-#: kernel 2,555 MB, the program host 774, the script host 852) while the CPU's lessons peak near 3 GB.
+#: kernel 2,555 MB, the program host 774, the script host 852).
 MEMORY_MB = {"cpu": 4096.0, "cuda": 8192.0}
 
 

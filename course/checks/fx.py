@@ -622,7 +622,8 @@ def _profiled_graph(seed: int, slow: Callable = _unchanged,
 def _profiled_resnet(seed: int, width: int, blocks) -> tuple[nn.Module, fx.GraphModule, torch.Tensor]:
     """The real model :func:`check_profiler` profiles, on the CPU on every machine, like the planted
     graph: the profile's output comes back to the judge on its arguments' device, and none of them is
-    a tensor (on a GPU, a model there came back on the CPU and failed the instructor's run, H200 2026-12-04)."""
+    a tensor. (On an H200 the model sat on the GPU, its profile came back on the CPU, and the
+    instructor's own run failed, 2026-12-04.)"""
     model, gm = _traced(seed, width, blocks, tap=True, device="cpu")
     return model, gm, randn(2, 3, 16, 16, seed=seed + 1, device="cpu")
 
