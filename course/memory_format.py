@@ -250,14 +250,15 @@ WEIGHTS_WITNESS_OUT = -0.25
 
 @recipe
 def float32_weights_witness(*, device=None) -> nn.Module:
-    """A 1x1 convolution that passes its input through, then a BatchNorm (eval mode, no epsilon) whose
-    running mean is ``1 + 2**-12`` and running variance ``2**-20``. On an input of ones it returns
+    """A 1x1 convolution that passes its input through, then a BatchNorm (eval mode, epsilon ``2**-40``,
+    nothing beside the variance; torch 2.10 and 2.11 refuse an epsilon of 0) whose running mean is
+    ``1 + 2**-12`` and running variance ``2**-20``. On an input of ones it returns
     ``(1 - mean) / sqrt(var) = -2**-12 * 2**10 = -0.25`` while its weights are float32, under autocast
     or not (autocast runs the convolution in low precision, whose output is 1 exactly, and keeps the
     BatchNorm's float32 statistics); with the model cast to bfloat16 or float16 the mean rounds to 1
     and it returns 0: how a check sees from outside that the weights stayed float32."""
     conv = nn.Conv2d(1, 1, 1)
-    norm = nn.BatchNorm2d(1, eps=0.0)
+    norm = nn.BatchNorm2d(1, eps=2.0 ** -40)
     with torch.no_grad():
         conv.weight.fill_(1.0)
         conv.bias.fill_(0.0)

@@ -398,6 +398,27 @@ def test_a_forged_autocast_report_is_caught_from_outside(cl_solution, monkeypatc
     C.check_autocast_inference(cl_solution.autocast_inference, width=8, size=32)  # the real thing passes
 
 
+def test_the_autocast_check_runs_where_batch_norm_refuses_a_zero_epsilon(cl_solution, monkeypatch):
+    """torch 2.10 and 2.11 raise in ``F.batch_norm`` for an epsilon of 0, even in eval mode (an H200's
+    torch 2.11 failed the instructor's solution on the float32-weights witness, which had eps=0):
+    every BatchNorm the check builds has a positive epsilon, and the witness still gives its value."""
+    import torch.nn.functional as F
+
+    real = F.batch_norm
+
+    def strict(*args, **kwargs):
+        eps = kwargs["eps"] if "eps" in kwargs else (args[7] if len(args) > 7 else 1e-5)
+        if eps <= 0.0:
+            raise ValueError(f"batch_norm eps must be positive, but got {eps}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "batch_norm", strict)
+    witness = MF.float32_weights_witness(device="cpu")
+    assert float(witness(torch.ones(1, 1, 4, 4)).flatten()[0]) == pytest.approx(MF.WEIGHTS_WITNESS_OUT, abs=1e-5)
+    assert float(witness.to(torch.bfloat16)(torch.ones(1, 1, 4, 4, dtype=torch.bfloat16)).flatten()[0]) == 0.0
+    C.check_autocast_inference(cl_solution.autocast_inference, width=8, size=32)
+
+
 def test_the_visible_test_catches_the_lessons_trap(mutate3):
     """The review: `contiguous` passed the visible test and only a hidden one caught it. The
     learner's own test cell (as the self-check runs it) now tries the grayscale model."""
