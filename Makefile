@@ -50,7 +50,7 @@ gpu-check:
 	$(PYTHON) -m autograder acceptance --device $(DEVICE) --record
 
 # The torch range as a tested matrix (benchmarks/torch_matrix.py): a throwaway environment per
-# torch version (the lowest and newest the package accepts, and the pinned one) under
+# torch version (the lowest and newest the package accepts, the pinned one, the GPU acceptance's) under
 # .torch-matrix/, every lesson run there as a learner would; writes docs/compatibility.md.
 # Downloads each torch (the CUDA builds with their libraries: a few GB).
 torch-matrix: setup

@@ -1,6 +1,6 @@
 """The torch range as a tested matrix: every lesson run as a learner would, on each torch version.
 
-    make torch-matrix                                    # the lowest, the pinned and the newest accepted
+    make torch-matrix                                    # lowest, pinned, newest accepted, GPU acceptance's
     python benchmarks/torch_matrix.py --versions 2.4.0 2.14.1 --lesson 04_forward_ad
 
 For each version, a throwaway virtual environment (under ``.torch-matrix/``, never committed) gets
@@ -105,11 +105,29 @@ def pinned() -> str:
 
 
 def default_versions() -> list[str]:
-    """The lowest release the package accepts, the one the pins name, and the newest below the cap
-    that the package index offers."""
+    """The lowest release the package accepts, the one the pins name, the newest below the cap that
+    the package index offers, and every release the GPU acceptance ran on (:func:`gpu_versions`)."""
     low, cap = accepted_range()
     newest = _newest_below(cap) or pinned()
-    return list(dict.fromkeys([_full(low), pinned(), newest]))
+    return sorted(dict.fromkeys([_full(low), pinned(), newest, *gpu_versions()]), key=_key)
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def gpu_versions(record: Path = ROOT / "benchmarks" / "results" / "acceptance-cuda.json") -> list[str]:
+    """The torch releases inside the declared range that ``record`` (the GPU acceptance) ran on, local
+    tag dropped (``2.11.0+cu130`` is ``2.11.0``): a release between the lowest and the pinned can break
+    a lesson on every device (torch 2.11's ``F.batch_norm`` refuses an epsilon of 0, which 2.4 and 2.13
+    take), and a failure on a GPU must be told from one of its torch."""
+    if not record.exists():
+        return []
+    lessons = json.loads(record.read_text()).get("lessons", {})
+    low, cap = accepted_range()
+    found = {str(e.get("environment", {}).get("torch", "")).split("+")[0] for e in lessons.values()}
+    return sorted((v for v in found if re.fullmatch(r"\d+\.\d+\.\d+", v)
+                   and _key(_full(low)) <= _key(v) < _key(cap)), key=_key)
 
 
 def _full(version: str) -> str:

@@ -17,11 +17,12 @@ Each module is small and named for what it does:
 - :mod:`course.selfcheck`, :mod:`course.progress`  a learner's self-check and progress
 """
 
-from course.quiet import quiet_cuda_home, quiet_fx_tracing_notice, quiet_kineto
+from course.quiet import quiet_cuda_home, quiet_fx_tracing_notice, quiet_kineto, quiet_profiler_cycle_notice
 
 quiet_cuda_home()  # before anything imports torch.utils.cpp_extension (a CUDA build without a GPU logs a notice)
 quiet_fx_tracing_notice()  # torch's advice to its own developers, logged at a jagged tensor's first op
 quiet_kineto()  # before the first profile: the profiler's log lines stay out of the lessons' outputs
+quiet_profiler_cycle_notice()  # torch 2.10 to 2.12 warn of cycles at every one-cycle profile
 
 from course.devices import Sizes, device_kind, exact_float32, pick_device, sizes, synchronize, threads
 from course.doctor import doctor

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import warnings
 
-__all__ = ["load_forward_ad_quietly", "quiet_cuda_home", "quiet_fx_tracing_notice", "quiet_torchscript",
-           "TORCHSCRIPT_NOTE"]
+__all__ = ["load_forward_ad_quietly", "quiet_cuda_home", "quiet_fx_tracing_notice", "quiet_profiler_cycle_notice",
+           "quiet_torchscript", "TORCHSCRIPT_NOTE"]
 
 TORCHSCRIPT_NOTE = (
     "Note: TorchScript (torch.jit.script / trace) is deprecated in recent PyTorch releases: it still works, "
@@ -85,6 +85,19 @@ def quiet_fx_tracing_notice() -> None:
     logger = logging.getLogger("torch.fx._symbolic_trace")
     if not any(isinstance(f, _FxTracingNotice) for f in logger.filters):
         logger.addFilter(_FxTracingNotice())
+
+
+#: The profiler's cycle warning as torch 2.10 to 2.12 word it (sentences run together, no space after the stops).
+PROFILER_CYCLE_NOTICE = r"Warning: Profiler clears events at the end of each cycle\.Only events"
+
+
+def quiet_profiler_cycle_notice() -> None:
+    """Drop the "Profiler clears events at the end of each cycle" warning as torch 2.10 to 2.12 give it:
+    they warn at the first cycle of every ``torch.profiler.profile`` without ``acc_events=True``, a
+    plain ``with profile(...)`` of one cycle too, where nothing is cleared. Torch 2.13 and later warn
+    only when a second cycle begins, in words with a space after each stop, which this filter leaves
+    alone (lesson 8 teaches ``acc_events``). Idempotent."""
+    warnings.filterwarnings("ignore", message=PROFILER_CYCLE_NOTICE, category=UserWarning)
 
 
 def quiet_kineto() -> None:

@@ -87,6 +87,23 @@ def test_quiet_torchscript_silences_only_the_deprecation_and_explains_once(capsy
     assert capsys.readouterr().out.count("deprecated") <= 1
 
 
+def test_the_profilers_one_cycle_warning_of_torch_2_10_to_2_12_is_dropped_and_only_it():
+    """Torch 2.10 to 2.12 warn of cleared cycles at every first profile (lessons 2, 8 and 9 showed it under
+    torch 2.11); 2.13 and later warn, in words spaced otherwise, only when a second cycle begins."""
+    from course.quiet import quiet_profiler_cycle_notice
+
+    old = ("Warning: Profiler clears events at the end of each cycle.Only events from the current cycle will be "
+           "reported.To keep events across cycles, set acc_events=True.")
+    new = ("Warning: Profiler clears events at the end of each cycle. Only events from the current cycle will be "
+           "reported. To keep events across cycles, set acc_events=True.")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_profiler_cycle_notice()
+        warnings.warn(old, UserWarning)
+        warnings.warn(new, UserWarning)
+    assert [str(w.message) for w in seen] == [new]
+
+
 def test_catalog_lists_lessons_with_budgets():
     assert lesson("01_custom_rnns")["cpu_budget_s"] <= 180
     assert all({"id", "title", "points", "cpu_budget_s", "memory_budget_mb"} <= set(x) for x in catalog())

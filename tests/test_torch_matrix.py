@@ -45,7 +45,19 @@ def test_the_versions_are_the_range_and_the_pins(monkeypatch):
     low, cap = TM.accepted_range()
     assert (low, cap) == ("2.4", "2.16")
     monkeypatch.setattr(TM, "_newest_below", lambda cap: "2.15.0")
+    monkeypatch.setattr(TM, "gpu_versions", lambda: [])
     assert TM.default_versions() == ["2.4.0", TM.pinned(), "2.15.0"]
+    monkeypatch.setattr(TM, "gpu_versions", lambda: ["2.11.0"])
+    assert TM.default_versions() == ["2.4.0", "2.11.0", TM.pinned(), "2.15.0"]
+
+
+def test_the_gpu_acceptances_torch_is_a_version_of_the_matrix(tmp_path):
+    record = tmp_path / "acceptance-cuda.json"
+    env = lambda torch: {"environment": {"torch": torch}}  # noqa: E731
+    record.write_text(json.dumps({"lessons": {"a": env("2.11.0+cu130"), "b": env("2.11.0+cu130"),
+                                              "c": env("2.16.1+cu130"), "d": env("2.3.1"), "e": {}}}))
+    assert TM.gpu_versions(record) == ["2.11.0"]  # outside the range: not a promise of the package
+    assert TM.gpu_versions(tmp_path / "none.json") == []
 
 
 def test_the_page_names_every_version_lesson_and_warning():
@@ -59,8 +71,8 @@ def test_the_page_names_every_version_lesson_and_warning():
 
 def test_the_committed_matrix_covers_the_declared_range():
     """pyproject.toml declares what docs/compatibility.json shows: every lesson passing on the lowest
-    release it accepts, on the pinned one, and on a release of the newest minor version below its
-    cap, each on the lesson as it is now. Changing the range, or a lesson, without running the
+    release it accepts, on the pinned one, on a release of the newest minor version below its cap,
+    and on each release the GPU acceptance ran on, each on the lesson as it is now. Changing the range, or a lesson, without running the
     matrix again fails here."""
     from course.lessons import catalog
 
@@ -69,7 +81,8 @@ def test_the_committed_matrix_covers_the_declared_range():
     major, minor = (int(p) for p in cap.split(".")[:2])
     newest = [v for v in runs if tuple(int(p) for p in v.split(".")[:2]) == (major, minor - 1)]
     assert TM._full(low) in runs and TM.pinned() in runs and newest, sorted(runs)
-    for version in (TM._full(low), TM.pinned(), *newest):
+    assert all(v in runs for v in TM.gpu_versions()), (TM.gpu_versions(), sorted(runs))
+    for version in (TM._full(low), TM.pinned(), *newest, *TM.gpu_versions()):
         results = runs[version]
         assert set(results) == {item["id"] for item in catalog()}, version
         assert all(r["ok"] and not r["warnings"] for r in results.values()), (version, results)
