@@ -139,10 +139,9 @@ def _newest_below(cap: str) -> str | None:
     found = re.search(r"Available versions: (.*)", proc.stdout)
     if not found:
         return None
-    limit = tuple(int(p) for p in cap.split(".")[:2])
     ok = [v.strip() for v in found.group(1).split(",")
-          if re.fullmatch(r"\d+\.\d+\.\d+", v.strip()) and tuple(int(p) for p in v.strip().split(".")[:2]) < limit]
-    return max(ok, key=lambda v: tuple(map(int, v.split(".")))) if ok else None
+          if re.fullmatch(r"\d+\.\d+\.\d+", v.strip()) and _key(v.strip())[:2] < _key(cap)[:2]]
+    return max(ok, key=_key) if ok else None
 
 
 def _pip(python: Path, args: list[str], log: Path) -> None:
