@@ -32,6 +32,10 @@ module:
   sample the resident memory until the next call: a peak the learner's code sets back, or a
   helper process that ends, is still seen): what an answer that builds something large cannot
   hide, however fast it is (lesson 5's HVP);
+- ``learner_waited()``: in the judge process only, the seconds the learner's live threads have spent
+  ready to run but waiting for a CPU (-1 where the kernel keeps no count), read by the parent from
+  ``/proc``: beside ``learner_cpu``, whether a process that used little CPU in a timed call was kept
+  from it (a busy machine) or did not ask for it (it slept) (:func:`course.timing.best_times`);
 - ``uninterrupted()``: a context manager during which the grader's time limit waits (raised as
   it ends): the few lines that write or keep one piece of a message on the judge/learner channel
   (:class:`course.remote.Link`), so that a time limit never cuts a message in two;
@@ -66,6 +70,7 @@ hold: Callable[[], ContextManager] | None = None
 learner_cpu: Callable[[], float] | None = None
 learner_main_cpu: Callable[[], float] | None = None
 learner_peak: Callable[[bool], float] | None = None
+learner_waited: Callable[[], float] | None = None
 uninterrupted: Callable[[], ContextManager] | None = None
 alarm: Callable | None = None
 script_host: Callable[[], Any] | None = None
@@ -90,15 +95,15 @@ def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, ref
             learner_main_cpu: Callable | None = None, learner_peak: Callable | None = None,
             uninterrupted: Callable | None = None, alarm: Callable | None = None,
             script_host: Callable | None = None, bare_host: Callable | None = None,
-            program_host: Callable | None = None) -> None:
+            program_host: Callable | None = None, learner_waited: Callable | None = None) -> None:
     """Called by the grading sandbox only."""
     globals().update(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix, refused=refused,
                      hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
                      learner_peak=learner_peak, uninterrupted=uninterrupted, alarm=alarm, script_host=script_host,
-                     bare_host=bare_host, program_host=program_host)
+                     bare_host=bare_host, program_host=program_host, learner_waited=learner_waited)
 
 
 def installed() -> tuple:
     """What is installed now (the sandbox compares it after every cell)."""
     return (observer, exclusive, learner_prefix, refused, hold, learner_cpu, learner_main_cpu, learner_peak,
-            uninterrupted, alarm, script_host, bare_host, program_host)
+            uninterrupted, alarm, script_host, bare_host, program_host, learner_waited)

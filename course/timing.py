@@ -813,13 +813,17 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     call pays it instead; the timed call is the learner's work.
 
     ``record``: a dict to which this reading appends, under ``"used"``, the (wall, CPU) seconds of each
-    learner's call per entry of ``calls`` (how much of its time the learner's processes worked), and
+    learner's call per entry of ``calls`` (how much of its time the learner's processes worked), under
+    ``"waited"`` the seconds its threads waited, ready to run, for a CPU during each (-1: not known; a
+    busy machine, where a call that worked little wanted to), and
     under ``"grown"`` the growth of their peak resident memory during each (the kernel's count, read
     by the grading parent, reset just before the call and its warm-up call: outside the timed span)."""
     dev = pick_device(device)
     learner_cpu = grader_hooks.learner_cpu if dev.type == "cpu" else None
     peak = grader_hooks.learner_peak if record is not None else None
+    waited = grader_hooks.learner_waited if learner_cpu is not None and record is not None else None
     used: list[list[tuple[float, float]]] = [[] for _ in calls]  # (wall, CPU) of the learner's calls
+    waits: list[list[float]] = [[] for _ in calls]  # seconds its threads waited, ready, for a CPU (-1: not known)
     grown: list[list[float]] = [[] for _ in calls]
     best = [math.inf] * len(calls)
     with observing_paused(), steady(), grader_hooks.machine_turn():
@@ -834,6 +838,7 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
                     args = made[id(args)] if id(args) in made else made.setdefault(id(args), tuple(args()))
                 with (grader_hooks.learner_stopped() if i in held else nullcontext()):
                     synchronize(dev)
+                    w0 = waited() if waited is not None and i not in held else None
                     cpu = learner_cpu() if learner_cpu is not None and i not in held else None
                     t0 = time.perf_counter()
                     out = fn(*args)
@@ -841,6 +846,9 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
                     took = time.perf_counter() - t0
                     if cpu is not None and rep:
                         used[i].append((took, learner_cpu() - cpu))
+                        if w0 is not None:
+                            w1 = waited()
+                            waits[i].append(w1 - w0 if min(w0, w1) >= 0 else -1.0)
                     if base is not None:
                         grown[i].append(peak(False) - base)
                 if rep:
@@ -854,6 +862,7 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     threads_allowed = torch.get_num_threads()
     if record is not None:
         record.setdefault("used", []).append(used)
+        record.setdefault("waited", []).append(waits)
         record.setdefault("grown", []).append(grown)
     return [min(charged_seconds(u, threads_allowed)) if len(u) == reps else b for b, u in zip(best, used)]
 

@@ -242,7 +242,8 @@ SERVED = [
                "        th = threading.Thread(target=spin); th.start(); th.join()\n"
                "    return 0\n"},
     {"index": 2, "id": "c", "kind": "test", "grade_id": "t", "served": True,
-     "source": "c0 = hooks.learner_cpu()\nburn(0.3)\nprint(f'used {hooks.learner_cpu() - c0:.2f}')\n"},
+     "source": "c0, w0 = hooks.learner_cpu(), hooks.learner_waited()\nburn(0.3)\n"
+               "print(f'used {hooks.learner_cpu() - c0:.2f} waited {w0:.3f} {hooks.learner_waited() - w0:.3f}')\n"},
 ]
 
 
@@ -256,6 +257,8 @@ def test_the_judge_reads_the_learners_cpu_through_the_parent(tmp_path):
     text = out.cells[2].output.strip()
     assert text.startswith("used "), out.cells[2]
     assert float(text.split()[1]) >= 0.55, text
+    # the scheduler's count of the learner's waiting for a CPU comes through too (known: not -1)
+    assert text.split()[2] == "waited" and float(text.split()[3]) >= 0 and 0 <= float(text.split()[4]) < 5, text
 
 
 def test_the_parent_reads_the_cpu_of_the_learner_interpreter_s_main_thread_alone(tmp_path):
@@ -289,3 +292,39 @@ def test_the_parent_reads_the_cpu_of_the_learner_interpreter_s_main_thread_alone
         proc.kill()
         proc.wait()
     assert main_thread_cpu_seconds(proc.pid) == -1.0  # no such process: not known
+
+
+def test_the_parent_tells_a_process_kept_from_the_cpu_from_one_that_sleeps(tmp_path):
+    """``learner_wait_seconds``: the time a learner's threads waited, ready to run, for a CPU (the
+    scheduler's count). Three processes of a learner's, each a spinning loop, pinned to one CPU: two wait
+    while one runs, about twice the wall time between two readings; a process that sleeps waits for
+    nothing. Lesson 5's row loop check tells a loop a busy machine kept from the CPU (undecided) from a
+    sleep (a fail) by it."""
+    import os
+    from types import SimpleNamespace
+
+    from autograder.sandbox.parent import learner_wait_seconds
+
+    cpu = min(os.sched_getaffinity(0))
+    spin = ("import os, time\nos.sched_setaffinity(0, {%d})\nfor _ in range(2):\n    if os.fork() == 0:\n        break\n"
+            "os.write(1, b'go\\n')\nend = time.time() + 20\nwhile time.time() < end:\n    pass\n" % cpu)
+    sleep = "import time\nprint('go', flush=True)\ntime.sleep(20)\n"
+    waited = {}
+    for name, source in (("spin", spin), ("sleep", sleep)):
+        proc = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, text=True)
+        try:
+            for _ in range(3 if name == "spin" else 1):
+                assert proc.stdout.readline().strip() == "go"
+            seen = SimpleNamespace(group=None, proc=proc)
+            w0, t0 = learner_wait_seconds(seen), time.perf_counter()
+            time.sleep(1.0)
+            waited[name] = (learner_wait_seconds(seen) - w0) / (time.perf_counter() - t0)
+            assert w0 >= 0, w0
+        finally:
+            subprocess.run(["pkill", "-KILL", "-P", str(proc.pid)], check=False)
+            proc.kill()
+            proc.wait()
+    assert waited["spin"] > 1.0, waited  # about 2: two of three ready at any time
+    assert waited["sleep"] < 0.05, waited
+    gone = SimpleNamespace(group=None, proc=proc)
+    assert learner_wait_seconds(gone) == -1.0  # no such process: not known

@@ -499,7 +499,45 @@ def test_a_row_loop_that_sleeps_instead_of_working_fails(learner, monkeypatch):
     monkeypatch.setattr(grader_hooks, "learner_cpu", time.process_time)  # the learner is a thread here
     with pytest.raises(AssertionError, match="spent only .* of that time on a CPU"):
         check_row_jacobian(learner("rows_asleep"))
-    check_row_jacobian(learner("jacobian_rows"))  # a loop works for its time
+    never_failed(lambda: check_row_jacobian(learner("jacobian_rows")))  # a loop works for its time
+
+
+def test_a_row_loop_a_busy_machine_kept_from_the_cpu_is_undecided_not_failed(learner, monkeypatch):
+    """A right loop that a busy machine kept off the CPU for most of its time reads like the sleeper above
+    by its CPU share alone, and was failed outright (an audit, 2026-12-04). The scheduler also counts the
+    time a thread waited, ready to run: a loop kept from the CPU wanted it, a sleep did not. Here the
+    learner's CPU count is shown a fifth of what it used, and the wall time as waited: undecided, never a
+    fail; the sleeper, shown the same fifth and no wait, still fails."""
+    from course import grader_hooks
+
+    monkeypatch.setattr(grader_hooks, "learner_cpu", lambda: time.process_time() / 5)
+    monkeypatch.setattr(grader_hooks, "learner_waited", time.perf_counter)
+    with pytest.raises(SpeedUndecided, match="ready for one, waiting, .* the machine was busy"):
+        check_row_jacobian(learner("jacobian_rows"))
+    monkeypatch.setattr(grader_hooks, "learner_waited", lambda: 0.0)
+    with pytest.raises(AssertionError, match="spent only .* of that time on a CPU") as caught:
+        check_row_jacobian(learner("rows_asleep"))
+    assert not isinstance(caught.value, SpeedUndecided)
+    monkeypatch.setattr(grader_hooks, "learner_waited", lambda: -1.0)  # the kernel keeps no count: as before
+    with pytest.raises(AssertionError, match="spent only .* of that time on a CPU") as caught:
+        check_row_jacobian(learner("jacobian_rows"))
+    assert not isinstance(caught.value, SpeedUndecided)
+
+
+def test_the_share_a_loop_worked_and_wanted_is_read_from_every_reading():
+    """``_recorded``: per reading, the CPU share of the large calls' wall time, and that share with the
+    time waited for a CPU; the most of each over the readings. A reading without a count of waiting
+    leaves the second unknown (the CPU share decides alone)."""
+    from course.checks.jacobians import _Growth, _recorded
+
+    record = {"used": [[[(1.0, 0.1)], [(2.0, 0.2), (2.0, 0.4)]], [[(1.0, 0.1)], [(1.0, 0.25)]]],
+              "waited": [[[0.0], [1.5, 1.5]], [[0.0], [0.5]]], "grown": []}
+    g = _recorded(_Growth(1.0, 2.0, (8, 1024), "time"), record, 1)
+    assert g.worked == pytest.approx(0.25) and g.wanted == pytest.approx(0.9)
+    record["waited"][1][1] = [-1.0]
+    assert _recorded(_Growth(1.0, 2.0, (8, 1024), "time"), record, 1).wanted is None
+    del record["waited"]
+    assert _recorded(_Growth(1.0, 2.0, (8, 1024), "time"), record, 1).wanted is None
 
 
 def test_the_picker_speed_check_times_the_judges_own_transforms(learner, capsys):

@@ -691,8 +691,7 @@ def test_the_speed_checks_time_the_answer_across_the_boundary_against_the_course
     # (the lesson's bar is 1.5x, and the repair measured about 2.1x in the learner's own process; across the
     # boundary, on a busy machine, the margin is thinner: this test is about the boundary, test_checks_vmap
     # about the bar)
-    report = check_member_kl_speed(learner("member_kl"), bars={"cpu": 1.3}, **sizes)
-    assert report.speedup("repaired").bound >= 1.3
+    never_failed(lambda: check_member_kl_speed(learner("member_kl"), bars={"cpu": 1.3}, **sizes))
     with pytest.raises(AssertionError, match="the bar on this device is 1.50x"):
         check_member_kl_speed(learner("member_kl_planted"), bars={"cpu": 1.5}, attempts=1, **sizes)
     # hidden from the probe (the warning switched off), the planted op still misses the bar: the clock decides

@@ -67,7 +67,9 @@ def test_a_slow_candidate_runs_a_block_of_its_own_length_not_the_fast_ones():
     assert len(rep.times["slow"]) == 3
     redone = sum(int(n.split()[0]) for n in rep.notes if "measured again" in n)  # a starved round runs again
     assert calls["slow"] <= 1 + 3 + redone, calls            # one call a round: 0.05 s >= 0.04 s
-    assert calls["fast"] >= 1 + 3 * 20, calls                # twenty a round: 0.002 s x 20 = 0.04 s
+    # about twenty a round (0.002 s x 20 = 0.04 s): the block's length comes from one warm-up call's wall
+    # time, which a busy moment stretches (2.1 ms made it 19), so at least five, a spin stretched fourfold
+    assert calls["fast"] >= 1 + 3 * 5, calls
     assert rep.speedup("slow").median < 0.2, rep.table()     # the ratio is per call, as before
 
 

@@ -121,6 +121,10 @@ def main() -> int:
         """The CPU seconds the main thread of the learner's interpreter has used so far (-1: not known)."""
         return ask(protocol.CPU, main=True)
 
+    def learner_waited() -> float:
+        """The seconds the learner's live threads have waited, ready to run, for a CPU (-1: not known)."""
+        return ask(protocol.CPU, waited=True)
+
     def learner_peak(reset: bool = False) -> float:
         """The learner's processes' peak resident bytes, as the kernel counts it; ``reset``: start
         the count again from what is resident now (and the parent's sampling, until the next call)."""
@@ -156,7 +160,7 @@ def main() -> int:
     alarm = protocol.Alarm()
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
                   refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
-                  learner_peak=learner_peak,
+                  learner_peak=learner_peak, learner_waited=learner_waited,
                   uninterrupted=alarm.uninterrupted, alarm=alarm.on_alarm, script_host=script_host,
                   bare_host=bare_host, program_host=program_host)
 

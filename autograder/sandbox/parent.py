@@ -394,6 +394,29 @@ def learner_cpu_seconds(proc: "_Proc") -> float:
     return tree_cpu_seconds(proc.proc.pid)
 
 
+def learner_wait_seconds(proc: "_Proc") -> float:
+    """The seconds the live threads of every process of ``proc`` (its cgroup's, else its tree's) have
+    spent ready to run but waiting for a CPU, from the scheduler's count (the second field of each
+    thread's ``schedstat``; -1.0 where the kernel keeps none). Beside :func:`learner_cpu_seconds`: a
+    process that waited for a CPU wanted to work (a busy machine), one that slept did not (a
+    function that sleeps to look like a loop): ``course.checks.jacobians`` tells the two apart."""
+    pids = proc.group.pids() if proc.group is not None and proc.group.holds(proc.proc.pid) else []
+    waited, seen = 0, False
+    for pid in pids or [proc.proc.pid, *descendants(proc.proc.pid)]:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                    waited += int(fh.read().split()[1])
+                seen = True
+            except (OSError, ValueError, IndexError):
+                pass
+    return waited / 1e9 if seen else -1.0
+
+
 def main_thread_cpu_seconds(root: int) -> float:
     """CPU seconds of the main thread of the learner's interpreter (the shallowest Python process
     at or under ``root``: the sandbox's own processes sit above it, the learner's below it), from
@@ -1030,6 +1053,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                             status = "crashed"
                     elif kind == protocol.CPU and source is judge:
                         reading = (main_thread_cpu_seconds(child.proc.pid) if msg.get("main") is True
+                                   else learner_wait_seconds(child) if msg.get("waited") is True
                                    else learner_cpu_seconds(child))
                         source.answer(protocol.NUMBER_ANSWER.pack(reading))
                     elif kind == protocol.PEAK and source is judge:

@@ -185,6 +185,7 @@ class _Growth:
     loop: float | None = None  # the course's loop at the large size (time only)
     peak: float | None = None  # the most the learner's peak memory grew during one timed call (the kernel's count)
     worked: float | None = None  # of the wall time of its calls at the large size, the share it spent on a CPU
+    wanted: float | None = None  # the share it spent on a CPU or ready for one (waiting: a busy machine)
     no_loop: float = NO_LOOP  # the clock's bars beside the course's loop (expect_loop_verdict)
     loop_like: float = LOOP_LIKE
 
@@ -218,6 +219,13 @@ def _expect_loop(g: _Growth, text: str, fail: str) -> None:
         if not g.grows:
             raise AssertionError(text + fail)
         return
+    if g.worked is not None and g.worked < WORKED and g.wanted is not None and g.wanted >= WORKED:
+        from course.grading import SpeedUndecided
+
+        raise SpeedUndecided(
+            f"Undecided: {text}, but your notebook's processes were on a CPU for only {g.worked:.0%} of that time, "
+            f"and ready for one, waiting, for {g.wanted - g.worked:.0%} (the operating system's count): the machine "
+            "was busy. This is not a pass: run the cell again, with other programs closed.")
     if g.worked is not None and g.worked < WORKED:
         raise AssertionError(
             f"{text}, but your notebook's processes spent only {g.worked:.0%} of that time on a CPU (the operating "
@@ -293,7 +301,9 @@ def _clock_growth(fn, name: str, make: Callable[..., tuple], time_sizes: tuple[i
 
 #: A loop works for its time: the learner's processes on a CPU for at least this share of its wall time
 #: at the large size (a loop of backward passes: about 1). A function that sleeps to look like a loop
-#: waits instead (red team, round 18: jacrev, then a sleep as long as the rows: 0.05-0.1).
+#: waits instead (red team, round 18: jacrev, then a sleep as long as the rows: 0.05-0.1). A loop that a
+#: busy machine kept from the CPU waited too, but ready to run (the scheduler counts it): below this share
+#: of work and above it of work and readiness together, the verdict is undecided, not a fail.
 WORKED = 0.5
 
 
@@ -302,10 +312,20 @@ def _recorded(g: _Growth, record: dict, large: int) -> _Growth:
     its calls are entry 0 against a loop, entries 0 and 1 (small and large) alone."""
     grown = [x for reading in record.get("grown", []) for per_call in reading for x in per_call]
     g.peak = max(grown) if grown else None
-    shares = [sum(c for _, c in reading[large]) / sum(w for w, _ in reading[large])
-              for reading in record.get("used", []) if len(reading) > large and reading[large]
-              and sum(w for w, _ in reading[large]) > 0]
+    used = record.get("used", [])
+    waited = record.get("waited", [])
+    shares, wanted = [], []
+    for k, reading in enumerate(used):
+        if not (len(reading) > large and reading[large] and sum(w for w, _ in reading[large]) > 0):
+            continue
+        wall = sum(w for w, _ in reading[large])
+        shares.append(sum(c for _, c in reading[large]) / wall)
+        waits = waited[k][large] if k < len(waited) and len(waited[k]) > large else []
+        if len(waits) == len(reading[large]) and min(waits) >= 0:
+            wanted.append(shares[-1] + sum(waits) / wall)
     g.worked = max(shares) if shares else None
+    # a reading without the scheduler's count of waiting leaves it unknown: the CPU share decides alone
+    g.wanted = max(wanted) if wanted and len(wanted) == len(shares) else None
     return g
 
 
