@@ -78,6 +78,16 @@ def dies(rank, world_size):
         os._exit(3)
     dist.barrier()
     return rank
+
+
+def napping(rank, world_size, folder):
+    import time
+    open(os.path.join(folder, f"napping-{rank}"), "w").close()
+    for _ in range(4):
+        time.sleep(0.5)
+    t = torch.tensor([1.0])
+    dist.all_reduce(t)
+    return int(t.item())
 '''
 
 
@@ -127,6 +137,53 @@ def test_a_hung_or_dead_worker_ends_the_launch_and_nothing_is_left_running(worke
         launch(f"{worker}:{target}", 2, timeout_s=6)
     assert time.monotonic() - start < 30
     assert no_worker_left()
+
+
+def test_a_launch_held_still_whole_longer_than_its_limit_still_finishes(worker, tmp_path):
+    """Under the grader, another submission's timing turn freezes this one whole, the launcher and its
+    workers, for up to ten minutes; the launcher's limit counted wall time, so lesson 10's workers
+    failed "did not finish" for a classmate's measurement (an audit, 2026-12-04). Its clock now counts
+    only the time it lived (course.parallel.HELD_GAP_S). Here the whole launch is stopped (SIGSTOP)
+    mid-run for longer than its limit, then let go: it finishes, its all_reduce after the pause too."""
+    import signal
+    import subprocess
+
+    from autograder.proc import descendants
+
+    code = ("import sys; sys.path[:0] = [sys.argv[1]]; from course.parallel import launch; "
+            "print(launch('course_test_worker:napping', 2, sys.argv[1], timeout_s=10, path=sys.argv[1]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=Path(__file__).parents[1],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"napping-{r}").exists() for r in range(2)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None, proc.communicate()[0]
+        held = [proc.pid, *descendants(proc.pid)]
+        for pid in held:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(11)  # longer than the launch's limit
+        for pid in held:
+            os.kill(pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and out.strip().splitlines()[-1] == "[2, 2]", out[-2000:]
+    assert no_worker_left()
+
+
+def test_the_launchers_clock_counts_a_long_gap_as_a_pause_not_as_time(monkeypatch):
+    import course.parallel as P
+
+    now = [100.0]
+    monkeypatch.setattr(P.time, "monotonic", lambda: now[0])
+    awake = P._AwakeClock()
+    for step in (0.02, 0.5, 300.0, 0.02):  # looks every few hundredths, and one pause of five minutes
+        now[0] += step
+        spent = awake()
+    assert spent == pytest.approx(0.02 + 0.5 + P.HELD_GAP_S + 0.02)
 
 
 def test_a_function_from_a_notebook_cell_is_refused_with_the_reason():
