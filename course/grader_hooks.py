@@ -32,10 +32,12 @@ module:
   sample the resident memory until the next call: a peak the learner's code sets back, or a
   helper process that ends, is still seen): what an answer that builds something large cannot
   hide, however fast it is (lesson 5's HVP);
-- ``learner_waited()``: in the judge process only, the seconds the learner's live threads have spent
-  ready to run but waiting for a CPU (-1 where the kernel keeps no count), read by the parent from
-  ``/proc``: beside ``learner_cpu``, whether a process that used little CPU in a timed call was kept
-  from it (a busy machine) or did not ask for it (it slept) (:func:`course.timing.best_times`);
+- ``learner_waited(main=False)``: in the judge process only, the seconds the learner's live threads
+  (``main``: its interpreter's main thread alone, the one that answers the judge) have spent ready to
+  run but waiting for a CPU (-1 where the kernel keeps no count), read by the parent from ``/proc``:
+  beside ``learner_cpu``, whether a process that used little CPU in a timed call was kept from it (a
+  busy machine) or did not ask for it (it slept) (:func:`course.timing.best_times`,
+  :func:`course.timing.waited_for_cpu`);
 - ``uninterrupted()``: a context manager during which the grader's time limit waits (raised as
   it ends): the few lines that write or keep one piece of a message on the judge/learner channel
   (:class:`course.remote.Link`), so that a time limit never cuts a message in two;
@@ -70,7 +72,7 @@ hold: Callable[[], ContextManager] | None = None
 learner_cpu: Callable[[], float] | None = None
 learner_main_cpu: Callable[[], float] | None = None
 learner_peak: Callable[[bool], float] | None = None
-learner_waited: Callable[[], float] | None = None
+learner_waited: Callable[..., float] | None = None
 uninterrupted: Callable[[], ContextManager] | None = None
 alarm: Callable | None = None
 script_host: Callable[[], Any] | None = None

@@ -482,3 +482,52 @@ def test_the_stored_answers_cover_the_speed_checks_sizes_on_every_device():
     for device in ("cpu", "cuda"):
         args = dict(seed=0, width=sizes[device]["width"], blocks=sizes[device]["blocks"], tap=False)
         assert C.case_key("affine_chains", args) in stored, device
+
+
+def test_the_profilers_order_is_decided_only_where_the_planted_nodes_lie_a_crossing_apart(fx_solution, monkeypatch):
+    """'pause' (13-17 ms) can sit within the crossings' noise of a short mean of 'slow' (from 18 ms): a right
+    profile that put 'pause' first was told "the slowest node should be 'slow'" (an audit, 2026-12-04).
+    Here 'pause' sleeps a millisecond longer than 'slow' on average: the windows decide, and pass it."""
+    monkeypatch.setattr(C.Sleeper, "SHORT_S", (0.001, 0.001))
+    monkeypatch.setattr(C.Sleeper, "LONG_S", (0.035, 0.035))
+    monkeypatch.setattr(C, "PAUSE_S", (0.019, 0.019))
+    C.check_profiler(fx_solution.ProfilingInterpreter)
+
+
+def test_a_profile_row_a_busy_machine_put_past_its_window_is_undecided_never_passed():
+    """Above the window by no more than the time the learner's process and the judge waited, ready, for a
+    CPU (per run): undecided, whatever else it resembles; past that, or on a quiet machine, the window
+    decides as before."""
+    from course.grading import SpeedUndecided
+
+    sleeper = C.Sleeper()
+    sleeper.cycle_s = (0.004, 0.040)
+    sleeper.slept = [0.004, 0.040, 0.004, 0.040]
+    late = sleeper.mean + C.CROSSING_S + 0.003
+    with pytest.raises(SpeedUndecided, match="the machine was busy"):
+        C._slow_mean(late, sleeper, 4, busy=0.005)
+    for busy in (0.0, 0.002):  # quiet, or not busy enough to explain it: decided
+        with pytest.raises(AssertionError) as caught:
+            C._slow_mean(late, sleeper, 4, busy=busy)
+        assert not isinstance(caught.value, SpeedUndecided)
+    with pytest.raises(SpeedUndecided):  # like the last run's time, but a busy machine explains it: not a pass
+        C._slow_mean(0.040, sleeper, 4, busy=0.020)
+    C._slow_mean(sleeper.mean + 0.001, sleeper, 4, busy=0.005)  # inside the window: passes as before
+    with pytest.raises(AssertionError, match="Less than it slept"):
+        C._slow_mean(sleeper.mean - 0.003, sleeper, 4, busy=0.050)  # below: never excused
+
+
+def test_the_time_waited_for_a_cpu_is_counted_for_this_process_and_the_learners():
+    import course.grader_hooks as hooks
+    from course.timing import waited_for_cpu
+
+    first = waited_for_cpu()
+    assert first >= 0
+    previous = hooks.learner_waited
+    try:
+        hooks.learner_waited = lambda main=False: 2.5 if main else 99.0
+        assert first + 2.5 - 0.5 <= waited_for_cpu() < 50  # the learner's main thread's, not every thread's
+        hooks.learner_waited = lambda main=False: -1.0  # the parent could not read it: not known
+        assert waited_for_cpu() == -1.0
+    finally:
+        hooks.learner_waited = previous

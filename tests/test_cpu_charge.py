@@ -243,7 +243,8 @@ SERVED = [
                "    return 0\n"},
     {"index": 2, "id": "c", "kind": "test", "grade_id": "t", "served": True,
      "source": "c0, w0 = hooks.learner_cpu(), hooks.learner_waited()\nburn(0.3)\n"
-               "print(f'used {hooks.learner_cpu() - c0:.2f} waited {w0:.3f} {hooks.learner_waited() - w0:.3f}')\n"},
+               "print(f'used {hooks.learner_cpu() - c0:.2f} waited {w0:.3f} {hooks.learner_waited() - w0:.3f} '\n"
+               "      f'{hooks.learner_waited(main=True):.3f}')\n"},
 ]
 
 
@@ -259,6 +260,7 @@ def test_the_judge_reads_the_learners_cpu_through_the_parent(tmp_path):
     assert float(text.split()[1]) >= 0.55, text
     # the scheduler's count of the learner's waiting for a CPU comes through too (known: not -1)
     assert text.split()[2] == "waited" and float(text.split()[3]) >= 0 and 0 <= float(text.split()[4]) < 5, text
+    assert 0 <= float(text.split()[5]) <= float(text.split()[3]) + float(text.split()[4]), text  # its main thread's
 
 
 def test_the_parent_reads_the_cpu_of_the_learner_interpreter_s_main_thread_alone(tmp_path):

@@ -121,9 +121,10 @@ def main() -> int:
         """The CPU seconds the main thread of the learner's interpreter has used so far (-1: not known)."""
         return ask(protocol.CPU, main=True)
 
-    def learner_waited() -> float:
-        """The seconds the learner's live threads have waited, ready to run, for a CPU (-1: not known)."""
-        return ask(protocol.CPU, waited=True)
+    def learner_waited(main: bool = False) -> float:
+        """The seconds the learner's live threads (``main``: its interpreter's main thread alone) have
+        waited, ready to run, for a CPU (-1: not known)."""
+        return ask(protocol.CPU, waited=True, main=bool(main))
 
     def learner_peak(reset: bool = False) -> float:
         """The learner's processes' peak resident bytes, as the kernel counts it; ``reset``: start

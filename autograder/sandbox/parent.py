@@ -417,6 +417,21 @@ def learner_wait_seconds(proc: "_Proc") -> float:
     return waited / 1e9 if seen else -1.0
 
 
+def main_thread_wait_seconds(root: int) -> float:
+    """The seconds the main thread of the learner's interpreter (as :func:`main_thread_cpu_seconds`
+    finds it) has waited, ready to run, for a CPU (the second field of its ``schedstat``); -1.0 where
+    not known. The thread that runs what the judge asks for: its waits are the ones on the way of a
+    request and its reply."""
+    found = shallowest(root, is_python)
+    if len(found) != 1:
+        return -1.0
+    try:
+        with open(f"/proc/{found[0]}/task/{found[0]}/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return -1.0
+
+
 def main_thread_cpu_seconds(root: int) -> float:
     """CPU seconds of the main thread of the learner's interpreter (the shallowest Python process
     at or under ``root``: the sandbox's own processes sit above it, the learner's below it), from
@@ -1052,8 +1067,10 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         if not started:  # the grader's own failure: raised below, the row says so (error)
                             status = "crashed"
                     elif kind == protocol.CPU and source is judge:
-                        reading = (main_thread_cpu_seconds(child.proc.pid) if msg.get("main") is True
-                                   else learner_wait_seconds(child) if msg.get("waited") is True
+                        main, waited = msg.get("main") is True, msg.get("waited") is True
+                        reading = (main_thread_wait_seconds(child.proc.pid) if main and waited
+                                   else main_thread_cpu_seconds(child.proc.pid) if main
+                                   else learner_wait_seconds(child) if waited
                                    else learner_cpu_seconds(child))
                         source.answer(protocol.NUMBER_ANSWER.pack(reading))
                     elif kind == protocol.PEAK and source is judge:

@@ -40,7 +40,8 @@ READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE = (
 # Judge -> parent only: stop the learner's process (answered by GO once it is stopped), resume it;
 # the CPU seconds the learner's process tree has used (answered by NUMBER_ANSWER: 8 bytes, a double),
 # or with ``main`` true those of the learner's interpreter's main thread alone (-1: not known), or
-# with ``waited`` true the seconds its live threads waited, ready, for a CPU (-1: not known);
+# with ``waited`` true the seconds its live threads waited, ready, for a CPU (with ``main`` too: that
+# main thread's alone; -1: not known);
 # the peak resident bytes of the learner's processes: PEAK with ``reset`` true starts a window (the
 # kernel's peak set back, the resident bytes sampled from then on), PEAK without it ends it; both are
 # answered the same way (``parent.PeakWatch``).
