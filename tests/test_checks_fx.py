@@ -531,3 +531,17 @@ def test_the_time_waited_for_a_cpu_is_counted_for_this_process_and_the_learners(
         assert waited_for_cpu() == -1.0
     finally:
         hooks.learner_waited = previous
+
+
+def test_the_fusion_speed_is_reported_as_a_ratio_of_the_judges_own_graphs(fx_solution, monkeypatch):
+    """Both graphs the fusion clock times are built and run by the judge (the folded one from the answer's
+    checked description), on fresh inputs, every output compared: its record says so (``trusted``), and the
+    grader then judges it on the bar alone, never "implausible" for a ratio a busy machine stretched far past
+    the instructor's (as lesson 5's picker was, at 14.5x against 3.65x)."""
+    import course.grader_hooks as hooks
+
+    seen = []
+    monkeypatch.setattr(hooks, "observer", lambda value, bar, tol: seen.append(tol))
+    C.check_fusion_speed(fx_solution.fold_affine, bars={"cpu": 0.5, "cuda": 0.5}, rounds=3, min_run_time=0.02, **SPEED)
+    speed = [tol for tol in seen if tol.get("kind") == "at_least"]
+    assert len(speed) == 1 and speed[0].get("trusted") is True, seen

@@ -849,7 +849,10 @@ def check_fusion_speed(fold_affine: Callable, *, bars: Mapping[str, float], batc
             report = compare(candidates, inputs=inputs, check=check, rounds=rounds, min_run_time=min_run_time,
                              device=dev, until=("folded", "exported", speed_bar(bars, dev)))
     report.show()
-    expect_speedup(report, "folded", over="exported", bars=bars,
+    # both sides are graphs of torch's ops the judge built and runs itself (the folded one from the answer's
+    # checked description), on fresh inputs, every output compared: nothing cached or skipped can hide in a
+    # ratio, so none is implausible (a busy machine slows the two sides unequally; the picker's was flagged so)
+    expect_speedup(report, "folded", over="exported", bars=bars, trusted=True,
                    hint="fold every legal chain into its conv and erase its nodes; the folded model must run "
                         "fewer ops than the exported one. If the machine is busy, run the cell again.")
     return report
