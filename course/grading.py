@@ -85,7 +85,9 @@ def best_of(measure: Callable[[], SpeedReport], name: str, bar: float, attempts:
     """Call ``measure()`` until ``name``'s speedup reaches ``bar`` (``attempts`` calls at most);
     return the best report. A shared machine can stall one side of a round, but a technique that
     is really slower stays below the bar in every attempt, so retrying is fair and never lenient
-    to a wrong answer (every output is still checked in every round)."""
+    to a wrong answer (every output is still checked in every round). Where none reaches it, an
+    attempt that could not decide is kept before one that failed: a miss is decided only when every
+    attempt decided it (the highest lower bound could belong to a busy attempt's narrow fail)."""
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}.")
     with observing_paused():  # how many attempts run depends on the machine, not the answer
@@ -94,9 +96,14 @@ def best_of(measure: Callable[[], SpeedReport], name: str, bar: float, attempts:
 
 def _best_of(measure, name, bar, attempts):
     best = None
+
+    def rank(report):  # a pass first, then undecided, then a fail; within each, the higher lower bound
+        ratio = report.speedup(name)
+        return ({"pass": 2, "undecided": 1}.get(ratio.verdict(bar), 0), ratio.bound)
+
     for attempt in range(1, attempts + 1):
         report = measure()
-        if best is None or report.speedup(name).bound > best.speedup(name).bound:
+        if best is None or rank(report) > rank(best):
             best = report
         if best.speedup(name).bound >= bar:
             break

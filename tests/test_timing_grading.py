@@ -339,3 +339,24 @@ def test_the_row_loops_two_size_clock_passes_fails_or_cannot_tell(growth, outcom
             with pytest.raises(AssertionError) as exc:
                 _expect_loop(g, "t", ": flat")
             assert not isinstance(exc.value, SpeedUndecided)
+
+
+def test_a_miss_is_decided_only_when_every_attempt_decided_it(capsys):
+    """``best_of`` kept the attempt with the highest lower bound: a busy attempt's narrow fail (1.15-1.2x
+    against a bar of 1.25) outranked an earlier attempt that could not decide (1.1-1.6x), and a right
+    answer was failed outright (an audit, 2026-12-04). A pass comes first, then an undecided attempt, then
+    a fail; a technique that is really slower fails every attempt, and still fails."""
+    from types import SimpleNamespace
+
+    from course.grading import best_of
+    from course.timing import Ratio
+
+    def attempts(*bounds):
+        reports = iter([SimpleNamespace(speedup=lambda name, r=Ratio(1.0, 1.0, 1.0, lo, hi): r) for lo, hi in bounds])
+        return lambda: next(reports)
+
+    bar = 1.25
+    assert best_of(attempts((1.1, 1.6), (1.15, 1.2), (1.0, 1.1)), "x", bar).speedup("x").verdict(bar) == "undecided"
+    assert best_of(attempts((1.15, 1.2), (1.1, 1.6), (1.3, 1.5)), "x", bar).speedup("x").bound == 1.3  # a pass
+    slower = best_of(attempts((0.9, 1.0), (1.0, 1.2), (0.95, 1.1)), "x", bar).speedup("x")
+    assert slower.verdict(bar) == "fail" and slower.bound == 1.0  # every attempt failed: the best of the fails
