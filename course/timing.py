@@ -866,7 +866,9 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     ``record``: a dict to which this reading appends, under ``"used"``, the (wall, CPU) seconds of each
     learner's call per entry of ``calls`` (how much of its time the learner's processes worked), under
     ``"waited"`` the seconds its threads waited, ready to run, for a CPU during each (-1: not known; a
-    busy machine, where a call that worked little wanted to), and
+    busy machine, where a call that worked little wanted to), under ``"net"`` each call's wall time
+    less what the threads a request and its reply pass through waited so (this one and the learner's
+    interpreter's main thread: :func:`waited_for_cpu`; None: not known), and
     under ``"grown"`` the growth of their peak resident memory during each (the kernel's count, read
     by the grading parent, reset just before the call and its warm-up call: outside the timed span)."""
     dev = pick_device(device)
@@ -875,6 +877,7 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     waited = grader_hooks.learner_waited if learner_cpu is not None and record is not None else None
     used: list[list[tuple[float, float]]] = [[] for _ in calls]  # (wall, CPU) of the learner's calls
     waits: list[list[float]] = [[] for _ in calls]  # seconds its threads waited, ready, for a CPU (-1: not known)
+    nets: list[list[float | None]] = [[] for _ in calls]  # wall less the crossing threads' waiting
     grown: list[list[float]] = [[] for _ in calls]
     best = [math.inf] * len(calls)
     with observing_paused(), steady(), grader_hooks.machine_turn():
@@ -890,6 +893,7 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
                 with (grader_hooks.learner_stopped() if i in held else nullcontext()):
                     synchronize(dev)
                     w0 = waited() if waited is not None and i not in held else None
+                    c0 = waited_for_cpu() if w0 is not None else -1.0
                     cpu = learner_cpu() if learner_cpu is not None and i not in held else None
                     t0 = time.perf_counter()
                     out = fn(*args)
@@ -898,8 +902,10 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
                     if cpu is not None and rep:
                         used[i].append((took, learner_cpu() - cpu))
                         if w0 is not None:
+                            c1 = waited_for_cpu() if c0 >= 0 else -1.0
                             w1 = waited()
                             waits[i].append(w1 - w0 if min(w0, w1) >= 0 else -1.0)
+                            nets[i].append(max(took - (c1 - c0), 0.0) if min(c0, c1) >= 0 else None)
                     if base is not None:
                         grown[i].append(peak(False) - base)
                 if rep:
@@ -914,6 +920,7 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     if record is not None:
         record.setdefault("used", []).append(used)
         record.setdefault("waited", []).append(waits)
+        record.setdefault("net", []).append(nets)
         record.setdefault("grown", []).append(grown)
     return [min(charged_seconds(u, threads_allowed)) if len(u) == reps else b for b, u in zip(best, used)]
 

@@ -308,7 +308,8 @@ def test_the_parent_tells_a_process_kept_from_the_cpu_from_one_that_sleeps(tmp_p
     from autograder.sandbox.parent import learner_wait_seconds
 
     cpu = min(os.sched_getaffinity(0))
-    spin = ("import os, time\nos.sched_setaffinity(0, {%d})\nfor _ in range(2):\n    if os.fork() == 0:\n        break\n"
+    spin = ("import os, time\nos.sched_setaffinity(0, {%d})\n"
+            "for _ in range(2):\n    if os.fork() == 0:\n        break\n"
             "os.write(1, b'go\\n')\nend = time.time() + 20\nwhile time.time() < end:\n    pass\n" % cpu)
     sleep = "import time\nprint('go', flush=True)\ntime.sleep(20)\n"
     waited = {}

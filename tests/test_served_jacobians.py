@@ -511,14 +511,14 @@ def test_a_row_loop_a_busy_machine_kept_from_the_cpu_is_undecided_not_failed(lea
     from course import grader_hooks
 
     monkeypatch.setattr(grader_hooks, "learner_cpu", lambda: time.process_time() / 5)
-    monkeypatch.setattr(grader_hooks, "learner_waited", time.perf_counter)
+    monkeypatch.setattr(grader_hooks, "learner_waited", lambda main=False: time.perf_counter())
     with pytest.raises(SpeedUndecided, match="ready for one, waiting, .* the machine was busy"):
         check_row_jacobian(learner("jacobian_rows"))
-    monkeypatch.setattr(grader_hooks, "learner_waited", lambda: 0.0)
+    monkeypatch.setattr(grader_hooks, "learner_waited", lambda main=False: 0.0)
     with pytest.raises(AssertionError, match="spent only .* of that time on a CPU") as caught:
         check_row_jacobian(learner("rows_asleep"))
     assert not isinstance(caught.value, SpeedUndecided)
-    monkeypatch.setattr(grader_hooks, "learner_waited", lambda: -1.0)  # the kernel keeps no count: as before
+    monkeypatch.setattr(grader_hooks, "learner_waited", lambda main=False: -1.0)  # the kernel keeps no count: as before
     with pytest.raises(AssertionError, match="spent only .* of that time on a CPU") as caught:
         check_row_jacobian(learner("jacobian_rows"))
     assert not isinstance(caught.value, SpeedUndecided)
@@ -555,3 +555,18 @@ def test_lesson_5_routes_every_graded_cell_to_the_judge():
     assert "check_largest_chunk" in SERVED
     setup = "\n".join(program.judge_setup)
     assert "from course.checks.jacobians import" in setup and "S = course.sizes(" in setup
+
+
+def test_a_row_loop_whose_small_calls_were_mostly_waiting_is_undecided_not_flat():
+    """Lesson 5's row loop must take ten times as long for 128 times the rows, and fails at five or less: a
+    busy machine adds the crossing's waiting to both sizes, most to the small one in share, and could make
+    a loop read flat. Net of that waiting (the scheduler's count), it is undecided, never passed."""
+    from course.checks.jacobians import _expect_loop, _Growth
+
+    g = _Growth(0.010, 0.045, (8, 1024), "time", nets=(0.001, 0.040))  # 4.5x by the clock, 40x net
+    with pytest.raises(SpeedUndecided, match="net of the time your process and the grader waited"):
+        _expect_loop(g, "jacobian_rows took", ": no loop")
+    for nets in (None, (0.009, 0.040)):  # not counted, or flat net of it too: a fail as before
+        with pytest.raises(AssertionError, match=": no loop") as caught:
+            _expect_loop(_Growth(0.010, 0.045, (8, 1024), "time", nets=nets), "jacobian_rows took", ": no loop")
+        assert not isinstance(caught.value, SpeedUndecided)

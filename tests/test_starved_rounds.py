@@ -86,3 +86,43 @@ def test_compare_served_measures_a_starved_baseline_round_again():
                              sizes=dict(n=256, m=256, d=16), device="cpu", rounds=5, warmup=1, min_run_time=0.02)
     assert rep.speedup("slower").median < 1.0, rep.table()
     assert any("measured again" in note for note in rep.notes), rep.notes
+
+
+def test_a_loops_time_made_of_waiting_for_a_cpu_is_undecided_not_failed(monkeypatch):
+    """The judge's clock beside the course's loop decides "a loop" at 0.8 of its time; a busy machine adds
+    the crossing's waiting (the learner's main thread and the judge's, ready to run, waiting for a core)
+    to every call of the learner's, and a right answer could read a loop's time (an audit, 2026-12-04).
+    The scheduler counts that waiting: a reading that is a loop's only with it is undecided, never passed;
+    one that is a loop's without it, or where nothing was counted, is decided as before."""
+    import pytest
+
+    from course import grader_hooks
+    from course.checks.common import Clocked, clock_against_loop, expect_loop_verdict
+    from course.grading import SpeedUndecided
+
+    with pytest.raises(SpeedUndecided, match="net of the time your process and the grader waited"):
+        expect_loop_verdict(Clocked(1.0, 0.2), 1.0, want_loop=False, text="answer", fail=": a loop")
+    for mine in (Clocked(1.0, 0.9), Clocked(1.0, None), 1.0):
+        with pytest.raises(AssertionError, match=": a loop") as caught:
+            expect_loop_verdict(mine, 1.0, want_loop=False, text="answer", fail=": a loop")
+        assert not isinstance(caught.value, SpeedUndecided)
+
+    def loop(x):
+        return torch.stack([row * 2 for row in x])
+
+    def make(seed):
+        return (torch.randn(400, 8, generator=torch.Generator().manual_seed(seed)),)
+
+    # the whole path, the learner a function here: its calls' waiting as the parent would count it
+    monkeypatch.setattr(grader_hooks, "learner_cpu", time.process_time)
+    monkeypatch.setattr(grader_hooks, "learner_waited", lambda main=False: 0.0)  # a quiet machine
+    mine, theirs = clock_against_loop(loop, "answer", make, loop, attempts=2)
+    assert mine.net is not None and mine.net >= 0.5 * mine, (mine, mine.net)
+    with pytest.raises(AssertionError, match=": a loop") as caught:
+        expect_loop_verdict(mine, theirs, want_loop=False, text="answer", fail=": a loop")
+    assert not isinstance(caught.value, SpeedUndecided), caught.value
+    monkeypatch.setattr(grader_hooks, "learner_waited", lambda main=False: 2 * time.perf_counter())  # all waiting
+    mine, theirs = clock_against_loop(loop, "answer", make, loop, attempts=2)
+    assert mine.net == 0.0, (mine, mine.net)
+    with pytest.raises(SpeedUndecided):
+        expect_loop_verdict(mine, theirs, want_loop=False, text="answer", fail=": a loop")

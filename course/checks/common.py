@@ -242,9 +242,16 @@ def expect_loop_verdict(mine: float, loop: float, *, want_loop: bool, text: str,
     a batched answer takes at most ``no_loop`` of it, a loop at least ``loop_like`` (:data:`NO_LOOP` and
     :data:`LOOP_LIKE` unless a check measured tighter bars for its own work)."""
     batched, looped = mine <= no_loop * loop, mine >= loop_like * loop
+    between = (f"{mine / loop:.2g} of the loop, between a batched answer (at most {no_loop:.2g}) and a loop (at "
+               f"least {loop_like:.2g})")
+    net = getattr(mine, "net", None)
+    if not want_loop and looped and net is not None and net < loop_like * loop:
+        # the time of a loop only with the machine's waiting in it: undecided, never passed
+        looped = False
+        between = (f"{mine / loop:.2g} of the loop, but {net / loop:.2g} of it net of the time your process and the "
+                   f"grader waited, ready, for a CPU (the operating system's count)")
     clock_verdict(looped if want_loop else batched, batched if want_loop else looped, text=text, fail=fail,
-                  between=f"{mine / loop:.2g} of the loop, between a batched answer (at most {no_loop:.2g}) and a "
-                          f"loop (at least {loop_like:.2g})",
+                  between=between,
                   # a loop whose every step is already batched (the rows of one sample in one backward
                   # pass, say) reads about 0.6 of the course's loop on a quiet machine
                   or_else="" if want_loop else f", or the answer still loops over the {unit}s in Python, with "
@@ -325,6 +332,7 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
 
     best = [float("inf"), float("inf")]
     attempts = max(attempts, 2)
+    record = record if record is not None else {}  # (read below for the learner's calls net of waiting)
     # One thread on both sides, and the learner's CPU time charged over one (best_times charges it over
     # the judge's thread count): the yardstick is a loop in one thread, and a loop spread over many
     # processes or threads of the learner's must not read a fraction of it for the machine's cores.
@@ -337,9 +345,25 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
                 break
             if best[0] >= LOOP_FAST * best[1]:  # a loop of module calls: decided by the first reading
                 break
+    nets = [n for reading in record.get("net", []) if reading for n in reading[0]]
+    mine = Clocked(best[0], min(nets) if nets and None not in nets else None)
     if key is not None:
-        cache[key] = (best[0], best[1])
-    return best[0], best[1]
+        cache[key] = (mine, best[1])
+    return mine, best[1]
+
+
+class Clocked(float):
+    """The learner's best time by the judge's clock (a float), with ``net``: its best time less what the
+    threads its request and reply pass through waited, ready to run, for a CPU (the scheduler's count;
+    None: not known). A busy machine adds that waiting to every crossing; a loop's own work it does not
+    take away (:func:`expect_loop_verdict` decides "a loop" only where the time net of it says so too)."""
+
+    net: float | None
+
+    def __new__(cls, value: float, net: float | None = None):
+        obj = super().__new__(cls, value)
+        obj.net = net
+        return obj
 
 
 def _blocks(fn: Callable, name: str, loop: Callable, factory: Callable, sizes: dict, rtol: float,
