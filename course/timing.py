@@ -905,7 +905,10 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
                             c1 = waited_for_cpu() if c0 >= 0 else -1.0
                             w1 = waited()
                             waits[i].append(w1 - w0 if min(w0, w1) >= 0 else -1.0)
-                            nets[i].append(max(took - (c1 - c0), 0.0) if min(c0, c1) >= 0 else None)
+                            # never below its CPU time over the threads allowed: waiting is not work, and work
+                            # spread over threads of the learner's own (which keep its main thread waiting) counts
+                            nets[i].append(max(took - (c1 - c0), used[i][-1][1] / max(torch.get_num_threads(), 1))
+                                           if min(c0, c1) >= 0 else None)
                     if base is not None:
                         grown[i].append(peak(False) - base)
                 if rep:

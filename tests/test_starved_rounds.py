@@ -110,19 +110,32 @@ def test_a_loops_time_made_of_waiting_for_a_cpu_is_undecided_not_failed(monkeypa
     def loop(x):
         return torch.stack([row * 2 for row in x])
 
+    def twice(x):  # a loop, twice over: a loop's time by any margin the machine leaves
+        loop(x)
+        return loop(x)
+
     def make(seed):
         return (torch.randn(400, 8, generator=torch.Generator().manual_seed(seed)),)
 
     # the whole path, the learner a function here: its calls' waiting as the parent would count it
     monkeypatch.setattr(grader_hooks, "learner_cpu", time.process_time)
     monkeypatch.setattr(grader_hooks, "learner_waited", lambda main=False: 0.0)  # a quiet machine
-    mine, theirs = clock_against_loop(loop, "answer", make, loop, attempts=2)
+    mine, theirs = clock_against_loop(twice, "answer", make, loop, attempts=2)
     assert mine.net is not None and mine.net >= 0.5 * mine, (mine, mine.net)
     with pytest.raises(AssertionError, match=": a loop") as caught:
         expect_loop_verdict(mine, theirs, want_loop=False, text="answer", fail=": a loop")
     assert not isinstance(caught.value, SpeedUndecided), caught.value
-    monkeypatch.setattr(grader_hooks, "learner_waited", lambda main=False: 2 * time.perf_counter())  # all waiting
-    mine, theirs = clock_against_loop(loop, "answer", make, loop, attempts=2)
-    assert mine.net == 0.0, (mine, mine.net)
+    # kept from the CPU: a fifth of the time on one, the rest ready and waiting
+    monkeypatch.setattr(grader_hooks, "learner_cpu", lambda: time.process_time() / 5)
+    monkeypatch.setattr(grader_hooks, "learner_waited", lambda main=False: 2 * time.perf_counter())
+    mine, theirs = clock_against_loop(twice, "answer", make, loop, attempts=2)
+    assert mine.net <= 0.3 * mine, (mine, mine.net)  # (its CPU time: waiting is not work, work is)
     with pytest.raises(SpeedUndecided):
         expect_loop_verdict(mine, theirs, want_loop=False, text="answer", fail=": a loop")
+    # the same waiting, but the CPU time of a loop's work: a loop (work spread over threads of its own counts)
+    monkeypatch.setattr(grader_hooks, "learner_cpu", time.process_time)
+    mine, theirs = clock_against_loop(twice, "answer", make, loop, attempts=2)
+    assert mine.net >= 0.5 * mine, (mine, mine.net)
+    with pytest.raises(AssertionError, match=": a loop") as caught:
+        expect_loop_verdict(mine, theirs, want_loop=False, text="answer", fail=": a loop")
+    assert not isinstance(caught.value, SpeedUndecided), caught.value
