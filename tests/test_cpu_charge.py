@@ -331,3 +331,33 @@ def test_the_parent_tells_a_process_kept_from_the_cpu_from_one_that_sleeps(tmp_p
     assert waited["sleep"] < 0.05, waited
     gone = SimpleNamespace(group=None, proc=proc)
     assert learner_wait_seconds(gone) == -1.0  # no such process: not known
+
+
+def test_the_learners_interpreter_is_found_once_per_run_and_again_only_when_it_is_gone(monkeypatch):
+    """The judge asks for the learner's main thread's counts around every call it times; the walk over
+    /proc that finds that thread costs a millisecond per hundred processes on the machine, so it is made
+    once per run (keyed by the sandbox root and its start), and again only when the process found is gone."""
+    import os
+
+    from autograder.sandbox import parent
+
+    walks = []
+    real = parent.shallowest
+    monkeypatch.setattr(parent, "shallowest", lambda root, pred: walks.append(root) or real(root, pred))
+    monkeypatch.setattr(parent, "_MAINS", {})
+    proc = subprocess.Popen(["sh", "-c", f"{sys.executable} -c 'import time; time.sleep(30)'; true"])
+    try:
+        deadline = time.monotonic() + 20
+        while parent.learner_main_pid(proc.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found, walked = parent.learner_main_pid(proc.pid), len(walks)
+        assert found is not None and found != proc.pid, found  # the Python under the shell
+        for _ in range(5):
+            assert parent.learner_main_pid(proc.pid) == found and parent.main_thread_wait_seconds(proc.pid) >= 0
+        assert len(walks) == walked  # found once
+        os.kill(found, 9)
+        time.sleep(0.3)
+        assert parent.learner_main_pid(proc.pid) != found  # gone: not the process found before
+    finally:
+        proc.kill()
+        proc.wait()

@@ -417,16 +417,48 @@ def learner_wait_seconds(proc: "_Proc") -> float:
     return waited / 1e9 if seen else -1.0
 
 
-def main_thread_wait_seconds(root: int) -> float:
-    """The seconds the main thread of the learner's interpreter (as :func:`main_thread_cpu_seconds`
-    finds it) has waited, ready to run, for a CPU (the second field of its ``schedstat``); -1.0 where
-    not known. The thread that runs what the judge asks for: its waits are the ones on the way of a
-    request and its reply."""
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, field 22 of its ``stat``); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+#: The learner's interpreter found under each sandbox root, (root, its start) -> (pid, its start): the
+#: judge asks for its main thread's counts around every call it times, and a walk over /proc costs a
+#: millisecond per hundred processes on the machine.
+_MAINS: dict[tuple[int, int], tuple[int, int]] = {}
+
+
+def learner_main_pid(root: int) -> int | None:
+    """The learner's interpreter (the shallowest Python process at or under ``root``: the sandbox's
+    own processes sit above it, the learner's below it), or None where there is not exactly one;
+    found once per run, and found again only if that process is gone."""
+    rooted = _start_time(root)
+    if rooted is None:
+        return None
+    known = _MAINS.get((root, rooted))
+    if known is not None and _start_time(known[0]) == known[1]:
+        return known[0]
     found = shallowest(root, is_python)
-    if len(found) != 1:
+    started = _start_time(found[0]) if len(found) == 1 else None
+    if started is None:
+        return None
+    _MAINS[(root, rooted)] = (found[0], started)
+    return found[0]
+
+
+def main_thread_wait_seconds(root: int) -> float:
+    """The seconds the main thread of the learner's interpreter (:func:`learner_main_pid`) has waited,
+    ready to run, for a CPU (the second field of its ``schedstat``); -1.0 where not known. The thread
+    that runs what the judge asks for: its waits are the ones on the way of a request and its reply."""
+    pid = learner_main_pid(root)
+    if pid is None:
         return -1.0
     try:
-        with open(f"/proc/{found[0]}/task/{found[0]}/schedstat") as fh:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as fh:
             return int(fh.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return -1.0
@@ -439,11 +471,11 @@ def main_thread_cpu_seconds(root: int) -> float:
     keeps no such count (a reading in clock ticks would be too coarse to compare). What the
     course's code run there costs its one thread, apart from any other thread of the learner's
     (``course.timing.compare_served(calibrate=...)``)."""
-    found = shallowest(root, is_python)
-    if len(found) != 1:
+    pid = learner_main_pid(root)
+    if pid is None:
         return -1.0
     try:
-        ns = _thread_ns(found[0], found[0])
+        ns = _thread_ns(pid, pid)
     except (OSError, ValueError, IndexError):
         return -1.0
     return ns / 1e9 if ns > 0 else -1.0
