@@ -139,3 +139,35 @@ def test_a_loops_time_made_of_waiting_for_a_cpu_is_undecided_not_failed(monkeypa
     with pytest.raises(AssertionError, match=": a loop") as caught:
         expect_loop_verdict(mine, theirs, want_loop=False, text="answer", fail=": a loop")
     assert not isinstance(caught.value, SpeedUndecided), caught.value
+
+
+def test_a_learners_block_that_reads_starved_is_kept_never_measured_again(monkeypatch):
+    """Under the grader a round was measured again when any side's block read starved, the learner's own
+    included: its process could sleep in the rounds it chose (its slowest) and have them thrown away, up to
+    `rounds` of them (an audit, 2026-12-04). Now only the course's starved sides are measured again; a round
+    whose learner's block reads starved is kept, and counted starved (no fail: a busy machine may have done
+    it), so its rounds' bound stands as measured."""
+    import sys
+    from pathlib import Path
+
+    from course import grader_hooks
+    from course.checks.broadcasting import distance_inputs, naive_sq_dists
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from served_helpers import served
+
+    blocks = {"n": 0}
+
+    def sleepy(x, y):
+        blocks["n"] += 1
+        if blocks["n"] % 3 == 0:
+            time.sleep(0.15)  # (well past the CPU reading's slack: starved beyond doubt)
+        return naive_sq_dists(x, y)
+
+    monkeypatch.setattr(grader_hooks, "learner_cpu", time.process_time)  # the learner is a thread here
+    for learner in served({"sleepy": sleepy}):
+        with threads(1):
+            rep = compare_served(("broadcast", naive_sq_dists), ("sleepy", learner("sleepy")), factory=distance_inputs,
+                                 sizes=dict(n=256, m=256, d=16), device="cpu", rounds=5, warmup=1, min_run_time=0.02)
+    assert not any("measured again" in note for note in rep.notes), rep.notes
+    assert rep.starved >= 1, (rep.starved, rep.notes)
