@@ -46,28 +46,10 @@ __all__ = ["Ratio", "SpeedReport", "best_times", "compare", "compare_served", "f
            "waited_for_cpu"]
 
 
-def _own_waited() -> float:
-    """Seconds the calling thread has waited, ready to run, for a CPU (the scheduler's count, the
-    second field of its ``schedstat``); -1.0 where the kernel keeps none."""
-    import threading
-
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as fh:
-            return int(fh.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return -1.0
-
-
-def _process_waited() -> float:
-    """Seconds every live thread of this process has waited, ready to run, for a CPU, summed (the
-    scheduler's count); -1.0 where the kernel keeps none."""
-    import os
-
+def _waited(tids: Sequence[int | str]) -> float:
+    """Seconds threads ``tids`` of this process have waited, ready to run, for a CPU, summed (the
+    scheduler's count, the second field of each one's ``schedstat``); -1.0 where none is kept."""
     total, seen = 0, False
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return -1.0
     for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as fh:
@@ -76,6 +58,23 @@ def _process_waited() -> float:
         except (OSError, ValueError, IndexError):
             pass
     return total / 1e9 if seen else -1.0
+
+
+def _own_waited() -> float:
+    """:func:`_waited` of the calling thread."""
+    import threading
+
+    return _waited([threading.get_native_id()])
+
+
+def _process_waited() -> float:
+    """:func:`_waited` of every live thread of this process."""
+    import os
+
+    try:
+        return _waited(os.listdir("/proc/self/task"))
+    except OSError:
+        return -1.0
 
 
 def waited_for_cpu() -> float:

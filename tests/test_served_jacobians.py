@@ -561,12 +561,15 @@ def test_a_row_loop_whose_small_calls_were_mostly_waiting_is_undecided_not_flat(
     """Lesson 5's row loop must take ten times as long for 128 times the rows, and fails at five or less: a
     busy machine adds the crossing's waiting to both sizes, most to the small one in share, and could make
     a loop read flat. Net of that waiting (the scheduler's count), it is undecided, never passed."""
+    from course.checks.common import Clocked
     from course.checks.jacobians import _expect_loop, _Growth
 
-    g = _Growth(0.010, 0.045, (8, 1024), "time", nets=(0.001, 0.040))  # 4.5x by the clock, 40x net
+    def growth(small_net, large_net):
+        return _Growth(Clocked(0.010, small_net), Clocked(0.045, large_net), (8, 1024), "time")
+
     with pytest.raises(SpeedUndecided, match="net of the time your process and the grader waited"):
-        _expect_loop(g, "jacobian_rows took", ": no loop")
-    for nets in (None, (0.009, 0.040)):  # not counted, or flat net of it too: a fail as before
+        _expect_loop(growth(0.001, 0.040), "jacobian_rows took", ": no loop")  # 4.5x by the clock, 40x net
+    for nets in ((None, None), (0.009, 0.040)):  # not counted, or flat net of it too: a fail as before
         with pytest.raises(AssertionError, match=": no loop") as caught:
-            _expect_loop(_Growth(0.010, 0.045, (8, 1024), "time", nets=nets), "jacobian_rows took", ": no loop")
+            _expect_loop(growth(*nets), "jacobian_rows took", ": no loop")
         assert not isinstance(caught.value, SpeedUndecided)

@@ -42,7 +42,11 @@ def test_rounds_starved_of_cpu_past_the_redo_budget_never_give_a_fail(monkeypatc
     # alone the ceiling is the largest ratio, and one wild round left equal sides undecided in CI, 2026-12-04)
     rep = compare({"big": work(64), "small": work(64)}, rounds=7, warmup=1, min_run_time=0.01, progress=False,
                   until=("small", "big", 2.0))
-    assert rep.starved == 0 and rep.speedup("small").verdict(2.0) == "fail", rep.table()
+    # a fail, or (the starvation readings switched off here, so a machine busy enough to stretch a third of
+    # the rounds several-fold is not seen: beside a torch-matrix run, 2026-12-04) undecided only once every
+    # round `until` allows was added: equal sides never pass
+    verdict, added = rep.speedup("small").verdict(2.0), len(rep.times["small"])
+    assert rep.starved == 0 and (verdict == "fail" or (verdict == "undecided" and added == 4 * 7)), rep.table()
     # ...and the rule itself on fixed rounds: counted starved, the same rounds have no ceiling
     even = {"big": [6e-6, 6.1e-6, 6.2e-6] * 3, "small": [6.1e-6, 6e-6, 6.2e-6] * 3}
     assert SpeedReport(even, "big", "cpu", 1).speedup("small").verdict(2.0) == "fail"

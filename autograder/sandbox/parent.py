@@ -396,10 +396,10 @@ def learner_cpu_seconds(proc: "_Proc") -> float:
 
 def learner_wait_seconds(proc: "_Proc") -> float:
     """The seconds the live threads of every process of ``proc`` (its cgroup's, else its tree's) have
-    spent ready to run but waiting for a CPU, from the scheduler's count (the second field of each
-    thread's ``schedstat``; -1.0 where the kernel keeps none). Beside :func:`learner_cpu_seconds`: a
-    process that waited for a CPU wanted to work (a busy machine), one that slept did not (a
-    function that sleeps to look like a loop): ``course.checks.jacobians`` tells the two apart."""
+    spent ready to run but waiting for a CPU, from the scheduler's count (:func:`_schedstat`; -1.0
+    where the kernel keeps none). Beside :func:`learner_cpu_seconds`: a process that waited for a
+    CPU wanted to work (a busy machine), one that slept did not (a function that sleeps to look like
+    a loop): ``course.checks.jacobians`` tells the two apart."""
     pids = proc.group.pids() if proc.group is not None and proc.group.holds(proc.proc.pid) else []
     waited, seen = 0, False
     for pid in pids or [proc.proc.pid, *descendants(proc.proc.pid)]:
@@ -409,8 +409,7 @@ def learner_wait_seconds(proc: "_Proc") -> float:
             continue
         for tid in tids:
             try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                    waited += int(fh.read().split()[1])
+                waited += _schedstat(pid, tid)[1]
                 seen = True
             except (OSError, ValueError, IndexError):
                 pass
@@ -452,40 +451,39 @@ def learner_main_pid(root: int) -> int | None:
 
 def main_thread_wait_seconds(root: int) -> float:
     """The seconds the main thread of the learner's interpreter (:func:`learner_main_pid`) has waited,
-    ready to run, for a CPU (the second field of its ``schedstat``); -1.0 where not known. The thread
-    that runs what the judge asks for: its waits are the ones on the way of a request and its reply."""
-    pid = learner_main_pid(root)
-    if pid is None:
-        return -1.0
-    try:
-        with open(f"/proc/{pid}/task/{pid}/schedstat") as fh:
-            return int(fh.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return -1.0
+    ready to run, for a CPU; -1.0 where not known. The thread that runs what the judge asks for: its
+    waits are the ones on the way of a request and its reply."""
+    return _main_thread_seconds(root, 1)
 
 
 def main_thread_cpu_seconds(root: int) -> float:
-    """CPU seconds of the main thread of the learner's interpreter (the shallowest Python process
-    at or under ``root``: the sandbox's own processes sit above it, the learner's below it), from
+    """CPU seconds of the main thread of the learner's interpreter (:func:`learner_main_pid`), from
     the scheduler's nanosecond count; -1.0 where no single such process is found or the kernel
     keeps no such count (a reading in clock ticks would be too coarse to compare). What the
     course's code run there costs its one thread, apart from any other thread of the learner's
     (``course.timing.compare_served(calibrate=...)``)."""
+    seconds = _main_thread_seconds(root, 0)
+    return seconds if seconds > 0 else -1.0
+
+
+def _main_thread_seconds(root: int, field: int) -> float:
+    """Field ``field`` of :func:`_schedstat` of the learner's interpreter's main thread, in seconds
+    (-1.0: not known)."""
     pid = learner_main_pid(root)
     if pid is None:
         return -1.0
     try:
-        ns = _thread_ns(pid, pid)
+        return _schedstat(pid, pid)[field] / 1e9
     except (OSError, ValueError, IndexError):
         return -1.0
-    return ns / 1e9 if ns > 0 else -1.0
 
 
-def _thread_ns(pid: int, tid: int | str) -> int:
-    """The scheduler's count of the time thread ``tid`` of ``pid`` has run, in nanoseconds (the
-    first field of its ``schedstat``); raises ``OSError`` when it is gone."""
+def _schedstat(pid: int, tid: int | str) -> list[int]:
+    """The scheduler's counts for thread ``tid`` of ``pid``, in nanoseconds: the time it has run, and
+    the time it has waited, ready to run, for a CPU (its ``schedstat``); raises ``OSError`` when it is
+    gone."""
     with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-        return int(fh.read().split()[0])
+        return [int(x) for x in fh.read().split()[:2]]
 
 
 def tree_peak_bytes(pid: int, reset: bool = False) -> float:
@@ -642,7 +640,7 @@ def _scheduled_ns(pids: list[int]) -> dict[int, int]:
         total = 0
         try:
             for task in os.listdir(f"/proc/{p}/task"):
-                total += _thread_ns(p, task)
+                total += _schedstat(p, task)[0]
         except (OSError, ValueError, IndexError):
             continue
         out[p] = total

@@ -43,8 +43,9 @@ from typing import Callable, Mapping
 import torch
 from torch.func import jacfwd, jacrev
 
-from course.checks.common import (LOOP_LIKE, NO_LOOP, call, clock_against_loop, clock_verdict, expect_loop_verdict,
-                                  grader_references, name_mistake, ok, record, stored_answers, visible_call)
+from course.checks.common import (LOOP_LIKE, NO_LOOP, Clocked, best_net, call, clock_against_loop, clock_verdict,
+                                  expect_loop_verdict, grader_references, name_mistake, ok, record, stored_answers,
+                                  visible_call)
 from course.data import randn
 from course.devices import pick_device, threads
 from course.hand import again
@@ -186,7 +187,6 @@ class _Growth:
     peak: float | None = None  # the most the learner's peak memory grew during one timed call (the kernel's count)
     worked: float | None = None  # of the wall time of its calls at the large size, the share it spent on a CPU
     wanted: float | None = None  # the share it spent on a CPU or ready for one (waiting: a busy machine)
-    nets: tuple[float, float] | None = None  # best times at the two sizes net of the crossing's waiting for a CPU
     no_loop: float = NO_LOOP  # the clock's bars beside the course's loop (expect_loop_verdict)
     loop_like: float = LOOP_LIKE
 
@@ -236,10 +236,11 @@ def _expect_loop(g: _Growth, text: str, fail: str) -> None:
     between = (f"{ratio:.1f} times as long, between the growth of a vmap (at most {FLAT_GROWTH:.0f}x) and of a loop "
                f"(at least {LOOP_GROWTH:.0f}x)")
     flat = ratio <= FLAT_GROWTH
-    if flat and g.nets is not None and g.nets[1] > FLAT_GROWTH * max(g.nets[0], 1e-9):
+    small, large = getattr(g.small, "net", None), getattr(g.large, "net", None)  # (Clocked: see _recorded)
+    if flat and small is not None and large is not None and large > FLAT_GROWTH * max(small, 1e-9):
         # the small calls' time was mostly the crossing's waiting for a CPU (a busy machine adds it to both sizes)
         flat = False
-        between = (f"{ratio:.1f} times as long, but {g.nets[1] / max(g.nets[0], 1e-9):.1f} times net of the time "
+        between = (f"{ratio:.1f} times as long, but {large / max(small, 1e-9):.1f} times net of the time "
                    "your process and the grader waited, ready, for a CPU (the operating system's count)")
     clock_verdict(g.grows, flat, text=text, fail=fail, between=between)
 
@@ -334,9 +335,7 @@ def _recorded(g: _Growth, record: dict, large: int) -> _Growth:
     # a reading without the scheduler's count of waiting leaves it unknown: the CPU share decides alone
     g.wanted = max(wanted) if wanted and len(wanted) == len(shares) else None
     if large == 1:  # two sizes, the learner's calls alone: each size's best time net of the crossing's waiting
-        per_size = [[n for reading in record.get("net", []) if len(reading) > 1 for n in reading[k]] for k in (0, 1)]
-        if all(per_size) and all(None not in nets for nets in per_size):
-            g.nets = (min(per_size[0]), min(per_size[1]))
+        g.small, g.large = Clocked(g.small, best_net(record, 0)), Clocked(g.large, best_net(record, 1))
     return g
 
 
