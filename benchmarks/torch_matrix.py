@@ -240,9 +240,12 @@ def run_lesson(python: Path, lesson_id: str, work: Path, learners_copy: bool = T
 def markdown(results: dict, lessons: list[str], machine: str, date: str, current: dict | None = None) -> str:
     """The page. ``current``: each lesson's fingerprint now (:func:`lesson_print`); a figure made on
     another version of a lesson says so (and counts for nothing in the range's test)."""
+    from course.lessons import catalog
+
     low, cap = accepted_range()
     versions = list(results)
     current = current or {}
+    budgets = {item["id"]: item["cpu_budget_s"] for item in catalog()}
     lines = ["# Compatibility: the torch range, tested", "",
              f"Written by `make torch-matrix` (`benchmarks/torch_matrix.py`), last on {machine}, "
              f"{date}; each column names where and when it ran, Python {'%d.%d' % sys.version_info[:2]} unless a column names another. "
@@ -265,7 +268,9 @@ def markdown(results: dict, lessons: list[str], machine: str, date: str, current
                 open_ = f", speed undecided in {len(r['undecided'])} cell(s)" if r.get("undecided") else ""
                 old = ("" if lesson not in current or r.get("lesson") == current[lesson] else
                        ", on an earlier version of the lesson" if r.get("lesson") else ", lesson version not recorded")
-                row.append(f"{'passes' if r['ok'] else 'FAILS'} ({r['seconds']:.0f} s{warn}{open_}{old})")
+                slow = (f", over the lesson's {budgets[lesson]} s budget"
+                        if lesson in budgets and r["seconds"] > budgets[lesson] else "")
+                row.append(f"{'passes' if r['ok'] else 'FAILS'} ({r['seconds']:.0f} s{slow}{warn}{open_}{old})")
         lines.append(f"| {lesson} | " + " | ".join(row) + " |")
     lines += ["", "## What a learner sees", ""]
     for v in versions:

@@ -38,6 +38,9 @@ module:
   beside ``learner_cpu``, whether a process that used little CPU in a timed call was kept from it (a
   busy machine) or did not ask for it (it slept) (:func:`course.timing.best_times`,
   :func:`course.timing.waited_for_cpu`);
+- ``learner_counts()``: in the judge process only, ``learner_cpu()``, ``learner_waited()`` and
+  ``learner_waited(main=True)`` read together, in one request to the parent: what a timed call is
+  bracketed with (:func:`course.timing.best_times`; one round trip before the call, one after);
 - ``uninterrupted()``: a context manager during which the grader's time limit waits (raised as
   it ends): the few lines that write or keep one piece of a message on the judge/learner channel
   (:class:`course.remote.Link`), so that a time limit never cuts a message in two;
@@ -73,6 +76,7 @@ learner_cpu: Callable[[], float] | None = None
 learner_main_cpu: Callable[[], float] | None = None
 learner_peak: Callable[[bool], float] | None = None
 learner_waited: Callable[..., float] | None = None
+learner_counts: Callable[[], tuple[float, float, float]] | None = None
 uninterrupted: Callable[[], ContextManager] | None = None
 alarm: Callable | None = None
 script_host: Callable[[], Any] | None = None
@@ -97,15 +101,17 @@ def install(*, observer: Callable, exclusive: Callable, learner_prefix: str, ref
             learner_main_cpu: Callable | None = None, learner_peak: Callable | None = None,
             uninterrupted: Callable | None = None, alarm: Callable | None = None,
             script_host: Callable | None = None, bare_host: Callable | None = None,
-            program_host: Callable | None = None, learner_waited: Callable | None = None) -> None:
+            program_host: Callable | None = None, learner_waited: Callable | None = None,
+            learner_counts: Callable | None = None) -> None:
     """Called by the grading sandbox only."""
     globals().update(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix, refused=refused,
                      hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
                      learner_peak=learner_peak, uninterrupted=uninterrupted, alarm=alarm, script_host=script_host,
-                     bare_host=bare_host, program_host=program_host, learner_waited=learner_waited)
+                     bare_host=bare_host, program_host=program_host, learner_waited=learner_waited,
+                     learner_counts=learner_counts)
 
 
 def installed() -> tuple:
     """What is installed now (the sandbox compares it after every cell)."""
     return (observer, exclusive, learner_prefix, refused, hold, learner_cpu, learner_main_cpu, learner_peak,
-            uninterrupted, alarm, script_host, bare_host, program_host, learner_waited)
+            uninterrupted, alarm, script_host, bare_host, program_host, learner_waited, learner_counts)

@@ -878,9 +878,8 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     under ``"grown"`` the growth of their peak resident memory during each (the kernel's count, read
     by the grading parent, reset just before the call and its warm-up call: outside the timed span)."""
     dev = pick_device(device)
-    learner_cpu = grader_hooks.learner_cpu if dev.type == "cpu" else None
+    counted = dev.type == "cpu" and (grader_hooks.learner_counts or grader_hooks.learner_cpu) is not None
     peak = grader_hooks.learner_peak if record is not None else None
-    waited = grader_hooks.learner_waited if learner_cpu is not None and record is not None else None
     used: list[list[tuple[float, float]]] = [[] for _ in calls]  # (wall, CPU) of the learner's calls
     waits: list[list[float]] = [[] for _ in calls]  # seconds its threads waited, ready, for a CPU (-1: not known)
     nets: list[list[float | None]] = [[] for _ in calls]  # wall less the crossing threads' waiting
@@ -898,23 +897,24 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
                     args = made[id(args)] if id(args) in made else made.setdefault(id(args), tuple(args()))
                 with (grader_hooks.learner_stopped() if i in held else nullcontext()):
                     synchronize(dev)
-                    w0 = waited() if waited is not None and i not in held else None
-                    c0 = waited_for_cpu() if w0 is not None else -1.0
-                    cpu = learner_cpu() if learner_cpu is not None and i not in held else None
+                    # one request to the parent before the call and one after (CPU, waiting, the main thread's)
+                    k0 = _learner_counts() if counted and rep and i not in held else None
+                    o0 = _own_waited() if k0 is not None and record is not None else -1.0
                     t0 = time.perf_counter()
                     out = fn(*args)
                     synchronize(dev)
                     took = time.perf_counter() - t0
-                    if cpu is not None and rep:
-                        used[i].append((took, learner_cpu() - cpu))
-                        if w0 is not None:
-                            c1 = waited_for_cpu() if c0 >= 0 else -1.0
-                            w1 = waited()
-                            waits[i].append(w1 - w0 if min(w0, w1) >= 0 else -1.0)
+                    if k0 is not None:
+                        k1, o1 = _learner_counts(), _own_waited() if o0 >= 0 else -1.0
+                        used[i].append((took, k1[0] - k0[0]))
+                        if record is not None and k0[1] is not None:
+                            waits[i].append(k1[1] - k0[1] if min(k0[1], k1[1]) >= 0 else -1.0)
+                            # the waiting of the threads a request and its reply pass through (waited_for_cpu),
                             # never below its CPU time over the threads allowed: waiting is not work, and work
                             # spread over threads of the learner's own (which keep its main thread waiting) counts
-                            nets[i].append(max(took - (c1 - c0), used[i][-1][1] / max(torch.get_num_threads(), 1))
-                                           if min(c0, c1) >= 0 else None)
+                            crossed = (o1 + k1[2]) - (o0 + k0[2]) if min(o0, o1, k0[2], k1[2]) >= 0 else None
+                            nets[i].append(max(took - crossed, used[i][-1][1] / max(torch.get_num_threads(), 1))
+                                           if crossed is not None else None)
                     if base is not None:
                         grown[i].append(peak(False) - base)
                 if rep:
@@ -932,6 +932,18 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
         record.setdefault("net", []).append(nets)
         record.setdefault("grown", []).append(grown)
     return [min(charged_seconds(u, threads_allowed)) if len(u) == reps else b for b, u in zip(best, used)]
+
+
+def _learner_counts() -> tuple[float, float | None, float | None]:
+    """The learner's processes' CPU seconds, the seconds their live threads waited, ready, for a CPU, and
+    those its interpreter's main thread waited (-1.0: not known; None: the grader reads no waiting): one
+    request to the parent where the grader offers it (``grader_hooks.learner_counts``)."""
+    if grader_hooks.learner_counts is not None:
+        cpu, waited, main = grader_hooks.learner_counts()
+        return cpu, waited, main
+    waited = grader_hooks.learner_waited
+    return (grader_hooks.learner_cpu(), waited() if waited is not None else None,
+            waited(main=True) if waited is not None else None)
 
 
 def charged_seconds(blocks: Sequence[tuple[float, float]], threads: int) -> list[float]:

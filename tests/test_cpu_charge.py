@@ -200,6 +200,31 @@ def test_best_times_charges_the_learners_calls_not_the_held_ones(monkeypatch):
     assert trusted < 0.03, trusted  # its best wall time of 1 ms: 30 times that under any load
 
 
+def test_best_times_brackets_each_learners_call_with_one_request_before_and_one_after(monkeypatch):
+    """Under the grader the three counts a timed call is bracketed with (CPU, its threads' waiting, its
+    main thread's) come in one request to the parent (``learner_counts``), not three each side: two
+    round trips per timed call, none for a held one; what they say is what the record keeps."""
+    asked = []
+
+    def counts():
+        asked.append(time.perf_counter())
+        return 0.01 * len(asked), 0.002 * len(asked), 0.001 * len(asked)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a count read on its own")
+
+    monkeypatch.setattr(hooks, "learner_counts", counts)
+    monkeypatch.setattr(hooks, "learner_cpu", refused)
+    monkeypatch.setattr(hooks, "learner_waited", refused)
+    record: dict = {}
+    with threads(1):
+        best_times([(lambda: None, ()), (lambda: None, ())], held=[1], reps=3, device="cpu", record=record)
+    assert len(asked) == 2 * 3  # the learner's call of each repetition (not the warm-up, not the held call)
+    assert [c for _, c in record["used"][0][0]] == [pytest.approx(0.01)] * 3
+    assert record["waited"][0][0] == [pytest.approx(0.002)] * 3 and record["used"][0][1] == []
+    assert all(n is not None for n in record["net"][0][0])
+
+
 def test_a_stretched_repetition_does_not_dilute_the_charge(monkeypatch):
     """One repetition's wall time stretched (the process kept waiting: no CPU used) left the best of
     the others, and the CPU charge divided by the summed wall fell with it: four cores' worth read
@@ -244,7 +269,9 @@ SERVED = [
     {"index": 2, "id": "c", "kind": "test", "grade_id": "t", "served": True,
      "source": "c0, w0 = hooks.learner_cpu(), hooks.learner_waited()\nburn(0.3)\n"
                "print(f'used {hooks.learner_cpu() - c0:.2f} waited {w0:.3f} {hooks.learner_waited() - w0:.3f} '\n"
-               "      f'{hooks.learner_waited(main=True):.3f}')\n"},
+               "      f'{hooks.learner_waited(main=True):.3f}')\n"
+               "k0 = hooks.learner_counts()\nburn(0.2)\nk1 = hooks.learner_counts()\n"
+               "print('counts', *(f'{b - a:.3f}' for a, b in zip(k0, k1)), *(f'{a:.3f}' for a in k0))\n"},
 ]
 
 
@@ -255,8 +282,13 @@ def test_the_judge_reads_the_learners_cpu_through_the_parent(tmp_path):
     out = run_program(SERVED, judge_setup=[SERVED[0]["source"]], sandbox=sandbox, cell_timeout=60, timeout=120,
                       memory_mb=2000, log=tmp_path / "log")
     assert out.status == "ok", out
-    text = out.cells[2].output.strip()
+    text, counts = out.cells[2].output.strip().splitlines()
     assert text.startswith("used "), out.cells[2]
+    # the three readings a timed call is bracketed with, in one request (course.timing.best_times): the
+    # tree's CPU (two threads of 0.2 s each), its threads' waiting and its main thread's, each known
+    cpu, waited, main, *at = (float(x) for x in counts.split()[1:])
+    assert counts.startswith("counts ") and cpu >= 0.35 and 0 <= waited < 5 and 0 <= main <= waited + 0.01, counts
+    assert min(at) >= 0 and at[0] >= float(text.split()[1]), counts
     assert float(text.split()[1]) >= 0.55, text
     # the scheduler's count of the learner's waiting for a CPU comes through too (known: not -1)
     assert text.split()[2] == "waited" and float(text.split()[3]) >= 0 and 0 <= float(text.split()[4]) < 5, text

@@ -67,6 +67,9 @@ def test_the_page_names_every_version_lesson_and_warning():
     text = TM.markdown(results, ["04_forward_ad"], "a test machine", "2026-11-25")
     assert "| 04_forward_ad | passes (40 s) | FAILS (12 s, 1 warning(s)) |" in text
     assert "fails at cell 3: ValueError: x" in text and "04_forward_ad: FutureWarning: y" in text
+    results["2.4.0"]["04_forward_ad"]["seconds"] = 181.0  # a lesson runs in 3 minutes on 2 cores, or says not
+    text = TM.markdown(results, ["04_forward_ad"], "a test machine", "2026-11-25")
+    assert "| 04_forward_ad | passes (181 s, over the lesson's 180 s budget) |" in text
 
 
 def test_the_committed_matrix_covers_the_declared_range():
@@ -90,6 +93,12 @@ def test_the_committed_matrix_covers_the_declared_range():
         assert not stale, (f"torch {version}: figures of an earlier version of {stale}: "
                            f"python benchmarks/torch_matrix.py --versions {version} " +
                            " ".join(f"--lesson {lesson}" for lesson in stale))
+    # every figure the page shows, in or beside the declared range: the lesson ran within its CPU budget (3 min
+    # on 2 cores), as the README promises
+    budgets = {item["id"]: item["cpu_budget_s"] for item in catalog()}
+    slow = sorted((version, lesson, r["seconds"]) for version, results in runs.items() for lesson, r in results.items()
+                  if r["seconds"] > budgets[lesson])
+    assert not slow, f"over the lesson's budget (run again on a quiet machine, or make the lesson lighter): {slow}"
 
 
 def test_a_figure_of_an_earlier_lesson_says_so(tmp_path):

@@ -126,6 +126,12 @@ def main() -> int:
         waited, ready to run, for a CPU (-1: not known)."""
         return ask(protocol.CPU, waited=True, main=bool(main))
 
+    def learner_counts() -> tuple[float, float, float]:
+        """``learner_cpu()``, ``learner_waited()`` and ``learner_waited(main=True)`` in one round trip: what
+        a timed call is bracketed with (``course.timing.best_times``)."""
+        channel.send(protocol.CPU, counts=True)
+        return protocol.COUNTS_ANSWER.unpack(protocol.read_exact(in_fd, protocol.COUNTS_ANSWER.size))
+
     def learner_peak(reset: bool = False) -> float:
         """The learner's processes' peak resident bytes, as the kernel counts it; ``reset``: start
         the count again from what is resident now (and the parent's sampling, until the next call)."""
@@ -161,7 +167,7 @@ def main() -> int:
     alarm = protocol.Alarm()
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
                   refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
-                  learner_peak=learner_peak, learner_waited=learner_waited,
+                  learner_peak=learner_peak, learner_waited=learner_waited, learner_counts=learner_counts,
                   uninterrupted=alarm.uninterrupted, alarm=alarm.on_alarm, script_host=script_host,
                   bare_host=bare_host, program_host=program_host)
 

@@ -1096,6 +1096,9 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         source.answer(protocol.NUMBER_ANSWER.pack(1.0 if started else 0.0))
                         if not started:  # the grader's own failure: raised below, the row says so (error)
                             status = "crashed"
+                    elif kind == protocol.CPU and source is judge and msg.get("counts") is True:
+                        source.answer(protocol.COUNTS_ANSWER.pack(learner_cpu_seconds(child), learner_wait_seconds(child),
+                                                                  main_thread_wait_seconds(child.proc.pid)))
                     elif kind == protocol.CPU and source is judge:
                         main, waited = msg.get("main") is True, msg.get("waited") is True
                         reading = (main_thread_wait_seconds(child.proc.pid) if main and waited
