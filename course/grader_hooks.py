@@ -38,9 +38,10 @@ module:
   beside ``learner_cpu``, whether a process that used little CPU in a timed call was kept from it (a
   busy machine) or did not ask for it (it slept) (:func:`course.timing.best_times`,
   :func:`course.timing.waited_for_cpu`);
-- ``learner_counts()``: in the judge process only, ``learner_cpu()``, ``learner_waited()`` and
-  ``learner_waited(main=True)`` read together, in one request to the parent: what a timed call is
-  bracketed with (:func:`course.timing.best_times`; one round trip before the call, one after);
+- ``learner_counts()``: in the judge process only, ``learner_cpu()``, ``learner_waited()``,
+  ``learner_waited(main=True)`` and ``learner_main_cpu()`` read together, in one request to the parent:
+  what a timed call or block is bracketed with (:func:`course.timing.best_times`,
+  :func:`course.timing.compare_served`; one round trip before it, one after);
 - ``uninterrupted()``: a context manager during which the grader's time limit waits (raised as
   it ends): the few lines that write or keep one piece of a message on the judge/learner channel
   (:class:`course.remote.Link`), so that a time limit never cuts a message in two;
@@ -76,7 +77,7 @@ learner_cpu: Callable[[], float] | None = None
 learner_main_cpu: Callable[[], float] | None = None
 learner_peak: Callable[[bool], float] | None = None
 learner_waited: Callable[..., float] | None = None
-learner_counts: Callable[[], tuple[float, float, float]] | None = None
+learner_counts: Callable[[], tuple[float, float, float, float]] | None = None
 uninterrupted: Callable[[], ContextManager] | None = None
 alarm: Callable | None = None
 script_host: Callable[[], Any] | None = None

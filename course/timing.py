@@ -33,7 +33,7 @@ import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import torch
 
@@ -527,10 +527,9 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
         there = (f"{base_name} {_THERE}", qualified)
     # On a CPU, the learner's process may start threads or processes of its own inside the timed
     # call: its block is charged its CPU time over the threads allowed, where that is more.
-    learner_cpu = grader_hooks.learner_cpu if remote and dev.type == "cpu" else None
+    counted = remote and dev.type == "cpu" and (grader_hooks.learner_counts or grader_hooks.learner_cpu) is not None
     used: list[tuple[float, float]] = []  # (wall, CPU) of the candidate's blocks
     # With calibrate, the CPU time of the thread that runs the course's own blocks, in each process.
-    learner_main = grader_hooks.learner_main_cpu if there is not None and learner_cpu is not None else None
     main_cpu: dict[str, float | None] = {}  # the last block of each side: its main thread's CPU seconds
 
     def run_local(fn, seeds):
@@ -572,14 +571,14 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
                     main_cpu[side] = time.thread_time() - m0 if dev.type == "cpu" else None
             else:
                 theirs = there is not None and side == there[0]
-                before = learner_cpu() if learner_cpu is not None else 0.0
-                m0 = learner_main() if theirs and learner_main is not None else -1.0
+                k0 = _learner_counts(main_cpu=theirs) if counted else None  # one request each side of the block
                 t0 = time.perf_counter()
                 sums = run_there(seeds) if theirs else run_candidate(seeds)
                 took = time.perf_counter() - t0
-                m1 = learner_main() if theirs and learner_main is not None else -1.0
-                cpu = learner_cpu() - before if learner_cpu is not None else None
-                main_cpu[side] = m1 - m0 if m0 >= 0 and m1 >= m0 else None
+                k1 = _learner_counts(main_cpu=theirs) if counted else None
+                cpu = k1.cpu - k0.cpu if k0 is not None else None
+                m0, m1 = (k0.main_cpu, k1.main_cpu) if theirs and k0 is not None else (None, None)
+                main_cpu[side] = m1 - m0 if m0 is not None and m1 is not None and 0 <= m0 <= m1 else None
                 if cpu is not None and not theirs:
                     used.append((took, cpu))
             return took, sums, cpu
@@ -906,13 +905,14 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
                     took = time.perf_counter() - t0
                     if k0 is not None:
                         k1, o1 = _learner_counts(), _own_waited() if o0 >= 0 else -1.0
-                        used[i].append((took, k1[0] - k0[0]))
-                        if record is not None and k0[1] is not None:
-                            waits[i].append(k1[1] - k0[1] if min(k0[1], k1[1]) >= 0 else -1.0)
+                        used[i].append((took, k1.cpu - k0.cpu))
+                        if record is not None and k0.waited is not None:
+                            waits[i].append(k1.waited - k0.waited if min(k0.waited, k1.waited) >= 0 else -1.0)
                             # the waiting of the threads a request and its reply pass through (waited_for_cpu),
                             # never below its CPU time over the threads allowed: waiting is not work, and work
                             # spread over threads of the learner's own (which keep its main thread waiting) counts
-                            crossed = (o1 + k1[2]) - (o0 + k0[2]) if min(o0, o1, k0[2], k1[2]) >= 0 else None
+                            crossed = ((o1 + k1.main_waited) - (o0 + k0.main_waited)
+                                       if min(o0, o1, k0.main_waited, k1.main_waited) >= 0 else None)
                             nets[i].append(max(took - crossed, used[i][-1][1] / max(torch.get_num_threads(), 1))
                                            if crossed is not None else None)
                     if base is not None:
@@ -934,16 +934,25 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     return [min(charged_seconds(u, threads_allowed)) if len(u) == reps else b for b, u in zip(best, used)]
 
 
-def _learner_counts() -> tuple[float, float | None, float | None]:
-    """The learner's processes' CPU seconds, the seconds their live threads waited, ready, for a CPU, and
-    those its interpreter's main thread waited (-1.0: not known; None: the grader reads no waiting): one
-    request to the parent where the grader offers it (``grader_hooks.learner_counts``)."""
+class Counts(NamedTuple):
+    """What the grading parent reads about the learner's processes around a timed call or block:
+    their CPU seconds; the seconds their live threads waited, ready, for a CPU, and those its
+    interpreter's main thread waited; that thread's CPU seconds (-1.0: not known; None: not read)."""
+    cpu: float
+    waited: float | None
+    main_waited: float | None
+    main_cpu: float | None
+
+
+def _learner_counts(main_cpu: bool = False) -> Counts:
+    """:class:`Counts` now: one request to the parent where the grader offers it
+    (``grader_hooks.learner_counts``); else each hook on its own (``main_cpu``: that one too)."""
     if grader_hooks.learner_counts is not None:
-        cpu, waited, main = grader_hooks.learner_counts()
-        return cpu, waited, main
-    waited = grader_hooks.learner_waited
-    return (grader_hooks.learner_cpu(), waited() if waited is not None else None,
-            waited(main=True) if waited is not None else None)
+        return Counts(*grader_hooks.learner_counts())
+    waited, main = grader_hooks.learner_waited, grader_hooks.learner_main_cpu
+    return Counts(grader_hooks.learner_cpu(), waited() if waited is not None else None,
+                  waited(main=True) if waited is not None else None,
+                  main() if main_cpu and main is not None else None)
 
 
 def charged_seconds(blocks: Sequence[tuple[float, float]], threads: int) -> list[float]:

@@ -208,7 +208,7 @@ def test_best_times_brackets_each_learners_call_with_one_request_before_and_one_
 
     def counts():
         asked.append(time.perf_counter())
-        return 0.01 * len(asked), 0.002 * len(asked), 0.001 * len(asked)
+        return 0.01 * len(asked), 0.002 * len(asked), 0.001 * len(asked), 0.005 * len(asked)
 
     def refused(*args, **kwargs):
         raise AssertionError("a count read on its own")
@@ -284,11 +284,11 @@ def test_the_judge_reads_the_learners_cpu_through_the_parent(tmp_path):
     assert out.status == "ok", out
     text, counts = out.cells[2].output.strip().splitlines()
     assert text.startswith("used "), out.cells[2]
-    # the three readings a timed call is bracketed with, in one request (course.timing.best_times): the
-    # tree's CPU (two threads of 0.2 s each), its threads' waiting and its main thread's, each known
-    cpu, waited, main, *at = (float(x) for x in counts.split()[1:])
+    # the readings a timed call is bracketed with, in one request (course.timing): the tree's CPU (two threads
+    # of 0.2 s each), its threads' waiting and its main thread's, and that thread's CPU (it only waits), each known
+    cpu, waited, main, main_cpu, *at = (float(x) for x in counts.split()[1:])
     assert counts.startswith("counts ") and cpu >= 0.35 and 0 <= waited < 5 and 0 <= main <= waited + 0.01, counts
-    assert min(at) >= 0 and at[0] >= float(text.split()[1]), counts
+    assert 0 <= main_cpu < 0.2 and min(at) >= 0 and at[3] > 0 and at[0] >= float(text.split()[1]), counts
     assert float(text.split()[1]) >= 0.55, text
     # the scheduler's count of the learner's waiting for a CPU comes through too (known: not -1)
     assert text.split()[2] == "waited" and float(text.split()[3]) >= 0 and 0 <= float(text.split()[4]) < 5, text

@@ -126,9 +126,9 @@ def main() -> int:
         waited, ready to run, for a CPU (-1: not known)."""
         return ask(protocol.CPU, waited=True, main=bool(main))
 
-    def learner_counts() -> tuple[float, float, float]:
-        """``learner_cpu()``, ``learner_waited()`` and ``learner_waited(main=True)`` in one round trip: what
-        a timed call is bracketed with (``course.timing.best_times``)."""
+    def learner_counts() -> tuple[float, float, float, float]:
+        """``learner_cpu()``, ``learner_waited()``, ``learner_waited(main=True)`` and ``learner_main_cpu()``
+        in one round trip: what a timed call is bracketed with (``course.timing``)."""
         channel.send(protocol.CPU, counts=True)
         return protocol.COUNTS_ANSWER.unpack(protocol.read_exact(in_fd, protocol.COUNTS_ANSWER.size))
 

@@ -469,13 +469,20 @@ def main_thread_cpu_seconds(root: int) -> float:
 def _main_thread_seconds(root: int, field: int) -> float:
     """Field ``field`` of :func:`_schedstat` of the learner's interpreter's main thread, in seconds
     (-1.0: not known)."""
+    return main_thread_counts(root)[field]
+
+
+def main_thread_counts(root: int) -> tuple[float, float]:
+    """The seconds the learner's interpreter's main thread (:func:`learner_main_pid`) has run and has
+    waited, ready to run, for a CPU, from one reading of its ``schedstat`` (-1.0 each: not known)."""
     pid = learner_main_pid(root)
     if pid is None:
-        return -1.0
+        return -1.0, -1.0
     try:
-        return _schedstat(pid, pid)[field] / 1e9
+        ran, waited = _schedstat(pid, pid)
     except (OSError, ValueError, IndexError):
-        return -1.0
+        return -1.0, -1.0
+    return ran / 1e9, waited / 1e9
 
 
 def _schedstat(pid: int, tid: int | str) -> list[int]:
@@ -1097,8 +1104,9 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         if not started:  # the grader's own failure: raised below, the row says so (error)
                             status = "crashed"
                     elif kind == protocol.CPU and source is judge and msg.get("counts") is True:
+                        ran, waited = main_thread_counts(child.proc.pid)
                         source.answer(protocol.COUNTS_ANSWER.pack(learner_cpu_seconds(child), learner_wait_seconds(child),
-                                                                  main_thread_wait_seconds(child.proc.pid)))
+                                                                  waited, ran if ran > 0 else -1.0))
                     elif kind == protocol.CPU and source is judge:
                         main, waited = msg.get("main") is True, msg.get("waited") is True
                         reading = (main_thread_wait_seconds(child.proc.pid) if main and waited

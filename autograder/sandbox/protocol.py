@@ -41,9 +41,9 @@ READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE = (
 # the CPU seconds the learner's process tree has used (answered by NUMBER_ANSWER: 8 bytes, a double),
 # or with ``main`` true those of the learner's interpreter's main thread alone (-1: not known), or
 # with ``waited`` true the seconds its live threads waited, ready, for a CPU (with ``main`` too: that
-# main thread's alone; -1: not known); with ``counts`` true all three readings a timed call is bracketed
+# main thread's alone; -1: not known); with ``counts`` true every reading a timed call is bracketed
 # with, in one round trip (COUNTS_ANSWER: the tree's CPU seconds, its live threads' waiting, its
-# interpreter's main thread's waiting; -1 where not known);
+# interpreter's main thread's waiting and its CPU seconds; -1 where not known);
 # the peak resident bytes of the learner's processes: PEAK with ``reset`` true starts a window (the
 # kernel's peak set back, the resident bytes sampled from then on), PEAK without it ends it; both are
 # answered the same way (``parent.PeakWatch``).
@@ -59,7 +59,7 @@ HOSTS = ("script", "bare", "program")
 HOST_SCRIPTS = {"script": "script_host.py", "bare": "bare_host.py", "program": "script_host.py"}
 HOST_RUNS = {"script": "TorchScript", "bare": "answer by hand", "program": "program, read by the grader"}
 NUMBER_ANSWER = struct.Struct(">d")
-COUNTS_ANSWER = struct.Struct(">ddd")
+COUNTS_ANSWER = struct.Struct(">dddd")
 KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE, HOLD, RELEASE, CPU, PEAK, HOST}
 
 
