@@ -1105,7 +1105,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                             status = "crashed"
                     elif kind == protocol.CPU and source is judge and msg.get("counts") is True:
                         ran, waited = main_thread_counts(child.proc.pid)
-                        counts = (learner_cpu_seconds(child), learner_wait_seconds(child), waited, ran if ran > 0 else -1.0)
+                        counts = (learner_cpu_seconds(child), learner_wait_seconds(child), waited,
+                                  ran if ran > 0 else -1.0)
                         source.answer(protocol.COUNTS_ANSWER.pack(*counts))
                     elif kind == protocol.CPU and source is judge:
                         main, waited = msg.get("main") is True, msg.get("waited") is True
