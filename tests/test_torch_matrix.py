@@ -97,7 +97,7 @@ def test_the_committed_matrix_covers_the_declared_range():
     # on 2 cores), as the README promises
     budgets = {item["id"]: item["cpu_budget_s"] for item in catalog()}
     slow = sorted((version, lesson, r["seconds"]) for version, results in runs.items() for lesson, r in results.items()
-                  if r["seconds"] > budgets[lesson])
+                  if lesson in budgets and r["seconds"] > budgets[lesson])
     assert not slow, f"over the lesson's budget (run again on a quiet machine, or make the lesson lighter): {slow}"
 
 

@@ -108,10 +108,17 @@ def main() -> int:
         never timed beside learner code."""
         return granted("hold", "release", "to stop the learner's process")
 
+    def answered(kind: str, shape, **data) -> tuple:
+        """The parent's answer (``shape``, a struct) to a request; the cell's time limit waits while the
+        request and its answer cross (the parent answers at once): cut between them, the answer would be
+        left in the pipe and read as the next one's, of another size (every later message misread)."""
+        with alarm.uninterrupted():
+            channel.send(kind, **data)
+            return shape.unpack(protocol.read_exact(in_fd, shape.size))
+
     def ask(kind: str, **data) -> float:
         """A number the parent reads from /proc about the learner's processes."""
-        channel.send(kind, **data)
-        return protocol.NUMBER_ANSWER.unpack(protocol.read_exact(in_fd, protocol.NUMBER_ANSWER.size))[0]
+        return answered(kind, protocol.NUMBER_ANSWER, **data)[0]
 
     def learner_cpu() -> float:
         """The CPU seconds the learner's process tree has used so far."""
@@ -129,8 +136,7 @@ def main() -> int:
     def learner_counts() -> tuple[float, float, float, float]:
         """``learner_cpu()``, ``learner_waited()``, ``learner_waited(main=True)`` and ``learner_main_cpu()``
         in one round trip: what a timed call is bracketed with (``course.timing``)."""
-        channel.send(protocol.CPU, counts=True)
-        return protocol.COUNTS_ANSWER.unpack(protocol.read_exact(in_fd, protocol.COUNTS_ANSWER.size))
+        return answered(protocol.CPU, protocol.COUNTS_ANSWER, counts=True)
 
     def learner_peak(reset: bool = False) -> float:
         """The learner's processes' peak resident bytes, as the kernel counts it; ``reset``: start
