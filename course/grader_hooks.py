@@ -20,12 +20,13 @@ module:
 - ``learner_cpu()``: in the judge process only, the CPU seconds the learner's process and every
   process it started have used so far (threads and helper processes counted), read by the
   grading parent from its cgroup (else ``/proc``): a candidate's timed block is charged its CPU time divided by the
-  threads it was allowed when that exceeds its wall time (:func:`course.timing.compare_served`);
+  threads it was allowed when that exceeds its wall time; the timing functions read it through
+  ``learner_counts`` where the grader offers that (this hook on its own: tests, and any grader without it);
 - ``learner_main_cpu()``: in the judge process only, the CPU seconds the main thread of the
   learner's interpreter has used so far (-1 where not known), read by the parent from ``/proc``:
   the thread that runs the course's own function when it is timed there, apart from any thread of
   the learner's (a thread that holds the interpreter's lock makes that one wait, not work)
-  (:func:`course.timing.compare_served` with ``calibrate``);
+  (:func:`course.timing.compare_served` with ``calibrate``, through ``learner_counts`` where offered);
 - ``learner_peak(reset)``: in the judge process only, the peak resident memory (bytes) of the
   learner's process and the processes it runs, as the kernel counts it, since the last call with
   ``reset=True`` (which starts the count again from what is resident, and has the grading parent
@@ -36,15 +37,17 @@ module:
   (``main``: its interpreter's main thread alone, the one that answers the judge) have spent ready to
   run but waiting for a CPU (-1 where the kernel keeps no count), read by the parent from ``/proc``:
   beside ``learner_cpu``, whether a process that used little CPU in a timed call was kept from it (a
-  busy machine) or did not ask for it (it slept) (:func:`course.timing.best_times`,
-  :func:`course.timing.waited_for_cpu`);
+  busy machine) or did not ask for it (it slept); read on its own by :func:`course.timing.waited_for_cpu`
+  (lesson 2's profiler), and through ``learner_counts`` around timed calls;
 - ``learner_counts()``: in the judge process only, ``learner_cpu()``, ``learner_waited()``,
   ``learner_waited(main=True)`` and ``learner_main_cpu()`` read together, in one request to the parent:
   what a timed call or block is bracketed with (:func:`course.timing.best_times`,
-  :func:`course.timing.compare_served`; one round trip before it, one after);
+  :func:`course.timing.compare_served`; one round trip before it, one after; without this hook they
+  ask the three above one by one);
 - ``uninterrupted()``: a context manager during which the grader's time limit waits (raised as
   it ends): the few lines that write or keep one piece of a message on the judge/learner channel
-  (:class:`course.remote.Link`), so that a time limit never cuts a message in two;
+  (:class:`course.remote.Link`), so that a time limit never cuts a message in two (the harness's own
+  channel to the grading parent holds it the same way, ``autograder/sandbox/protocol.py``);
 - ``alarm``: the handler of SIGALRM the harness installed (its time limit): any other Python
   handler of a signal is code that could run between the course's bytecodes while the course's
   function is timed in the learner's process (:func:`course.remote.disturbances`);

@@ -527,7 +527,7 @@ def compare_served(baseline: tuple[str, Callable[..., Any]], candidate: tuple[st
         there = (f"{base_name} {_THERE}", qualified)
     # On a CPU, the learner's process may start threads or processes of its own inside the timed
     # call: its block is charged its CPU time over the threads allowed, where that is more.
-    counted = remote and dev.type == "cpu" and (grader_hooks.learner_counts or grader_hooks.learner_cpu) is not None
+    counted = remote and dev.type == "cpu" and _counted()
     used: list[tuple[float, float]] = []  # (wall, CPU) of the candidate's blocks
     # With calibrate, the CPU time of the thread that runs the course's own blocks, in each process.
     main_cpu: dict[str, float | None] = {}  # the last block of each side: its main thread's CPU seconds
@@ -877,7 +877,7 @@ def best_times(calls: Sequence[tuple[Callable[..., Any], Any]], *, held: Sequenc
     under ``"grown"`` the growth of their peak resident memory during each (the kernel's count, read
     by the grading parent, reset just before the call and its warm-up call: outside the timed span)."""
     dev = pick_device(device)
-    counted = dev.type == "cpu" and (grader_hooks.learner_counts or grader_hooks.learner_cpu) is not None
+    counted = dev.type == "cpu" and _counted()
     peak = grader_hooks.learner_peak if record is not None else None
     used: list[list[tuple[float, float]]] = [[] for _ in calls]  # (wall, CPU) of the learner's calls
     waits: list[list[float]] = [[] for _ in calls]  # seconds its threads waited, ready, for a CPU (-1: not known)
@@ -942,6 +942,11 @@ class Counts(NamedTuple):
     waited: float | None
     main_waited: float | None
     main_cpu: float | None
+
+
+def _counted() -> bool:
+    """Whether the grader counts the learner's CPU (``learner_counts``, or ``learner_cpu`` on its own)."""
+    return grader_hooks.learner_counts is not None or grader_hooks.learner_cpu is not None
 
 
 def _learner_counts(main_cpu: bool = False) -> Counts:

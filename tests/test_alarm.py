@@ -193,3 +193,98 @@ def test_an_alarm_as_a_read_returns_loses_none_of_the_bytes_read(protocol, monke
         os.close(r)
         os.close(w)
         os.close(link.send_fd)
+
+
+class _Parent(threading.Thread):
+    """The grading parent's side of a :class:`Channel`: answers each request with its own number,
+    grants or refuses turns (``refuse`` in the request), and notes what it was sent, in order."""
+
+    def __init__(self, protocol):
+        super().__init__(daemon=True)
+        self.protocol = protocol
+        self.from_r, self.from_w = os.pipe()
+        self.to_r, self.to_w = os.pipe()
+        self.kinds: list[str] = []  # what it was sent, in order; a granted turn's request as "granted"
+
+    def run(self):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # the alarms are the main thread's, as
+        reader = self.protocol.Reader()  # in the judge: its parent is another process
+        while True:
+            chunk = os.read(self.from_r, 1 << 16)
+            if not chunk:
+                return
+            for payload in reader.feed(chunk):
+                msg = self.protocol.decode(payload)
+                self.kinds.append("granted" if msg["kind"] == self.protocol.SPEED_BEGIN and not msg["refuse"]
+                                  else msg["kind"])
+                if msg["kind"] == self.protocol.CPU:
+                    os.write(self.to_w, self.protocol.NUMBER_ANSWER.pack(float(msg["n"])))
+                elif msg["kind"] == self.protocol.SPEED_BEGIN:
+                    os.write(self.to_w, self.protocol.NO if msg["refuse"] else self.protocol.GO)
+
+    def close(self):
+        os.close(self.from_w)
+        self.join(10)
+        for fd in (self.from_r, self.to_r, self.to_w):
+            os.close(fd)
+
+
+def _requests_under_alarms(protocol, held: bool, count: int = 1500):
+    """``count`` requests and turns over a :class:`Channel`, each with an alarm at a random moment; what
+    the parent was sent, and the answers that were not their request's (read from the wrong place)."""
+    alarm = protocol.Alarm().install()
+    parent = _Parent(protocol)
+    parent.start()
+    channel = protocol.Channel(parent.from_w, "t", in_fd=parent.to_r, alarm=alarm if held else None)
+    wrong = []
+
+    def step(i: int):
+        if i % 3 == 0:
+            with channel.granted(protocol.SPEED_BEGIN, protocol.SPEED_END, "the turn", refuse=i % 2 == 0):
+                sum(range(200))
+        else:
+            (got,) = protocol.NUMBER_ANSWER.unpack(channel.request(protocol.CPU, 8, n=i))
+            if got != i:
+                wrong.append((i, got))
+
+    rng, outcomes = random.Random(5), []
+    try:
+        for i in range(count):  # one alarm per step, at a random moment of it (or after it)
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, 6e-4))
+            outcomes.append(alarm.run(step, i))
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            channel.give_back()  # as the harnesses do after each cell
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    if held:
+        step(count + 1)  # the stream is still in step after every alarm
+    parent.close()
+    return parent.kinds, wrong, outcomes
+
+
+def _turns_not_given_back(protocol, kinds: list[str]) -> list[int]:
+    """Where a granted turn was not given back before the next request, or one was given back
+    that had not been granted: the parent's view, ``kinds`` as it was sent them."""
+    after = [*kinds[1:], None]
+    return [j for j, (a, b) in enumerate(zip(kinds, after)) if (a == "granted") != (b == protocol.SPEED_END)]
+
+
+def test_a_request_and_its_answer_cross_whole_whatever_alarms_land(protocol):
+    """The judge asks the parent for readings (the learner's CPU, its peak memory) and for turns
+    (the timing turn, a hold of the learner's process) inside cells the parent may interrupt at
+    any moment. An alarm between a request and its answer left the answer in the pipe, read as
+    the next answer (every reading after it wrong), and one between a turn's grant and its use
+    left the turn held: the parent kept the learner's process stopped, or every classmate paused.
+    Cut anywhere, each answer must be its own request's and every granted turn given back."""
+    kinds, wrong, outcomes = _requests_under_alarms(protocol, held=True)
+    assert not wrong, f"answers read from the wrong place: {wrong[:5]}"
+    assert sum(isinstance(o, protocol.CellTimeout) for o in outcomes) > 50, "the alarms did not land"
+    assert all(o is None or isinstance(o, (protocol.CellTimeout, RuntimeError)) for o in outcomes), outcomes
+    assert kinds.count("granted") > 50 and kinds.count(protocol.SPEED_BEGIN) > 50, kinds  # both answers came
+    assert not _turns_not_given_back(protocol, kinds), "a granted turn was not given back, or a refused one was"
+
+
+def test_without_the_hold_the_same_alarms_misread_the_stream(protocol):
+    """The property above can fail: the same channel without its alarm held loses its place."""
+    kinds, wrong, outcomes = _requests_under_alarms(protocol, held=False)
+    assert wrong or _turns_not_given_back(protocol, kinds), "no alarm cut a request"

@@ -143,6 +143,43 @@ def test_cpu_of_its_own_beside_the_course_code_is_a_disturbance(monkeypatch):
     assert any("threads or processes of its own used CPU" in note for note in report.notes), report.notes
 
 
+def test_under_the_grader_each_block_is_bracketed_by_one_request_for_every_count(monkeypatch):
+    """The test above through the grader's own hook: one request (``learner_counts``) each side of a
+    block of the learner's process reads every count, none is asked on its own, and the CPU it reports
+    beside the course's code there is still a disturbance."""
+    import course.grader_hooks as hooks
+
+    used, asked = {"cpu": 0.0}, []
+
+    class Burning(StandIn):
+        def course_block(self, *args, **kwargs):
+            start = time.perf_counter()
+            out = super().course_block(*args, **kwargs)
+            used["cpu"] += 3 * (time.perf_counter() - start)
+            return out
+
+        def block(self, *args, **kwargs):
+            start = time.perf_counter()
+            out = super().block(*args, **kwargs)
+            used["cpu"] += time.perf_counter() - start
+            return out
+
+    def counts():
+        asked.append(1)
+        return used["cpu"], -1.0, -1.0, -1.0
+
+    def alone(*args, **kwargs):
+        raise AssertionError("a count asked on its own")
+
+    monkeypatch.setattr(hooks, "learner_counts", counts)
+    for name in ("learner_cpu", "learner_main_cpu", "learner_waited"):
+        monkeypatch.setattr(hooks, name, alone)
+    gamed, report = _ratio(monkeypatch, Burning(naive_sq_dists, sabotage=5.0), 0.5)
+    assert asked and len(asked) % 2 == 0, asked  # one before and one after each block
+    assert report.speedup(CAND).verdict(1.25) != "pass", report.table()
+    assert any("threads or processes of its own used CPU" in note for note in report.notes), report.notes
+
+
 def test_the_disturbances_a_learner_can_leave_in_their_process_are_seen():
     import gc
     import signal

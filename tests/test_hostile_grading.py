@@ -232,6 +232,77 @@ def test_a_demonstration_in_the_learners_process_takes_no_timing_turn(tmp_path, 
     assert len(turns) == 1, f"{len(turns)} timing turns: the demonstration's and the check's?"
 
 
+ASKS_AND_NEVER_READS = """
+import os, course.grader_hooks as hooks
+# The learner's process's own channel to the parent (reached through a closure the course package
+# holds), asked for the timing turn and a hold again and again; the answers are never read.
+channel = next(c.cell_contents for c in hooks.observer.__closure__ if type(c.cell_contents).__name__ == "Channel")
+encode = type(channel).send.__globals__["encode"]
+turn, hold = (b"".join(encode({"token": channel._token, "kind": kind, "cell": 0}) for kind in pair)
+              for pair in (("speed_begin", "speed_end"), ("hold", "release")))
+for _ in range(800):
+    os.write(channel._fd, turn * 100 + hold)  # 80,000 turns: answers past what a pipe holds (64 KiB)
+print("asked")
+"""
+
+
+def test_a_learner_asking_for_turns_and_never_reading_stops_no_one(tmp_path):
+    """The parent answers a request for the timing turn (GO) or refuses it (NO) on the requester's
+    pipe. A learner's process that asks without end and never reads its answers filled that pipe:
+    the parent's loop stopped in its write, the turn held, for good: no limit of the submission
+    was enforced again and a classmate graded beside it stayed paused with it. Now the parent never
+    waits for its writes to be read, and the learner's process gets the turn in its own test cells
+    only (as its harness asks), so both runs end, the classmate's with its cell done."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    results = {}
+    sleeper = "import time\nfor _ in range(6):\n    time.sleep(0.5)\nprint('done')\n"
+
+    def run(name, cells):
+        results[name] = run_program(cells, sandbox=sandbox, cell_timeout=60, timeout=90, memory_mb=2000,
+                                    log=tmp_path / f"{name}.log")
+
+    asker = threading.Thread(target=run, args=("asker", [_cell(ASKS_AND_NEVER_READS), _cell("print('after')", 1)]),
+                             daemon=True)
+    asker.start()
+    time.sleep(2)  # the classmate starts while the asker asks
+    classmate = threading.Thread(target=run, args=("classmate", [_cell(sleeper)]), daemon=True)
+    classmate.start()
+    classmate.join(150)
+    asker.join(max(1, 150 - 2))
+    assert not asker.is_alive(), "the parent's loop never ended: it waited to write an answer nobody read"
+    assert not classmate.is_alive(), "the classmate never ended: paused for a turn that was never given back"
+    assert results["classmate"].status == "ok" and "done" in results["classmate"].cells[0].output, results
+    assert "asked" in results["asker"].cells[0].output, results["asker"]
+
+
+def test_a_turn_or_hold_the_parent_cannot_grant_is_refused_at_once(tmp_path):
+    """A second hold of the learner's process, or a timing turn asked for while the submission holds
+    one, is answered NO at once (the request raises); before, it was never answered, and the judge
+    waited for it until its cell's time limit."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    nested = ("import course.grader_hooks as hooks\nsaid = []\n"
+              "for outer, inner in ((hooks.hold, hooks.hold), (hooks.exclusive, hooks.exclusive)):\n"
+              "    with outer():\n"
+              "        try:\n"
+              "            with inner():\n"
+              "                said.append('granted twice')\n"
+              "        except RuntimeError as exc:\n"
+              "            said.append(str(exc))\n"
+              "print(*said, sep='\\n')\n")
+    cells, setup = _turn_holder(nested)
+    begun = time.monotonic()
+    out = run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=30, timeout=90, memory_mb=2000,
+                      log=tmp_path / "log")
+    assert out.status == "ok" and not out.cells[1].error, out
+    assert out.cells[1].output.splitlines() == ["grading: the parent refused to stop the learner's process",
+                                                "grading: the parent refused the timing turn"], out.cells[1]
+    assert time.monotonic() - begun < 25, "the refusals were not answered at once"
+
+
 def _busiest_process() -> int:
     """The most threads any process on this machine has now."""
     most = 0

@@ -326,7 +326,8 @@ def main() -> int:
         return pickle.loads(read_exact(in_fd, size))
 
     setup = receive()
-    channel = Channel(out_fd, setup["token"])
+    alarm = protocol.Alarm()  # the parent's time limit (its handler is installed below, before "ready")
+    channel = Channel(out_fd, setup["token"], in_fd=in_fd, alarm=alarm)
     del setup["token"]
 
     # Everything the checks use is imported before any learner code runs.
@@ -402,18 +403,12 @@ def main() -> int:
         if (state["cell"] or {}).get("kind") != "test":
             yield
             return
-        channel.send("speed_begin", cell=(state["cell"] or {}).get("index"))
-        if read_exact(in_fd, 1) != protocol.GO:
-            raise RuntimeError("grading: the parent refused the timing turn")
-        try:
+        with channel.granted("speed_begin", "speed_end", "the timing turn", cell=state["cell"].get("index")):
             yield
-        finally:
-            channel.send("speed_end")
 
     import course.grader_hooks as hooks
     import course.guard as guard
 
-    alarm = protocol.Alarm()  # the parent's time limit (its handler is installed below, before "ready")
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=learner_prefix,
                   refused=lambda name, where: flag("uses-reference", f"{where} called the course's {name}"),
                   uninterrupted=alarm.uninterrupted, alarm=alarm.on_alarm)
@@ -456,6 +451,7 @@ def main() -> int:
             # serving leaves this process serving on.
             while link is not None and isinstance(alarm.run(serve, link, namespace), protocol.CellTimeout):
                 continue
+            channel.give_back()
             sys.stdout, sys.stderr = real_out, real_err
             # What a probe reported in this cell is this process's word: patching found now (done
             # while serving) is flagged against this cell, so that the parent can set it aside.
@@ -495,6 +491,7 @@ def main() -> int:
         state["learner"] = learner or cell["kind"] == "test" or state["learner"]
         if code is not None:
             outcome = alarm.run(exec, code, namespace)
+            channel.give_back()  # a turn an alarm left held (``Channel.give_back``)
         sys.stdout, sys.stderr = real_out, real_err
         if isinstance(outcome, protocol.CellTimeout):
             error = f"TimeoutError: the cell ran longer than {setup['cell_timeout']:g} s and was interrupted"

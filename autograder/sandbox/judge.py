@@ -22,7 +22,6 @@ host (``bare_host.py``, over ``BARE_CALL_FD``/``BARE_REPLY_FD``), a Python witho
 from __future__ import annotations
 
 import builtins
-import contextlib
 import importlib.util
 import io
 import os
@@ -62,7 +61,8 @@ def main() -> int:
         return pickle.loads(protocol.read_exact(in_fd, size))  # from the grading parent: trusted
 
     setup = receive()
-    channel = protocol.Channel(out_fd, setup["token"])
+    alarm = protocol.Alarm()  # the parent's time limit (its handler is installed below), held by the channel
+    channel = protocol.Channel(out_fd, setup["token"], in_fd=in_fd, alarm=alarm)
     os.environ.setdefault("MPLBACKEND", "Agg")
     os.environ["COURSE_SELF_CHECK_SKIP"] = "1"
     sys.path.insert(0, pkg_root)
@@ -88,33 +88,19 @@ def main() -> int:
                      actual=protocol.plain(actual), expected=protocol.plain(expected), tol=protocol.plain(tol))
         state["records"] += 1
 
-    @contextlib.contextmanager
-    def granted(begin: str, end: str, refusal: str, **data):
-        """Ask the parent for something (``begin``), wait for its GO, give it back (``end``) after."""
-        channel.send(begin, **data)
-        if protocol.read_exact(in_fd, 1) != protocol.GO:
-            raise RuntimeError(f"grading: the parent refused {refusal}")
-        try:
-            yield
-        finally:
-            channel.send(end)
-
     def exclusive():
         """The machine to this submission alone for one measurement (other submissions paused)."""
-        return granted("speed_begin", "speed_end", "the timing turn", cell=state["cell"])
+        return channel.granted("speed_begin", "speed_end", "the timing turn", cell=state["cell"])
 
     def hold():
         """The learner's process stopped (by the parent) for a block: a trusted baseline is
         never timed beside learner code."""
-        return granted("hold", "release", "to stop the learner's process")
+        return channel.granted("hold", "release", "to stop the learner's process")
 
     def answered(kind: str, shape, **data) -> tuple:
-        """The parent's answer (``shape``, a struct) to a request; the cell's time limit waits while the
-        request and its answer cross (the parent answers at once): cut between them, the answer would be
-        left in the pipe and read as the next one's, of another size (every later message misread)."""
-        with alarm.uninterrupted():
-            channel.send(kind, **data)
-            return shape.unpack(protocol.read_exact(in_fd, shape.size))
+        """The parent's answer (``shape``, a struct) to a request (``Channel.request``: the cell's time
+        limit waits while they cross)."""
+        return shape.unpack(channel.request(kind, shape.size, **data))
 
     def ask(kind: str, **data) -> float:
         """A number the parent reads from /proc about the learner's processes."""
@@ -170,7 +156,6 @@ def main() -> int:
         return host_link("program")
 
     # No learner frame is ever on this process's stack: the references serve the checks freely.
-    alarm = protocol.Alarm()
     hooks.install(observer=observer, exclusive=exclusive, learner_prefix=os.path.join(os.sep, "no-learner-code", ""),
                   refused=lambda name, where: None, hold=hold, learner_cpu=learner_cpu, learner_main_cpu=learner_main_cpu,
                   learner_peak=learner_peak, learner_waited=learner_waited, learner_counts=learner_counts,
@@ -215,6 +200,7 @@ def main() -> int:
             outcome = RuntimeError("grading: the lesson's set-up failed in the judge:\n" + setup["setup_errors"][0])
         else:
             outcome = alarm.run(lambda: exec(compile(source, f"<test cell {index}>", "exec"), namespace))
+            channel.give_back()  # a turn or a hold an alarm left held (``Channel.give_back``)
         sys.stdout, sys.stderr = real_out, real_err
         state["cell"] = None
         if isinstance(outcome, protocol.CellTimeout):

@@ -707,6 +707,8 @@ class _Proc:
                  extra_fds: tuple[int, ...] = (), scratch_bytes: int | None = None,
                  memory_limit: int | None = None):
         to_r, self.to_w = os.pipe()
+        os.set_blocking(self.to_w, False)  # see send(): the parent never waits for a process to read
+        self.outbox = bytearray()
         self.from_r, from_w = os.pipe()
         self.token, self.reader, self.done = token, Reader(), False
         self.ready = False  # said so after installing its alarm handler: SIGALRM is safe to send from then on
@@ -759,23 +761,36 @@ class _Proc:
         os.close(to_r)
         os.close(from_w)
 
+    # What the parent writes to the process waits in ``outbox`` for the pipe to take it; the write end
+    # never blocks. A process that asks and never reads (a learner's code asking for the timing turn
+    # in a loop, its answers filling the pipe) would otherwise stop the parent's loop mid-write, with
+    # the turn held: no limit enforced, and every classmate stopped for the turn, for good.
+
     def send(self, message: dict) -> None:
-        try:
-            protocol.send_frame(self.to_w, pickle.dumps(message))
-        except OSError:
-            pass
+        self.outbox += protocol.frame(pickle.dumps(message))
+        self.flush()
 
     def go(self) -> None:
-        try:
-            os.write(self.to_w, protocol.GO)
-        except OSError:
-            pass
+        self.answer(protocol.GO)
+
+    def no(self) -> None:
+        self.answer(protocol.NO)
 
     def answer(self, data: bytes) -> None:
-        try:
-            os.write(self.to_w, data)
-        except OSError:
-            pass
+        self.outbox += data
+        self.flush()
+
+    def flush(self) -> None:
+        """Write what the pipe takes now of ``outbox``; what it does not stays for the next call."""
+        while self.outbox:
+            try:
+                n = os.write(self.to_w, self.outbox)
+            except BlockingIOError:
+                return
+            except OSError:  # the process is gone: nothing will read it
+                self.outbox.clear()
+                return
+            del self.outbox[:n]
 
     def close(self) -> None:
         kill_tree(self.proc.pid)  # nothing the submission started outlives it
@@ -817,14 +832,17 @@ def _local_args(script: str, args: list[str], cells: str) -> list[str]:
     return [*args[:2], str(COURSE.parent), *args[2:]]
 
 
-def _readable(fds: list[int], timeout_s: float) -> set[int]:
+def _readable(fds: list[int], timeout_s: float, writing: list[int] = ()) -> set[int]:
     """Those of ``fds`` with bytes to read or a closed other end (a read then returns b""), within
-    ``timeout_s``. ``poll``, not ``select``, which refuses a descriptor numbered 1,024 or more (a
-    grader with many submissions at once, or many files open, gets such numbers)."""
+    ``timeout_s``; the wait ends early too when one of ``writing`` can take bytes. ``poll``, not
+    ``select``, which refuses a descriptor numbered 1,024 or more (a grader with many submissions at
+    once, or many files open, gets such numbers)."""
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)
-    return {fd for fd, _ in poller.poll(timeout_s * 1000)}
+    for fd in writing:
+        poller.register(fd, select.POLLOUT)
+    return {fd for fd, events in poller.poll(timeout_s * 1000) if fd in fds and events & ~select.POLLOUT}
 
 
 def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout: float,
@@ -904,7 +922,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             clock.procs = (*clock.procs, hosts[which])  # paused with the submission for another's measurement
         return which in hosts
     pending = list(cells)  # sent one at a time, each after the previous cell ended
-    owner: list[_Proc | None] = [None]  # who runs the cell now
+    owner: list = [None, None]  # who runs the cell now, and its kind
 
     # The cell sent last, and since when (net seconds) its process has not started it: a process
     # still inside an interrupted call (an alarm that landed just before the call began) is
@@ -920,10 +938,10 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         if cell.get("served") and judge is not None:
             child.send({"index": cell["index"], "kind": "serve"})
             judge.send({"index": cell["index"], "source": cell["source"]})
-            owner[0] = judge
+            owner[:] = judge, cell.get("kind")
         else:
             child.send(cell)
-            owner[0] = child
+            owner[:] = child, cell.get("kind")
 
     child.send({"token": child.token, "count": len(cells), "cell_timeout": float(cell_timeout),
                 "preload": list(preload or [])})
@@ -1038,7 +1056,9 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             elif interrupted and now - cell_started > cell_timeout + GRACE:
                 status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
                 break
-        ready = _readable([p.from_r for p in procs if not p.done], 0.1)
+        for p in procs:
+            p.flush()
+        ready = _readable([p.from_r for p in procs if not p.done], 0.1, [p.to_w for p in procs if p.outbox])
         closed = None
         for source in procs:
             if source.from_r not in ready:
@@ -1076,10 +1096,15 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         flags.append((safe_text(str(msg["name"]))[:40], safe_text(str(msg["detail"]))[:300]))
                         if msg["name"] == "tampered" and source is child and type(msg.get("cell")) is int:
                             tampered_in.add(msg["cell"])  # found in the learner's process after that cell
-                    elif kind == protocol.SPEED_BEGIN and holding_since is None:
+                    elif kind == protocol.SPEED_BEGIN and holding_since is None and (
+                            source is judge or (mine and owner[1] == "test")):
+                        # The learner's process measures in its own test cells only (as its harness
+                        # asks): anywhere else a turn is its code's, pausing every classmate.
                         TURNS.begin(clock)
                         holding, holding_since = source, time.monotonic()
                         source.go()
+                    elif kind == protocol.SPEED_BEGIN:
+                        source.no()  # answered at once: nothing waits for a turn it will not get
                     elif kind == protocol.SPEED_END and holding is source:
                         TURNS.end(clock)
                         holding, holding_since = None, None
@@ -1089,6 +1114,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                         for pause in held:
                             pause.begin()
                         source.go()
+                    elif kind == protocol.HOLD:
+                        source.no()
                     elif kind == protocol.HOST and source is judge and msg.get("which", "script") not in protocol.HOSTS:
                         raise ProtocolError("a request for a host of no known kind")
                     elif kind == protocol.HOST and source is judge and msg.get("stop") is True:

@@ -2,8 +2,9 @@
 
 Parent to child (trusted to untrusted): framed pickles (the child may trust its parent): a
 set-up message (token, cell limit, number of cells), then each cell only once the one before
-it has ended (:func:`send_frame`), so no cell's source, hidden tests included, is in the child
-before that cell runs; and single bytes during a cell: ``GO`` grants a timing turn.
+it has ended (:func:`frame`), so no cell's source, hidden tests included, is in the child
+before that cell runs; and answers during a cell: ``GO`` grants a timing turn or a hold, ``NO``
+refuses one, numbers answer the judge's requests. The parent never waits for its writes to be read.
 
 Child to parent (untrusted to trusted): frames of an 8-byte big-endian length and a payload
 that :func:`decode` reads with ``torch.load(weights_only=True)``: tensors, numbers, strings
@@ -33,6 +34,9 @@ MAX_ERROR_CHARS = 4000
 
 HEADER = struct.Struct(">Q")
 GO = b"g"
+#: The parent's answer to a request it does not grant (a timing turn while one is held, a second
+#: hold): every request for a turn or a hold is answered, at once where it is refused.
+NO = b"n"
 
 # Child -> parent message kinds.
 READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE = (
@@ -95,11 +99,9 @@ def json_value(payload: bytes):
         raise ProtocolError(f"an unreadable JSON message ({type(exc).__name__})") from None
 
 
-def send_frame(fd: int, payload: bytes) -> None:
-    """Write one framed payload to ``fd`` (parent to child)."""
-    data = memoryview(HEADER.pack(len(payload)) + payload)
-    while data:
-        data = data[os.write(fd, data):]
+def frame(payload: bytes) -> bytes:
+    """One framed payload: its length (:data:`HEADER`), then the payload."""
+    return HEADER.pack(len(payload)) + payload
 
 
 class ProtocolError(Exception):
@@ -112,8 +114,7 @@ def encode(message: dict) -> bytes:
 
     buf = io.BytesIO()
     torch.save(message, buf)
-    payload = buf.getvalue()
-    return HEADER.pack(len(payload)) + payload
+    return frame(buf.getvalue())
 
 
 def decode(payload: bytes) -> dict:
@@ -156,15 +157,74 @@ class Reader:
 # -- shared by the harnesses inside the sandbox (child.py, judge.py) --------------------------
 
 class Channel:
-    """Framed messages to the parent (``protocol.encode``), each stamped with the token."""
+    """Framed messages to the parent (``protocol.encode``), each stamped with the token, and the
+    parent's answers to requests (read from ``in_fd``).
 
-    def __init__(self, fd: int, token: str):
-        self._fd, self._token, self._lock = fd, token, threading.Lock()
+    ``alarm``: the process's :class:`Alarm`, held while a frame is written and while a request and
+    its answer cross. Cut there, a frame would be left half written, or an answer unread and read
+    later as the next message's first bytes: every later message would be read from the wrong
+    place. The parent answers every request (at once, or after waiting for the timing turn, while
+    its loop, the only sender of alarms, waits too), so holding the alarm there never holds it long.
+    """
+
+    def __init__(self, fd: int, token: str, in_fd: int | None = None, alarm: "Alarm | None" = None):
+        self._fd, self._token, self._lock, self._in_fd = fd, token, threading.Lock(), in_fd
+        self._held = alarm.uninterrupted if alarm is not None else contextlib.nullcontext
+        self.owed: list[str] = []  # what to send to give back what the parent granted, last granted last
 
     def send(self, kind: str, **data) -> None:
         frame = encode({"token": self._token, "kind": kind, **data})
-        with self._lock:
+        with self._lock, self._held():
             write_all(self._fd, frame)
+
+    def request(self, kind: str, size: int, **data) -> bytes:
+        """Send a request and read the parent's answer, ``size`` bytes."""
+        with self._held():
+            self.send(kind, **data)
+            return read_exact(self._in_fd, size)
+
+    def granted(self, begin: str, end: str, refusal: str, **data) -> "Granted":
+        """Ask the parent for something (``begin``: the timing turn, a hold), wait for its answer,
+        give it back (``end``) after: a context manager (:class:`Granted`)."""
+        return Granted(self, begin, end, refusal, data)
+
+    def give_back(self, upto: str | None = None) -> None:
+        """Give back what the parent granted, the last granted first, down to ``upto`` (None: all).
+        A harness calls it after each cell, its alarm disarmed: an alarm can land anywhere in a
+        cell, ``Granted.__exit__`` not yet begun included, and a grant left held would keep the
+        learner's process stopped, or every classmate paused for the turn."""
+        if upto is not None and upto not in self.owed:
+            return
+        with self._held():
+            while self.owed:
+                end = self.owed[-1]
+                self.send(end)
+                self.owed.pop()
+                if end == upto:
+                    return
+
+
+class Granted:
+    """What :meth:`Channel.granted` returns. A class, not a generator: a generator left suspended by
+    an alarm would give its grant back whenever it was collected, in the middle of another frame."""
+
+    def __init__(self, channel: Channel, begin: str, end: str, refusal: str, data: dict):
+        self.channel, self.begin, self.end, self.refusal, self.data = channel, begin, end, refusal, data
+
+    def __enter__(self) -> "Granted":
+        channel = self.channel
+        with channel._held():
+            channel.send(self.begin, **self.data)
+            answer = read_exact(channel._in_fd, 1)
+            if answer == GO:
+                channel.owed.append(self.end)
+        if answer != GO:
+            raise RuntimeError(f"grading: the parent refused {self.refusal}")
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.channel.give_back(self.end)
+        return False
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -273,10 +333,15 @@ class Alarm:
     def uninterrupted(self):
         """A few lines an alarm must not cut in two: a frame half written to the judge/learner
         channel, bytes read from it and not yet kept (``course.remote.Link``, through
-        ``course.grader_hooks.uninterrupted``). Cut there, the stream would lose or repeat bytes and
-        every later message would be read from the wrong place. An alarm that lands inside is
-        raised as the block ends, if the cell is still armed. The block itself never waits: the
-        channel waits for its pipe outside it."""
+        ``course.grader_hooks.uninterrupted``), a request to the parent and its answer
+        (:class:`Channel`). Cut there, the stream would lose or repeat bytes and every later message
+        would be read from the wrong place. An alarm that lands inside is raised as the block ends,
+        if the cell is still armed. The block waits only for a peer that answers at once. In a
+        thread other than the main one it holds nothing: the alarm is raised in the main thread
+        alone, so it cannot cut what another thread does (and is never raised in that thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
         self.held += 1
         try:
             yield
