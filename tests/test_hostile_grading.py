@@ -303,6 +303,62 @@ def test_a_turn_or_hold_the_parent_cannot_grant_is_refused_at_once(tmp_path):
     assert time.monotonic() - begun < 25, "the refusals were not answered at once"
 
 
+FORGES_WHAT_THE_PARENT_READS = """
+import course.grader_hooks as hooks, torch
+channel = next(c.cell_contents for c in hooks.observer.__closure__ if type(c.cell_contents).__name__ == "Channel")
+deep = "x"
+for _ in range(48):
+    deep = [deep, deep]  # a few hundred bytes on the wire, 2**48 strings read as a tree
+{forge}
+print("forged")
+"""
+FORGERIES = {
+    # the parent read str() of it: a string of 2**48 parts, the grader's memory, and every row, gone
+    "repeats": 'channel.send("flag", name="note", detail=deep, cell=0)',
+    # the parent read bool() of it: the error escaped its loop, the processes and the turn left held
+    "tensor": ('channel.send("cell_end", cell=0, error="", output="", seconds=0.1, records=0, '
+               'tampered=torch.ones(2))'),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_a_message_the_parent_cannot_read_as_its_fields_ends_only_its_own_run(tmp_path, forgery):
+    """The parent reads each field of a message as one type (text, a number, a flag) and walks no
+    message longer than its bytes: a list that holds itself twice at every depth (a few hundred
+    bytes, 2**48 values read as a tree), or a tensor where a flag belongs, is a forgery that ends its
+    own run (``crashed``, ``tampered``), at once."""
+    from autograder.sandbox import bwrap_works, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    source = FORGES_WHAT_THE_PARENT_READS.replace("{forge}", FORGERIES[forgery])
+    begun = time.monotonic()
+    out = run_program([_cell(source), _cell("print('after')", 1)], sandbox=sandbox, cell_timeout=30, timeout=60,
+                      memory_mb=2000, log=tmp_path / "log")
+    assert out.status == "crashed" and any(name == "tampered" for name, _ in out.flags), out
+    assert time.monotonic() - begun < 30, "the forgery was read for long"
+
+
+def test_a_failure_of_the_grader_mid_run_leaves_nothing_held(tmp_path, monkeypatch):
+    """Whatever fails in the parent's loop (here its reading of the learner's CPU, inside the judge's
+    timing turn), the run's processes are ended and its turn given back before the failure is raised
+    (the submission's row: the grader failed); before, the turn stayed held and every later
+    measurement of the batch waited for it for good."""
+    from autograder.sandbox import bwrap_works, parent, run_program
+
+    def broken(pid):
+        raise RuntimeError("a reading the grader could not make")
+
+    monkeypatch.setattr(parent, "main_thread_counts", broken)
+    sandbox = "bwrap" if bwrap_works() else "none"
+    cells, setup = _turn_holder("import course.grader_hooks as hooks\nwith hooks.exclusive():\n"
+                                "    hooks.learner_counts()\n")
+    with pytest.raises(RuntimeError, match="the grader failed while running this submission"):
+        run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=30, timeout=60, memory_mb=2000,
+                    log=tmp_path / "log")
+    assert not parent.TURNS.lock.locked() and not parent.TURNS.children, "the timing turn was left held"
+    assert parent.TURNS.holder is None
+
+
 def _busiest_process() -> int:
     """The most threads any process on this machine has now."""
     most = 0

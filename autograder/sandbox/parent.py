@@ -977,194 +977,204 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
 
     ended_anyway = False
 
-    while True:
-        now = net()
-        if clock.escaped:  # kept running while paused for another submission's measurement
-            flags.append(("escaped-pause", f"while another submission measured speed, {clock.escaped[0]}"[:300]))
-            status, detail = "crashed", ("its processes kept running while it was paused for another "
-                                         "submission's measurement; it was stopped so that no one else's "
-                                         "grade depends on it")
-            break
-        if now - last_poll > POLL:
-            last_poll = now
-            over = ""
-            for proc, outside_of in ((child, held_for), (judge, None)):
-                if proc is None:
-                    continue
-                try:
-                    rss, outside = _memory_look(proc, outside_of)
-                    # The learner's TorchScript and answers by hand, run in the hosts: the learner's count.
-                    in_hosts: dict[str, float] = {}
-                    for which, host in (hosts.items() if proc is child else ()):
-                        rss_host, more = _memory_look(host, None, files_once=True)
-                        in_hosts[which] = rss_host + sum(more.values()) / 2**20
-                    scripts = sum(in_hosts.values())
-                except TooManyFiles as exc:
-                    over = f"{exc} (the memory cap is {memory_mb:g} MB)"
-                    break
-                used = rss + sum(outside.values()) / 2**20 + scripts
-                if proc is child:
-                    peak = max(peak, rss + scripts)
-                else:  # the judge's own count, against the same cap
-                    judge_peak = max(judge_peak, used)
-                if used <= memory_mb:
-                    over_looks[id(proc)] = 0
-                    continue
-                # Over the cap at two looks in a row: a single reading past it can be a misreading (a
-                # folder read while bwrap sets the sandbox up); between two looks, the kernel's wall
-                # (the memory group's limit, WALL times the cap) holds.
-                over_looks[id(proc)] = over_looks.get(id(proc), 0) + 1
-                if over_looks[id(proc)] >= OVER_LOOKS:
-                    said = "".join(f", {OUTSIDE[k]} {v / 2**20:.0f} MB" for k, v in outside.items() if v >= 2**20)
-                    said += "".join(f", its {HOSTED[w]} in the {w} host {mb:.0f} MB" for w, mb in in_hosts.items() if mb >= 1)
-                    over = (f"used more than the memory cap of {memory_mb:g} MB" if proc is child else
-                            f"its answers made the judge process (served checks) hold {used:.0f} MB, more than "
-                            f"the memory cap of {memory_mb:g} MB") + f" (its processes {rss:.0f} MB{said})"
-                    break
-            if over:
-                status, detail = "oom", over
+    fault: Exception | None = None  # the grader's own failure while it ran this submission
+    try:
+        while True:
+            now = net()
+            if clock.escaped:  # kept running while paused for another submission's measurement
+                flags.append(("escaped-pause", f"while another submission measured speed, {clock.escaped[0]}"[:300]))
+                status, detail = "crashed", ("its processes kept running while it was paused for another "
+                                             "submission's measurement; it was stopped so that no one else's "
+                                             "grade depends on it")
                 break
-        if now - start > timeout:
-            status, detail = "timeout", f"ran past the limit of {timeout:g} s per submission"
-            break
-        if holding_since is not None and time.monotonic() - holding_since > TURN_LIMIT:
-            status, detail = "timeout", f"held the machine for one measurement longer than {TURN_LIMIT:g} s"
-            break
-        # A cell sent but not started (after the first, so that start-up is not counted), or the
-        # end not reached after the last cell: the process is stuck in an interrupted call.
-        started = current is not None and current.index == waiting["index"]
-        if reports and waiting["index"] is not None and not started and not finished():
-            waiting["since"] = now if waiting["since"] is None else waiting["since"]
-            stuck = now - waiting["since"]
-            if stuck > cell_timeout + GRACE:
-                if waiting["index"] == "done":
-                    ended_anyway = True  # every cell has its report: stop waiting for the goodbye
+            if now - last_poll > POLL:
+                last_poll = now
+                over = ""
+                for proc, outside_of in ((child, held_for), (judge, None)):
+                    if proc is None:
+                        continue
+                    try:
+                        rss, outside = _memory_look(proc, outside_of)
+                        # The learner's TorchScript and answers by hand, run in the hosts: the learner's count.
+                        in_hosts: dict[str, float] = {}
+                        for which, host in (hosts.items() if proc is child else ()):
+                            rss_host, more = _memory_look(host, None, files_once=True)
+                            in_hosts[which] = rss_host + sum(more.values()) / 2**20
+                        scripts = sum(in_hosts.values())
+                    except TooManyFiles as exc:
+                        over = f"{exc} (the memory cap is {memory_mb:g} MB)"
+                        break
+                    used = rss + sum(outside.values()) / 2**20 + scripts
+                    if proc is child:
+                        peak = max(peak, rss + scripts)
+                    else:  # the judge's own count, against the same cap
+                        judge_peak = max(judge_peak, used)
+                    if used <= memory_mb:
+                        over_looks[id(proc)] = 0
+                        continue
+                    # Over the cap at two looks in a row: a single reading past it can be a misreading (a
+                    # folder read while bwrap sets the sandbox up); between two looks, the kernel's wall
+                    # (the memory group's limit, WALL times the cap) holds.
+                    over_looks[id(proc)] = over_looks.get(id(proc), 0) + 1
+                    if over_looks[id(proc)] >= OVER_LOOKS:
+                        said = "".join(f", {OUTSIDE[k]} {v / 2**20:.0f} MB" for k, v in outside.items() if v >= 2**20)
+                        said += "".join(f", its {HOSTED[w]} in the {w} host {mb:.0f} MB"
+                                        for w, mb in in_hosts.items() if mb >= 1)
+                        over = (f"used more than the memory cap of {memory_mb:g} MB" if proc is child else
+                                f"its answers made the judge process (served checks) hold {used:.0f} MB, more than "
+                                f"the memory cap of {memory_mb:g} MB") + f" (its processes {rss:.0f} MB{said})"
+                        break
+                if over:
+                    status, detail = "oom", over
                     break
-                status, detail = "timeout", (f"the notebook's process did not start the next cell within "
-                                             f"{cell_timeout + GRACE:g} s (stuck in an interrupted call)")
+            if now - start > timeout:
+                status, detail = "timeout", f"ran past the limit of {timeout:g} s per submission"
                 break
-            if stuck > cell_timeout * (waiting["nudges"] + 1):
-                waiting["nudges"] += 1
-                for p in procs:
-                    if p.ready and not p.done:  # (before its handler, SIGALRM would end the process)
+            if holding_since is not None and time.monotonic() - holding_since > TURN_LIMIT:
+                status, detail = "timeout", f"held the machine for one measurement longer than {TURN_LIMIT:g} s"
+                break
+            # A cell sent but not started (after the first, so that start-up is not counted), or the
+            # end not reached after the last cell: the process is stuck in an interrupted call.
+            started = current is not None and current.index == waiting["index"]
+            if reports and waiting["index"] is not None and not started and not finished():
+                waiting["since"] = now if waiting["since"] is None else waiting["since"]
+                stuck = now - waiting["since"]
+                if stuck > cell_timeout + GRACE:
+                    if waiting["index"] == "done":
+                        ended_anyway = True  # every cell has its report: stop waiting for the goodbye
+                        break
+                    status, detail = "timeout", (f"the notebook's process did not start the next cell within "
+                                                 f"{cell_timeout + GRACE:g} s (stuck in an interrupted call)")
+                    break
+                if stuck > cell_timeout * (waiting["nudges"] + 1):
+                    waiting["nudges"] += 1
+                    for p in procs:
+                        if p.ready and not p.done:  # (before its handler, SIGALRM would end the process)
+                            signal_tree(p.proc.pid, signal.SIGALRM, only=is_python)
+            if current is not None and not current.finished:
+                if not interrupted and now - cell_started > cell_timeout:
+                    interrupted = True  # the cell raises a timeout error (in the judge and the learner's process)
+                    for p in reversed(procs):  # the judge first: its verdict on a served cell is the timeout
                         signal_tree(p.proc.pid, signal.SIGALRM, only=is_python)
-        if current is not None and not current.finished:
-            if not interrupted and now - cell_started > cell_timeout:
-                interrupted = True  # the cell raises a timeout error (in the judge and the learner's process)
-                for p in reversed(procs):  # the judge first: its verdict on a served cell is the timeout
-                    signal_tree(p.proc.pid, signal.SIGALRM, only=is_python)
-            elif interrupted and now - cell_started > cell_timeout + GRACE:
-                status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
-                break
-        for p in procs:
-            p.flush()
-        ready = _readable([p.from_r for p in procs if not p.done], 0.1, [p.to_w for p in procs if p.outbox])
-        closed = None
-        for source in procs:
-            if source.from_r not in ready:
-                continue
-            chunk = os.read(source.from_r, 1 << 20)
-            if not chunk:
-                closed = source  # it ended (or closed its pipe) before saying it was done
-                break
-            try:
-                messages = source.reader.feed(chunk)
-            except ProtocolError as exc:
-                flags.append(("tampered", f"the grading pipe carried {exc}"))
-                status, detail = "crashed", f"the grading pipe carried {exc}"
-                break
-            for payload in messages:
-                try:
-                    msg = decode(payload)
-                    if msg.get("token") != source.token:
-                        raise ProtocolError("a message without the harness's token")
-                    kind = msg["kind"]
-                    mine = source is owner[0]
-                    if kind == protocol.CELL_START and mine:
-                        current = reports.setdefault(int(msg["cell"]), CellReport(int(msg["cell"])))
-                        cell_started, interrupted = net(), False
-                    elif kind == protocol.RECORD and mine and current is not None and msg["cell"] == current.index:
-                        current.records.append(msg)
-                    elif kind == protocol.CELL_END and mine and current is not None and msg["cell"] == current.index:
-                        current.error = safe_text(str(msg["error"]))[-protocol.MAX_ERROR_CHARS:]
-                        current.output = safe_text(str(msg["output"]))[-protocol.MAX_OUTPUT_CHARS:]
-                        current.seconds, current.tampered = float(msg["seconds"]), bool(msg["tampered"])
-                        current.probed = msg.get("probed") is True
-                        current.finished = True
-                        send_next()
-                    elif kind == protocol.FLAG:
-                        flags.append((safe_text(str(msg["name"]))[:40], safe_text(str(msg["detail"]))[:300]))
-                        if msg["name"] == "tampered" and source is child and type(msg.get("cell")) is int:
-                            tampered_in.add(msg["cell"])  # found in the learner's process after that cell
-                    elif kind == protocol.SPEED_BEGIN and holding_since is None and (
-                            source is judge or (mine and owner[1] == "test")):
-                        # The learner's process measures in its own test cells only (as its harness
-                        # asks): anywhere else a turn is its code's, pausing every classmate.
-                        TURNS.begin(clock)
-                        holding, holding_since = source, time.monotonic()
-                        source.go()
-                    elif kind == protocol.SPEED_BEGIN:
-                        source.no()  # answered at once: nothing waits for a turn it will not get
-                    elif kind == protocol.SPEED_END and holding is source:
-                        TURNS.end(clock)
-                        holding, holding_since = None, None
-                    elif kind == protocol.HOLD and source is judge and held is None:
-                        # The bare host runs only while the judge waits for it, never during a hold.
-                        held = [Pause(p) for p in (child, hosts.get("script"), hosts.get("program")) if p is not None]
-                        for pause in held:
-                            pause.begin()
-                        source.go()
-                    elif kind == protocol.HOLD:
-                        source.no()
-                    elif kind == protocol.HOST and source is judge and msg.get("which", "script") not in protocol.HOSTS:
-                        raise ProtocolError("a request for a host of no known kind")
-                    elif kind == protocol.HOST and source is judge and msg.get("stop") is True:
-                        host = hosts.get(msg.get("which", "script"))
-                        if host is not None:  # a call the judge gave up on (code that never returns)
-                            kill_tree(host.proc.pid)
-                            if host.group is not None:
-                                host.group.kill()
-                        source.answer(protocol.NUMBER_ANSWER.pack(1.0))
-                    elif kind == protocol.HOST and source is judge:
-                        started = start_host(msg.get("which", "script"))
-                        source.answer(protocol.NUMBER_ANSWER.pack(1.0 if started else 0.0))
-                        if not started:  # the grader's own failure: raised below, the row says so (error)
-                            status = "crashed"
-                    elif kind == protocol.CPU and source is judge and msg.get("counts") is True:
-                        ran, waited = main_thread_counts(child.proc.pid)
-                        counts = (learner_cpu_seconds(child), learner_wait_seconds(child), waited,
-                                  ran if ran > 0 else -1.0)
-                        source.answer(protocol.COUNTS_ANSWER.pack(*counts))
-                    elif kind == protocol.CPU and source is judge:
-                        main, waited = msg.get("main") is True, msg.get("waited") is True
-                        reading = (main_thread_wait_seconds(child.proc.pid) if main and waited
-                                   else main_thread_cpu_seconds(child.proc.pid) if main
-                                   else learner_wait_seconds(child) if waited
-                                   else learner_cpu_seconds(child))
-                        source.answer(protocol.NUMBER_ANSWER.pack(reading))
-                    elif kind == protocol.PEAK and source is judge:
-                        reading = watch.start() if msg.get("reset") is True else watch.stop()
-                        source.answer(protocol.NUMBER_ANSWER.pack(reading))
-                    elif kind == protocol.RELEASE and source is judge and held is not None:
-                        ran, held = next(filter(None, [pause.end() for pause in held]), ""), None
-                        if ran and current is not None:  # the course's baseline was not timed alone
-                            current.escaped = current.escaped or ran
-                            flags.append(("escaped-pause", f"cell {current.index}: {ran}"[:300]))
-                    elif kind == protocol.DONE:
-                        source.done = True
-                    elif kind == protocol.READY:
-                        source.ready = True
-                except (ProtocolError, KeyError, TypeError, ValueError) as exc:
-                    why = str(exc) if isinstance(exc, ProtocolError) else f"a malformed message ({type(exc).__name__})"
-                    flags.append(("tampered", f"the grading pipe carried {why}"))
-                    status, detail = "crashed", "the grading pipe was written to by something other than the grader"
+                elif interrupted and now - cell_started > cell_timeout + GRACE:
+                    status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
                     break
-                if len(flags) > 200:
-                    del flags[100:-50]  # a flood of flags is kept bounded
-            if status:
+            for p in procs:
+                p.flush()
+            ready = _readable([p.from_r for p in procs if not p.done], 0.1, [p.to_w for p in procs if p.outbox])
+            closed = None
+            for source in procs:
+                if source.from_r not in ready:
+                    continue
+                chunk = os.read(source.from_r, 1 << 20)
+                if not chunk:
+                    closed = source  # it ended (or closed its pipe) before saying it was done
+                    break
+                try:
+                    messages = source.reader.feed(chunk)
+                except ProtocolError as exc:
+                    flags.append(("tampered", f"the grading pipe carried {exc}"))
+                    status, detail = "crashed", f"the grading pipe carried {exc}"
+                    break
+                for payload in messages:
+                    try:
+                        msg = decode(payload)
+                        if msg.get("token") != source.token:
+                            raise ProtocolError("a message without the harness's token")
+                        kind = msg["kind"]
+                        mine = source is owner[0]
+                        if kind == protocol.CELL_START and mine:
+                            current = reports.setdefault(int(msg["cell"]), CellReport(int(msg["cell"])))
+                            cell_started, interrupted = net(), False
+                        elif kind == protocol.RECORD and mine and current is not None and msg["cell"] == current.index:
+                            current.records.append(msg)
+                        elif (kind == protocol.CELL_END and mine and current is not None
+                              and msg["cell"] == current.index):
+                            current.error = safe_text(str(msg["error"]))[-protocol.MAX_ERROR_CHARS:]
+                            current.output = safe_text(str(msg["output"]))[-protocol.MAX_OUTPUT_CHARS:]
+                            current.seconds, current.tampered = float(msg["seconds"]), bool(msg["tampered"])
+                            current.probed = msg.get("probed") is True
+                            current.finished = True
+                            send_next()
+                        elif kind == protocol.FLAG:
+                            flags.append((safe_text(str(msg["name"]))[:40], safe_text(str(msg["detail"]))[:300]))
+                            if msg["name"] == "tampered" and source is child and type(msg.get("cell")) is int:
+                                tampered_in.add(msg["cell"])  # found in the learner's process after that cell
+                        elif kind == protocol.SPEED_BEGIN and holding_since is None and (
+                                source is judge or (mine and owner[1] == "test")):
+                            # The learner's process measures in its own test cells only (as its harness
+                            # asks): anywhere else a turn is its code's, pausing every classmate.
+                            TURNS.begin(clock)
+                            holding, holding_since = source, time.monotonic()
+                            source.go()
+                        elif kind == protocol.SPEED_BEGIN:
+                            source.no()  # answered at once: nothing waits for a turn it will not get
+                        elif kind == protocol.SPEED_END and holding is source:
+                            TURNS.end(clock)
+                            holding, holding_since = None, None
+                        elif kind == protocol.HOLD and source is judge and held is None:
+                            # The bare host runs only while the judge waits for it, never during a hold.
+                            held = [Pause(p) for p in (child, hosts.get("script"), hosts.get("program"))
+                                    if p is not None]
+                            for pause in held:
+                                pause.begin()
+                            source.go()
+                        elif kind == protocol.HOLD:
+                            source.no()
+                        elif (kind == protocol.HOST and source is judge
+                              and msg.get("which", "script") not in protocol.HOSTS):
+                            raise ProtocolError("a request for a host of no known kind")
+                        elif kind == protocol.HOST and source is judge and msg.get("stop") is True:
+                            host = hosts.get(msg.get("which", "script"))
+                            if host is not None:  # a call the judge gave up on (code that never returns)
+                                kill_tree(host.proc.pid)
+                                if host.group is not None:
+                                    host.group.kill()
+                            source.answer(protocol.NUMBER_ANSWER.pack(1.0))
+                        elif kind == protocol.HOST and source is judge:
+                            started = start_host(msg.get("which", "script"))
+                            source.answer(protocol.NUMBER_ANSWER.pack(1.0 if started else 0.0))
+                            if not started:  # the grader's own failure: raised below, the row says so (error)
+                                status = "crashed"
+                        elif kind == protocol.CPU and source is judge and msg.get("counts") is True:
+                            ran, waited = main_thread_counts(child.proc.pid)
+                            counts = (learner_cpu_seconds(child), learner_wait_seconds(child), waited,
+                                      ran if ran > 0 else -1.0)
+                            source.answer(protocol.COUNTS_ANSWER.pack(*counts))
+                        elif kind == protocol.CPU and source is judge:
+                            main, waited = msg.get("main") is True, msg.get("waited") is True
+                            reading = (main_thread_wait_seconds(child.proc.pid) if main and waited
+                                       else main_thread_cpu_seconds(child.proc.pid) if main
+                                       else learner_wait_seconds(child) if waited
+                                       else learner_cpu_seconds(child))
+                            source.answer(protocol.NUMBER_ANSWER.pack(reading))
+                        elif kind == protocol.PEAK and source is judge:
+                            reading = watch.start() if msg.get("reset") is True else watch.stop()
+                            source.answer(protocol.NUMBER_ANSWER.pack(reading))
+                        elif kind == protocol.RELEASE and source is judge and held is not None:
+                            ran, held = next(filter(None, [pause.end() for pause in held]), ""), None
+                            if ran and current is not None:  # the course's baseline was not timed alone
+                                current.escaped = current.escaped or ran
+                                flags.append(("escaped-pause", f"cell {current.index}: {ran}"[:300]))
+                        elif kind == protocol.DONE:
+                            source.done = True
+                        elif kind == protocol.READY:
+                            source.ready = True
+                    except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+                        why = (str(exc) if isinstance(exc, ProtocolError)
+                               else f"a malformed message ({type(exc).__name__})")
+                        flags.append(("tampered", f"the grading pipe carried {why}"))
+                        status, detail = "crashed", "the grading pipe was written to by something other than the grader"
+                        break
+                    if len(flags) > 200:
+                        del flags[100:-50]  # a flood of flags is kept bounded
+                if status:
+                    break
+            if status or closed is not None or finished():
                 break
-        if status or closed is not None or finished():
-            break
+    except Exception as exc:  # noqa: BLE001 - ends this run, and everything it holds, never the batch
+        fault, status = exc, "crashed"
+        detail = f"the grader failed while running it ({type(exc).__name__}: {exc})"[:300]
     watch.stop()
     for pause in held or []:
         pause.end()
@@ -1205,6 +1215,9 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
         os.close(fd)
     if host_fault:
         raise RuntimeError(f"the grader could not start a process that runs a learner's code for the judge ({host_fault})")
+    if fault is not None:  # its processes ended, its turn and holds given back: the row says the grader failed
+        raise RuntimeError(f"the grader failed while running this submission ({type(fault).__name__}: "
+                           f"{fault})") from fault
     if not status:
         hungry = [r.index for r in reports.values() if r.error.startswith("MemoryError")]
         if done and hungry:  # the kernel's data limit refused an allocation; later cells still ran

@@ -66,6 +66,27 @@ NUMBER_ANSWER = struct.Struct(">d")
 COUNTS_ANSWER = struct.Struct(">dddd")
 KINDS = {READY, CELL_START, RECORD, CELL_END, FLAG, SPEED_BEGIN, SPEED_END, DONE, HOLD, RELEASE, CPU, PEAK, HOST}
 
+_INT, _TEXT, _BOOL = (int,), (str,), (bool,)
+#: The fields the parent reads, by kind, and the exact types it reads them as: a message with one of
+#: another type is a forgery (``bool(tensor)`` raised out of the parent's loop, ``str`` of a list that
+#: holds itself twice at every depth never ended). Other fields are never read.
+FIELDS = {
+    CELL_START: {"cell": _INT},
+    RECORD: {"cell": _INT, "n": _INT, "name": _TEXT},
+    CELL_END: {"cell": _INT, "error": _TEXT, "output": _TEXT, "seconds": (int, float), "records": _INT,
+               "tampered": _BOOL, "probed": _BOOL},
+    FLAG: {"name": _TEXT, "detail": _TEXT, "cell": (int, type(None))},
+    READY: {"seal_entries": _INT},
+    SPEED_BEGIN: {"cell": (int, type(None))},
+    CPU: {"main": _BOOL, "waited": _BOOL, "counts": _BOOL},
+    PEAK: {"reset": _BOOL},
+    HOST: {"which": _TEXT, "stop": _BOOL},
+}
+#: How many values a message may hold, read as a tree (a part reached twice counted twice), beyond one
+#: per byte of its payload: what a message of this protocol never needs (each value costs a byte at
+#: least, unless it is a part repeated), and what keeps every walk over it as short as its bytes.
+SLACK_VALUES = 4096
+
 
 #: The judge and the bare host (``bare_host.py``, a Python with its standard library alone) speak
 #: JSON: plain values (None, booleans, numbers, strings, lists, dicts with string keys), framed
@@ -125,9 +146,34 @@ def decode(payload: bytes) -> dict:
         message = torch.load(io.BytesIO(payload), weights_only=True)
     except Exception as exc:  # noqa: BLE001 - anything unreadable is a forgery
         raise ProtocolError(f"an unreadable message ({type(exc).__name__})") from None
-    if not isinstance(message, dict) or message.get("kind") not in KINDS:
+    if type(message) is not dict or type(message.get("kind")) is not str or message["kind"] not in KINDS:
         raise ProtocolError("a message of no known kind")
+    if type(message.get("token")) is not str:
+        raise ProtocolError("a message without a token")
+    for field, types in FIELDS.get(message["kind"], {}).items():
+        if field in message and type(message[field]) not in types:
+            raise ProtocolError(f"a {message['kind']} message whose {field} is a {type(message[field]).__name__}")
+    if not within(message, len(payload) + SLACK_VALUES):
+        raise ProtocolError(f"a message of {len(payload)} bytes that repeats its own parts past "
+                            f"{len(payload) + SLACK_VALUES} values")
     return message
+
+
+def within(value, most: int) -> bool:
+    """Whether ``value``, read as a tree (a container reached twice counted twice, one that holds itself
+    without end), has at most ``most`` values; the walk stops there."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > most:
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+    return True
 
 
 class Reader:
