@@ -119,65 +119,52 @@ def test_a_process_with_something_running_beside_the_course_code_is_not_believed
     assert any("a thread was alive" in note and "not believed slower" in note for note in report.notes), report.notes
 
 
-def test_cpu_of_its_own_beside_the_course_code_is_a_disturbance(monkeypatch):
-    import course.grader_hooks as hooks
+class Burning(StandIn):
+    """Planted code whose process uses two more cores' worth of CPU beside the course's code there
+    (``used["cpu"]``: the CPU its process has used, as the parent would read it)."""
 
-    used = {"cpu": 0.0}
+    def __init__(self, used: dict, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.used = used
 
-    class Burning(StandIn):
-        def course_block(self, *args, **kwargs):
-            start = time.perf_counter()
-            out = super().course_block(*args, **kwargs)
-            used["cpu"] += 3 * (time.perf_counter() - start)  # two more cores' worth, beside it
-            return out
+    def course_block(self, *args, **kwargs):
+        start = time.perf_counter()
+        out = super().course_block(*args, **kwargs)
+        self.used["cpu"] += 3 * (time.perf_counter() - start)  # two more cores' worth, beside it
+        return out
 
-        def block(self, *args, **kwargs):
-            start = time.perf_counter()
-            out = super().block(*args, **kwargs)
-            used["cpu"] += time.perf_counter() - start
-            return out
-
-    monkeypatch.setattr(hooks, "learner_cpu", lambda: used["cpu"])
-    gamed, report = _ratio(monkeypatch, Burning(naive_sq_dists, sabotage=5.0), 0.5)
-    assert report.speedup(CAND).verdict(1.25) != "pass", report.table()  # 1.0x, not the 1.5x the bound allows
-    assert any("threads or processes of its own used CPU" in note for note in report.notes), report.notes
+    def block(self, *args, **kwargs):
+        start = time.perf_counter()
+        out = super().block(*args, **kwargs)
+        self.used["cpu"] += time.perf_counter() - start
+        return out
 
 
-def test_under_the_grader_each_block_is_bracketed_by_one_request_for_every_count(monkeypatch):
-    """The test above through the grader's own hook: one request (``learner_counts``) each side of a
-    block of the learner's process reads every count, none is asked on its own, and the CPU it reports
-    beside the course's code there is still a disturbance."""
+@pytest.mark.parametrize("hook", ["learner_cpu", "learner_counts"])
+def test_cpu_of_its_own_beside_the_course_code_is_a_disturbance(monkeypatch, hook):
+    """Read through the single hook, or the grader's own (``learner_counts``: one request each side of a
+    block of the learner's process reads every count, and none is then asked on its own)."""
     import course.grader_hooks as hooks
 
     used, asked = {"cpu": 0.0}, []
+    if hook == "learner_cpu":
+        monkeypatch.setattr(hooks, "learner_cpu", lambda: used["cpu"])
+    else:
+        def counts():
+            asked.append(1)
+            return used["cpu"], -1.0, -1.0, -1.0
 
-    class Burning(StandIn):
-        def course_block(self, *args, **kwargs):
-            start = time.perf_counter()
-            out = super().course_block(*args, **kwargs)
-            used["cpu"] += 3 * (time.perf_counter() - start)
-            return out
+        def alone(*args, **kwargs):
+            raise AssertionError("a count asked on its own")
 
-        def block(self, *args, **kwargs):
-            start = time.perf_counter()
-            out = super().block(*args, **kwargs)
-            used["cpu"] += time.perf_counter() - start
-            return out
-
-    def counts():
-        asked.append(1)
-        return used["cpu"], -1.0, -1.0, -1.0
-
-    def alone(*args, **kwargs):
-        raise AssertionError("a count asked on its own")
-
-    monkeypatch.setattr(hooks, "learner_counts", counts)
-    for name in ("learner_cpu", "learner_main_cpu", "learner_waited"):
-        monkeypatch.setattr(hooks, name, alone)
-    gamed, report = _ratio(monkeypatch, Burning(naive_sq_dists, sabotage=5.0), 0.5)
-    assert asked and len(asked) % 2 == 0, asked  # one before and one after each block
-    assert report.speedup(CAND).verdict(1.25) != "pass", report.table()
+        monkeypatch.setattr(hooks, "learner_counts", counts)
+        for name in ("learner_cpu", "learner_main_cpu", "learner_waited"):
+            monkeypatch.setattr(hooks, name, alone)
+    gamed, report = _ratio(monkeypatch, Burning(used, naive_sq_dists, sabotage=5.0), 0.5)
+    assert report.speedup(CAND).verdict(1.25) != "pass", report.table()  # 1.0x, not the 1.5x the bound allows
     assert any("threads or processes of its own used CPU" in note for note in report.notes), report.notes
+    if hook == "learner_counts":
+        assert asked and len(asked) % 2 == 0, asked  # one before and one after each block
 
 
 def test_the_disturbances_a_learner_can_leave_in_their_process_are_seen():

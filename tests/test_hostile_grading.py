@@ -359,6 +359,30 @@ def test_a_failure_of_the_grader_mid_run_leaves_nothing_held(tmp_path, monkeypat
     assert parent.TURNS.holder is None
 
 
+def test_a_turn_whose_begin_fails_is_not_left_held():
+    """Pausing a classmate can fail (a process that vanished mid-freeze): the turn taken for it is given
+    back before the failure goes on, so no later measurement of the batch waits for it."""
+    from autograder.sandbox import parent
+
+    class Classmate:
+        pid = 2
+
+        def pause(self):
+            raise OSError("a classmate that could not be paused")
+
+        def resume(self):
+            pass
+
+    class Holder(Classmate):
+        pid, paused_total = 1, 0.0
+
+    turns, holder = parent._Turns(), Holder()
+    turns.children = {1: holder, 2: Classmate()}
+    with pytest.raises(OSError):
+        turns.begin(holder)
+    assert not turns.lock.locked() and turns.holder is None
+
+
 def _busiest_process() -> int:
     """The most threads any process on this machine has now."""
     most = 0

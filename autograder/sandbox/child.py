@@ -393,7 +393,6 @@ def main() -> int:
 
     import contextlib
 
-    @contextlib.contextmanager
     def exclusive():
         """Ask the parent for the machine to ourselves, wait for its go, give it back after; in a
         test cell only. Every graded check is served (timed in the judge, which takes the turn
@@ -401,10 +400,10 @@ def main() -> int:
         the machine for it paused every classmate graded beside it (lesson 8's demonstrations took
         the turn for a minute at a time). It runs beside them instead."""
         if (state["cell"] or {}).get("kind") != "test":
-            yield
-            return
-        with channel.granted("speed_begin", "speed_end", "the timing turn", cell=state["cell"].get("index")):
-            yield
+            return contextlib.nullcontext()
+        # Not wrapped in a generator: one left suspended by an alarm would give the turn back whenever
+        # it was collected, perhaps inside another frame's write (``protocol.Granted``).
+        return channel.granted("speed_begin", "speed_end", "the timing turn", cell=state["cell"].get("index"))
 
     import course.grader_hooks as hooks
     import course.guard as guard

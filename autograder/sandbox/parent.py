@@ -136,18 +136,25 @@ class _Turns:
         child.paused_total += time.monotonic() - waited  # waiting for a turn is not the child's time
         with self.registry:
             self.holder = child.pid
-            for other in self.children.values():
-                if other is not child:
-                    other.pause()
+        try:
+            with self.registry:
+                for other in self.children.values():
+                    if other is not child:
+                        other.pause()
+        except BaseException:  # a turn never stays held by a begin that failed
+            self.end(child)
+            raise
 
     def end(self, child: "_Child") -> None:
         with self.registry:
             if self.holder != child.pid:
                 return
             self.holder = None
-            for other in self.children.values():
-                other.resume()
-        self.lock.release()
+            try:
+                for other in self.children.values():
+                    other.resume()
+            finally:
+                self.lock.release()
 
 
 class _Child:
@@ -842,7 +849,7 @@ def _readable(fds: list[int], timeout_s: float, writing: list[int] = ()) -> set[
         poller.register(fd, select.POLLIN)
     for fd in writing:
         poller.register(fd, select.POLLOUT)
-    return {fd for fd, events in poller.poll(timeout_s * 1000) if fd in fds and events & ~select.POLLOUT}
+    return {fd for fd, _ in poller.poll(timeout_s * 1000) if fd in fds}
 
 
 def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout: float,
@@ -1175,13 +1182,14 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     except Exception as exc:  # noqa: BLE001 - ends this run, and everything it holds, never the batch
         fault, status = exc, "crashed"
         detail = f"the grader failed while running it ({type(exc).__name__}: {exc})"[:300]
-    watch.stop()
-    for pause in held or []:
-        pause.end()
-    if holding_since is not None:
+    try:
+        watch.stop()
+        for pause in held or []:
+            pause.end()
+    finally:  # whatever failed above, the turn is given back (it ends only the holder's own)
         TURNS.end(clock)
-    TURNS.remove(clock)
-    clock.resume()
+        TURNS.remove(clock)
+        clock.resume()
     done = finished() or ended_anyway
     if done and not status:
         try:

@@ -215,6 +215,7 @@ class Channel:
 
     def __init__(self, fd: int, token: str, in_fd: int | None = None, alarm: "Alarm | None" = None):
         self._fd, self._token, self._lock, self._in_fd = fd, token, threading.Lock(), in_fd
+        self._asking = threading.RLock()  # one request and its answer at a time, whichever thread asks
         self._held = alarm.uninterrupted if alarm is not None else contextlib.nullcontext
         self.owed: list[str] = []  # what to send to give back what the parent granted, last granted last
 
@@ -225,7 +226,7 @@ class Channel:
 
     def request(self, kind: str, size: int, **data) -> bytes:
         """Send a request and read the parent's answer, ``size`` bytes."""
-        with self._held():
+        with self._asking, self._held():
             self.send(kind, **data)
             return read_exact(self._in_fd, size)
 
@@ -239,9 +240,9 @@ class Channel:
         A harness calls it after each cell, its alarm disarmed: an alarm can land anywhere in a
         cell, ``Granted.__exit__`` not yet begun included, and a grant left held would keep the
         learner's process stopped, or every classmate paused for the turn."""
-        if upto is not None and upto not in self.owed:
-            return
-        with self._held():
+        with self._asking, self._held():
+            if upto is not None and upto not in self.owed:
+                return
             while self.owed:
                 end = self.owed[-1]
                 self.send(end)
@@ -259,7 +260,7 @@ class Granted:
 
     def __enter__(self) -> "Granted":
         channel = self.channel
-        with channel._held():
+        with channel._asking, channel._held():
             channel.send(self.begin, **self.data)
             answer = read_exact(channel._in_fd, 1)
             if answer == GO:
