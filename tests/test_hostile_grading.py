@@ -176,6 +176,22 @@ def _cell(source, index=0):
     return {"index": index, "id": f"c{index}", "kind": "instructor", "source": source, "grade_id": ""}
 
 
+def _turns_taken(monkeypatch) -> list[float]:
+    """When each timing turn of the runs that follow was taken (TURNS.take answering yes)."""
+    from autograder.sandbox import parent
+
+    taken, take = [], parent.TURNS.take
+
+    def counted(clock):
+        got = take(clock)
+        if got:
+            taken.append(time.monotonic())
+        return got
+
+    monkeypatch.setattr(parent.TURNS, "take", counted)
+    return taken
+
+
 def _turn_holder(source: str) -> tuple[list[dict], list[str]]:
     """A program whose served test cell runs ``source`` in the judge (which takes the timing turn)."""
     setup = "import time, course.timing as t\n"
@@ -187,14 +203,12 @@ def test_a_paused_submission_is_not_timed_out_by_a_classmates_timing_turn(tmp_pa
     """A's check holds the machine for one measurement in its judge (8 s: a sleeping block is starved
     of CPU, so each of its 8 rounds is measured twice); B, paused meanwhile, has a 4 s cell with a
     6 s limit. Before, B's own alarm kept running while it was stopped and B timed out."""
-    from autograder.sandbox import bwrap_works, parent, run_program
+    from autograder.sandbox import bwrap_works, run_program
 
     sandbox = "bwrap" if bwrap_works() else "none"
     holder = "t.compare({'a': lambda: time.sleep(0.5)}, rounds=8, warmup=0, min_run_time=0.0, progress=False)\n"
     sleeper = "import time\ntime.sleep(1.5)\nfor _ in range(5):\n    time.sleep(0.5)\nprint('done')\n"
-    results, turns = {}, []
-    begin = parent.TURNS.begin
-    monkeypatch.setattr(parent.TURNS, "begin", lambda clock: turns.append(1) or begin(clock))
+    results, turns = {}, _turns_taken(monkeypatch)
 
     def run(name, cells, setup, limit):
         results[name] = run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=limit, timeout=120,
@@ -212,20 +226,72 @@ def test_a_paused_submission_is_not_timed_out_by_a_classmates_timing_turn(tmp_pa
     assert not results["b"].cells[0].error and "done" in results["b"].cells[0].output, results["b"].cells[0]
 
 
+TAKES_TURNS = """
+import time, course.grader_hooks as hooks
+held = 0.0
+time.sleep({lead})
+for _ in range({turns}):
+    with hooks.exclusive():
+        began = time.monotonic()
+        time.sleep({hold})
+        held += time.monotonic() - began
+    time.sleep({gap})
+print("held", held)
+"""
+
+
+def test_a_run_waiting_for_the_timing_turn_counts_the_wait_once(tmp_path, monkeypatch):
+    """B's judge asks for the timing turn again and again while A's holds it for 1.5 s at a time. B's
+    run waits in the queue, paused by A meanwhile: its clocks stop for the pause, once. Before, the
+    parent's loop blocked on a lock while it waited and then also added the whole wait to B's paused
+    time: B's limits were loosened by every wait, its reported seconds short by as much."""
+    from autograder.sandbox import bwrap_works, parent, run_program
+
+    sandbox = "bwrap" if bwrap_works() else "none"
+    results, walls, waits, take = {}, {}, [], parent.TURNS.take
+
+    def counted(clock):
+        got = take(clock)
+        if not got:
+            waits.append(clock.pid)
+        return got
+
+    monkeypatch.setattr(parent.TURNS, "take", counted)
+
+    def run(name, source):
+        cells, setup = _turn_holder(source)
+        begun = time.monotonic()
+        results[name] = run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=90, timeout=150,
+                                    memory_mb=2000, log=tmp_path / f"{name}.log")
+        walls[name] = time.monotonic() - begun
+
+    a = threading.Thread(target=run, args=("a", TAKES_TURNS.format(lead=4, turns=8, hold=1.5, gap=0.3)))
+    b = threading.Thread(target=run, args=("b", TAKES_TURNS.format(lead=0, turns=200, hold=0.05, gap=0)))
+    a.start()
+    time.sleep(1)
+    b.start()
+    a.join()
+    b.join()
+    for name in "ab":
+        assert results[name].status == "ok" and not results[name].cells[1].error, results[name]
+    assert waits, "no run waited for the timing turn: this proves nothing"
+    held = float(results["a"].cells[1].output.split()[-1])  # A's turns, as A's judge timed them
+    paused = walls["b"] - results["b"].seconds  # B's time taken off its clocks
+    assert paused <= held + 0.75, f"B's clocks stopped for {paused:.1f} s; A held the machine for {held:.1f} s"
+
+
 def test_a_demonstration_in_the_learners_process_takes_no_timing_turn(tmp_path, monkeypatch):
     """No grade rests on a lesson's own timing cells (every graded check is timed in the judge), so
     they run beside classmates instead of pausing them all: the learner's process asks for no turn,
     the judge's check does."""
-    from autograder.sandbox import bwrap_works, parent, run_program
+    from autograder.sandbox import bwrap_works, run_program
 
     sandbox = "bwrap" if bwrap_works() else "none"
     timing = "t.compare({'a': lambda: sum(range(1000))}, rounds=3, warmup=0, min_run_time=0.0, progress=False)\n"
     cells, setup = _turn_holder(timing)
     cells.insert(1, {**_cell(timing, 1), "id": "demo"})
     cells[2]["index"] = 2
-    turns = []
-    begin = parent.TURNS.begin
-    monkeypatch.setattr(parent.TURNS, "begin", lambda clock: turns.append(1) or begin(clock))
+    turns = _turns_taken(monkeypatch)
     out = run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=60, timeout=120, memory_mb=2000,
                       log=tmp_path / "log")
     assert out.status == "ok" and not out.cells[1].error and not out.cells[2].error, out
@@ -355,8 +421,8 @@ def test_a_failure_of_the_grader_mid_run_leaves_nothing_held(tmp_path, monkeypat
     with pytest.raises(RuntimeError, match="the grader failed while running this submission"):
         run_program(cells, judge_setup=setup, sandbox=sandbox, cell_timeout=30, timeout=60, memory_mb=2000,
                     log=tmp_path / "log")
-    assert not parent.TURNS.lock.locked() and not parent.TURNS.children, "the timing turn was left held"
-    assert parent.TURNS.holder is None
+    assert parent.TURNS.holder is None and not parent.TURNS.children, "the timing turn was left held"
+    assert not parent.TURNS.queue, "the run was left in the queue for the timing turn"
 
 
 def test_a_turn_whose_begin_fails_is_not_left_held():
@@ -379,8 +445,47 @@ def test_a_turn_whose_begin_fails_is_not_left_held():
     turns, holder = parent._Turns(), Holder()
     turns.children = {1: holder, 2: Classmate()}
     with pytest.raises(OSError):
-        turns.begin(holder)
-    assert not turns.lock.locked() and turns.holder is None
+        turns.take(holder)
+    assert turns.holder is None and not turns.queue
+
+
+def test_timing_turns_are_taken_first_come_first_served_and_never_waited_for():
+    """TURNS.take answers at once, yes or no: the run's loop keeps watching its processes while it
+    waits. Turns go in the order they were asked for (a run that asks again at once, as a judge's
+    rounds do, does not overtake one that waits), and the first in the queue is woken when a turn
+    ends; a run that ends leaves the queue."""
+    from autograder.sandbox import parent
+
+    class Run:
+        def __init__(self, pid):
+            self.pid, self.paused, self.woken = pid, False, 0
+
+        def pause(self):
+            self.paused = True
+
+        def resume(self):
+            self.paused = False
+
+        def wake(self):
+            self.woken += 1
+
+    turns = parent._Turns()
+    a, b, c = Run(1), Run(2), Run(3)
+    for run in (a, b, c):
+        turns.add(run)
+    assert turns.take(a) and b.paused and c.paused and not a.paused
+    assert not turns.take(b) and not turns.take(c) and not turns.take(b), "a turn given while A holds it"
+    assert turns.queue == [2, 3], "B asked twice: it must still be queued once, before C"
+    turns.end(a)
+    assert (b.woken, c.woken) == (1, 0) and not b.paused and not c.paused
+    assert not turns.take(a), "A asked again at once and overtook B, which was waiting"
+    assert not turns.take(c), "C overtook B"
+    assert turns.take(b) and a.paused and c.paused
+    turns.remove(c)  # C's run ended while it waited
+    turns.end(b)
+    assert turns.queue == [1] and a.woken == 1 and turns.take(a)
+    turns.end(a)
+    assert turns.holder is None and not turns.queue
 
 
 def _busiest_process() -> int:

@@ -111,14 +111,19 @@ class Outcome:
 
 class _Turns:
     """Timing turns across submissions graded in parallel (``--jobs``): a child that starts a
-    measurement gets the machine to itself; every other child is stopped (SIGSTOP) until the
-    measurement ends, and its time limits do not count the pause."""
+    measurement gets the machine to itself; every other child is stopped (SIGSTOP or its cgroup
+    frozen) until the measurement ends, and its time limits do not count the pause.
+
+    Nothing here waits: a run's loop asks with :meth:`take` and goes on watching its processes
+    (limits, memory, pipes) until the turn is its own, first come first served; the run at the head
+    of the queue is woken (:attr:`_Child.wake_r`) when a turn ends. A run that waits is paused by the
+    holder meanwhile, and its clocks stop with the pause, not with the wait (counted once)."""
 
     def __init__(self):
-        self.lock = threading.Lock()          # held by the child that is timing
         self.registry = threading.Lock()
         self.children: dict[int, "_Child"] = {}
         self.holder: int | None = None
+        self.queue: list[int] = []  # the children asking for the turn, in the order they asked
 
     def add(self, child: "_Child") -> None:
         with self.registry:
@@ -129,32 +134,46 @@ class _Turns:
     def remove(self, child: "_Child") -> None:
         with self.registry:
             self.children.pop(child.pid, None)
+            if child.pid in self.queue:
+                self.queue.remove(child.pid)
+                self._wake_next()
 
-    def begin(self, child: "_Child") -> None:
-        waited = time.monotonic()
-        self.lock.acquire()
-        child.paused_total += time.monotonic() - waited  # waiting for a turn is not the child's time
+    def take(self, child: "_Child") -> bool:
+        """The turn for ``child`` if it is free and no one asked before it (True); otherwise ``child``
+        is queued, once, and False comes back at once."""
         with self.registry:
+            if child.pid not in self.queue:
+                self.queue.append(child.pid)
+            if self.holder is not None or self.queue[0] != child.pid:
+                return False
+            self.queue.pop(0)
             self.holder = child.pid
-        try:
-            with self.registry:
+            try:
                 for other in self.children.values():
                     if other is not child:
                         other.pause()
-        except BaseException:  # a turn never stays held by a begin that failed
-            self.end(child)
-            raise
+            except BaseException:  # a turn never stays held by a take that failed
+                self._release()
+                raise
+        return True
 
     def end(self, child: "_Child") -> None:
+        """Give the turn back, if ``child`` holds it; every other child resumes."""
         with self.registry:
-            if self.holder != child.pid:
-                return
-            self.holder = None
-            try:
-                for other in self.children.values():
-                    other.resume()
-            finally:
-                self.lock.release()
+            if self.holder == child.pid:
+                self._release()
+
+    def _release(self) -> None:
+        self.holder = None
+        try:
+            for other in self.children.values():
+                other.resume()
+        finally:
+            self._wake_next()
+
+    def _wake_next(self) -> None:
+        if self.queue and self.holder is None and self.queue[0] in self.children:
+            self.children[self.queue[0]].wake()
 
 
 class _Child:
@@ -167,6 +186,32 @@ class _Child:
         self.paused_total, self.paused_since = 0.0, None
         self.pauses: list[Pause] = []
         self.escaped: list[str] = []
+        # Written to when a timing turn ends and this child is the first to have asked for the next:
+        # its run's loop, waiting on its pipes, then looks again at once.
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+
+    def wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"\0")
+        except (BlockingIOError, OSError):  # woken already (the pipe is full), or the run has ended
+            pass
+
+    def woken(self) -> None:
+        """Read what :meth:`wake` wrote (any number of wakes)."""
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self) -> None:
+        for fd in (self.wake_r, self.wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def pause(self) -> None:
         if self.paused_since is None:
@@ -960,6 +1005,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     TURNS.add(clock)
     holding: _Proc | None = None
     holding_since: float | None = None
+    asking: _Proc | None = None  # the process whose request for the timing turn waits in TURNS' queue
 
     reports: dict[int, CellReport] = {}
     tampered_in: set[int] = set()
@@ -1066,9 +1112,15 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                 elif interrupted and now - cell_started > cell_timeout + GRACE:
                     status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
                     break
+            if asking is not None and TURNS.take(clock):  # its turn came (first come, first served)
+                holding, holding_since, asking = asking, time.monotonic(), None
+                holding.go()
             for p in procs:
                 p.flush()
-            ready = _readable([p.from_r for p in procs if not p.done], 0.1, [p.to_w for p in procs if p.outbox])
+            ready = _readable([*(p.from_r for p in procs if not p.done), clock.wake_r], 0.1,
+                              [p.to_w for p in procs if p.outbox])
+            if clock.wake_r in ready:
+                clock.woken()
             closed = None
             for source in procs:
                 if source.from_r not in ready:
@@ -1107,13 +1159,17 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                             flags.append((safe_text(str(msg["name"]))[:40], safe_text(str(msg["detail"]))[:300]))
                             if msg["name"] == "tampered" and source is child and type(msg.get("cell")) is int:
                                 tampered_in.add(msg["cell"])  # found in the learner's process after that cell
-                        elif kind == protocol.SPEED_BEGIN and holding_since is None and (
+                        elif kind == protocol.SPEED_BEGIN and holding_since is None and asking is None and (
                                 source is judge or (mine and owner[1] == "test")):
                             # The learner's process measures in its own test cells only (as its harness
-                            # asks): anywhere else a turn is its code's, pausing every classmate.
-                            TURNS.begin(clock)
-                            holding, holding_since = source, time.monotonic()
-                            source.go()
+                            # asks): anywhere else a turn is its code's, pausing every classmate. Where
+                            # another submission holds the turn, the request waits in the queue (taken at
+                            # the top of the loop) while this loop goes on watching its processes.
+                            if TURNS.take(clock):
+                                holding, holding_since = source, time.monotonic()
+                                source.go()
+                            else:
+                                asking = source
                         elif kind == protocol.SPEED_BEGIN:
                             source.no()  # answered at once: nothing waits for a turn it will not get
                         elif kind == protocol.SPEED_END and holding is source:
@@ -1182,14 +1238,23 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     except Exception as exc:  # noqa: BLE001 - ends this run, and everything it holds, never the batch
         fault, status = exc, "crashed"
         detail = f"the grader failed while running it ({type(exc).__name__}: {exc})"[:300]
-    try:
-        watch.stop()
-        for pause in held or []:
-            pause.end()
-    finally:  # whatever failed above, the turn is given back (it ends only the holder's own)
-        TURNS.end(clock)
-        TURNS.remove(clock)
-        clock.resume()
+
+    def settle(*steps) -> None:
+        """Run every step of the clean-up, whatever failed before it (the first failure is the grader's:
+        raised once the run's processes are ended)."""
+        nonlocal fault, status, detail
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - the next step still runs
+                if fault is None:
+                    fault, status = exc, "crashed"
+                    detail = f"the grader failed while ending it ({type(exc).__name__}: {exc})"[:300]
+
+    # The turn is given back and the run leaves the queue for it whatever failed above (TURNS.end ends
+    # only the holder's own turn).
+    settle(watch.stop, *(pause.end for pause in held or []), lambda: TURNS.end(clock), lambda: TURNS.remove(clock),
+           clock.resume, clock.close)
     done = finished() or ended_anyway
     if done and not status:
         try:
@@ -1206,8 +1271,11 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             reports[index].tampered = True
     exits = {id(p): p.proc.poll() for p in procs}  # before close() kills what is left
     everyone = [*procs, *hosts.values()]
+    killings: dict[int, int] = {}
+    settle(*(lambda p=p: killings.__setitem__(id(p), p.memory.oom_kills() if p.memory is not None else 0)
+             for p in everyone))
     for p in everyone:
-        killed = p.memory.oom_kills() if p.memory is not None else 0
+        killed = killings.get(id(p), 0)
         if killed and status != "oom":  # the kernel's wall: between two looks, past WALL times the cap
             whose = ("" if p is child else ", in the judge process (served checks) its answers drove" if p is judge
                      else ", in the script host, running its TorchScript" if p is hosts.get("script")
@@ -1215,12 +1283,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                      else ", in the bare host, running its answer by hand")
             status, detail = "oom", (f"used more than {WALL:g} times the memory cap of {memory_mb:g} MB between two "
                                      f"looks{whose}: the kernel ended {killed} of its processes")
-    if held_for is not None:
-        held_for.close()
-    for p in everyone:
-        p.close()
-    for fd in [fd for fds in host_fds.values() for fd in fds]:  # never started
-        os.close(fd)
+    settle(*(() if held_for is None else (held_for.close,)), *(p.close for p in everyone),
+           *(lambda fd=fd: os.close(fd) for fds in host_fds.values() for fd in fds))  # fds: hosts never started
     if host_fault:
         raise RuntimeError(f"the grader could not start a process that runs a learner's code for the judge ({host_fault})")
     if fault is not None:  # its processes ended, its turn and holds given back: the row says the grader failed
