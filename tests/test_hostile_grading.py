@@ -484,7 +484,12 @@ def test_timing_turns_are_taken_first_come_first_served_and_never_waited_for():
     turns.remove(c)  # C's run ended while it waited
     turns.end(b)
     assert turns.queue == [1] and a.woken == 1 and turns.take(a)
+    turns.add(c)  # C graded again
+    assert not turns.take(b) and not turns.take(c)
     turns.end(a)
+    turns.withdraw(b)  # B's request is left behind (its test cell ended): C, next, is woken
+    assert turns.queue == [3] and c.woken == 1 and turns.take(c)
+    turns.end(c)
     assert turns.holder is None and not turns.queue
 
 

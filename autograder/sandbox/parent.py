@@ -134,6 +134,11 @@ class _Turns:
     def remove(self, child: "_Child") -> None:
         with self.registry:
             self.children.pop(child.pid, None)
+        self.withdraw(child)
+
+    def withdraw(self, child: "_Child") -> None:
+        """``child`` no longer asks for the turn (it leaves the queue; the next in it may take the turn)."""
+        with self.registry:
             if child.pid in self.queue:
                 self.queue.remove(child.pid)
                 self._wake_next()
@@ -1112,6 +1117,10 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                 elif interrupted and now - cell_started > cell_timeout + GRACE:
                     status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
                     break
+            if asking is child and not (owner[0] is child and owner[1] == "test"):
+                TURNS.withdraw(clock)  # a request left behind by a test cell that has ended: never granted
+                asking = None
+                child.no()
             if asking is not None and TURNS.take(clock):  # its turn came (first come, first served)
                 holding, holding_since, asking = asking, time.monotonic(), None
                 holding.go()
