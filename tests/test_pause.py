@@ -262,6 +262,7 @@ def test_a_submission_that_ran_while_paused_for_another_is_named(tmp_path):
         time.sleep(0.1)
         clock.resume()
         assert len(clock.escaped) == 1 and "while paused" in clock.escaped[0], clock.escaped
+        clock.close()
     finally:
         started.close()
 

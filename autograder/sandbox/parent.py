@@ -154,6 +154,7 @@ class _Turns:
             self.queue.pop(0)
             self.holder = child.pid
             try:
+                child.resume()  # (a no-op unless a resume that failed left it paused)
                 for other in self.children.values():
                     if other is not child:
                         other.pause()
@@ -169,12 +170,16 @@ class _Turns:
                 self._release()
 
     def _release(self) -> None:
-        self.holder = None
-        try:
-            for other in self.children.values():
+        """Every child resumes, whatever fails for one of them (the first failure is raised after)."""
+        self.holder, failed = None, None
+        for other in self.children.values():
+            try:
                 other.resume()
-        finally:
-            self._wake_next()
+            except Exception as exc:  # noqa: BLE001 - the next still resumes: none stays paused for good
+                failed = failed or exc
+        self._wake_next()
+        if failed is not None:
+            raise failed
 
     def _wake_next(self) -> None:
         if self.queue and self.holder is None and self.queue[0] in self.children:
@@ -1007,10 +1012,10 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     "setup_cells": list(judge_setup or []), "seed_key": seed_key.hex() if seed_key else None})
     send_next()
     clock = _Child(*procs)
-    TURNS.add(clock)
     holding: _Proc | None = None
     holding_since: float | None = None
     asking: _Proc | None = None  # the process whose request for the timing turn waits in TURNS' queue
+    asked_in = None  # the cell it asked in
 
     reports: dict[int, CellReport] = {}
     tampered_in: set[int] = set()
@@ -1036,6 +1041,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     ended_anyway = False
 
     fault: Exception | None = None  # the grader's own failure while it ran this submission
+    TURNS.add(clock)  # from here on, the clean-up below takes it out again
     try:
         while True:
             now = net()
@@ -1117,7 +1123,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                 elif interrupted and now - cell_started > cell_timeout + GRACE:
                     status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
                     break
-            if asking is child and not (owner[0] is child and owner[1] == "test"):
+            if asking is child and (asked_in != waiting["index"] or not (owner[0] is child and owner[1] == "test")):
                 TURNS.withdraw(clock)  # a request left behind by a test cell that has ended: never granted
                 asking = None
                 child.no()
@@ -1178,12 +1184,16 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                                 holding, holding_since = source, time.monotonic()
                                 source.go()
                             else:
-                                asking = source
+                                asking, asked_in = source, waiting["index"]
                         elif kind == protocol.SPEED_BEGIN:
                             source.no()  # answered at once: nothing waits for a turn it will not get
                         elif kind == protocol.SPEED_END and holding is source:
                             TURNS.end(clock)
                             holding, holding_since = None, None
+                        elif kind == protocol.SPEED_END and asking is source:  # (no honest harness does this)
+                            TURNS.withdraw(clock)  # it no longer wants the turn it asked for
+                            asking = None
+                            source.no()
                         elif kind == protocol.HOLD and source is judge and held is None:
                             # The bare host runs only while the judge waits for it, never during a hold.
                             held = [Pause(p) for p in (child, hosts.get("script"), hosts.get("program"))
@@ -1262,8 +1272,9 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
 
     # The turn is given back and the run leaves the queue for it whatever failed above (TURNS.end ends
     # only the holder's own turn).
-    settle(watch.stop, *(pause.end for pause in held or []), lambda: TURNS.end(clock), lambda: TURNS.remove(clock),
-           clock.resume, clock.close)
+    # Its wake pipe is closed only once it has left TURNS (a later wake would write to a number reused).
+    settle(watch.stop, *(pause.end for pause in held or []), lambda: TURNS.end(clock),
+           lambda: (TURNS.remove(clock), clock.close()), clock.resume)
     done = finished() or ended_anyway
     if done and not status:
         try:

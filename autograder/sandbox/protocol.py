@@ -209,8 +209,9 @@ class Channel:
     ``alarm``: the process's :class:`Alarm`, held while a frame is written and while a request and
     its answer cross. Cut there, a frame would be left half written, or an answer unread and read
     later as the next message's first bytes: every later message would be read from the wrong
-    place. The parent answers every request (at once, or after waiting for the timing turn, while
-    its loop, the only sender of alarms, waits too), so holding the alarm there never holds it long.
+    place. The parent answers every request, at once or, for the timing turn, once the turn comes
+    (while another submission holds it, this one is paused and its clocks stopped, so its alarms
+    wait too): holding the alarm there never holds it long.
     """
 
     def __init__(self, fd: int, token: str, in_fd: int | None = None, alarm: "Alarm | None" = None):
