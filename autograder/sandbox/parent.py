@@ -1017,6 +1017,13 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
     asking: _Proc | None = None  # the process whose request for the timing turn waits in TURNS' queue
     asked_in = None  # the cell it asked in
 
+    def refuse_request() -> None:
+        """The request that waits is taken out of the queue and answered NO (never granted later)."""
+        nonlocal asking
+        TURNS.withdraw(clock)
+        asking, source = None, asking
+        source.no()
+
     reports: dict[int, CellReport] = {}
     tampered_in: set[int] = set()
     flags: list[tuple[str, str]] = []
@@ -1124,9 +1131,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     status, detail = "timeout", f"a cell ran past {cell_timeout:g} s and did not stop when interrupted"
                     break
             if asking is child and (asked_in != waiting["index"] or not (owner[0] is child and owner[1] == "test")):
-                TURNS.withdraw(clock)  # a request left behind by a test cell that has ended: never granted
-                asking = None
-                child.no()
+                refuse_request()  # left behind by a test cell of the learner's that has ended
             if asking is not None and TURNS.take(clock):  # its turn came (first come, first served)
                 holding, holding_since, asking = asking, time.monotonic(), None
                 holding.go()
@@ -1191,9 +1196,7 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                             TURNS.end(clock)
                             holding, holding_since = None, None
                         elif kind == protocol.SPEED_END and asking is source:  # (no honest harness does this)
-                            TURNS.withdraw(clock)  # it no longer wants the turn it asked for
-                            asking = None
-                            source.no()
+                            refuse_request()  # it no longer wants the turn it asked for
                         elif kind == protocol.HOLD and source is judge and held is None:
                             # The bare host runs only while the judge waits for it, never during a hold.
                             held = [Pause(p) for p in (child, hosts.get("script"), hosts.get("program"))
@@ -1271,8 +1274,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
                     detail = f"the grader failed while ending it ({type(exc).__name__}: {exc})"[:300]
 
     # The turn is given back and the run leaves the queue for it whatever failed above (TURNS.end ends
-    # only the holder's own turn).
-    # Its wake pipe is closed only once it has left TURNS (a later wake would write to a number reused).
+    # only the holder's own turn); its wake pipe is closed only once it has left TURNS (a later wake
+    # would write to a descriptor number reused).
     settle(watch.stop, *(pause.end for pause in held or []), lambda: TURNS.end(clock),
            lambda: (TURNS.remove(clock), clock.close()), clock.resume)
     done = finished() or ended_anyway
@@ -1291,11 +1294,8 @@ def run_program(cells: list[dict], *, sandbox: str, cell_timeout: float, timeout
             reports[index].tampered = True
     exits = {id(p): p.proc.poll() for p in procs}  # before close() kills what is left
     everyone = [*procs, *hosts.values()]
-    killings: dict[int, int] = {}
-    settle(*(lambda p=p: killings.__setitem__(id(p), p.memory.oom_kills() if p.memory is not None else 0)
-             for p in everyone))
     for p in everyone:
-        killed = killings.get(id(p), 0)
+        killed = p.memory.oom_kills() if p.memory is not None else 0  # (a read that fails is 0)
         if killed and status != "oom":  # the kernel's wall: between two looks, past WALL times the cap
             whose = ("" if p is child else ", in the judge process (served checks) its answers drove" if p is judge
                      else ", in the script host, running its TorchScript" if p is hosts.get("script")
