@@ -267,6 +267,60 @@ def test_a_submission_that_ran_while_paused_for_another_is_named(tmp_path):
         started.close()
 
 
+def test_a_runs_paused_time_read_while_another_thread_resumes_it_is_never_counted_twice(monkeypatch):
+    """A run's loop reads its paused time (:meth:`_Child.paused`) while a classmate's thread pauses
+    and resumes it for the classmate's timing turns. Read between the two fields' updates, the pause
+    under way was counted twice (a cell's clock read then was dated early by the pause's length) or
+    the read raised TypeError (the run's loop failed: the grader's fault). Every read must be one
+    consistent instant: never less than an earlier read, never more than the time elapsed."""
+    import threading
+    import types
+
+    from autograder.sandbox import parent
+
+    class Held:  # the pause's bookkeeping alone: no process to stop
+        def __init__(self, proc):
+            pass
+
+        def begin(self):
+            pass
+
+        def end(self):
+            return ""
+
+    monkeypatch.setattr(parent, "Pause", Held)
+    clock = parent._Child(types.SimpleNamespace(proc=types.SimpleNamespace(pid=os.getpid())))
+    begun, until = time.monotonic(), time.monotonic() + 1.5
+    wrong: list[str] = []
+
+    def classmate():
+        while time.monotonic() < until:
+            clock.pause()
+            clock.resume()
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # thread switches as often as the interpreter allows: the race shows
+    try:
+        thread = threading.Thread(target=classmate)
+        thread.start()
+        last = 0.0
+        while time.monotonic() < until and len(wrong) < 5:
+            try:
+                now = clock.paused()
+            except TypeError as exc:
+                wrong.append(f"raised {exc}")
+                continue
+            if now < last or now > time.monotonic() - begun:
+                wrong.append(f"read {now:.6f} s after {last:.6f} s, {time.monotonic() - begun:.6f} s elapsed")
+            last = max(last, now)
+        thread.join()
+    finally:
+        sys.setswitchinterval(old)
+        clock.close()
+    assert not wrong, wrong
+    assert last > 0
+
+
 def test_a_group_the_kernel_did_not_freeze_is_held_with_signals_instead(tmp_path, monkeypatch):
     """Where the kernel does not confirm the freeze in time (a process stuck in a disk wait), the
     pause falls back to signals and their account, rather than timing beside a tree half running

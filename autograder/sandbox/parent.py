@@ -194,6 +194,9 @@ class _Child:
     def __init__(self, *procs: "_Proc"):
         self.procs, self.pid = procs, procs[0].proc.pid
         self.paused_total, self.paused_since = 0.0, None
+        # The two fields above change together in another run's thread (its timing turn pauses and
+        # resumes this one) while this run's thread reads them: read or written under this lock only.
+        self.clock_lock = threading.Lock()
         self.pauses: list[Pause] = []
         self.escaped: list[str] = []
         # Written to when a timing turn ends and this child is the first to have asked for the next:
@@ -225,7 +228,8 @@ class _Child:
 
     def pause(self) -> None:
         if self.paused_since is None:
-            self.paused_since = time.monotonic()
+            with self.clock_lock:
+                self.paused_since = time.monotonic()
             self.pauses = [Pause(p) for p in self.procs]
             for pause in self.pauses:
                 pause.begin()
@@ -237,12 +241,15 @@ class _Child:
                 if ran:
                     self.escaped.append(ran)
             self.pauses = []
-            self.paused_total += time.monotonic() - self.paused_since
-            self.paused_since = None
+            with self.clock_lock:
+                self.paused_total += time.monotonic() - self.paused_since
+                self.paused_since = None
 
     def paused(self) -> float:
-        extra = time.monotonic() - self.paused_since if self.paused_since is not None else 0.0
-        return self.paused_total + extra
+        """Seconds paused so far, the pause under way included; never less than an earlier answer."""
+        with self.clock_lock:
+            since = self.paused_since
+            return self.paused_total + (time.monotonic() - since if since is not None else 0.0)
 
 
 TURNS = _Turns()
