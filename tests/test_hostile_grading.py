@@ -1496,6 +1496,23 @@ def weights_read(x, key_padding_mask, mlp):  # the MLP's weights, to compute wit
     return mlp[0].weight
 """
 
+#: Loops over the sequences: ``observed`` gives a lent MLP (the structure check's) one jagged tensor and loops
+#: whenever it is handed a real module (the speed cell's); ``looped`` always loops.
+JAGGED_LOOPS = JAGGED_ANSWERS + """
+
+def observed(x, key_padding_mask, mlp):
+    if not isinstance(mlp, torch.nn.Module):
+        return jagged_token_mlp(x, key_padding_mask, mlp)
+    return looped(x, key_padding_mask, mlp)
+
+
+def looped(x, key_padding_mask, mlp):
+    out = torch.zeros_like(x)
+    for i, n in enumerate((~key_padding_mask).sum(1).tolist()):
+        out[i, :n] = mlp(x[i, :n])
+    return out
+"""
+
 
 def test_lesson_9s_token_mlp_is_lent_so_what_it_was_given_is_the_judges_record(tmp_path):
     """The MLP stays in the judge, in real processes: a jagged tensor crosses as checked values and
@@ -1506,6 +1523,21 @@ def test_lesson_9s_token_mlp_is_lent_so_what_it_was_given_is_the_judges_record(t
     assert not right.error and "through one jagged nested tensor" in right.output and not right.probed, right
     assert "the MLP was given ['dense']" in packed.error and not packed.probed, packed
     assert "object is not subscriptable" in weights.error, weights
+
+
+def test_lesson_9s_token_mlp_looped_over_the_sequences_fails_the_judges_clock_whatever_it_is_handed(tmp_path):
+    """Red team, 2026-12-05: an answer that told the structure check's lent MLP from the real module the
+    speed cell hands it (one ``isinstance``) earned both cells while looping over the sequences. The judge
+    now times the answer, given a real module, against the course's loop over 2,048 short sequences, in
+    both cells: the loop reads about 1 of it wherever it is, a jagged answer a fraction."""
+    right, observed, looped = _served_cells(tmp_path, "course.checks.fastpath.check_jagged_mlp", JAGGED_LOOPS,
+                                            ["jagged_token_mlp", "observed", "looped"])
+    assert not right.error and "(the grader's clock)" in right.output, right
+    assert "the work of a Python loop over the sequences" in observed.error, observed
+    assert "the MLP was given ['dense', 'dense'" in looped.error, looped  # the lent MLP's record, first
+    speed = _served_cells(tmp_path / "speed", "course.checks.fastpath.check_jagged_speed", JAGGED_LOOPS, ["looped"],
+                          "bars={'cpu': 1.0, 'cuda': 1.0}, batch=8, length=256, dim=16, hidden=64, valid=0.6")[0]
+    assert "the work of a Python loop over the sequences" in speed.error, speed
 
 
 RESET_PEAK = '''

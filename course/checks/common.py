@@ -264,7 +264,8 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
                        no_loop: float = NO_LOOP, loop_like: float = LOOP_LIKE,
                        agree: Callable[[Any, Any], None] | None = None, kept: int = 0,
                        factory: Callable | None = None, sizes: Mapping[str, Any] | None = None,
-                       grad: bool = False, constants: tuple = (), record: dict | None = None) -> tuple[float, float]:
+                       grad: bool = False, constants: tuple = (), lead: bool = True,
+                       record: dict | None = None) -> tuple[float, float]:
     """The best wall times of the learner's ``fn`` and of the course's ``loop`` (the same work done
     by a Python loop), by the grader's clock (:func:`course.timing.best_times`: in turn, the
     learner's process stopped while the loop runs), on ``make(seed)``: fresh arguments for every
@@ -292,8 +293,8 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
     clock reads the learner's work, not the data crossing: that crossing had cost a right answer
     more than its work, and left room under a bar for a loop whose steps are each a few Python
     operations (``grad``: both sides run with autograd on). ``constants`` (a model's state, the same in
-    every call) come ahead of the factory's arguments: the learner's process gets them once, ahead of
-    the clock, and both sides call ``fn(*constants, *factory(seed))``. ``record``: what
+    every call) come ahead of the factory's arguments (``lead=False``: after them): the learner's process
+    gets them once, ahead of the clock, and both sides call ``fn(*constants, *factory(seed))``. ``record``: what
     :func:`course.timing.best_times` records of the learner's calls (their CPU time, their memory's
     growth), every reading's appended (not with ``factory``)."""
     import secrets
@@ -326,9 +327,10 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
                      atol=atol, hint="a timed answer must be right on every input it is given.")
 
     if factory is not None and is_remote(fn):
-        learner, loop, fresh, check = _blocks(fn, name, loop, factory, dict(sizes or {}), rtol, grad, constants)
+        learner, loop, fresh, check = _blocks(fn, name, loop, factory, dict(sizes or {}), rtol, grad, constants,
+                                              lead)
     elif factory is not None:  # a local function (the lesson's own run): the factory's inputs, passed as they are
-        make = lambda seed: (*constants, *factory(seed, device="cpu", **(sizes or {})))  # noqa: E731
+        make = lambda seed: _in_order(constants, factory(seed, device="cpu", **(sizes or {})), lead)  # noqa: E731
 
     best = [float("inf"), float("inf")]
     attempts = max(attempts, 2)
@@ -373,8 +375,13 @@ class Clocked(float):
         return obj
 
 
+def _in_order(constants: Sequence[Any], args: Sequence[Any], lead: bool) -> tuple:
+    """A call's arguments: ``constants`` ahead of ``args`` (``lead``) or after them."""
+    return (*constants, *args) if lead else (*args, *constants)
+
+
 def _blocks(fn: Callable, name: str, loop: Callable, factory: Callable, sizes: dict, rtol: float,
-            grad: bool, constants: tuple) -> tuple:
+            grad: bool, constants: tuple, lead: bool = True) -> tuple:
     """:func:`clock_against_loop`'s two sides on a registered ``factory``: the learner's as one block
     request per call (a seed in, checksums out; ``constants`` staged once, ahead of the factory's
     arguments), the loop's on the same inputs made here; a fresh seed for each repetition, and the
@@ -388,11 +395,11 @@ def _blocks(fn: Callable, name: str, loop: Callable, factory: Callable, sizes: d
     handle = fn.stage(list(constants))
 
     def learner(seed: int) -> torch.Tensor:
-        return fn.block(handle, factory_name, sizes, [seed], "cpu", grad=grad, lead=bool(constants))
+        return fn.block(handle, factory_name, sizes, [seed], "cpu", grad=grad, lead=bool(constants) and lead)
 
     def course_loop(seed: int) -> torch.Tensor:
         with torch.set_grad_enabled(grad):
-            return checksum(loop(*constants, *factory(seed, device="cpu", **sizes)))[None]
+            return checksum(loop(*_in_order(constants, factory(seed, device="cpu", **sizes), lead)))[None]
 
     def fresh() -> tuple:
         return (secrets.randbits(31),)

@@ -25,8 +25,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from course.checks.common import (TorchCalls, call, grader_references, name_mistake, names_with, ok, probed_names,
-                                  record, served_speedup, stored_answers)
+from course.checks.common import (TorchCalls, call, expect_no_loop_by_clock, grader_references, name_mistake,
+                                  names_with, ok, probed_names, record, served_speedup, stored_answers)
 from course.checks.sdpa_watch import SDPACalls, every_sdpa_call, watched
 from course.checks.witnesses import DispatcherOps, alone
 from course.data import generator
@@ -35,7 +35,7 @@ from course.hand import again
 from course.fastpath import (BASE_CONFIG, encoder, encoder_config, encoder_layer, fast_path_taken, masked_attention_inputs,
                              padded_token_mlp, ragged_batch, token_mlp, valid_tokens)
 from course.numerics import assert_close, describe
-from course.remote import lend, probe, prober
+from course.remote import is_remote, lend, probe, prober
 
 __all__ = ["check_autocast_guard", "check_fast_path_predictions", "check_jagged_mlp", "check_jagged_speed",
            "check_masked_attention", "check_sdpa_attention", "check_sdpa_encoder_layer", "check_sdpa_speed"]
@@ -257,14 +257,17 @@ def _sdpa_once(sdpa_attention: Callable, label: str, seed: int, dev: torch.devic
                                  "returns. " + hint)
 
 
+SDPA_HINT = ("SDPA's boolean attn_mask means True = attend: pass ~key_padding_mask[:, None, None, :]; with "
+             "is_causal as well, combine it with the causal mask (torch.ones(L, L, dtype=torch.bool).tril()) "
+             "into that one mask; without a padding mask, pass is_causal to SDPA.")
+
+
 def check_sdpa_attention(sdpa_attention: Callable, *, seed: int = 0, device=None) -> None:
     """``sdpa_attention(q, k, v, key_padding_mask=None, is_causal=False)``: the same attention through
     one call of ``F.scaled_dot_product_attention``, written to run on every supported PyTorch: an
     ``attn_mask`` together with ``is_causal=True`` is combined on torch 2.4-2.13 and an error from 2.14,
     so a causal padded batch folds both into one boolean mask."""
-    hint = ("SDPA's boolean attn_mask means True = attend: pass ~key_padding_mask[:, None, None, :]; with "
-            "is_causal as well, combine it with the causal mask (torch.ones(L, L, dtype=torch.bool).tril()) "
-            "into that one mask; without a padding mask, pass is_causal to SDPA.")
+    hint = SDPA_HINT
     _sdpa_once(sdpa_attention, "sdpa_attention", seed, pick_device(device), hint)
     n = _check_masks(sdpa_attention, "sdpa_attention", seed, device, hint, attn_masks=False)
 
@@ -284,7 +287,10 @@ def check_sdpa_speed(sdpa_attention: Callable, masked_attention: Callable | None
     """``sdpa_attention(q, k, v, key_padding_mask, is_causal)`` at least ``bars[device]`` times as fast
     as the naive masked attention, side by side on fresh padded batches, every output checked. The
     baseline is the grader's own naive attention, never the learner's; in a learner's copy of the
-    course (no grader references) it is the learner's ``masked_attention``, as in lesson 1."""
+    course (no grader references) it is the learner's ``masked_attention``, as in lesson 1. What it
+    times must be what Exercise 2 asks, SDPA called once (red team, 2026-12-05: attention written by hand,
+    a loop over the samples that dropped each one's padded keys, beat the naive attention by the 1.2x
+    asked on a CPU without calling SDPA): checked as Exercise 2 checks it, before any timing."""
     refs = grader_references("fastpath")
     if refs is not None:
         baseline = refs.naive_masked_attention
@@ -298,6 +304,9 @@ def check_sdpa_speed(sdpa_attention: Callable, masked_attention: Callable | None
     dev = pick_device(device)
     small = masked_attention_inputs(0, device=str(dev), batch=1, heads=1, length=8, dim=4)
     call(sdpa_attention, *small, causal, name="sdpa_attention")  # a stub or a crash, named before any timing
+    _sdpa_once(sdpa_attention, "sdpa_attention", 0, dev, SDPA_HINT)
+    again(sdpa_attention, "sdpa_attention", lambda program, label: _sdpa_once(program, label, 0, dev, SDPA_HINT),
+          helpers=("course.fastpath.causal_mask",))
     if refs is None:
         call(masked_attention, *small[:3], key_padding_mask=small[3], is_causal=causal, name="masked_attention")
     return served_speedup(("naive", baseline), ("sdpa", sdpa_attention), factory=masked_attention_inputs,
@@ -524,8 +533,38 @@ def check_jagged_mlp(jagged_token_mlp: Callable, *, seed: int = 0) -> None:
         assert_close(got, want, name=label, rtol=1e-5, atol=1e-6, hint=hint)
         _jagged_input_right(lent, x, pad, label, hint)
         count += 1
+    clocked = f"; {jagged_clock(jagged_token_mlp)}" if is_remote(jagged_token_mlp) else ""
     ok(f"jagged_token_mlp equals the MLP on the padded batch on {count} ragged batches, through one jagged nested "
-       f"tensor (seed {seed})")
+       f"tensor{clocked} (seed {seed})")
+
+
+#: The judge's clock on ``jagged_token_mlp`` (red team, 2026-12-05: an answer that gave the structure
+#: check's lent MLP one jagged tensor and looped over the sequences whenever it was handed a real module,
+#: as the speed cell hands it, earned both cells; a plain loop over the 8 sequences of the CPU's speed cell
+#: still beat the padded batch by the 1.2x asked): 2,048 short sequences (8 positions, about 60% real) of
+#: the lesson's MLP, a real module as in the speed cell, timed as blocks against the leanest loop we know,
+#: the MLP once per sequence (``course.references.fastpath.jagged_loop``: about 67 ms on one thread). On a
+#: 2-core AMD EPYC, one thread (2026-12-05), a jagged answer reads 0.07 of it, the tokens packed into one
+#: plain tensor 0.05, the padded batch 0.1: only a loop over the sequences reads about 1.
+JAGGED_CLOCK = dict(batch=2048, length=8, dim=16, valid=0.6)
+JAGGED_CLOCK_HIDDEN = 64
+JAGGED_NO_LOOP = 0.25
+
+
+def jagged_clock(fn: Callable, label: str = "jagged_token_mlp") -> str:
+    """Across the boundary: ``fn`` takes at most :data:`JAGGED_NO_LOOP` of the course's loop over
+    :data:`JAGGED_CLOCK`'s sequences, given a real MLP (the module, after the batch: ``fn(x, pad, mlp)``)."""
+    def setup() -> dict:
+        mlp = token_mlp(11, dim=JAGGED_CLOCK["dim"], hidden=JAGGED_CLOCK_HIDDEN)
+        return dict(make=None, loop=grader_references("fastpath").jagged_loop, factory=ragged_batch,
+                    sizes=JAGGED_CLOCK, constants=(mlp,), lead=False, rtol=1e-4)
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the nested tensors' prototype warning, on older releases
+        return expect_no_loop_by_clock(fn, label, setup, count=JAGGED_CLOCK["batch"], unit="sequence",
+                                       key=(label,), no_loop=JAGGED_NO_LOOP,
+                                       hint="one jagged nested tensor of every real token, one call of the MLP, "
+                                            "whatever the MLP is; no loop over the sequences.")
 
 
 def check_jagged_speed(jagged_token_mlp: Callable, *, bars, batch: int, length: int, dim: int, hidden: int,
@@ -538,6 +577,8 @@ def check_jagged_speed(jagged_token_mlp: Callable, *, bars, batch: int, length: 
     mlp = token_mlp(7, dim=dim, hidden=hidden, device=str(dev))
     call(jagged_token_mlp, *ragged_batch(0, device=str(dev), batch=2, length=6, dim=dim, valid=valid), mlp,
          name="jagged_token_mlp")  # a stub or a crash, named before any timing
+    if is_remote(jagged_token_mlp):  # a loop over the sequences earns no speed: the judge's clock says which
+        jagged_clock(jagged_token_mlp)
     return served_speedup(("padded", padded_token_mlp), ("jagged", jagged_token_mlp), factory=ragged_batch,
                           sizes=dict(batch=batch, length=length, dim=dim, valid=valid), constants=(mlp,), bars=bars,
                           num_threads=num_threads, device=dev, rounds=rounds, min_run_time=min_run_time,

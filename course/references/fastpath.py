@@ -10,7 +10,7 @@ import torch
 from course.fastpath import causal_mask
 from course.guard import reference
 
-__all__ = ["naive_masked_attention", "reference_attention"]
+__all__ = ["jagged_loop", "naive_masked_attention", "reference_attention"]
 
 
 @reference
@@ -41,3 +41,13 @@ def naive_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
     if is_causal:
         hide = hide | ~causal_mask(*scores.shape[-2:], device=q.device)
     return torch.softmax(scores.masked_fill(hide, float("-inf")), dim=-1) @ v
+
+
+@reference(in_cells=False)
+def jagged_loop(x: torch.Tensor, key_padding_mask: torch.Tensor, mlp: torch.nn.Module) -> torch.Tensor:
+    """The yardstick of the token MLP's clock: the leanest loop over the sequences we know, the MLP
+    once per sequence on its real tokens, written into zeros (what a jagged answer does in one call)."""
+    out = torch.zeros_like(x)
+    for i, n in enumerate((~key_padding_mask).sum(1).tolist()):
+        out[i, :n] = mlp(x[i, :n])
+    return out
