@@ -294,7 +294,8 @@ def clock_against_loop(fn: Callable, name: str, make: Callable[[int], tuple] | N
     more than its work, and left room under a bar for a loop whose steps are each a few Python
     operations (``grad``: both sides run with autograd on). ``constants`` (a model's state, the same in
     every call) come ahead of the factory's arguments (``lead=False``: after them): the learner's process
-    gets them once, ahead of the clock, and both sides call ``fn(*constants, *factory(seed))``. ``record``: what
+    gets them once, ahead of the clock, and both sides call ``fn(*constants, *factory(seed))`` (or
+    ``fn(*factory(seed), *constants)``). ``record``: what
     :func:`course.timing.best_times` records of the learner's calls (their CPU time, their memory's
     growth), every reading's appended (not with ``factory``)."""
     import secrets
@@ -384,7 +385,7 @@ def _blocks(fn: Callable, name: str, loop: Callable, factory: Callable, sizes: d
             grad: bool, constants: tuple, lead: bool = True) -> tuple:
     """:func:`clock_against_loop`'s two sides on a registered ``factory``: the learner's as one block
     request per call (a seed in, checksums out; ``constants`` staged once, ahead of the factory's
-    arguments), the loop's on the same inputs made here; a fresh seed for each repetition, and the
+    arguments, or after them where ``lead`` is False), the loop's on the same inputs made here; a fresh seed for each repetition, and the
     check that compares the checksums."""
     import secrets
 
