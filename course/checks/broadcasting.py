@@ -11,7 +11,10 @@ recipe). Where a gradient matters the judge takes it itself, through the learner
 (:mod:`course.remote`), except the gradient of a penalty with respect to the critic's weights,
 which live in the learner's process: that one a course probe computes there, and the judge compares
 it with its own reference. A wrong answer that matches a known mistake is named
-(``course.checks.common.name_mistake``).
+(``course.checks.common.name_mistake``). Exercise 10's ``gradient_penalty_func``, right in value, is
+also watched where it runs, since one ``autograd.grad`` over the batch gives the same values: the
+critic must run once inside ``vmap(grad(...))`` (:func:`_penalty_structure`), in the learner's process
+and again in the program host, on the program the judge read (:func:`course.hand.again`).
 
 The right answers come from the grader's references (:mod:`course.references.broadcasting`,
 through :func:`_answers`), computed on the same inputs as the check draws (the ``*_case``
@@ -35,6 +38,7 @@ from course.checks.common import (call, expect_no_loop_by_clock, grader_referenc
 from course.checks.witnesses import DispatcherOps, alone
 from course.data import device_generator, generator
 from course.devices import pick_device
+from course.hand import again
 from course.numerics import assert_close, describe
 from course.bare import outcome_value, run_bare
 from course.remote import factory, is_remote, mirrored, probe, prober
@@ -721,7 +725,9 @@ def check_penalty_func(gradient_penalty_func: Callable, *, seed: int = 0, n: int
     """``gradient_penalty_func(model, params, x)``: the same penalty, with the critic's weights
     given as a dict ``params`` (``functional_call(model, params, ...)``), written with
     ``torch.func`` (``vmap(grad(...))`` over the samples); its value, and its gradient with respect
-    to ``params`` (taken by the judge, through the learner's function), equal the reference's."""
+    to ``params`` (taken by the judge, through the learner's function), equal the reference's. Then
+    the critic's run is watched (:func:`_penalty_structure`): after the values, so that a known
+    mistake keeps its name, and after the judge's clock, which tells a loop by its time."""
     dev = pick_device(device)
     label = "gradient_penalty_func"
     model, x = penalty_case(seed, n, features, hidden, dev)
@@ -752,8 +758,108 @@ def check_penalty_func(gradient_penalty_func: Callable, *, seed: int = 0, n: int
                                  "functional_call(model, params, ...), for every score.")
         assert_close(g, e, name=f"the gradient of {label} w.r.t. params[{k!r}]", **TIGHT)
     clocked = f"; {penalty_clock(gradient_penalty_func, label)}" if is_remote(gradient_penalty_func) else ""
+    _penalty_structure(gradient_penalty_func, label, model, x, want)
+    again(gradient_penalty_func, label, lambda program, name: _penalty_structure(program, name, model, x, want))
     ok(f"{label} equals the reference and its gradient w.r.t. params (taken through your function) is right, "
-       f"float64{clocked} (N={n}, features={features}, seed {seed})")
+       f"with the critic run once inside vmap(grad(...)) over the {n} samples, float64{clocked} "
+       f"(N={n}, features={features}, seed {seed})")
+
+
+#: How :func:`_transforms` names functorch's interpreters in a message (``grad``, ``vjp`` and ``jacrev``
+#: all run as a Grad level; ``jvp`` and ``jacfwd`` as a Jvp level).
+_TRANSFORM_NAMES = {"Vmap": "vmap", "Grad": "grad", "Jvp": "jvp", "Functionalize": "functionalize"}
+_PENALTY_FUNC_HINT = ("def score(p, xi): return functional_call(model, p, (xi[None],))[0]; then "
+                      "g = vmap(grad(score, argnums=1), in_dims=(None, 0))(params, x), one call for the whole batch "
+                      "(no torch.autograd.grad, no loop over the samples).")
+
+
+def _transforms() -> list[list]:
+    """The ``torch.func`` transforms running right now, outermost first, each as ``[name, batch size]``
+    (the batch size of a Vmap level, else None). It reads functorch's whole interpreter stack, an
+    internal of PyTorch (no public call tells), because the top alone cannot tell ``vmap(grad(f))``
+    from ``grad(f)`` in a loop: both have Grad innermost."""
+    from torch._C import _functorch as functorch
+
+    stack = functorch.get_interpreter_stack() or []
+    out = []
+    for level in stack:
+        name = level.key().name
+        size = functorch.CVmapInterpreterPtr(level).batchSize() if name == "Vmap" else None
+        out.append([name, size])
+    return out
+
+
+@prober
+def penalty_func_runs(gradient_penalty_func: Callable, label: str, model: nn.Module, x: torch.Tensor) -> dict:
+    """The learner's side of :func:`_penalty_structure`: ``gradient_penalty_func(model, params, x)``
+    (``params`` the model's weights, fresh leaves) while a hook on the critic records the ``torch.func``
+    transforms active each time it runs (:func:`_transforms`). Returns the value (detached) and those
+    records; the judge decides."""
+    params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+    runs: list[list] = []
+    handle = model.register_forward_pre_hook(lambda module, args: runs.append(_transforms()))
+    try:
+        got = call(gradient_penalty_func, model, params, x.clone(), name=label)
+    finally:
+        handle.remove()
+    if not isinstance(got, torch.Tensor) or got.dim() != 0:
+        raise AssertionError(f"{label} should return a scalar tensor, got {describe(got)}.")
+    return {"value": got.detach(), "runs": runs}
+
+
+def _levels(stack: Any) -> list[tuple[str, Any]]:
+    """One run's record from :func:`penalty_func_runs` as ``(name, batch size)`` pairs, whatever came."""
+    stack = stack if isinstance(stack, list) else []
+    return [(str(s[0]), s[1] if len(s) > 1 else None) if isinstance(s, list) and s else ("?", None) for s in stack]
+
+
+def _nested(levels: list[tuple[str, Any]]) -> str:
+    """``[("Vmap", 6), ("Grad", None)]`` as ``vmap(grad(critic))``."""
+    names = [_TRANSFORM_NAMES.get(name, name.lower()) for name, _ in levels]
+    return "".join(f"{n}(" for n in names) + "critic" + ")" * len(names)
+
+
+def _penalty_structure(fn: Callable, label: str, model: nn.Module, x: torch.Tensor, want: torch.Tensor) -> None:
+    """Exercise 10 asks for ``torch.func``: each sample's input gradient by ``grad``, ``vmap`` over the
+    samples. Values cannot tell: one ``torch.autograd.grad(create_graph=True)`` over the batch gives the
+    same penalty and gradients, and the judge's clock (:func:`penalty_clock`) accepts it by design, as
+    Exercise 8's answer (red team, 2026-12-05: it earned Exercise 10). So ``fn`` is run once more, watched
+    by :func:`penalty_func_runs` where it runs (the learner's process, or the program host for the program
+    the judge read, :func:`course.hand.again`: ``torch.func``'s ``functional_call``, ``grad`` and ``vmap``
+    are on its list), and the critic must have run once, with ``grad`` innermost and ``vmap`` outside it
+    over all the samples. That is the process's word: the value it returns is compared here too."""
+    n = x.shape[0]
+    got = probe(fn, penalty_func_runs, label, model, x)
+    runs = got.get("runs") if isinstance(got, dict) else None
+    if not (isinstance(runs, list) and isinstance(got.get("value"), torch.Tensor)):
+        raise AssertionError(f"{label}: the learner's side sent {describe(got)} instead of a result.")
+    assert_close(got["value"], want, name=f"{label} (the value, its run watched)", **TIGHT, hint=_PENALTY_FUNC_HINT)
+    asked = ("the exercise asks for the critic to run inside vmap(grad(critic)): grad innermost, giving each "
+             f"sample's input gradient, and vmap outside it over the {n} samples at once")
+    if not runs:
+        raise AssertionError(f"{label} never ran the critic (model) it was given; {asked}.\n  Hint: "
+                             + _PENALTY_FUNC_HINT)
+    stack = _levels(runs[0])
+    names, sizes = [name for name, _ in stack], [size for _, size in stack]
+    batch = 1
+    for name, size in zip(names[:-1], sizes[:-1]):
+        if name == "Vmap":
+            batch *= size if type(size) is int else 0
+    if not names:
+        why = ("outside torch.func (as one torch.autograd.grad over the batch does: the same values, not the "
+               "exercise's method)")
+    elif names[-1] != "Grad":
+        why = (f"as {_nested(stack)}: the input gradient did not come from torch.func.grad (grad(score, argnums=1) "
+               "takes it, per sample)")
+    elif "Vmap" not in names[:-1]:
+        why = f"as {_nested(stack)}, with no vmap around grad (one sample at a time?)"
+    elif batch != n:
+        why = f"as {_nested(stack)}, vmapped over {batch} at a time, not the {n} samples"
+    elif len(runs) > 1:
+        why = f"{len(runs)} times (as {_nested(stack)} first), where one run takes every sample"
+    else:
+        return
+    raise AssertionError(f"{label} ran the critic {why}; {asked}.\n  Hint: {_PENALTY_FUNC_HINT}")
 
 
 #: The judge's clocks on ``gradient_penalty`` and ``gradient_penalty_func`` (red team, round 13: a loop
