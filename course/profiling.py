@@ -136,7 +136,7 @@ def plot_op_times(tables: Mapping[str, Mapping[str, tuple[int, float]]], *, top:
                   title: str = "Where the time goes"):
     """A horizontal bar per op, one colour per trace: total time per call (microseconds) of the
     ``top`` ops that take longest in any of ``tables`` (``{label: {op: (count, total_us)}}``, as
-    :func:`course.traces.op_table` gives)."""
+    the lesson's op_table exercise returns them)."""
     import matplotlib.pyplot as plt
 
     if ax is None:

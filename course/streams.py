@@ -1,6 +1,7 @@
-"""Lesson 8's pieces (CUDA stream races): a small vocabulary of synthetic CUDA events, the
-course's reference happens-before checker over it, and the same events replayed through
-PyTorch's CUDA Stream Sanitizer, which the learner's checker is graded against. No GPU needed.
+"""Lesson 8's pieces (CUDA stream races): a small vocabulary of synthetic CUDA events, programs
+written in it, and their reports from PyTorch's CUDA Stream Sanitizer, which the learner's checker
+is graded against. No GPU needed. The replay through the sanitizer and the course's own checker
+both answer the lesson's exercise, so they live in ``course.references.streams``, the grader's.
 
 A *program* is a list of events, plain tuples a learner can write by hand (stream 0 is the
 default stream; streams are ints >= 0; tensors and events are named by a str or an int):
@@ -41,16 +42,14 @@ launch is an accident of hashing; :func:`sanitizer_races` sorts its reports into
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from course.guard import reference
 
-__all__ = ["KINDS", "planted_race", "planted_race_fixed", "random_events", "sanitizer_races",
-           "sanitizer_races_many"]
+
+__all__ = ["KINDS", "planted_race", "planted_race_fixed", "random_events", "sanitizer_races", "stored_races"]
 
 RAW, WAR, WAW = "read-after-write", "write-after-read", "write-after-write"
 
@@ -154,103 +153,41 @@ def _checked_tensors(where: str, name: str, value: Any) -> tuple:
 def sanitizer_races(events: Sequence[tuple]) -> list[Race]:
     """The program replayed through ``torch.cuda._sanitizer.EventHandler``, the pure-Python core
     of PyTorch's CUDA Stream Sanitizer, and its ``UnsynchronizedAccessError`` s converted to
-    :func:`find_races`'s report (same order). Tensors become fake data pointers, events ints.
+    ``find_races``'s report (same order): ``course.references.streams.sanitizer_races_many``.
 
-    Only a private handler is driven: the sanitizer is never *enabled* (that would put every
-    later tensor operation of the process under its CUDA dispatch mode, which breaks them all
-    on a machine without CUDA). Importing the module, done here on first call (never by
-    :func:`find_races`), does one thing process-wide: it switches PyTorch's GPU trace on and
-    registers an idle handler with it. On a CPU nothing calls the trace; on a CUDA machine every
-    later allocation, event and synchronisation calls that handler in Python, so results stay
-    right but time a little more: keep speed measurements out of that process. So on a CUDA machine,
-    unless the module is already imported here, the replay runs in a fresh Python process."""
-    return sanitizer_races_many([events])[0]
-
-
-@reference(in_cells=False)
-def sanitizer_races_many(programs: Sequence[Sequence[tuple]]) -> list[list[Race]]:
-    """:func:`sanitizer_races` of every program, in one fresh process on a CUDA machine (see there)."""
-    checked = [_checked(events, "sanitizer_races") for events in programs]
-    if "torch.cuda._sanitizer" in sys.modules or os.environ.get(_IN_PROCESS) or not _cuda():
-        return [_replay(program) for program in checked]
-    import json
-    import subprocess
-
-    script = ("import json, sys\nfrom course.streams import sanitizer_races_many\n"
-              "programs = json.load(sys.stdin)\n"
-              "programs = [[tuple(tuple(x) if isinstance(x, list) else x for x in ev) for ev in p] for p in programs]\n"
-              "json.dump(sanitizer_races_many(programs), sys.stdout)\n")
-    done = subprocess.run([sys.executable, "-c", script], input=json.dumps(checked), capture_output=True, text=True,
-                          env=dict(os.environ, **{_IN_PROCESS: "1"}), timeout=600)
-    if done.returncode:
-        raise RuntimeError(f"replaying the programs through the sanitizer in a fresh process failed: "
-                           f"{done.stderr.strip()[-500:]}")
-    return [[tuple(r) for r in races] for races in json.loads(done.stdout)]
-
-
-_IN_PROCESS = "COURSE_SANITIZER_IN_PROCESS"
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+    That conversion, with the sanitizer's source beside it, answers the lesson's Exercise 5, so it
+    is the grader's alone (a function here can be read as text and run as an answer, whatever
+    guards it). In a learner's copy of the course, which has no ``course.references``, this gives
+    the reports stored for the lesson's own programs (:func:`planted_race`,
+    :func:`planted_race_fixed` and the visible check's, ``course/reference_data/08_profiling.pt``)
+    and refuses others; on a GPU, ``course.profiling.run_sanitized_race`` runs the real sanitizer."""
+    program = _checked(events, "sanitizer_races")
+    try:
+        from course.references.streams import sanitizer_races_many
+    except ImportError:
+        return stored_races(program)
+    return sanitizer_races_many([program])[0]
 
 
 @reference(in_cells=False)
-def _replay(program: list[tuple]) -> list[Race]:
-    from torch.cuda import _sanitizer as csan
+def stored_races(program: Sequence[tuple]) -> list[Race]:
+    """The sanitizer's reports stored for ``program`` (``python -m course.references`` writes them for
+    the lesson's own programs), or a ``LookupError`` saying why there are none. Guarded: a lookup
+    is no answer to the exercise (and the bare host, which has no course, shows it is none)."""
+    from course.checks.common import stored_answers
 
-    handler = csan.EventHandler()
-    pointers: dict[Any, int] = {}
-    tensors: dict[int, Any] = {}
-    event_ids: dict[Any, int] = {}
+    key = repr(_checked(program, "sanitizer_races"))
+    races = stored_answers(DATA_FILE)["races"].get(key)
+    if races is None:
+        raise LookupError("Your copy of the course has the CUDA Stream Sanitizer's reports for the lesson's own "
+                          "programs only (planted_race(), planted_race_fixed() and the visible check's): the "
+                          "replay that computes them answers Exercise 5, so it is the grader's. On a GPU, "
+                          "course.profiling.run_sanitized_race runs the real sanitizer.")
+    return [tuple(r) for r in races]
 
-    def pointer(t: Any) -> int:
-        if t not in pointers:
-            pointers[t] = 0x1000 + len(pointers)  # small ints: a set of them iterates by value
-            tensors[pointers[t]] = t
-        return pointers[t]
 
-    def event_id(e: Any) -> int:
-        return event_ids.setdefault(e, len(event_ids) + 1)
-
-    races: list[Race] = []
-    for i, ev in enumerate(program):
-        kind = ev[0]
-        if kind == "launch":
-            _, s, reads, writes = ev
-            written = {pointer(t) for t in writes}
-            read_only = {pointer(t) for t in reads} - written
-            aliases = {pointer(t): [repr(t)] for t in (*reads, *writes)}
-            errors = handler._handle_kernel_launch(s, read_only, written, set(), f"launch {i}", aliases)
-            found = []
-            for err in errors:
-                if not isinstance(err, csan.UnsynchronizedAccessError):
-                    raise TypeError(f"the sanitizer reported {type(err).__name__}, which this module "
-                                    f"does not know how to convert: {err}")
-                t = tensors[err.data_ptr]
-                now, prev = err.current_access, err.previous_access
-                if now.type is csan.AccessType.READ:
-                    race, key = (i, RAW, t, prev.stream), (0, reads.index(t), prev.seq_num)
-                else:
-                    race_kind = WAR if prev.type is csan.AccessType.READ else WAW
-                    race, key = (i, race_kind, t, prev.stream), (1, writes.index(t), prev.seq_num)
-                found.append((key, race))
-            races.extend(race for _, race in sorted(found, key=lambda kr: kr[0]))
-        elif kind == "record":
-            handler._handle_event_record(event_id(ev[1]), ev[2])
-        elif kind == "wait":
-            handler._handle_event_wait(event_id(ev[2]), ev[1])
-        elif kind == "sync_stream":
-            handler._handle_stream_synchronization(ev[1])
-        elif kind == "sync_event":
-            handler._handle_event_synchronization(event_id(ev[1]))
-        elif kind == "sync_device":
-            handler._handle_device_synchronization()
-        elif kind == "free":
-            handler._handle_memory_deallocation(pointer(ev[1]))
-    return races
+#: Where a learner's copy finds the sanitizer's reports (and lesson 8's other visible answers).
+DATA_FILE = "08_profiling.pt"
 
 
 # -- programs ----------------------------------------------------------------------------------

@@ -1,36 +1,25 @@
-"""Lesson 8's trace diff: which ops two Chrome traces ran, how often and for how long, and what
-differs between them, in plain Python (no pandas: the grader's sandbox has only torch and numpy).
+"""Lesson 8's trace tools for the lesson's own cells: read a Chrome trace, profile a function step
+by step, and say in sentences why one trace is slower than another, in plain Python (no pandas: the
+grader's sandbox has only torch and numpy).
 
     control = profile_steps(lambda: reference(q, k, v))     # or load_trace("ref.json.gz")
     test = profile_steps(lambda: learner(q, k, v))
-    compare_traces(control, test)      # one row per op name: counts, durations, their differences
-    ops_diff(control, test)            # {"added": [...], "deleted": [...], "increased": [...], ...}
+    iterations(test)                   # [1, 2, 3]: the ProfilerStep#N of the trace
     explain_diff(control, test)        # ["2 extra aten::copy_ per call (1.2 ms)", ...]
 
-The numbers are exactly those of Holistic Trace Analysis (``hta.trace_diff.TraceDiff.compare_traces``
-and ``ops_diff`` with ``device_type=DeviceType.CPU``, first rank, first iteration by default), so
-that a learner who checks the lesson's answers with HTA gets the same table. That means copying
-HTA's reading of a trace, including its surprises (tests/test_traces.py checks this against HTA):
-
-- Events without ``dur`` or ``cat`` (metadata, instant and flow events) and ``cat == "Trace"`` (the
-  profiler's own span) are dropped; everything else counts, ``python_function`` and
-  ``user_annotation`` events included (HTA's default JSON reader does not skip them), and the
-  ``ProfilerStep#N`` annotation itself is a row of the table.
-- "CPU" means the event's ``args["stream"]`` is -1, missing or not a number. GPU kernels, memcpys
-  and stream-0 Triton ops have a stream and are left out.
-- When timestamps are floats (torch writes ``ts`` with nanosecond decimals), HTA rounds every event
-  inwards to whole microseconds: ``ts = ceil(ts)``, ``end = floor(ts + dur)``, ``dur = end - ts``.
-  An op shorter than a microsecond can then have a duration of -1 us; totals include it.
-- An event belongs to iteration N when its (rounded) start lies in ``[start, start + dur)`` of a
-  ``ProfilerStep#N`` event (the last such step in file order wins); an op that starts before or
-  after every step belongs to none, one that starts in step N and ends in N+1 belongs to N.
+The op table and the trace diff (Holistic Trace Analysis's reading of a trace) are the answers to
+the lesson's Exercises 1 and 2, so they live in ``course.references.traces``, the grader's alone: a
+function here can be read as text and run as an answer, whatever guards it. Where that module
+exists (the grader, the course's tests), :func:`explain_diff` reads traces through it, exactly as
+HTA does. In a learner's copy it reads them roughly instead (:func:`_rough_rows`: the ``cpu_op``
+and ``user_annotation`` events of the whole trace, per step), enough for sentences about what one
+trace runs that the other does not, and deliberately not the exercise's table.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import re
 import tempfile
@@ -38,16 +27,12 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Union
 
-from course.guard import reference
-
-__all__ = ["compare_traces", "explain_diff", "explain_rows", "iterations", "load_trace", "op_table", "ops_diff",
-           "profile_steps", "summary"]
+__all__ = ["explain_diff", "explain_rows", "iterations", "load_trace", "profile_steps", "summary"]
 
 TraceSource = Union[str, os.PathLike, Mapping[str, Any]]
 Iteration = Union[int, Iterable[int], None]
 
 _STEP = re.compile(r"ProfilerStep#(\d+)")
-_CPU_STREAM = -1
 _HOW_TO_STEP = ("profile with a schedule (torch.profiler.schedule(wait=0, warmup=1, active=3)) and call "
                 "prof.step() after each call of the timed function, or use course.traces.profile_steps(fn)")
 
@@ -113,177 +98,55 @@ def _checked(trace: Any, what: str) -> dict:
     return trace
 
 
-# ------------------------------------------------------------------------- HTA's reading of events
+# ------------------------------------------------------------------------------------ iterations
 
-def _missing(v: Any) -> bool:
-    """What pandas turns into NaN: an absent key, JSON null, or NaN."""
-    return v is None or (isinstance(v, float) and math.isnan(v))
+def iterations(trace: TraceSource) -> list[int]:
+    """The N of every ``ProfilerStep#N`` event of the trace that has a duration and a category (the
+    events HTA keeps), sorted (each once)."""
+    found = set()
+    for e in load_trace(trace)["traceEvents"]:
+        if isinstance(e, dict) and isinstance(e.get("name"), str) and (m := _STEP.fullmatch(e["name"])):
+            if e.get("cat") not in (None, "Trace") and isinstance(e.get("dur"), (int, float)):
+                found.add(int(m.group(1)))
+    return sorted(found)
 
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _ts_are_floats(events: list) -> bool:
-    """Whether pandas would give the ``ts`` column the dtype float64, which is HTA's sign of
-    nanosecond timestamps and makes it round them: some ``ts`` is a float, or one is missing among
-    numbers. Integers only (or anything not a number) leave them as they are."""
-    numbers = floats = missing = False
-    for e in events:
-        v = e.get("ts") if isinstance(e, dict) else None
-        if _missing(v):
-            missing = True
-        elif not _is_number(v):
-            return False
-        else:
-            numbers = True
-            floats = floats or isinstance(v, float)
-    return numbers and (floats or missing)
+def _reading():
+    """``course.references.traces`` (HTA's reading of a trace), or None in a learner's copy."""
+    try:
+        from course.references import traces as reading
+    except ImportError:
+        return None
+    return reading
 
 
-def _stream(event: dict) -> int:
-    """HTA's stream column: ``args["stream"]`` as an integer, -1 when absent or not a number."""
-    args = event.get("args")
-    value = args.get("stream", _CPU_STREAM) if isinstance(args, dict) else _CPU_STREAM
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return _CPU_STREAM
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value):
-        return int(value)
-    return _CPU_STREAM
-
-
-def _events(trace: Mapping[str, Any], rounding: bool = True) -> list[tuple[str, str, float, float, int]]:
-    """``(name, cat, ts, dur, stream)`` of the events HTA keeps, in file order, with its rounding
-    (``rounding=False``: the trace's own times; an event without a start is then dropped)."""
-    events = trace["traceEvents"]
-    rounding = rounding and _ts_are_floats(events)
-    kept = []
-    for e in events:
-        if not isinstance(e, dict):
-            continue
-        name, cat, ts, dur = e.get("name"), e.get("cat"), e.get("ts"), e.get("dur")
-        if _missing(cat) or cat == "Trace" or _missing(dur) or not isinstance(name, str):
-            continue
-        if rounding:
-            if _missing(ts):
-                continue  # its end is NaN, so is its duration: HTA drops it
-            start, end = math.ceil(float(ts)), math.floor(float(ts) + float(dur))
-            ts, dur = start, end - start
-        elif not _is_number(ts) or not _is_number(dur):
-            continue
-        kept.append((name, cat, ts, dur, _stream(e)))
-    return kept
-
-
-def _steps(events: list) -> list[tuple[float, float, int]]:
-    return [(ts, dur, int(m.group(1))) for name, _, ts, dur, _ in events if (m := _STEP.fullmatch(name))]
-
-
-def _iteration_of(ts: Any, steps: list[tuple[float, float, int]]) -> int:
-    """The step whose ``[start, start + dur)`` holds ``ts`` (the last in file order if several do);
-    -1 for none."""
-    found = -1
-    if _is_number(ts):
-        for start, dur, n in steps:
-            if _is_number(start) and _is_number(dur) and start <= ts < start + dur:
-                found = n
-    return found
-
-
-def iterations(trace: TraceSource) -> list[int]:
-    """The N of every ``ProfilerStep#N`` event of the trace, sorted (each once)."""
-    return sorted({n for _, _, n in _steps(_events(load_trace(trace)))})
-
-
-def _chosen(present: list[int], iteration: Iteration, what: str = "this trace") -> set[int]:
-    if not present:
-        raise ValueError(f"{what} has no ProfilerStep#N events, so it has no iterations to pick ops from. "
-                         f"To get them, {_HOW_TO_STEP}.")
-    if iteration is None:
-        return {present[0]}
-    wanted = [iteration] if isinstance(iteration, int) and not isinstance(iteration, bool) else list(iteration)
-    for i in wanted:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise TypeError(f"expected an iteration number (int) or a list of them, got {i!r}")
-        if i not in present:
-            raise ValueError(f"iteration {i} is not in {what}: it has iterations {present}. Pick one of those "
-                             f"(None picks the first, {present[0]}).")
-    return set(wanted)
-
-
-@reference(in_cells=False)
-def _rows(trace: TraceSource, iteration: Iteration, what: str, rounding: bool = True) -> dict[str, list]:
-    """name -> [count, total duration (us), categories] over the CPU events of the chosen iterations."""
-    events = _events(load_trace(trace), rounding)
-    steps = _steps(events)
-    chosen = _chosen(sorted({n for _, _, n in steps}), iteration, what)
+def _rough_rows(trace: TraceSource) -> tuple[dict[str, list], int]:
+    """A learner's copy's reading for :func:`explain_diff`: ``{name: [count, total us, {cat}]}`` of
+    every ``cpu_op`` and ``user_annotation`` event of the trace (every step, and between them), and
+    the number of ``ProfilerStep`` events, to make counts per step. It keeps what a sentence about
+    an op needs and is not HTA's table (which the lesson's exercise asks for): neither one iteration
+    nor every CPU event."""
     rows: dict[str, list] = {}
-    durations: dict[str, list] = {}
-    for name, cat, ts, dur, stream in events:
-        if stream == _CPU_STREAM and _iteration_of(ts, steps) in chosen:
-            row = rows.setdefault(name, [0, 0.0, set()])
-            row[0] += 1
-            row[2].add(cat)
-            durations.setdefault(name, []).append(dur)
-    for name, row in rows.items():
-        row[1] = math.fsum(durations[name])
-    return dict(sorted(rows.items()))
-
-
-@reference(in_cells=False)
-def op_table(trace: TraceSource, iteration: Iteration = None, *, rounding: bool = True) -> dict[str, tuple[int, float]]:
-    """``{name: (count, total duration in us)}`` of the CPU events (HTA's ``DeviceType.CPU``) of one
-    iteration, the first by default (as HTA); a list of iterations sums them. Durations include the
-    ops each op calls (they are the trace's own). ``rounding=False``: the trace's own times, not
-    HTA's whole microseconds (lesson 8's exercise; counts agree with HTA's on real traces)."""
-    return _table(trace, iteration, "this trace", rounding)
-
-
-# ------------------------------------------------------------------------------------- comparing
-
-@reference(in_cells=False)
-def compare_traces(control: TraceSource, test: TraceSource, *, control_iteration: Iteration = None,
-                   test_iteration: Iteration = None, rounding: bool = True) -> list[dict]:
-    """One row per op name of either trace, sorted by name: ``name, control_counts, test_counts,
-    control_duration, test_duration`` (us), ``diff_counts, diff_duration`` (test minus control) and
-    ``change``: '+' more of it in test, '-' fewer, '=' as many (HTA's counts_change_categories)."""
-    a = _table(control, control_iteration, "the control trace", rounding)
-    b = _table(test, test_iteration, "the test trace", rounding)
-    rows = []
-    for name in sorted(set(a) | set(b)):
-        (cc, cd), (tc, td) = a.get(name, (0, 0.0)), b.get(name, (0, 0.0))
-        diff = tc - cc
-        rows.append({"name": name, "control_counts": cc, "test_counts": tc, "control_duration": cd,
-                     "test_duration": td, "diff_counts": diff, "diff_duration": td - cd,
-                     "change": "+" if diff > 0 else "-" if diff < 0 else "="})
-    return rows
-
-
-def _table(trace: TraceSource, iteration: Iteration, what: str, rounding: bool = True) -> dict[str, tuple[int, float]]:
-    return {name: (count, total) for name, (count, total, _) in _rows(trace, iteration, what, rounding).items()}
-
-
-@reference(in_cells=False)
-def ops_diff(control: TraceSource, test: TraceSource, *, control_iteration: Iteration = None,
-             test_iteration: Iteration = None, rounding: bool = True) -> dict[str, list[str]]:
-    """Op names by what happened to them in test: ``added`` (only in test), ``deleted`` (only in
-    control), ``increased`` / ``decreased`` (in both, more / fewer of them in test), ``unchanged``
-    (in both, as many); each list sorted."""
-    out: dict[str, list[str]] = {k: [] for k in ("added", "deleted", "increased", "decreased", "unchanged")}
-    for r in compare_traces(control, test, control_iteration=control_iteration, test_iteration=test_iteration,
-                            rounding=rounding):
-        cc, tc = r["control_counts"], r["test_counts"]
-        key = ("added" if cc == 0 else "deleted" if tc == 0 else
-               "increased" if tc > cc else "decreased" if tc < cc else "unchanged")
-        out[key].append(r["name"])
-    return out
+    steps = 0
+    for e in load_trace(trace)["traceEvents"]:
+        if not isinstance(e, dict) or e.get("cat") not in ("cpu_op", "user_annotation"):
+            continue
+        name, dur = e.get("name"), e.get("dur")
+        if not isinstance(name, str) or not isinstance(dur, (int, float)) or isinstance(dur, bool):
+            continue
+        steps += bool(_STEP.fullmatch(name))
+        row = rows.setdefault(name, [0, 0.0, set()])
+        row[0] += 1
+        row[1] += float(dur)
+        row[2].add(e["cat"])
+    if not steps:
+        raise ValueError(f"this trace has no ProfilerStep#N events, so it has no iterations to compare. To get "
+                         f"them, {_HOW_TO_STEP}.")
+    return rows, steps
 
 
 # ------------------------------------------------------------------------------------ explaining
@@ -318,18 +181,30 @@ def explain_diff(control: TraceSource, test: TraceSource, *, calls: float = 1, t
     if not (_is_number(calls) and calls > 0):
         raise ValueError(f"calls: expected how many calls of the timed function each profiler step holds "
                          f"(a positive number), got {calls!r}")
-    return explain_rows(_rows(control, None, "the control trace"), _rows(test, None, "the test trace"),
-                        calls=calls, top=top)
+    reading = _reading()
+    if reading is not None:
+        return explain_rows(reading.summary(control), reading.summary(test), calls=calls, top=top)
+    (a, steps_a), (b, steps_b) = _rough_rows(control), _rough_rows(test)
+    # per step (the traces may hold different numbers of steps), counts kept whole: each side is
+    # scaled by the other's steps, and the calls by both
+    a = {n: [c * steps_b, t * steps_b, cats] for n, (c, t, cats) in a.items()}
+    b = {n: [c * steps_a, t * steps_a, cats] for n, (c, t, cats) in b.items()}
+    return explain_rows(a, b, calls=calls * steps_a * steps_b, top=top)
 
 
 def summary(trace: TraceSource, iteration: Iteration = None) -> dict[str, list]:
-    """``{name: [count, total us, [categories]]}`` of one iteration's CPU events: the little that
-    :func:`explain_rows` needs, plain enough to cross a process boundary as data."""
-    return {name: [c, t, sorted(cats)] for name, (c, t, cats) in _rows(trace, iteration, "this trace").items()}
+    """``{name: [count, total us, [categories]]}`` of one iteration's CPU events (HTA's reading,
+    ``course.references.traces.summary``): the little that :func:`explain_rows` needs, plain enough to
+    cross a process boundary as data. The grader's alone: in a learner's copy it raises."""
+    reading = _reading()
+    if reading is None:
+        raise RuntimeError("summary reads a trace as the lesson's op_table exercise does, so it is the grader's "
+                           "alone; use your own op_table, or explain_diff for sentences.")
+    return reading.summary(trace, iteration)
 
 
 def explain_rows(control: Mapping[str, Any], test: Mapping[str, Any], *, calls: float = 1, top: int = 5) -> list[str]:
-    """:func:`explain_diff` from two :func:`summary` tables (or ``_rows``) instead of two traces."""
+    """:func:`explain_diff` from two :func:`summary` tables instead of two traces."""
     if not (_is_number(calls) and calls > 0):
         raise ValueError(f"calls: expected how many calls of the timed function each profiler step holds "
                          f"(a positive number), got {calls!r}")

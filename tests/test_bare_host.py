@@ -277,12 +277,12 @@ def test_an_answer_that_hangs_only_without_torch_costs_its_cells_not_the_run(tmp
 # answer again in the bare host, where there is no course to call.
 _LESSON_8 = '''
 import course.streams
-import course.traces
-from course.traces import _events, _iteration_of, _steps
+import course.references.traces
+from course.references.traces import _events, _iteration_of, _steps
 
 
 def from_reference(trace, iteration=None):
-    return course.traces.op_table(trace, iteration, rounding=False)
+    return course.references.traces.op_table(trace, iteration, rounding=False)
 
 
 def from_helpers(trace, iteration=None):
@@ -300,7 +300,7 @@ def from_helpers(trace, iteration=None):
 
 
 def diff_from_reference(control, test):
-    return course.traces.ops_diff(control, test, rounding=False)
+    return course.references.traces.ops_diff(control, test, rounding=False)
 
 
 def races_from_sanitizer(program):

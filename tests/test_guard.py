@@ -120,14 +120,15 @@ def test_every_reference_the_checks_compare_with_is_guarded():
 
 
 #: References that stay in the learner's reach, and why: the lessons' own cells use them. Lesson 7's
-#: loops are the slow baselines its cells time (a loop earns no speed exercise). The others wrap a
-#: PyTorch facility a learner could call as directly (lesson 8's trace reader and the CUDA Stream
-#: Sanitizer's replay; lesson 9's watch for the fast path, which runs the encoder and looks at the ops
-#: that ran). Under the grader they refuse to serve an answer (course.guard), a wall inside the
-#: learner's process (docs/grading.md, "What it does not guarantee").
+#: loops are the slow baselines its cells time (a loop earns no speed exercise). Lesson 9's watch for
+#: the fast path wraps a PyTorch facility a learner could call as directly (it runs the encoder and
+#: looks at the ops that ran). Lesson 8's ``stored_races`` computes nothing: it looks up the
+#: sanitizer's reports stored for the lesson's own programs (its op table, diff and replay moved to
+#: course.references: their source, copied into a cell, answered the exercises). Under the grader
+#: they refuse to serve an answer (course.guard), a wall inside the learner's process
+#: (docs/grading.md, "What it does not guarantee").
 IN_REACH = {"course.broadcasting": {"naive_sq_dists", "row_loop_sq_dists", "loop_segment_sum", "loop_penalty"},
-            "course.traces": {"_rows", "op_table", "compare_traces", "ops_diff"},
-            "course.streams": {"sanitizer_races_many", "_replay"},
+            "course.streams": {"stored_races"},
             "course.fastpath": {"run_config", "fast_path_taken"}}
 
 

@@ -548,7 +548,8 @@ def test_lesson_8_what_sdpa_deletes_and_adds_and_what_it_allocates():
     from torch.profiler import ProfilerActivity, profile
 
     from course.profiling import attention_inputs, naive_attention
-    from course.traces import ops_diff, profile_steps
+    from course.references.traces import ops_diff
+    from course.traces import profile_steps
 
     text = prose(L8)
     q, k, v = attention_inputs(0, batch=2, heads=2, length=128, dim=32)

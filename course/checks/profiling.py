@@ -5,9 +5,12 @@ happens-before checker for CUDA stream events.
 Every check is ``SERVED``: under the grader it runs in the judge, and the learner's functions are
 called across the boundary on inputs the judge made (traces it profiled or wrote itself from a
 seed, programs drawn from a seed), as data. The references are the course's: its op table and
-diff (:mod:`course.traces`, proved equal to Holistic Trace Analysis's in ``tests/test_traces.py``)
-and PyTorch's CUDA Stream Sanitizer itself (:func:`course.streams.sanitizer_races`). A wrong answer
-that matches a known mistake is named.
+diff (``course.references.traces``, proved equal to Holistic Trace Analysis's in
+``tests/test_traces.py``) and PyTorch's CUDA Stream Sanitizer itself
+(``course.references.streams.sanitizer_races_many``). A wrong answer that matches a known mistake is
+named. Those references answer the exercises, so they are the grader's alone: in a learner's copy
+the checks compare with the answers stored for the lesson's own calls (:data:`DATA_FILE`, written by
+``python -m course.references`` from :func:`reference_data`), and refuse other arguments.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import torch.nn.functional as F
 
 from course import streams, traces
 from course.bare import expect_value, outcome_said, run_bare
-from course.checks.common import call, expect_grads, name_mistake, ok, record, served_speedup
+from course.checks.common import (call, expect_grads, grader_references, name_mistake, ok, record, served_speedup,
+                                  stored_answers)
 from course.checks.sdpa_watch import watched
 from course.data import generator
 from course.devices import pick_device
@@ -209,12 +213,12 @@ def _same(got: dict, want: dict) -> bool:
         got[n][0] == want[n][0] and math.isclose(got[n][1], want[n][1], rel_tol=1e-9, abs_tol=1e-6) for n in want))
 
 
-def _compare_tables(got: dict, want: dict, label: str, trace: dict, iteration: int | None) -> None:
+def _compare_tables(got: dict, want: dict, label: str, mistakes: dict) -> None:
     if _same(got, want):
         record({n: [got[n][0], got[n][1]] for n in sorted(got)}, {n: [want[n][0], want[n][1]] for n in sorted(want)},
                label)
         return
-    _name_table_mistake(got, want, label, trace, iteration)
+    _name_table_mistake(got, want, label, mistakes)
     missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
     counts = sorted(n for n in set(got) & set(want) if got[n][0] != want[n][0])
     parts = []
@@ -230,45 +234,87 @@ def _compare_tables(got: dict, want: dict, label: str, trace: dict, iteration: i
     raise AssertionError(f"{label} is wrong: " + "; ".join(parts) + ".")
 
 
-def _name_table_mistake(got: dict, want: dict, label: str, trace: dict, iteration: int | None) -> None:
-    """Raise naming the mistake when the learner's table is what a known misreading gives."""
-    events = traces._events(trace, rounding=False)  # (name, cat, ts, dur, stream), HTA's events
-    steps = traces._steps(events)
-    chosen = min(n for _, _, n in steps) if iteration is None else iteration
-    inside = [e for e in events if traces._iteration_of(e[2], steps) == chosen]
-    cpu = [e for e in inside if e[4] == -1]
-    mistakes = {
-        "it counted the events of every iteration (and between them), not just the one asked for":
-            _tally(e for e in events if e[4] == -1),
-        "it kept only 'cat' == 'cpu_op'; HTA's CPU events are every event with a duration and a category but "
-        "the 'Trace' span and GPU work: your labels, Python frames and the ProfilerStep itself too":
-            _tally(e for e in cpu if e[1] == "cpu_op"),
-        "it counted GPU work too (events with a 'stream' in their args)": _tally(inside),
-        "it left out the ProfilerStep event itself (it starts inside its own window)":
-            _tally(e for e in cpu if not e[0].startswith("ProfilerStep#")),
-    }
-    if iteration is None:
-        last = max(n for _, _, n in steps)
-        mistakes["it read the last iteration; with iteration=None it should read the first"] = \
-            traces.op_table(trace, last, rounding=False)
+def _name_table_mistake(got: dict, want: dict, label: str, mistakes: dict) -> None:
+    """Raise naming the mistake when the learner's table is what a known misreading gives
+    (``mistakes``: :func:`course.references.traces.table_mistakes`, or those stored)."""
     name_mistake(label, got, want, mistakes, same=_same)
 
 
-def _tally(events) -> dict:
-    out: dict[str, tuple[int, float]] = {}
-    for name, _, _, dur, _ in events:
-        count, total = out.get(name, (0, 0.0))
-        out[name] = (count + 1, total + dur)
+# -- the answers: the grader's references, or those stored for the lesson's own calls --------------
+
+#: What a learner's copy compares the visible calls with (``python -m course.references`` writes it).
+DATA_FILE = streams.DATA_FILE
+
+
+def _stored_answers(kind: str, seed: int, n: int) -> list:
+    """The answers stored for ``kind``'s check at the lesson's own call, refused for other arguments."""
+    entry = stored_answers(DATA_FILE)[kind]
+    if (entry["seed"], entry["n"]) != (seed, n):
+        raise AssertionError(f"This check has reference data for seed {entry['seed']}, n {entry['n']} only (the "
+                             f"lesson's own call); the grader checks others (seed {seed}, n {n} asked for here).")
+    return entry["answers"]
+
+
+def _table_answers(cases: list, seed: int, n: int) -> list[tuple[dict, dict]]:
+    """``(the op table, what each known misreading gives)`` of every case of :func:`check_op_table`."""
+    reading = grader_references("traces")
+    if reading is None:
+        return [(want, mistakes) for want, mistakes in _stored_answers("op_table", seed, n)]
+    return [(reading.op_table(trace, iteration, rounding=False), reading.table_mistakes(trace, iteration))
+            for trace, iteration, _ in cases]
+
+
+def _diff_answers(cases: list, seed: int, n: int) -> list[tuple[dict, dict]]:
+    """``(ops_diff(control, test), ops_diff(test, control))`` of every case of :func:`check_ops_diff`."""
+    reading = grader_references("traces")
+    if reading is None:
+        return [(want, flipped) for want, flipped in _stored_answers("ops_diff", seed, n)]
+    return [(reading.ops_diff(control, test, rounding=False), reading.ops_diff(test, control, rounding=False))
+            for control, test, _ in cases]
+
+
+def _race_answers(programs: list) -> list[list[tuple]]:
+    """The sanitizer's reports of every program: replayed (in one fresh process on a GPU machine, see
+    ``course.references.streams.sanitizer_races_many``), or those stored (:func:`course.streams.stored_races`)."""
+    refs = grader_references("streams")
+    if refs is None:
+        try:
+            return [streams.stored_races(program) for program in programs]
+        except LookupError:
+            raise AssertionError("This check has reference data for the lesson's own call only (its seed and n); "
+                                 "the grader checks others.") from None
+    return refs.sanitizer_races_many(programs)
+
+
+def _defaults(check: Callable) -> dict:
+    import inspect
+
+    return {k: p.default for k, p in inspect.signature(check).parameters.items() if k in ("seed", "n")}
+
+
+def reference_data() -> dict:
+    """The answers of the visible checks' own calls (their defaults), by the grader's references, for a
+    learner's copy: op tables with their known misreadings, diffs both ways, and the sanitizer's
+    reports by program (which ``course.streams.sanitizer_races`` serves there, the planted race
+    among them)."""
+    out: dict[str, Any] = {}
+    for kind, check, cases, answers in (("op_table", check_op_table, _op_table_cases, _table_answers),
+                                        ("ops_diff", check_ops_diff, _diff_cases, _diff_answers)):
+        args = _defaults(check)
+        found = answers(cases(**args), **args)
+        out[kind] = {**args, "answers": [[a, b] for a, b in found]}
+    programs = _race_programs(**_defaults(check_find_races))
+    refs = grader_references("streams")
+    races = refs.sanitizer_races_many(programs)
+    out["races"] = {repr(streams._checked(p, "sanitizer_races")): [list(r) for r in rs]
+                    for p, rs in zip(programs, races)}
     return out
 
 
 # -- 1. the op table -----------------------------------------------------------------------------
 
-def check_op_table(op_table: Callable, *, seed: int = 0, n: int = 3) -> None:
-    """``op_table(trace, iteration=None)``: ``{name: (count, total us)}`` of the CPU ops of one
-    iteration, equal to the course's (HTA's) on real traces and on hand-made ones; ``ValueError``
-    for a trace without iterations and for an iteration it does not have."""
-    label = "op_table"
+def _op_table_cases(seed: int, n: int) -> list[tuple[dict, int | None, str]]:
+    """``(trace, iteration, what)`` of every case :func:`check_op_table` asks about."""
     real = ["matmul_relu", "naive_attention", "adds", "sdpa", "matmul_clone", "bf16"]
     cases: list[tuple[dict, int | None, str]] = []
     for i in range(n):
@@ -281,12 +327,21 @@ def check_op_table(op_table: Callable, *, seed: int = 0, n: int = 3) -> None:
         its = traces.iterations(synthetic)
         cases.append((synthetic, None, "a hand-made trace, first iteration"))
         cases.append((synthetic, random.Random(seed + i).choice(its), "a hand-made trace"))
-    wants = []
-    for trace, iteration, what in cases:
-        wants.append(traces.op_table(trace, iteration, rounding=False))
+    return cases
+
+
+def check_op_table(op_table: Callable, *, seed: int = 0, n: int = 3) -> None:
+    """``op_table(trace, iteration=None)``: ``{name: (count, total us)}`` of the CPU ops of one
+    iteration, equal to the course's (HTA's) on real traces and on hand-made ones; ``ValueError``
+    for a trace without iterations and for an iteration it does not have."""
+    label = "op_table"
+    cases = _op_table_cases(seed, n)
+    answers = _table_answers(cases, seed, n)
+    wants = [want for want, _ in answers]
+    for (trace, iteration, what), (want, mistakes) in zip(cases, answers):
         got = _table(call(op_table, trace, iteration, name=label), label)
-        _compare_tables(got, wants[-1], f"{label} on {what}" + (f" (iteration {iteration})" if iteration is not None
-                                                               else ""), trace, iteration)
+        _compare_tables(got, want, f"{label} on {what}" + (f" (iteration {iteration})" if iteration is not None
+                                                          else ""), mistakes)
     # what must raise
     no_steps = {"traceEvents": [e for e in synthetic_trace(seed)["traceEvents"]
                                 if not str(e.get("name", "")).startswith("ProfilerStep#")]}
@@ -341,10 +396,8 @@ def _groups(got: Any, label: str) -> dict[str, list[str]]:
     return out
 
 
-def check_ops_diff(ops_diff: Callable, *, seed: int = 0, n: int = 3) -> None:
-    """``ops_diff(control, test)``: the five groups of ops, sorted, equal to the course's (HTA's
-    ``ops_diff``) on pairs of real traces and of hand-made ones."""
-    label = "ops_diff"
+def _diff_cases(seed: int, n: int) -> list[tuple[dict, dict, str]]:
+    """``(control, test, what)`` of every pair :func:`check_ops_diff` asks about."""
     cases = []
     for i in range(n):
         a, b = PAIRS[(seed + i) % len(PAIRS)]
@@ -352,14 +405,20 @@ def check_ops_diff(ops_diff: Callable, *, seed: int = 0, n: int = 3) -> None:
         pool = ("aten::mm", "aten::add", "aten::relu", "aten::copy_", "aten::bmm", "aten::_softmax")
         cases.append((synthetic_trace(seed * 7 + i, ops=pool), synthetic_trace(seed * 7 + i + 1000, ops=pool[1:]),
                       "two hand-made traces"))
-    wants = []
-    for control, test, what in cases:
-        want = traces.ops_diff(control, test, rounding=False)
-        wants.append(want)
+    return cases
+
+
+def check_ops_diff(ops_diff: Callable, *, seed: int = 0, n: int = 3) -> None:
+    """``ops_diff(control, test)``: the five groups of ops, sorted, equal to the course's (HTA's
+    ``ops_diff``) on pairs of real traces and of hand-made ones."""
+    label = "ops_diff"
+    cases = _diff_cases(seed, n)
+    answers = _diff_answers(cases, seed, n)
+    wants = [want for want, _ in answers]
+    for (control, test, what), (want, flipped) in zip(cases, answers):
         got = _groups(call(ops_diff, control, test, name=label), label)
         name = f"{label} ({what})"
         if got != want:
-            flipped = traces.ops_diff(test, control, rounding=False)
             if got == flipped:
                 raise AssertionError(f"{name} is wrong; it looks as if control and test were swapped (added is "
                                      "what the test trace has and the control does not).")
@@ -530,16 +589,21 @@ def _races(got: Any, label: str) -> list[tuple]:
     return out
 
 
+def _race_programs(seed: int, n: int) -> list[list[tuple]]:
+    """The programs :func:`check_find_races` asks about: the edge cases, then ``n`` drawn from ``seed``."""
+    rng = random.Random(seed)
+    return _edge_programs() + [
+        streams.random_events(rng.randrange(2**31), n=rng.randint(5, 40), streams=rng.randint(2, 4),
+                              tensors=rng.randint(1, 5), events=rng.randint(1, 3)) for _ in range(n)]
+
+
 def check_find_races(find_races: Callable, *, seed: int = 0, n: int = 120) -> None:
     """``find_races(program)`` reports exactly what PyTorch's CUDA Stream Sanitizer reports, in the
     same order, on hand-made edge cases and on ``n`` random programs drawn from ``seed``."""
     label = "find_races"
-    rng = random.Random(seed)
-    programs = _edge_programs() + [
-        streams.random_events(rng.randrange(2**31), n=rng.randint(5, 40), streams=rng.randint(2, 4),
-                              tensors=rng.randint(1, 5), events=rng.randint(1, 3)) for _ in range(n)]
+    programs = _race_programs(seed, n)
     racy = 0
-    wants = streams.sanitizer_races_many(programs)  # one fresh process on a GPU machine (see there)
+    wants = _race_answers(programs)
     for i, (program, want) in enumerate(zip(programs, wants)):
         got = _races(call(find_races, [tuple(e) for e in program], name=label), label)
         racy += bool(want)

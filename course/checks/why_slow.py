@@ -45,11 +45,23 @@ def _profile(fn: Callable, factory_name: str, sizes: dict, constants: Sequence[A
 
 
 def _compact(trace: dict) -> list[list]:
-    """The trace's CPU-side events as ``[name, cat, ts, dur]`` (HTA's reading), the steps first."""
-    events = traces._events(trace)
+    """The trace's timed events as ``[name, cat, ts, dur, stream]`` (``stream``: ``args["stream"]``,
+    or None), the steps first, as they are: the judge reads them with HTA's reading
+    (``course.references.traces``), which the learner's process, where this runs, does not have."""
+    events = []
+    for e in trace["traceEvents"]:
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str) or not isinstance(e.get("cat"), str):
+            continue
+        ts, dur = e.get("ts"), e.get("dur")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (ts, dur)):
+            continue
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        stream = args.get("stream")
+        stream = stream if isinstance(stream, (int, float, str)) and not isinstance(stream, bool) else None
+        events.append([e["name"], e["cat"], ts, dur, stream])
     steps = [e for e in events if e[0].startswith("ProfilerStep#")]
-    rest = [e for e in events if e[4] == -1 and not e[0].startswith("ProfilerStep#")]
-    return [[n, c, t, d] for n, c, t, d, _ in steps + rest[:MAX_EVENTS]]
+    rest = [e for e in events if not e[0].startswith("ProfilerStep#")]
+    return steps + rest[:MAX_EVENTS]
 
 
 @prober
@@ -62,15 +74,19 @@ def profile_events(fn: Callable, factory_name: str, sizes: dict, constants: list
 
 
 def _as_trace(events: Any) -> dict | None:
-    """A trace rebuilt from what the probe sent, or None where it is not a list of events."""
+    """A trace rebuilt from what the probe sent (:func:`_compact`), or None where it is not a list of
+    events."""
     if not isinstance(events, list) or len(events) > MAX_EVENTS + 64:
         return None
     out = []
     for e in events:
-        if (not isinstance(e, (list, tuple)) or len(e) != 4 or not all(isinstance(x, str) for x in e[:2])
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in e[2:])):
+        if (not isinstance(e, (list, tuple)) or len(e) != 5 or not all(isinstance(x, str) for x in e[:2])
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                           for x in e[2:4])
+                or not (e[4] is None or isinstance(e[4], (int, float, str)) and not isinstance(e[4], bool))):
             return None
-        out.append({"ph": "X", "name": e[0], "cat": e[1], "ts": e[2], "dur": e[3], "args": {}})
+        out.append({"ph": "X", "name": e[0], "cat": e[1], "ts": e[2], "dur": e[3],
+                    "args": {} if e[4] is None else {"stream": e[4]}})
     return {"traceEvents": out}
 
 
@@ -117,8 +133,6 @@ def why_slower(candidate: Callable, reference: Callable | str, *, factory: Calla
                 return []
             with grader_hooks.learner_stopped():
                 events = _compact(_profile(reference, name, dict(sizes), constants, str(device), grad, seed))
-        control = {"traceEvents": [{"ph": "X", "name": n, "cat": c, "ts": t, "dur": d, "args": {}}
-                                   for n, c, t, d in events]}
-        return traces.explain_diff(control, test, calls=1, top=top)
+        return traces.explain_diff(_as_trace(events), test, calls=1, top=top)
     except Exception:  # feedback only: a learner's process that fails here has failed the check already
         return []
