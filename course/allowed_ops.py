@@ -13,7 +13,8 @@ other answer (``TENSORS``), which reaches none of the workers' modules or method
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 _POINTWISE = """
 abs absolute add sub subtract mul multiply div divide true_divide floor_divide remainder fmod neg negative reciprocal
@@ -116,7 +117,8 @@ MEMBERS = {"torch": TORCH, "torch.nn": frozenset({"functional"}), "torch.nn.func
            "torch.optim": OPTIM, "contextlib": CONTEXTLIB, "torch.futures": FUTURES}
 SUBMODULES = {"torch": frozenset({"nn", "linalg", "special", "fft", "func", "autograd", "distributed", "optim",
                                    "futures"}),
-              "torch.nn": frozenset({"functional", "parallel"}), "torch.autograd": frozenset({"forward_ad"})}
+              "torch.nn": frozenset({"functional", "parallel"}),
+              "torch.autograd": frozenset({"forward_ad", "functional"})}
 
 #: Attribute names a program may read on a value: tensors' methods of the functions above, their
 #: in-place forms, what describes a tensor (shape, dtype, device...) and converts it, what describes
@@ -158,6 +160,8 @@ class Vocabulary:
     name: str
     reach: frozenset
     attributes: frozenset
+    #: Members of a module that only this vocabulary's programs may read, beside :data:`MEMBERS`'s.
+    members: Mapping[str, frozenset] = field(default_factory=dict, hash=False, compare=False)
 
 
 #: Modules and attributes only lesson 10's workers need: elsewhere there is no process group to talk
@@ -168,6 +172,12 @@ WORKERS_ONLY = frozenset({"torch.distributed", "torch.nn.parallel", "torch.nn.pa
 #: Answers that compute on tensors (lessons 1, 4, 8 and 9): torch's tensor functions, ``math``, a layer's parts.
 TENSORS = Vocabulary("tensors", reach=frozenset(MEMBERS) - WORKERS_ONLY | {"math"},
                      attributes=_ON_VALUES)
+#: Lesson 4's ``tall_jacobian`` (Exercise 6): the tensor vocabulary and PyTorch's one-call forward-mode
+#: Jacobians, which are its answer (``torch.func.jacfwd``; the legacy ``torch.autograd.functional.jacobian``
+#: with ``strategy="forward-mode"``). Every other exercise's one-call Jacobian stays off its list.
+JACOBIANS = Vocabulary("jacobians", reach=TENSORS.reach | {"torch.autograd.functional"}, attributes=_ON_VALUES,
+                       members={"torch.func": frozenset({"jacfwd"}),
+                                "torch.autograd.functional": frozenset({"jacobian"})})
 #: Lesson 10's answers, run on every rank: the tensor vocabulary, and the workers' own.
 WORKERS = Vocabulary("workers", reach=TENSORS.reach | WORKERS_ONLY, attributes=ATTRIBUTES)
-VOCABULARIES = {v.name: v for v in (TENSORS, WORKERS)}
+VOCABULARIES = {v.name: v for v in (TENSORS, WORKERS, JACOBIANS)}

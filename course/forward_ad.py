@@ -10,6 +10,7 @@ lives with the grader's (``course.references.forward_ad.wide_jacobian``), not he
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable, Sequence
 
@@ -25,7 +26,8 @@ from course.quiet import load_forward_ad_quietly
 load_forward_ad_quietly()  # the first forward-mode call would show TorchScript's deprecation (torch 2.14+)
 
 __all__ = ["ForwardOnlyTanh", "ModeNotAllowed", "ReverseOnlyTanh", "WideFunction", "mlp",
-           "plot_jacobian_sweep", "tall_jacobian_planted", "transform_in_use", "wide_function"]
+           "plot_jacobian_sweep", "tall_jacobian_planted", "transform_in_use", "unwrapped", "watching",
+           "wide_function"]
 
 
 class ModeNotAllowed(RuntimeError):
@@ -37,6 +39,68 @@ class ModeNotAllowed(RuntimeError):
 #: it after. A one-mode function's refusal is recorded before it raises, so an answer that catches
 #: the error and tries the other mode is still seen to have tried (red team, 2026-12-01).
 RULES_RAN: list[str] = []
+
+#: While a check watches (:func:`watching`), what reached each rule above: ``(mode, values)``, the
+#: tangents (``"forward"``) or cotangents (``"reverse"``) as a float64 matrix, one row per vector (a
+#: vmapped rule's batch unwrapped). A Jacobian by forward mode pushes ``k`` independent tangents through
+#: ``f``, one by reverse mode ``m`` cotangents: a Jacobian computed another way (finite differences, a
+#: closed form from ``f``'s weights) beside one token transform with zero or a single tangent is seen
+#: here to span too few directions (red team, 2026-12-05).
+TANGENTS_SEEN: list[tuple[str, torch.Tensor | None]] = []
+_WATCHING: list[bool] = [False]
+
+
+@contextlib.contextmanager
+def watching():
+    """Note in :data:`TANGENTS_SEEN` what reaches the rules while the block runs (cleared first). Off
+    otherwise, so that timed calls keep nothing."""
+    del TANGENTS_SEEN[:]
+    _WATCHING[0] = True
+    try:
+        yield TANGENTS_SEEN
+    finally:
+        _WATCHING[0] = False
+
+
+def unwrapped(t: torch.Tensor) -> torch.Tensor | None:
+    """The plain values of a tensor seen inside transforms, batch dimensions first: the wrappers of
+    ``torch.func``'s transforms and of the legacy vmap (``torch.autograd.functional``'s
+    ``vectorize=True``) taken off, detached. None if they cannot be read. It reads PyTorch internals
+    (``torch._C._functorch``), pinned by the course's tests, because no public call tells."""
+    functorch = torch._C._functorch
+    try:
+        for _ in range(64):
+            if functorch.is_batchedtensor(t):
+                bdim = functorch.maybe_get_bdim(t)
+                t = functorch.get_unwrapped(t)
+                t = t.movedim(bdim, 0) if bdim >= 0 else t
+            elif functorch.is_functorch_wrapped_tensor(t):
+                t = functorch.get_unwrapped(t)
+            elif getattr(functorch, "is_legacy_batchedtensor", lambda t: False)(t):
+                level = torch._C._vmapmode_increment_nesting() - 1
+                torch._C._vmapmode_decrement_nesting()
+                while functorch.is_legacy_batchedtensor(t) and level > 0:
+                    t = torch._remove_batch_dim(t, level, 1, 0)
+                    level -= 1
+                if functorch.is_legacy_batchedtensor(t):
+                    return None
+            else:
+                return t.detach()
+    except (RuntimeError, ValueError, TypeError):
+        return None
+    return None
+
+
+def _values(t: torch.Tensor) -> torch.Tensor | None:
+    """What reached a rule, as float64 rows of its last dimension (None if it cannot be read)."""
+    t = unwrapped(t)
+    return None if t is None else t.reshape(-1, t.shape[-1] if t.dim() else 1).to("cpu", torch.float64)
+
+
+def _note(mode: str, t: torch.Tensor) -> None:
+    RULES_RAN.append(mode)
+    if _WATCHING[0]:
+        TANGENTS_SEEN.append((mode, _values(t)))
 
 
 class _Tanh(torch.autograd.Function):
@@ -56,13 +120,13 @@ class _Tanh(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        RULES_RAN.append("reverse")
+        _note("reverse", grad)
         y, = ctx.saved_tensors
         return grad * (1 - y * y)
 
     @staticmethod
     def jvp(ctx, tangent):
-        RULES_RAN.append("forward")
+        _note("forward", tangent)
         y, = ctx.saved_tensors
         return tangent * (1 - y * y)
 
@@ -76,7 +140,7 @@ class ForwardOnlyTanh(_Tanh):
 
     @staticmethod
     def backward(ctx, grad):
-        RULES_RAN.append("reverse")
+        _note("reverse", grad)
         raise ModeNotAllowed("this function supports forward mode only: reverse mode (backward, vjp, "
                              "jacrev, autograd.grad) was used on it")
 
@@ -86,7 +150,7 @@ class ReverseOnlyTanh(_Tanh):
 
     @staticmethod
     def jvp(ctx, tangent):
-        RULES_RAN.append("forward")
+        _note("forward", tangent)
         raise ModeNotAllowed("this function supports reverse mode only: forward mode (jvp, jacfwd, "
                              "dual numbers) was used on it")
 

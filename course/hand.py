@@ -109,7 +109,8 @@ def _member_refusal(module: types.ModuleType, attr: str, forbidden: tuple,
         return None  # only as isinstance's second argument (the walk sees to it)
     if member is not None and attr in allowed_ops.CONTEXTS.get(module.__name__, ()):
         return None  # only as the call of a with statement (the walk sees to it)
-    if member is not None and attr in allowed_ops.MEMBERS.get(module.__name__, ()):
+    if member is not None and (attr in allowed_ops.MEMBERS.get(module.__name__, ())
+                               or attr in vocab.members.get(module.__name__, ())):
         return None
     if attr in allowed_ops.SUBMODULES.get(module.__name__, ()):
         return None if where in vocab.reach else _out_of_reach(where)
@@ -635,11 +636,11 @@ AGAIN = ", its program run again by the grader,"
 
 
 def again(fn: Any, name: str, check: Callable[[Hosted, str], Any], *, forbidden: tuple = (),
-          helpers: tuple = ()) -> None:
+          helpers: tuple = (), vocabulary: str = "tensors") -> None:
     """Under the grader's judge, ``check(program, label)`` on ``fn``'s program read by the judge and
     defined in the program host (:func:`hosted`), ``label`` being ``name`` + :data:`AGAIN` for its
     messages: the check the learner's answer just passed, run again on what the judge read. Outside
     the grader the program is only read, and nothing runs again."""
-    program = hosted(fn, name, forbidden=forbidden, helpers=helpers)
+    program = hosted(fn, name, forbidden=forbidden, helpers=helpers, vocabulary=vocabulary)
     if program is not None:
         check(program, name + AGAIN)

@@ -567,12 +567,15 @@ def test_lesson_4s_answers_keep_their_marks_run_again_in_the_program_host(lesson
 
 def _both_modes(real, fn, label, f, x):
     """A forged Jacobian probe: the learner's one-mode function quietly allows both modes, and the
-    watched one is reported to have used forward mode."""
+    watched one is reported to have used forward mode, with every direction's tangent."""
     if f.mode in ("forward", "reverse"):
         f.mode = "both"
     got = real(fn, label, f, x)
     if isinstance(got, dict) and "rules" in got:
         got["rules"] = ["forward"]
+        import torch
+
+        got["seen"] = {"forward": torch.eye(f.hidden, dtype=torch.float64)}
     return got
 
 

@@ -1644,3 +1644,65 @@ def test_one_look_past_the_memory_cap_is_not_a_verdict_two_in_a_row_are(tmp_path
     always = run_program(cells, sandbox=sandbox, cell_timeout=60, timeout=120, memory_mb=1000, log=tmp_path / "always")
     assert always.status == "oom" and "the files it wrote" in always.detail, always
     assert "(its processes " in always.detail, always
+
+
+JACOBIAN_ANSWERS = """
+import course.forward_ad as FA
+from torch.func import jacfwd, jvp, vjp, vmap
+
+
+def right_rev(f, x):
+    out, pullback = vjp(f, x)
+    return vmap(pullback)(torch.eye(out.numel(), dtype=out.dtype, device=out.device))[0]
+
+
+def right_fwd(f, x):
+    basis = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
+    return vmap(lambda v: jvp(f, (x,), (v,))[1])(basis).T
+
+
+def right_tall(f, x):
+    return jacfwd(f)(x)
+
+
+def differences(f, x):
+    h = 1e-6
+    basis = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
+    ys = vmap(f)(torch.cat([x + h * basis, x - h * basis]))
+    return ((ys[:x.numel()] - ys[x.numel():]) / (2 * h)).T
+
+
+def token(f, x):
+    jac, _ = jvp(lambda z: differences(f, z), (x,), (torch.zeros_like(x),))
+    return jac
+
+
+def closed(f, x):
+    y = torch.tanh(f.W1 @ x + f.b1)
+    return f.W2 @ ((1 - y * y)[:, None] * f.W1)
+
+
+def forged(f, x):
+    f(x)
+    FA.RULES_RAN.append("forward")
+    FA.TANGENTS_SEEN.append(("forward", torch.eye(f.hidden, dtype=torch.float64)))
+    return closed(f, x)
+"""
+
+
+def test_lesson_4s_jacobians_are_forward_mode_in_the_judges_eyes_not_values_beside_a_token_call(tmp_path):
+    """Red team, 2026-12-05: finite differences inside one ``jvp`` with zero tangents earned Exercise 5, and a
+    closed form from the wide function's weights earned Exercise 6's speed cell. Through real processes: the
+    right answers pass (``jacfwd`` read and run again by the program host under Exercise 6's vocabulary); the
+    token call fails on the span of the tangents f's rule saw; the closed form fails for using no mode; one
+    that forges what the learner's process reports passes there and is refused where it is run again."""
+    right, token = _served_cells(tmp_path, "course.checks.forward_ad.check_jacobians", JACOBIAN_ANSWERS,
+                                 ["right_fwd", "token"], "right_rev")
+    assert not right.error and "ok: jacobian_fwd" in right.output, right
+    assert "jacobian_fwd pushed tangents through f that span 0 directions" in token.error, token
+    sizes = "bars={'cpu': 1.5, 'cuda': 1.5}, k=4, m=2048, hidden=128, threads=1, rounds=3, min_run_time=0.02"
+    right, closed, forged = _served_cells(tmp_path / "speed", "course.checks.forward_ad.check_jacobian_speed",
+                                          JACOBIAN_ANSWERS, ["right_tall", "closed", "forged"], sizes)
+    assert not right.error and "your tall_jacobian" in right.output, right
+    assert "tall_jacobian differentiated f by no mode" in closed.error, closed
+    assert "tall_jacobian, read by the grader" in forged.error, forged  # the probe, first, believed its process

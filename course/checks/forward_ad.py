@@ -40,11 +40,12 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch.autograd.gradcheck import GradcheckError
 
-from course.checks.common import call, grader_references, ok, served_speedup, stored_answers, visible_call
+from course.checks.common import (TorchCalls, call, grader_references, ok, served_speedup, stored_answers,
+                                  visible_call)
 from course.data import generator, randn
 from course.devices import pick_device
 from course.hand import again
-from course.forward_ad import ModeNotAllowed, WideFunction, mlp, transform_in_use, wide_function
+from course.forward_ad import ModeNotAllowed, WideFunction, mlp, transform_in_use, unwrapped, wide_function
 from course.numerics import assert_close, describe
 from course.remote import factory, is_remote, probe, prober
 from course.timing import SpeedReport
@@ -100,6 +101,13 @@ DUAL_CASES: list[tuple[str, Callable, str]] = [
 ]
 
 
+#: What PyTorch's own differentiation leaves in the watcher's record (:class:`course.checks.common.TorchCalls`:
+#: torch functions and the dispatcher's ATen ops): forward AD's duals (``torch.func.jvp`` makes them too) and
+#: the autograd engine. A ``Dual`` whose methods called ``torch.func.jvp`` on the torch op passed on its values
+#: (red team, 2026-12-05).
+PYTORCHS_AD = ("make_dual", "unpack_dual", "autograd::engine")
+
+
 def _dual_inputs(seed: int, shape: tuple[int, ...], dev: torch.device):
     g = generator(seed)
     draw = lambda: torch.randn(shape, generator=g, dtype=F64)  # noqa: E731
@@ -118,7 +126,14 @@ def dual_case(Dual: type, index: int, x, y, tx, ty, c) -> tuple[torch.Tensor, to
         raise AssertionError(f"check_dual takes the class itself (Dual), got {describe(Dual)}.")
     label, expr, _ = DUAL_CASES[index]
     dx, dy = Dual(x.clone(), tx.clone()), Dual(y.clone(), ty.clone())
-    got = call(expr, dx, dy, c, name=f"Dual (computing `{label}`)")
+    with TorchCalls(f"Dual (computing `{label}`)") as watched:
+        got = call(expr, dx, dy, c, name=f"Dual (computing `{label}`)")
+    used = sorted({n for n in watched.names if any(mark in n for mark in PYTORCHS_AD)})
+    if used:
+        raise AssertionError(f"`{label}` with Duals x and y ran PyTorch's own differentiation ({', '.join(used[:3])}): "
+                             "this exercise writes the rules by hand, so that a Dual's tangent is what its methods "
+                             "compute from primals and tangents, not torch.func.jvp, forward AD's duals or autograd.\n"
+                             "  Hint: " + DUAL_CASES[index][2])
     if not isinstance(got, Dual):
         raise AssertionError(f"`{label}` with Duals x and y gave {describe(got)}, not a Dual.\n"
                              "  Hint: every operation returns a new Dual(primal, tangent); "
@@ -181,7 +196,7 @@ def param_jvp_case(fn: Callable, label: str, api: str, model, x, tangents) -> tu
 
     def after(module, args, output):
         primal, tangent = fwAD.unpack_dual(output) if isinstance(output, torch.Tensor) else (output, None)
-        done.append((primal, tangent))
+        done.append((_plain(primal), _plain(tangent)))
 
     handles = [model.register_forward_pre_hook(spy), model.register_forward_hook(after)]
     try:
@@ -231,11 +246,21 @@ def param_jvp_case(fn: Callable, label: str, api: str, model, x, tangents) -> tu
     if not (isinstance(primal, torch.Tensor) and primal.shape == out.shape and torch.equal(primal.detach(), out.detach())):
         raise AssertionError(f"{label} returned an output that is not what its run of the model computed: return "
                              "the output of that one run (and its tangent), not a value computed another way.")
-    if api == "forward_ad" and not (isinstance(tangent, torch.Tensor) and tangent.shape == out_tangent.shape
-                                    and torch.equal(tangent.detach(), out_tangent.detach())):
-        raise AssertionError(f"{label} returned a tangent that is not the one its run of the model carried: "
-                             "unpack_dual the model's output and return its tangent.")
+    if not (isinstance(tangent, torch.Tensor) and tangent.shape == out_tangent.shape
+            and torch.equal(tangent.detach(), out_tangent.detach())):
+        raise AssertionError(f"{label} returned a tangent that is not the one its run of the model carried: " +
+                             ("unpack_dual the model's output and return its tangent." if api == "forward_ad" else
+                              "return the tangent torch.func.jvp gives for that run (its second output), not one "
+                              "computed another way."))
     return out.detach(), out_tangent.detach()
+
+
+def _plain(t):
+    """A tensor seen inside ``torch.func``'s transforms as its plain values (:func:`course.forward_ad.
+    unwrapped`), so that it can be compared once the transform has returned; anything else as it is.
+    Since the red team of 2026-12-05 the returned tangent is tied to the run's under ``torch.func.jvp``
+    too: one run with zero tangents, the tangent from reverse mode, had earned ``param_jvp_func``."""
+    return unwrapped(t) if isinstance(t, torch.Tensor) else t
 
 
 def _why_no_tangent(seen: list, tangents: dict) -> str:
@@ -450,29 +475,38 @@ def check_sinc(Sinc: type, *, seed: int = 0, n: int = 64, device=None) -> None:
 @prober
 def jacobian_case(fn: Callable, label: str, f: WideFunction, x: torch.Tensor) -> dict:
     """The learner's side of :func:`check_jacobians`: ``fn(f, x)`` on the wide function built
-    there; the Jacobian, how often ``f`` was called and which of its differentiation rules ran, or
-    ``refused`` when ``f`` allows one mode only and ``fn`` tried the other (caught or not)."""
+    there; the Jacobian, how often ``f`` was called, which of its differentiation rules ran and what
+    reached them (``seen``: per mode, the tangents or cotangents as rows, None where they could not be
+    read), or ``refused`` when ``f`` allows one mode only and ``fn`` tried the other (caught or not)."""
     from course import forward_ad
 
     del forward_ad.RULES_RAN[:]
-    try:
-        got = call(fn, f, x, name=label)
-    except AssertionError as exc:
-        if isinstance(exc.__cause__, ModeNotAllowed):
-            return {"refused": True}
-        raise
+    with forward_ad.watching() as noted:
+        try:
+            got = call(fn, f, x, name=label)
+        except AssertionError as exc:
+            if isinstance(exc.__cause__, ModeNotAllowed):
+                return {"refused": True}
+            raise
     rules = sorted(set(forward_ad.RULES_RAN))
     if f.mode in ("forward", "reverse") and any(r != f.mode for r in rules):
         return {"refused": True}  # the one-mode function refused, and the answer caught it
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{label}(f, x) should return the Jacobian as a tensor, got {describe(got)}.")
-    return {"jacobian": got.detach(), "calls": f.calls, "rules": rules}
+    seen: dict = {}
+    for mode, rows in noted:
+        if mode in seen and (seen[mode] is None or rows is None):
+            seen[mode] = None
+        else:
+            seen[mode] = rows if mode not in seen else torch.cat([seen[mode], rows])
+    return {"jacobian": got.detach(), "calls": f.calls, "rules": rules, "seen": seen}
 
 
 def _jacobian_of(fn: Callable, label: str, f: WideFunction, x: torch.Tensor, *,
-                 rules: list | None = None) -> tuple[torch.Tensor | None, int]:
+                 rules: list | None = None, seen: dict | None = None) -> tuple[torch.Tensor | None, int]:
     """(the Jacobian, calls of f), or (None, 0) when a one-mode ``f`` refused the mode ``fn`` used;
-    ``rules``, a list, receives the differentiation rules of ``f`` that ran (a watched ``f``)."""
+    ``rules``, a list, receives the differentiation rules of ``f`` that ran (a watched ``f``), and
+    ``seen``, a dict, what reached them (:func:`jacobian_case`)."""
     got = probe(fn, jacobian_case, label, f, x)
     if not isinstance(got, dict):
         raise AssertionError(f"{label}: the learner's side sent {describe(got)} instead of a result.")
@@ -484,6 +518,8 @@ def _jacobian_of(fn: Callable, label: str, f: WideFunction, x: torch.Tensor, *,
     if rules is not None:
         ran = got.get("rules")
         rules.extend(ran if isinstance(ran, list) else ["(not reported)"])
+    if seen is not None and isinstance(got.get("seen"), dict):
+        seen.update(got["seen"])
     return jac, calls if type(calls) is int else -1
 
 
@@ -501,13 +537,53 @@ def _jacobian_answers(seed: int, k: int, m: int, hidden: int, x: torch.Tensor) -
             ("central finite differences", refs.central_differences(f, x), dict(rtol=1e-5, atol=1e-7))]
 
 
+def _span(rows) -> int:
+    """How many independent directions the rows that reached a rule span (-1: they could not be read)."""
+    if not (isinstance(rows, torch.Tensor) and rows.dim() == 2 and rows.numel() and rows.is_floating_point()):
+        return -1 if rows is None or isinstance(rows, torch.Tensor) and rows.numel() else 0
+    rows = rows.detach().to("cpu", F64)
+    if not bool(torch.isfinite(rows).all()):
+        return -1
+    return int(torch.linalg.matrix_rank(rows))
+
+
+def _expect_span(label: str, mode: str, seen: dict, k: int, m: int, hidden: int) -> None:
+    """The tangents (forward) or cotangents (reverse) that reached ``f``'s rule (at its ``hidden``
+    units) span as many directions as ``k`` input or ``m`` output basis vectors reach there: the
+    Jacobian was computed by that mode, not beside a token call of it."""
+    forward = mode == "forward"
+    need, what = (k, "tangents") if forward else (m, "cotangents")
+    span = _span(seen.get(mode))
+    need = min(need, hidden)
+    if span == -1:
+        raise AssertionError(f"{label}: the {what} that reached f's {mode}-mode rule could not be read.\n  Hint: "
+                             + _MODE_HINT[mode])
+    if span < need:
+        raise AssertionError(
+            f"{label} pushed {what} through f that span {span} directions where the {k if forward else m} "
+            f"{'input' if forward else 'output'} basis vectors span {need}. A Jacobian by {mode} mode is read from "
+            f"what comes out of pushing every basis vector through f; a Jacobian computed another way (finite "
+            f"differences, a closed form from f's weights) beside a token {'jvp' if forward else 'vjp'} is not {mode} mode.\n  Hint: " + _MODE_HINT[mode])
+
+
+_MODE_HINT = {"forward": "torch.func.jvp(f, (x,), (v,)) pushes a tangent v forward; vmap it over the rows of "
+                         "torch.eye(k).",
+              "reverse": "out, pullback = torch.func.vjp(f, x); vmap(pullback) over the rows of torch.eye(m)."}
+
+#: How close a Jacobian by automatic differentiation in float64 comes to the closed form: to rounding.
+#: Finite differences lose digits (central ones about a third, with Richardson extrapolation about three:
+#: 5e-13 measured on this function), so they fail here whatever wraps them.
+EXACT = dict(rtol=1e-13, atol=1e-13)
+
+
 def _one_jacobian(fn: Callable, label: str, mode: str, *, seed: int, k: int, m: int, hidden: int, x: torch.Tensor,
                   answers: list[tuple[str, torch.Tensor, dict]]) -> None:
     other = "reverse" if mode == "forward" else "forward"
     dev = x.device
     ran: list = []
+    seen: dict = {}
     got, calls = _jacobian_of(fn, label, wide_function(k, m, hidden, seed=seed, mode="watched", dtype=F64, device=dev),
-                              x, rules=ran)
+                              x, rules=ran, seen=seen)
     if got is None:
         raise AssertionError(f"{label}(f, x) raised ModeNotAllowed on a function that allows both modes.")
     if ran != [mode]:
@@ -526,6 +602,11 @@ def _one_jacobian(fn: Callable, label: str, mode: str, *, seed: int, k: int, m: 
                              " instead of a Python loop.")
     for what, want, tol in answers:
         assert_close(got, want, name=f"{label}(f, x) (vs {what})", **tol)
+    _expect_span(label, mode, seen, k, m, hidden)
+    scale = float(answers[0][1].abs().max())
+    assert_close(got, answers[0][1], rtol=EXACT["rtol"], atol=EXACT["atol"] * scale,
+                 name=f"{label}(f, x) (vs {answers[0][0]}, to rounding in float64)",
+                 hint=f"a Jacobian by {mode} mode in float64 is exact to rounding; finite differences are not.")
     got, _ = _jacobian_of(fn, label, wide_function(k, m, hidden, seed=seed, mode=mode, dtype=F64, device=dev), x)
     if got is None:
         raise AssertionError(
@@ -588,6 +669,22 @@ def _speed_baseline(jacobian_rev: Callable | None, f: WideFunction, x: torch.Ten
     return jacobian_rev, expected.double()
 
 
+def _tall_structure(tall_jacobian: Callable, dev: torch.device) -> None:
+    """Before it is timed, ``tall_jacobian`` is held to what Exercise 5's ``jacobian_fwd`` is: forward
+    mode only, all ``k`` tangents through ``f`` in one call, exact in float64 (at the sizes whose answer
+    a learner's copy stores), in the learner's process and run again in the program host, where the
+    one-call forward-mode Jacobians are on its list (``"jacobians"``) and ``f``'s weights are not. A
+    closed form from ``WideFunction``'s weights is as fast as forward mode and earned the speed cell
+    (red team, 2026-12-05)."""
+    shape = visible_call(check_jacobians)
+    seed, k, m, hidden = (shape[n] for n in ("seed", "k", "m", "hidden"))
+    x = randn(k, seed=seed + 1, dtype=F64, device=dev)
+    run = functools.partial(_one_jacobian, mode="forward", seed=seed, k=k, m=m, hidden=hidden, x=x,
+                            answers=_jacobian_answers(seed, k, m, hidden, x))
+    run(tall_jacobian, "tall_jacobian")
+    again(tall_jacobian, "tall_jacobian", run, vocabulary="jacobians")
+
+
 def check_jacobian_speed(tall_jacobian: Callable, jacobian_rev: Callable | None = None, *, bars: Mapping[str, float],
                          k: int, m: int, hidden: int, seed: int = 0, threads: int | None = None, rounds: int = 7,
                          min_run_time: float = 0.1, attempts: int = 3, device=None) -> SpeedReport:
@@ -602,6 +699,7 @@ def check_jacobian_speed(tall_jacobian: Callable, jacobian_rev: Callable | None 
     (under the grader, in two processes: the learner's is stopped while the baseline runs). On a
     shared machine a measurement below the bar is repeated (up to ``attempts``), best one judged."""
     dev = pick_device(device)
+    _tall_structure(tall_jacobian, dev)
     x = randn(k, seed=seed + 100, device=dev)
     got, _ = _jacobian_of(tall_jacobian, "tall_jacobian", wide_function(k, m, hidden, seed=seed, dtype=torch.float32,
                                                                          device=dev), x)
