@@ -43,8 +43,9 @@ get_default_dtype result_type promote_types can_cast finfo iinfo is_grad_enabled
 """.split()
 
 #: What ``torch.<name>`` a program may read (with the dtypes, ``torch.float32`` and the like, and
-#: its float constants, ``torch.inf``).
-TORCH = frozenset(_POINTWISE + _OTHER)
+#: its float constants, ``torch.inf``); ``torch.vmap`` too, the alias of ``torch.func.vmap`` the lessons
+#: name (a red team's false failure, 2026-12-05: a right answer written with it was refused).
+TORCH = frozenset(_POINTWISE + _OTHER + ["vmap"])
 
 #: Classes a program may name only as ``isinstance``'s second argument: called, ``torch.Tensor``
 #: has a legacy constructor that takes a C++ pointer as an integer (``Tensor(cdata=...)``; red

@@ -72,6 +72,26 @@ _NOTEBOOK = textwrap.dedent('''
 
         g = torch.cat([vmap(grad(score, argnums=1), in_dims=(None, 0))(params, h) for h in x.chunk(2)])
         return ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
+
+
+    def critic_by_hand(params, x):
+        h = torch.tanh(x @ params["net.0.weight"].T + params["net.0.bias"])
+        h = torch.tanh(h @ params["net.2.weight"].T + params["net.2.bias"])
+        return (h @ params["net.4.weight"].T + params["net.4.bias"]).squeeze(-1)
+
+
+    def vmap_grad_for_show(model, params, x):
+        def score(p, xi):
+            return functional_call(model, p, (xi[None],))[0]
+
+        vmap(grad(score, argnums=1), in_dims=(None, 0))(params, x)
+        g = grad(lambda xx: critic_by_hand(params, xx).sum())(x)
+        return ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
+
+
+    def a_look_first(model, params, x):
+        functional_call(model, params, (x[:1],))
+        return by_vmap_grad(model, params, x)
 ''')
 
 ASKED = r"the exercise asks for the critic to run inside vmap\(grad\(critic\)\)"
@@ -83,6 +103,7 @@ WRONG = {
                                  r"as vmap\(critic\): the input gradient did not come from torch\.func\.grad"),
     "vmap(jacfwd(...))": ("by_vmap_jacfwd", r"as vmap\(vmap\(jvp\(critic\)\)\): the input gradient did not"),
     "vmap(grad(...)) over two halves": ("by_halves", r"as vmap\(grad\(critic\)\), vmapped over 3 at a time, not the 6"),
+    "one unbatched run before vmap(grad(...))": ("a_look_first", r"ran the critic 2 times, the first outside torch"),
 }
 
 
@@ -155,11 +176,11 @@ def no_clock(monkeypatch):
     monkeypatch.setattr(C, "penalty_clock", lambda fn, label: "the clock left out")
 
 
-def _clean_in_the_learners_process(real, fn, label, model, x):
+def _clean_in_the_learners_process(real, fn, label, model, x, scale=1.0):
     """A forged probe for :func:`forging`: where the learner's process runs it, the report of a right
     answer (the value, one run inside vmap(grad) over every sample); the real probe where the program
     host runs the program the judge read (defined in a module named ``answer``)."""
-    got = real(fn, label, model, x)
+    got = real(fn, label, model, x, scale)
     if getattr(fn, "__module__", None) == "answer":
         return got
     return {"value": got["value"], "runs": [[["Vmap", x.shape[0]], ["Grad", None]]]}
@@ -224,3 +245,13 @@ def test_under_the_real_grader_one_autograd_grad_loses_exercise_10_and_vmap_grad
     plain, right = out.cells[2], out.cells[4]
     assert "ran the critic outside torch.func" in plain.error and "vmap(grad(score, argnums=1)" in plain.error, plain
     assert not right.error and "inside vmap(grad(...)) over the 6 samples" in right.output, right
+
+
+def test_a_vmap_grad_run_for_show_beside_a_critic_written_out_fails_the_judges_scale(notebook):
+    """Red team, 2026-12-05 (against the first version of this watch): the watched run inside
+    vmap(grad(...)), its result thrown away, and the penalty of the critic written out from ``params``
+    (one batched gradient) passed. The judge now scales the watched critic's outputs by a number it
+    draws: only a penalty computed from that run follows the scale."""
+    with pytest.raises(AssertionError, match=r"the critic scaled\)"):
+        C.check_penalty_func(notebook.vmap_grad_for_show)
+    C.check_penalty_func(notebook.by_vmap_grad)

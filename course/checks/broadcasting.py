@@ -790,18 +790,24 @@ def _transforms() -> list[list]:
 
 
 @prober
-def penalty_func_runs(gradient_penalty_func: Callable, label: str, model: nn.Module, x: torch.Tensor) -> dict:
+def penalty_func_runs(gradient_penalty_func: Callable, label: str, model: nn.Module, x: torch.Tensor,
+                      scale: float = 1.0) -> dict:
     """The learner's side of :func:`_penalty_structure`: ``gradient_penalty_func(model, params, x)``
     (``params`` the model's weights, fresh leaves) while a hook on the critic records the ``torch.func``
-    transforms active each time it runs (:func:`_transforms`). Returns the value (detached) and those
-    records; the judge decides."""
+    transforms active each time it runs (:func:`_transforms`), and another multiplies what each run
+    returns by ``scale`` (the judge's: a value computed beside the watched run, by a critic written out
+    from ``params``, does not follow it). Returns the value (detached) and those records; the judge
+    decides."""
     params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
     runs: list[list] = []
-    handle = model.register_forward_pre_hook(lambda module, args: runs.append(_transforms()))
+    handles = [model.register_forward_pre_hook(lambda module, args: runs.append(_transforms()))]
+    if scale != 1.0:
+        handles.append(model.register_forward_hook(lambda module, args, out: out * scale))
     try:
         got = call(gradient_penalty_func, model, params, x.clone(), name=label)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     if not isinstance(got, torch.Tensor) or got.dim() != 0:
         raise AssertionError(f"{label} should return a scalar tensor, got {describe(got)}.")
     return {"value": got.detach(), "runs": runs}
@@ -819,6 +825,29 @@ def _nested(levels: list[tuple[str, Any]]) -> str:
     return "".join(f"{n}(" for n in names) + "critic" + ")" * len(names)
 
 
+class _Scaled(nn.Module):
+    """The critic times a number: the judge's reference for a watched run whose outputs were scaled."""
+
+    def __init__(self, critic: nn.Module, scale: float):
+        super().__init__()
+        self.critic, self.scale = critic, scale
+
+    def forward(self, x):
+        return self.critic(x) * self.scale
+
+
+def _scaled_penalty(model: nn.Module, x: torch.Tensor, want: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """(a scale drawn by the judge, the penalty of the critic so scaled) with the grader's references;
+    in a learner's copy (1, the stored penalty): there the watch is the learner's own notebook's, and
+    nothing to tie the value to is stored (red team, 2026-12-05: a ``vmap(grad)`` run for show, its
+    result thrown away, beside the penalty of a critic written out from ``params``, passed the watch)."""
+    refs = grader_references("broadcasting")
+    if refs is None:
+        return 1.0, want
+    scale = round(1.25 + random.SystemRandom().random(), 6)
+    return scale, refs.penalty_reference(_Scaled(model, scale), x).detach()
+
+
 def _penalty_structure(fn: Callable, label: str, model: nn.Module, x: torch.Tensor, want: torch.Tensor) -> None:
     """Exercise 10 asks for ``torch.func``: each sample's input gradient by ``grad``, ``vmap`` over the
     samples. Values cannot tell: one ``torch.autograd.grad(create_graph=True)`` over the batch gives the
@@ -829,11 +858,14 @@ def _penalty_structure(fn: Callable, label: str, model: nn.Module, x: torch.Tens
     are on its list), and the critic must have run once, with ``grad`` innermost and ``vmap`` outside it
     over all the samples. That is the process's word: the value it returns is compared here too."""
     n = x.shape[0]
-    got = probe(fn, penalty_func_runs, label, model, x)
+    scale, want = _scaled_penalty(model, x, want)
+    got = probe(fn, penalty_func_runs, label, model, x, scale)
     runs = got.get("runs") if isinstance(got, dict) else None
     if not (isinstance(runs, list) and isinstance(got.get("value"), torch.Tensor)):
         raise AssertionError(f"{label}: the learner's side sent {describe(got)} instead of a result.")
-    assert_close(got["value"], want, name=f"{label} (the value, its run watched)", **TIGHT, hint=_PENALTY_FUNC_HINT)
+    assert_close(got["value"], want, name=f"{label} (the value, its run watched{'' if scale == 1.0 else ', the critic scaled'})",
+                 **TIGHT, hint="return the penalty of the critic's run inside vmap(grad(...)), not a value computed "
+                               "beside it. " + _PENALTY_FUNC_HINT)
     asked = ("the exercise asks for the critic to run inside vmap(grad(critic)): grad innermost, giving each "
              f"sample's input gradient, and vmap outside it over the {n} samples at once")
     if not runs:
@@ -845,7 +877,9 @@ def _penalty_structure(fn: Callable, label: str, model: nn.Module, x: torch.Tens
     for name, size in zip(names[:-1], sizes[:-1]):
         if name == "Vmap":
             batch *= size if type(size) is int else 0
-    if not names:
+    if not names and len(runs) > 1:
+        why = f"{len(runs)} times, the first outside torch.func, where one run inside vmap(grad(...)) takes every sample"
+    elif not names:
         why = ("outside torch.func (as one torch.autograd.grad over the batch does: the same values, not the "
                "exercise's method)")
     elif names[-1] != "Grad":

@@ -63,6 +63,7 @@ class TorchCalls(TorchFunctionMode):
     def __init__(self, label: str = "your function"):
         super().__init__()
         self.names: list[str] = []
+        self.complex_results = 0  # torch functions that returned a complex tensor (lesson 4: a complex step)
         self.label = label
         self.blinded: list[str] = []  # how the watcher was kept from seeing, in the order first seen
         self._inside = 0  # in this mode's own handler, where torch has taken the mode off its stack
@@ -76,7 +77,10 @@ class TorchCalls(TorchFunctionMode):
             from course.memory_format import op_name
 
             self.names.append(op_name(func))
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.is_complex():
+                self.complex_results += 1
+            return out
         finally:
             self._inside -= 1
 

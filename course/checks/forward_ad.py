@@ -104,7 +104,9 @@ DUAL_CASES: list[tuple[str, Callable, str]] = [
 #: What PyTorch's own differentiation leaves in the watcher's record (:class:`course.checks.common.TorchCalls`:
 #: torch functions and the dispatcher's ATen ops): forward AD's duals (``torch.func.jvp`` makes them too) and
 #: the autograd engine. A ``Dual`` whose methods called ``torch.func.jvp`` on the torch op passed on its values
-#: (red team, 2026-12-05).
+#: (red team, 2026-12-05), and so did, in a second round, one holding forward AD's dual tensor (made in its
+#: ``__init__``, read in its ``primal`` property: the Duals are now made and read inside the watch, and a dual
+#: level left open counts) and one computing on complex numbers (a complex step: any complex result counts).
 PYTORCHS_AD = ("make_dual", "unpack_dual", "autograd::engine")
 
 
@@ -125,26 +127,32 @@ def dual_case(Dual: type, index: int, x, y, tx, ty, c) -> tuple[torch.Tensor, to
     if not isinstance(Dual, type):
         raise AssertionError(f"check_dual takes the class itself (Dual), got {describe(Dual)}.")
     label, expr, _ = DUAL_CASES[index]
-    dx, dy = Dual(x.clone(), tx.clone()), Dual(y.clone(), ty.clone())
     with TorchCalls(f"Dual (computing `{label}`)") as watched:
+        dx, dy = Dual(x.clone(), tx.clone()), Dual(y.clone(), ty.clone())
         got = call(expr, dx, dy, c, name=f"Dual (computing `{label}`)")
+        parts = [(getattr(d, "primal", None), getattr(d, "tangent", None)) for d in (dx, dy, got)]
+        level_open = fwAD._current_level >= 0
     used = sorted({n for n in watched.names if any(mark in n for mark in PYTORCHS_AD)})
+    if level_open:
+        used.append("a forward-AD dual level left open")
+    if watched.complex_results:
+        used.append(f"complex numbers ({watched.complex_results} complex results: a complex step)")
     if used:
         raise AssertionError(f"`{label}` with Duals x and y ran PyTorch's own differentiation ({', '.join(used[:3])}): "
                              "this exercise writes the rules by hand, so that a Dual's tangent is what its methods "
-                             "compute from primals and tangents, not torch.func.jvp, forward AD's duals or autograd.\n"
-                             "  Hint: " + DUAL_CASES[index][2])
+                             "compute from primals and tangents (real numbers), not torch.func.jvp, forward AD's "
+                             "duals, autograd or a complex step.\n  Hint: " + DUAL_CASES[index][2])
     if not isinstance(got, Dual):
         raise AssertionError(f"`{label}` with Duals x and y gave {describe(got)}, not a Dual.\n"
                              "  Hint: every operation returns a new Dual(primal, tangent); "
                              "a method that returns nothing gives None.")
-    for d, name, p, t in ((dx, "x", x, tx), (dy, "y", y, ty)):
-        if not (isinstance(d.primal, torch.Tensor) and torch.equal(d.primal, p)
-                and isinstance(d.tangent, torch.Tensor) and torch.equal(d.tangent, t)):
+    for (dp, dt), name, p, t in ((parts[0], "x", x, tx), (parts[1], "y", y, ty)):
+        if not (isinstance(dp, torch.Tensor) and torch.equal(dp, p) and isinstance(dt, torch.Tensor)
+                and torch.equal(dt, t)):
             raise AssertionError(f"`{label}` changed its input {name} (its primal or tangent is no longer "
                                  "what it was). Operations must return a new Dual and leave their inputs "
                                  "alone: no in-place updates such as `self.primal += ...`.")
-    primal, tangent = got.primal, got.tangent
+    primal, tangent = parts[2]
     if not (isinstance(primal, torch.Tensor) and isinstance(tangent, torch.Tensor)):
         raise AssertionError(f"`{label}` gave a Dual whose primal is {describe(primal)} and tangent "
                              f"{describe(tangent)}; both should be tensors.")
@@ -669,20 +677,40 @@ def _speed_baseline(jacobian_rev: Callable | None, f: WideFunction, x: torch.Ten
     return jacobian_rev, expected.double()
 
 
-def _tall_structure(tall_jacobian: Callable, dev: torch.device) -> None:
+def _tall_structure(tall_jacobian: Callable, dev: torch.device, *, seed: int, k: int, m: int, hidden: int) -> None:
     """Before it is timed, ``tall_jacobian`` is held to what Exercise 5's ``jacobian_fwd`` is: forward
     mode only, all ``k`` tangents through ``f`` in one call, exact in float64 (at the sizes whose answer
     a learner's copy stores), in the learner's process and run again in the program host, where the
     one-call forward-mode Jacobians are on its list (``"jacobians"``) and ``f``'s weights are not. A
     closed form from ``WideFunction``'s weights is as fast as forward mode and earned the speed cell
-    (red team, 2026-12-05)."""
+    (red team, 2026-12-05). The check then asks the same of it on the timed sizes, in float32 (an
+    answer that took forward mode in float64 only and differences in float32 had passed)."""
     shape = visible_call(check_jacobians)
-    seed, k, m, hidden = (shape[n] for n in ("seed", "k", "m", "hidden"))
-    x = randn(k, seed=seed + 1, dtype=F64, device=dev)
-    run = functools.partial(_one_jacobian, mode="forward", seed=seed, k=k, m=m, hidden=hidden, x=x,
-                            answers=_jacobian_answers(seed, k, m, hidden, x))
+    s0, k0, m0, h0 = (shape[n] for n in ("seed", "k", "m", "hidden"))
+    x0 = randn(k0, seed=s0 + 1, dtype=F64, device=dev)
+    run = functools.partial(_one_jacobian, mode="forward", seed=s0, k=k0, m=m0, hidden=h0, x=x0,
+                            answers=_jacobian_answers(s0, k0, m0, h0, x0))
     run(tall_jacobian, "tall_jacobian")
     again(tall_jacobian, "tall_jacobian", run, vocabulary="jacobians")
+    timed = functools.partial(_tall_timed_structure, dev=dev, seed=seed, k=k, m=m, hidden=hidden)
+    timed(tall_jacobian, "tall_jacobian")
+    again(tall_jacobian, "tall_jacobian", timed, vocabulary="jacobians")
+
+
+def _tall_timed_structure(fn: Callable, label: str, *, dev: torch.device, seed: int, k: int, m: int,
+                          hidden: int) -> None:
+    """Forward mode, ``f`` called once, all ``k`` tangents through its rule: on the timed sizes, in float32."""
+    x = randn(k, seed=seed + 100, device=dev)
+    ran: list = []
+    seen: dict = {}
+    _, calls = _jacobian_of(fn, label, wide_function(k, m, hidden, seed=seed, mode="watched", dtype=torch.float32,
+                                                     device=dev), x, rules=ran, seen=seen)
+    if ran != ["forward"] or calls != 1:
+        raise AssertionError(f"{label}, on the function it is timed on (float32, k={k}, m={m}), differentiated "
+                             f"f by {' and '.join(map(str, ran)) or 'no'} mode and called it {calls} time(s); it must "
+                             "do there what it did at the check's first sizes: forward mode, f called once.\n  Hint: "
+                             + _MODE_HINT["forward"])
+    _expect_span(label, "forward", seen, k, m, hidden)
 
 
 def check_jacobian_speed(tall_jacobian: Callable, jacobian_rev: Callable | None = None, *, bars: Mapping[str, float],
@@ -699,7 +727,7 @@ def check_jacobian_speed(tall_jacobian: Callable, jacobian_rev: Callable | None 
     (under the grader, in two processes: the learner's is stopped while the baseline runs). On a
     shared machine a measurement below the bar is repeated (up to ``attempts``), best one judged."""
     dev = pick_device(device)
-    _tall_structure(tall_jacobian, dev)
+    _tall_structure(tall_jacobian, dev, seed=seed, k=k, m=m, hidden=hidden)
     x = randn(k, seed=seed + 100, device=dev)
     got, _ = _jacobian_of(tall_jacobian, "tall_jacobian", wide_function(k, m, hidden, seed=seed, dtype=torch.float32,
                                                                          device=dev), x)
