@@ -61,3 +61,14 @@ def learners_copy(monkeypatch):
     for name in hidden | {n for n in sys.modules if n.startswith("course.references.")}:
         monkeypatch.setitem(sys.modules, name, None)
     assert all(grader_references(name.rpartition(".")[2]) is None for name in hidden - {"course.references"})
+
+
+@pytest.fixture
+def program_host(monkeypatch):
+    """The judge's hook to a program host served from a thread (the grader's is a confined process)."""
+    from course import grader_hooks
+    from course.remote import serve_in_thread
+
+    with serve_in_thread({}, host=True) as link:
+        monkeypatch.setattr(grader_hooks, "program_host", lambda: link)
+        yield link

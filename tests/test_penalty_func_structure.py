@@ -160,17 +160,6 @@ def test_the_structure_is_checked_after_the_values(notebook):
 # -- the grader's path: the judge, the learner's process (a thread here) and the program host -------------
 
 @pytest.fixture
-def program_host(monkeypatch):
-    """The judge's hook to a program host served from a thread (the grader's is a confined process)."""
-    from course import grader_hooks
-    from course.remote import serve_in_thread
-
-    with serve_in_thread({}, host=True) as link:
-        monkeypatch.setattr(grader_hooks, "program_host", lambda: link)
-        yield link
-
-
-@pytest.fixture
 def no_clock(monkeypatch):
     """The judge's clock (8,192 samples, timed in blocks) is another test's; these read the structure."""
     monkeypatch.setattr(C, "penalty_clock", lambda fn, label: "the clock left out")

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from course.hand import read_program
-from course.remote import serve_in_thread
 from served_helpers import forging, served as _served
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -39,16 +38,6 @@ def ring_all_reduce(tensor):
     counting.traffic["sent"] += ring
     counting.traffic["received"] += ring
 '''
-
-
-@pytest.fixture
-def program_host(monkeypatch):
-    """A program host served from a thread, as the grader's judge reaches its confined process."""
-    from course import grader_hooks
-
-    with serve_in_thread({}, host=True) as link:
-        monkeypatch.setattr(grader_hooks, "program_host", lambda: link)
-        yield link
 
 
 @pytest.fixture
