@@ -241,6 +241,6 @@ def test_a_vmap_grad_run_for_show_beside_a_critic_written_out_fails_the_judges_s
     vmap(grad(...)), its result thrown away, and the penalty of the critic written out from ``params``
     (one batched gradient) passed. The judge now scales the watched critic's outputs by a number it
     draws: only a penalty computed from that run follows the scale."""
-    with pytest.raises(AssertionError, match=r"the critic scaled\)"):
+    with pytest.raises(AssertionError, match=r"run with the critic.s outputs scaled by .* not a value computed beside"):
         C.check_penalty_func(notebook.vmap_grad_for_show)
     C.check_penalty_func(notebook.by_vmap_grad)

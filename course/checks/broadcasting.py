@@ -863,9 +863,16 @@ def _penalty_structure(fn: Callable, label: str, model: nn.Module, x: torch.Tens
     runs = got.get("runs") if isinstance(got, dict) else None
     if not (isinstance(runs, list) and isinstance(got.get("value"), torch.Tensor)):
         raise AssertionError(f"{label}: the learner's side sent {describe(got)} instead of a result.")
-    assert_close(got["value"], want, name=f"{label} (the value, its run watched{'' if scale == 1.0 else ', the critic scaled'})",
-                 **TIGHT, hint="return the penalty of the critic's run inside vmap(grad(...)), not a value computed "
-                               "beside it. " + _PENALTY_FUNC_HINT)
+    if scale == 1.0:
+        assert_close(got["value"], want, name=f"{label} (the value, its run watched)", **TIGHT, hint=_PENALTY_FUNC_HINT)
+    elif not same_values(got["value"], want, **TIGHT):
+        # (not assert_close: the scale is drawn for each run, and the grader compares every recorded reference
+        # with the instructor's run's; this comparison is the judge's alone)
+        raise AssertionError(
+            f"{label}, run with the critic's outputs scaled by {scale} (a check of the grader's), returned "
+            f"{float(got['value']):.6g} where the penalty of that scaled critic is {float(want):.6g}: return the "
+            "penalty of the critic's run inside vmap(grad(...)), not a value computed beside it.\n  Hint: "
+            + _PENALTY_FUNC_HINT)
     asked = ("the exercise asks for the critic to run inside vmap(grad(critic)): grad innermost, giving each "
              f"sample's input gradient, and vmap outside it over the {n} samples at once")
     if not runs:
@@ -878,7 +885,8 @@ def _penalty_structure(fn: Callable, label: str, model: nn.Module, x: torch.Tens
         if name == "Vmap":
             batch *= size if type(size) is int else 0
     if not names and len(runs) > 1:
-        why = f"{len(runs)} times, the first outside torch.func, where one run inside vmap(grad(...)) takes every sample"
+        why = (f"{len(runs)} times, the first outside torch.func, where one run inside vmap(grad(...)) takes every "
+               "sample")
     elif not names:
         why = ("outside torch.func (as one torch.autograd.grad over the batch does: the same values, not the "
                "exercise's method)")
