@@ -101,15 +101,19 @@ def test_only_registered_probes_run_on_the_learners_side(learner):
         learner("Dual")._link.request({"op": "probe", "name": "Dual", "probe": "os.system", "args": ["true"]})
 
 
-def test_the_speed_check_times_the_answer_across_the_boundary_against_jacrev(learner, solution):
+def test_the_speed_check_times_the_answer_across_the_boundary_against_jacrev(learner, solution, monkeypatch):
     """As the notebook calls it, with the learner's jacobian_rev, which the judge (it has the grader's
-    references) leaves alone: its baseline is its own torch.func.jacrev."""
+    references) leaves alone: its baseline is its own torch.func.jacrev. Reverse mode twice fails on its
+    mode before any clock (version 60), and on the clock when that gate is left out."""
     report = C.check_jacobian_speed(learner("tall_jacobian"), learner("jacobian_rev"), bars={"cpu": 1.5}, **SPEED)
     assert report.speedup("your tall_jacobian").bound >= 1.5
     twice_reverse = "slow_fwd"
     slow = {**namespace(solution), twice_reverse: lambda f, x: (solution.jacobian_rev(f, x),
                                                                 solution.jacobian_rev(f, x))[1]}
     for other in served(slow):
+        with pytest.raises(AssertionError, match="tall_jacobian differentiated f by reverse mode"):
+            C.check_jacobian_speed(other(twice_reverse), bars={"cpu": 1.5}, attempts=1, **SPEED)
+        monkeypatch.setattr(C, "_tall_structure", lambda *a, **k: None)
         with pytest.raises(AssertionError, match="the bar on this device is 1.50x"):
             C.check_jacobian_speed(other(twice_reverse), bars={"cpu": 1.5}, attempts=1, **SPEED)
 
