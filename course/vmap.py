@@ -39,7 +39,7 @@ from course.remote import recipe
 __all__ = ["ForwardWatch", "SmallCNN", "Standardize", "member_kl_planted", "meta_copy", "meta_mlp", "mlp",
            "mlp_ensemble",
            "plot_speedup_by_batch", "quiet_opacus", "small_cnn", "teacher_task", "toy_features", "toy_images",
-           "transforms_active", "vmap_fallbacks"]
+           "transform_levels", "transforms_active", "vmap_fallbacks"]
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -213,14 +213,24 @@ def teacher_task(*shape: int, features: int, seed: int, classes: int = 10, devic
 
 # -- watching how a model is called ------------------------------------------------------------
 
-def transforms_active() -> tuple[str, ...]:
-    """The ``torch.func`` transforms active right now, outermost first (``('vmap', 'grad')``
-    inside ``vmap(grad(f))``; ``()`` in plain eager code). Reads functorch's interpreter stack
+def transform_levels() -> list[tuple[str, int | None]]:
+    """The ``torch.func`` transforms active right now, outermost first, as functorch names them, each
+    with its batch size where it is a ``vmap`` (``[("Vmap", 6), ("Grad", None)]`` inside
+    ``vmap(grad(f))`` over 6 samples; ``[]`` in plain eager code). Reads functorch's interpreter stack
     (a private API, pinned by the course's tests)."""
     from torch._C import _functorch
 
-    stack = _functorch.get_interpreter_stack() or []
-    return tuple(str(level.key()).rsplit(".", 1)[-1].lower() for level in stack)
+    levels = []
+    for level in _functorch.get_interpreter_stack() or []:
+        name = str(level.key()).rsplit(".", 1)[-1]
+        levels.append((name, _functorch.CVmapInterpreterPtr(level).batchSize() if name == "Vmap" else None))
+    return levels
+
+
+def transforms_active() -> tuple[str, ...]:
+    """The ``torch.func`` transforms active right now, outermost first (``('vmap', 'grad')``
+    inside ``vmap(grad(f))``; ``()`` in plain eager code): :func:`transform_levels`' names."""
+    return tuple(name.lower() for name, _ in transform_levels())
 
 
 class ForwardWatch:

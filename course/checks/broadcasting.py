@@ -775,18 +775,11 @@ _PENALTY_FUNC_HINT = ("def score(p, xi): return functional_call(model, p, (xi[No
 
 def _transforms() -> list[list]:
     """The ``torch.func`` transforms running right now, outermost first, each as ``[name, batch size]``
-    (the batch size of a Vmap level, else None). It reads functorch's whole interpreter stack, an
-    internal of PyTorch (no public call tells), because the top alone cannot tell ``vmap(grad(f))``
-    from ``grad(f)`` in a loop: both have Grad innermost."""
-    from torch._C import _functorch as functorch
+    (:func:`course.vmap.transform_levels`, lesson 6's watch): the whole stack, because the top alone
+    cannot tell ``vmap(grad(f))`` from ``grad(f)`` in a loop (both have Grad innermost)."""
+    from course.vmap import transform_levels
 
-    stack = functorch.get_interpreter_stack() or []
-    out = []
-    for level in stack:
-        name = level.key().name
-        size = functorch.CVmapInterpreterPtr(level).batchSize() if name == "Vmap" else None
-        out.append([name, size])
-    return out
+    return [list(level) for level in transform_levels()]
 
 
 @prober
