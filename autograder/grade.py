@@ -381,11 +381,13 @@ def grade_one(ws: Workspace, sub: Submission, lesson: Lesson, out: Path, setting
     if program.flags:
         (ws.root / "flags").mkdir(exist_ok=True)
         (ws.root / "flags" / f"{student}-{lesson.id}.json").write_text(json.dumps(program.flags, indent=1))
-    # where the time went (benchmarks/grading_overhead.py): vetting, the run (its cells' own time
-    # within it), and deciding, recording and writing the feedback after it
+    # where the time went (benchmarks/grading_shards.py): vetting, the run (its cells' own time
+    # within it, and each code cell's by its index in the notebook's code cells), and deciding,
+    # recording and writing the feedback after it
     timings = {"staging": round(staged_at - start, 3), "run": round(outcome.seconds, 3),
                "cells": round(sum(c.seconds for c in outcome.cells.values()), 3),
-               "after": round(time.monotonic() - ran_at, 3)}
+               "after": round(time.monotonic() - ran_at, 3),
+               "per_cell": {str(name): round(c.seconds, 3) for name, c in outcome.cells.items()}}
     decided = {"key": key, "row": asdict(result), "cells": [asdict(c) for c in cell_rows],
                "verdicts": [asdict(v) for v in verdicts], "feedback_name": page.name, "timings": timings,
                "judge_peak_mb": outcome.judge_peak_mb}

@@ -144,7 +144,7 @@ def graded(course):
     assert (out / "grades.csv").exists(), f"{proc.stdout}\n{proc.stderr}"
     rows = {r["student_id"]: r for r in read_csv(out / "grades.csv")}
     cells = read_csv(out / "cells.csv")
-    return {"proc": proc, "out": out, "rows": rows, "cells": cells, "subs": subs}
+    return {"proc": proc, "out": out, "rows": rows, "cells": cells, "subs": subs, "work": Path(course["work"])}
 
 
 # -- release ----------------------------------------------------------------------------
@@ -201,6 +201,10 @@ def test_solution_gets_full_marks(graded):
     row = graded["rows"]["perfect"]
     assert (row["status"], float(row["score"]), int(row["cell_errors"])) == ("graded", 3, 0)
     assert float(row["peak_rss_mb"]) > 0 and float(row["seconds"]) > 0
+    # where its time went: each code cell's own seconds, by its index among the code cells, adding up
+    timings = json.loads((graded["work"] / "results" / "perfect" / f"{LESSON}.json").read_text())["timings"]
+    assert timings["per_cell"] and all(s >= 0 for s in timings["per_cell"].values())
+    assert sum(timings["per_cell"].values()) == pytest.approx(timings["cells"], abs=0.01 * len(timings["per_cell"]))
 
 
 def test_untouched_student_version_gets_zero_everywhere(graded):
