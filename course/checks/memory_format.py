@@ -15,10 +15,13 @@ repaired CoordConv in the learner's process against the course's planted one in 
 at once, on fresh inputs drawn from seeds on both sides (:func:`course.checks.common.served_speedup`).
 What only the learner's process can see runs there as the course's probes
 (:func:`course.remote.probe`): which torch functions a "by hand" answer called, whether autocast
-was on when the model ran; those facts are that process's word, while every value (strides,
-booleans, outputs, their dtype and memory format) is compared here. Whether the repaired CoordConv
-keeps the format on the way is not asked of that process at all: the judge's clock answers it (a
-block that writes NCHW inside and converts back is as slow as the planted one)."""
+was on at every forward of the model (and on how many images), which ops the repaired CoordConv ran
+and the strides of the 4-D tensors they wrote; those facts are that process's word, while every
+value (strides, booleans, outputs, their dtype and memory format) is compared here. Whether the
+repaired CoordConv keeps the format on the way is asked twice: before the clock, on inputs of the
+timed sizes (its output's format, checked here, and the ops that process saw: a convolution, and no
+tensor of x's size written in NCHW), and by the judge's clock (a block that writes NCHW inside and
+converts back is as slow as the planted one, unless it replaces the convolution)."""
 
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from course.data import randn
 from course.devices import pick_device
 from course.memory_format import (PLANTED_VARIANTS, WEIGHTS_WITNESS_OUT, autocast_witness, channels_last_strides_of,
                                   coord_conv_inputs, coord_conv_planted, coordinate_planes, float32_weights_witness,
-                                  list_probe, memory_format_of, planted_model)
+                                  list_probe, memory_format_of, planted_model, tensors_in)
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
 from course.bare import as_tuples, outcome_said, outcome_value, run_bare
@@ -48,7 +51,7 @@ from course.wire import ModuleState
 SERVED = ("check_strides", "check_is_channels_last_contiguous", "check_to_channels_last", "check_format_finder",
           "check_autocast_inference", "check_coord_conv", "check_coord_conv_speed")
 
-__all__ = ["autocast_case", "by_hand_cases", "check_autocast_inference", "check_coord_conv", "check_coord_conv_speed",
+__all__ = ["autocast_case", "by_hand_cases", "coord_conv_case", "check_autocast_inference", "check_coord_conv", "check_coord_conv_speed",
            "check_format_finder", "check_is_channels_last_contiguous", "check_strides", "check_to_channels_last"]
 
 CL = torch.channels_last
@@ -389,25 +392,75 @@ def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
+#: How many module forwards :func:`autocast_case` reports (a small_resnet's forward runs about thirty).
+AUTOCAST_NOTES = 400
+
+
 @prober
 def autocast_case(autocast_inference: Callable, model: nn.Module, x: torch.Tensor) -> tuple:
     """The learner's side of :func:`check_autocast_inference`: runs ``autocast_inference`` on the
-    model (converted to channels-last, as the check built it) while a hook notes whether autocast
-    was on, and in which dtype, when the model started; returns the output, whether it carries an
-    autograd graph, that note, and the first parameter that is no longer float32."""
+    model (converted to channels-last, as the check built it) while hooks note, for *every* forward
+    of the model and of each of its modules during the call (the first ``AUTOCAST_NOTES``), whether
+    autocast was on and in which dtype, the module's name (``""`` for the model itself) and how many
+    images its input held; returns the output, whether it carries an autograd graph, those notes,
+    and the first parameter that is no longer float32."""
     model = model.to(memory_format=CL)  # a model that crossed as its recipe arrives in NCHW
-    seen = []
+    seen: list = []
     kind = x.device.type
-    hook = model.stem.register_forward_pre_hook(
-        lambda *_: seen.append((torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))))
+
+    def note(name: str):
+        def hook(_module, args, kwargs):
+            if len(seen) < AUTOCAST_NOTES:
+                first = next(iter(list(args) + list(kwargs.values())), None)
+                images = int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else -1
+                seen.append((torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind), name, images))
+        return hook
+
+    hooks = [m.register_forward_pre_hook(note(n), with_kwargs=True) for n, m in model.named_modules()]
     try:
         out = call(autocast_inference, model, x, name="autocast_inference")
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     if not isinstance(out, torch.Tensor):
         raise AssertionError(f"autocast_inference should return the model's output, got {describe(out)}.")
     wrong = [(n, p.dtype) for n, p in model.named_parameters() if p.dtype != torch.float32][:1]
-    return out.detach(), bool(out.requires_grad), seen[:1], wrong
+    return out.detach(), bool(out.requires_grad), seen, wrong
+
+
+def _autocast_notes(seen: list, batch: int, allowed: tuple, dev: torch.device) -> torch.dtype:
+    """What :func:`autocast_case` noted of the model's forwards (``(autocast on, its dtype, module
+    name, images)`` for each), judged: every forward of the model and of its modules ran under
+    autocast in one of the ``allowed`` dtypes (a token forward under autocast beside the real work
+    in float32 fails), and the model's own forwards held the whole batch between them. Returns the
+    dtype autocast ran in. (Notes of two fields, autocast on and its dtype, are judged on those.)"""
+    names = " or ".join(str(d).replace("torch.", "") for d in allowed)
+    if not seen:
+        raise AssertionError("autocast_inference never ran the model it was given.")
+    notes = [(n + ("", -1))[:4] if isinstance(n, tuple) and len(n) == 2 else n for n in seen]
+    if not all(isinstance(n, tuple) and len(n) == 4 and isinstance(n[2], str) and type(n[3]) is int for n in notes):
+        raise AssertionError("autocast_inference: the answer came back malformed.")
+    hint = ("  Hint: run the whole batch through the model once, inside the autocast block:\n"
+            "    with torch.inference_mode(), torch.autocast(device_type=x.device.type, dtype=...):\n"
+            "        return model(x)")
+    for enabled, dtype, name, images in notes:
+        where = f"its module {name!r}" if name else "the model"
+        if enabled is not True:
+            on = [n for n in notes if n[0] is True]
+            raise AssertionError(
+                f"{where} ran on {images} image(s) without autocast on {dev.type}: expected every forward of the "
+                f"model during the call to run under torch.autocast ({names}), and this one ran outside it"
+                + (f" (a forward on {on[0][3]} image(s) did run under autocast: an autocast call beside the real "
+                   "work does not make the real work autocast)" if on else "") + ".\n" + hint)
+        if dtype not in allowed:
+            raise AssertionError(f"autocast ran in {dtype}; on {dev.type} this lesson uses {names}.")
+    model_notes = [images for _, _, name, images in notes if name == "" and images >= 0]
+    if model_notes and sum(model_notes) < batch:
+        raise AssertionError(
+            f"under autocast the model ran on {sum(model_notes)} image(s) in all, and the input holds {batch}: "
+            "expected the model to process the whole batch under autocast (the output for every image comes "
+            "from such a forward).\n" + hint)
+    return notes[0][1]
 
 
 def check_autocast_inference(autocast_inference: Callable, *, seed: int = 0, width: int = 16, batch: int = 4,
@@ -427,14 +480,7 @@ def check_autocast_inference(autocast_inference: Callable, *, seed: int = 0, wid
     out, carries_graph, seen, wrong = got
     allowed = _low_precision(dev)
     names = " or ".join(str(d).replace("torch.", "") for d in allowed)
-    if not seen:
-        raise AssertionError("autocast_inference never ran the model it was given.")
-    enabled, dtype = seen[0] if isinstance(seen[0], tuple) and len(seen[0]) == 2 else (False, None)
-    if enabled is not True:
-        raise AssertionError(f"the model ran without autocast on {dev.type}.\n  Hint: with torch.autocast("
-                             f"device_type=x.device.type, dtype=...): return model(x)")
-    if dtype not in allowed:
-        raise AssertionError(f"autocast ran in {dtype}; on {dev.type} this lesson uses {names}.")
+    dtype = _autocast_notes(seen, x.shape[0], allowed, dev)
     if wrong:
         name, dtype_now = wrong[0] if isinstance(wrong[0], tuple) and len(wrong[0]) == 2 else ("a weight", "?")
         raise AssertionError(f"the model's weights are no longer float32 ({name} is {dtype_now}). Autocast "
@@ -511,6 +557,75 @@ def _coord_variants(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -
     }
 
 
+#: How many ops :func:`coord_conv_case` reports (the course's repair runs about a dozen).
+COORD_OPS = 200
+
+
+@prober
+def coord_conv_case(coord_conv: Callable, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple:
+    """The learner's side of :func:`check_coord_conv` and :func:`check_coord_conv_speed`: runs
+    ``coord_conv(x, weight, bias)`` while a ``TorchDispatchMode`` notes every ATen op it ran, with the
+    shape and strides of each 4-D tensor the op returned; returns the output and those notes (the
+    first ``COORD_OPS``, after how many ops ran in all)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops: list = []
+    count = [0]
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            count[0] += 1
+            if len(ops) < COORD_OPS:
+                ops.append((str(func._schema.name), [(tuple(t.shape), tuple(t.stride())) for t in tensors_in(out)
+                                                      if isinstance(t, torch.Tensor) and t.dim() == 4]))
+            return out
+
+    with Ops():
+        out = call(coord_conv, x, weight, bias, name="coord_conv")
+    return (out.detach() if isinstance(out, torch.Tensor) else out), [count[0]] + ops
+
+
+def _format_name(fmt) -> str:
+    return {CL: "channels-last", torch.contiguous_format: "NCHW"}.get(fmt, "either (its shape is ambiguous)")
+
+
+def _coord_structure(ops: list, x_shape: tuple, what: str) -> None:
+    """What :func:`coord_conv_case` noted of a call on a channels-last ``x`` of ``x_shape``, judged:
+    a convolution ran and returned the block's output shape, and no op wrote a tensor of x's
+    size or more (as many channels as x, or more, and three at least; the two coordinate planes
+    are not that) in NCHW: the format loss the exercise repairs, wherever it is converted back."""
+    if not (ops and type(ops[0]) is int and all(
+            isinstance(o, tuple) and len(o) == 2 and isinstance(o[0], str) and isinstance(o[1], list)
+            and all(isinstance(t, tuple) and len(t) == 2 and len(t[0]) == 4 and len(t[1]) == 4
+                    and all(type(v) is int for v in t[0] + t[1]) for t in o[1]) for o in ops[1:])):
+        raise AssertionError("coord_conv: the answer came back malformed.")
+    n, c, h, w = x_shape
+    names = [name for name, _ in ops[1:]]
+    if not any(("conv" in name) and any(shape == tuple(x_shape) for shape, _ in outs) for name, outs in ops[1:]):
+        ran = ", ".join(dict.fromkeys(names))[:300] or "none"
+        raise AssertionError(
+            f"coord_conv ran no convolution returning the block's output (shape {tuple(x_shape)}) for {what}; the "
+            f"ops it ran: {ran}. Expected the block's 1x1 convolution (F.conv2d(..., weight, bias)), kept in x's "
+            "memory format: this exercise repairs the op that loses the format, not the convolution.\n"
+            "  Hint: keep F.conv2d(torch.cat([x, planes], dim=1), weight, bias), and make the planes "
+            "channels-last before the cat.")
+    for name, outs in ops[1:]:
+        for shape, stride in outs:
+            if shape[0] != n or shape[2:] != (h, w) or shape[1] < max(c, 3):
+                continue
+            fmt = memory_format_of(torch.empty_strided(shape, stride, device="meta"))
+            if fmt == torch.contiguous_format:
+                raise AssertionError(
+                    f"coord_conv wrote an NCHW tensor of shape {shape} (strides {stride}, from {name}) for {what}: "
+                    "expected every tensor of x's size on the way (the concatenation first of all) to stay "
+                    "channels-last, as x is. Writing NCHW and reading it back in another order is the format "
+                    "loss this exercise repairs, even where the output is channels-last again.\n"
+                    "  Hint: make the coordinate planes in x's memory format before the cat "
+                    "(planes.contiguous(memory_format=torch.channels_last)), so that torch.cat and the "
+                    "convolution both stay channels-last.")
+
+
 def check_coord_conv(coord_conv: Callable, *, seed: int = 0, device=None) -> None:
     """``coord_conv(x, weight, bias)``: what :func:`course.memory_format.coord_conv_planted`
     computes (append the y and x coordinate planes after ``x``'s channels, then a 1x1 convolution),
@@ -557,6 +672,50 @@ def check_coord_conv(coord_conv: Callable, *, seed: int = 0, device=None) -> Non
        f"(seed {seed})")
 
 
+def _coord_before_the_clock(coord_conv: Callable, dev: torch.device, *, bar: float, batch: int, channels: int,
+                            size: int, num_threads: int | None = None) -> None:
+    """Before :func:`check_coord_conv_speed` times anything: ``coord_conv`` on inputs of the timed sizes
+    (channels-last, as the clock's are; drawn from another seed) returns an output in the memory format
+    the planted block's has (channels-last), and the learner's process saw it run a convolution and
+    write nothing of x's size in NCHW on the way (:func:`coord_conv_case`, :func:`_coord_structure`).
+    A block that loses the format and converts back may be fast where it replaces the convolution
+    (one matrix product that reads the NCHW data transposed), so the clock alone does not tell. A
+    failure here also says what the profiler saw the block run against the course's solution, as a
+    failure on the clock does."""
+    x, weight, bias = coord_conv_inputs(1, device=str(dev), batch=batch, channels=channels, size=size)
+    with torch.no_grad():
+        expected = memory_format_of(coord_conv_planted(x, weight, bias))
+    what = f"the timed inputs (x of shape {tuple(x.shape)}, channels-last)"
+    got = probe(coord_conv, coord_conv_case, x, weight, bias)
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], list)):
+        raise AssertionError("coord_conv: the answer came back malformed.")
+    out, ops = got
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype:
+        raise AssertionError(f"coord_conv returned {describe(out)} for {what}; expected a float32 tensor of shape "
+                             f"{tuple(x.shape)}.")
+    context = (f"(Checked before the clock, and the bar on this device is {bar:.2f}x: a block where an op on the "
+               "way turns channels-last into NCHW, or that is not the CoordConv it repairs, is not timed.)")
+    try:
+        if memory_format_of(out) != expected:
+            raise AssertionError(
+                f"coord_conv returned {_format_name(memory_format_of(out))} for {what}, where the planted block "
+                f"returns {_format_name(expected)}: expected the output in x's memory format on every input, the "
+                "timed sizes too.\n  Hint: make the coordinate planes in x's memory format before the cat, so "
+                "that torch.cat and the convolution stay channels-last; don't branch on the input's size.")
+        _coord_structure(ops, tuple(x.shape), what)
+    except AssertionError as exc:
+        from course.checks.why_slow import why_slower
+        from course.devices import threads
+
+        said, hint, rest = str(exc).partition("\n  Hint:")
+        with threads(num_threads if dev.type == "cpu" else None):
+            lines = why_slower(coord_conv, "course.references.explain.coord_conv", factory=coord_conv_inputs,
+                               sizes=dict(batch=batch, channels=channels, size=size), device=dev)
+        seen = ("\n  What the profiler saw your code run, against the course's solution on the same inputs: "
+                + "; ".join(lines) + ".") if lines else ""
+        raise AssertionError(f"{said} {context}{hint}{rest}{seen}") from None
+
+
 #: How far apart the grader believes two processes run lesson 3's block (``compare_served``'s
 #: ``calibrate``): graded on a 2-core Xeon, the learner's process ran the course's code up to 13%
 #: slower than the judge's, and the net ratio magnified that to a quarter. At 10%, a learner who slows
@@ -572,9 +731,14 @@ def check_coord_conv_speed(coord_conv: Callable, *, bars: Mapping[str, float], b
     weights, side by side on fresh inputs, every output checked (:func:`served_speedup`); under the
     grader the learner's side runs in its process, the baseline in the judge's, never at once.
     A block that writes NCHW on the way and converts back, whose output :func:`check_coord_conv`
-    accepts, fails here: it does the planted block's extra reorder, so it is as slow."""
+    accepts, fails here: before the clock (:func:`_coord_before_the_clock`: its output on the timed
+    sizes, a convolution run, nothing of x's size written in NCHW), and on it, since it does the
+    planted block's extra reorder."""
+    from course.grading import speed_bar
+
     dev = pick_device(device)
-    call(coord_conv, *coord_conv_inputs(0, device=str(dev), batch=1, channels=4, size=4), name="coord_conv")
+    _coord_before_the_clock(coord_conv, dev, bar=speed_bar(bars, dev), batch=batch, channels=channels, size=size,
+                            num_threads=num_threads)
     return served_speedup(("planted", coord_conv_planted), ("repaired", coord_conv), factory=coord_conv_inputs,
                           sizes=dict(batch=batch, channels=channels, size=size), bars=bars, device=dev,
                           num_threads=num_threads, rounds=rounds, min_run_time=min_run_time, attempts=attempts,
