@@ -33,6 +33,7 @@ from torch import fx, nn
 
 from course import graph_wire
 from course.checks.common import call, grader_references, name_mistake, ok, record, stored_answers
+from course.checks.library import LibraryCalls
 from course.data import generator, randn
 from course.devices import pick_device
 from course.devices import threads
@@ -40,7 +41,7 @@ from course.fx import capture_inductor_code
 from course.grading import expect_compiled, expect_speedup, graph_ops, speed_bar
 from course.models import exported_resnet, small_resnet
 from course.numerics import assert_close, describe
-from course.remote import lend, mirrored, probe, prober
+from course.remote import lend, probe, prober
 from course.timing import SpeedReport, compare, machine_to_itself, waited_for_cpu
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
@@ -160,7 +161,8 @@ def conv_bn_pairs_case(conv_bn_pairs: Callable, model: nn.Module) -> tuple[list[
     as (conv target, BatchNorm target), and whether the graph changed while it looked."""
     gm = fx.symbolic_trace(model)
     before = str(gm.graph)
-    got = call(conv_bn_pairs, gm, name="conv_bn_pairs")
+    with LibraryCalls("conv_bn_pairs", hint=PAIRS_HINT):
+        got = call(conv_bn_pairs, gm, name="conv_bn_pairs")
     if not isinstance(got, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in got):
         raise AssertionError(f"conv_bn_pairs should return a list of (conv_node, bn_node) pairs, got {describe(got)}.")
     for pair in got:
@@ -223,19 +225,34 @@ def fold_case(*, seed: int, c_in: int, c_out: int, kernel: int, bias: bool, eps:
     return w, b, mean, var, gamma, beta, eps
 
 
+#: What the fusion exercises are written with, when an answer reached for PyTorch's own fuser.
+PAIRS_HINT = ("walk gm.graph.nodes: a call_module node whose module is a BatchNorm2d in eval mode, whose only "
+              "argument is a call_module Conv2d node with no other user.")
+FUSE_HINT = ("trace the model (torch.fx.symbolic_trace), fold each pair conv_bn_pairs finds with your "
+             "fold_conv_bn into a copy of the conv, and erase the BatchNorm node.")
+
+
+@prober
+def fold_conv_bn_case(fold_conv_bn: Callable, *args: Any) -> tuple[Any, list[str]]:
+    """The learner's side of :func:`check_fold_conv_bn`: ``fold_conv_bn(*args)`` with PyTorch's own
+    folding refused, and which of its inputs it changed in place."""
+    copies = [None if t is None else t.clone() for t in args[:6]]
+    with LibraryCalls("fold_conv_bn", hint=FOLD_HINT):
+        got = call(fold_conv_bn, *args, name="fold_conv_bn")
+    names = ("w", "b", "mean", "var", "gamma", "beta")
+    return got, [n for t, c, n in zip(args[:6], copies, names) if t is not None and not torch.equal(t, c)]
+
+
 def check_fold_conv_bn(fold_conv_bn: Callable, *, seed: int = 0, c_in: int = 3, c_out: int = 5, kernel: int = 3,
                        bias: bool = True, eps: float = 1e-5, groups: int = 1) -> None:
     """``fold_conv_bn(w, b, mean, var, gamma, beta, eps) -> (w', b')`` in float64: equal to the
     folding formula, and conv(x, w', b') equals BatchNorm(conv(x, w, b)) on a random input."""
     args = fold_case(seed=seed, c_in=c_in, c_out=c_out, kernel=kernel, bias=bias, eps=eps, groups=groups)
     w, b, mean, var, gamma, beta, _ = args
-    copies = [None if t is None else t.clone() for t in args[:6]]
-    with mirrored(fold_conv_bn):  # across the boundary, what it did to its inputs comes back
-        got = call(fold_conv_bn, *args, name="fold_conv_bn")
-    for t, c, n in zip(args[:6], copies, ("w", "b", "mean", "var", "gamma", "beta")):
-        if t is not None and not torch.equal(t, c):
-            raise AssertionError(f"fold_conv_bn changed its input {n} in place; return new tensors instead "
-                                 "(the conv and BN of the original model must stay as they were).")
+    got, changed = probe(fold_conv_bn, fold_conv_bn_case, *args)
+    if changed:
+        raise AssertionError(f"fold_conv_bn changed its input {changed[0]} in place; return new tensors instead "
+                             "(the conv and BN of the original model must stay as they were).")
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise AssertionError(f"fold_conv_bn should return a pair (w', b'), got {describe(got)}.")
     if got[1] is None:
@@ -322,7 +339,8 @@ def fuse_case(fuse: Callable, model: nn.Module, name: str = "fuse") -> dict:
     (:func:`course.graph_wire.describe`)."""
     name = str(name)[:40]
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    fused = _expect_graph_module(call(fuse, model, name=name), f"{name}(model)")
+    with LibraryCalls(name, hint=FUSE_HINT):
+        fused = _expect_graph_module(call(fuse, model, name=name), f"{name}(model)")
     changed = [k for k, v in model.state_dict().items() if k not in state or not torch.equal(v, state[k])]
     if changed or len(state) != len(model.state_dict()):
         raise AssertionError(f"{name} changed the original model ({', '.join(changed[:4]) or 'its modules'}). "
@@ -760,13 +778,58 @@ def check_profiler(ProfilingInterpreter: type, *, seed: int = 0, runs: int = 4, 
        f"shares sum to {sum(r[3] for r in rows2):.0%} (seed {seed})")
 
 
+def _model_shape(model: nn.Module) -> dict:
+    """What :func:`_model_changed` compares: each module's class, its instance attributes that are
+    callables (a ``forward`` of its own), its hooks, and the parameters and buffers (values)."""
+    def own(m: nn.Module) -> list[str]:
+        return sorted(k for k, v in vars(m).items() if callable(v) and not isinstance(v, nn.Module))
+
+    return {"modules": [(n, type(m), own(m), tuple(len(getattr(m, h, {})) for h in _HOOKS))
+                        for n, m in model.named_modules()],
+            "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "global": tuple(len(getattr(nn.modules.module, h, {})) for h in _GLOBAL_HOOKS)}
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_state_dict_hooks")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_module_registration_hooks")
+
+
+def _model_changed(model: nn.Module, before: dict) -> str:
+    """How ``model`` is no longer what :func:`_model_shape` saw ("" if it is)."""
+    after = _model_shape(model)
+    if after["global"] != before["global"]:
+        return "a global module hook was registered"
+    old, new = {n: rest for n, *rest in before["modules"]}, {n: rest for n, *rest in after["modules"]}
+    if old.keys() != new.keys():
+        return f"its modules changed ({', '.join(sorted(old.keys() ^ new.keys())[:3]) or 'their order'})"
+    for name, (cls, own, hooks) in new.items():
+        where = name or "the model"
+        if cls is not old[name][0]:
+            return f"{where} became a {cls.__name__}"
+        if own != old[name][1]:
+            return (f"{where} got attributes of its own that are functions "
+                    f"({', '.join(sorted(set(own) ^ set(old[name][1])))})")
+        if hooks != old[name][2]:
+            return f"{where} got hooks"
+    if after["state"].keys() != before["state"].keys() or any(
+            not torch.equal(v, before["state"][k]) for k, v in after["state"].items()):
+        return "its parameters or buffers changed"
+    return ""
+
+
 @prober
 def compile_frozen_case(compile_frozen: Callable, model: nn.Module, example: torch.Tensor, xs: list) -> tuple:
     """The learner's side of :func:`check_compile_frozen`: ``compile_frozen(model, example)`` while
     the code Inductor generates is captured; what that code holds, and the compiled model's
     outputs on ``xs``."""
+    before = _model_shape(model)
     compiled, code = capture_inductor_code(lambda: call(compile_frozen, model, example, name="compile_frozen"))
     expect_compiled(compiled, "compile_frozen(model, example)")
+    changed = _model_changed(model, before)
+    if changed:  # red team, 2026-12-05: model.forward = fuse(model).forward, then torch.compile(model)
+        raise AssertionError(f"compile_frozen changed the model it was given: {changed}. Freezing is what folds "
+                             "the BatchNorms here: compile the model as it is (no forward of your own, no hooks, "
+                             "no modules swapped), with freezing on.")
     if getattr(compiled, "_orig_mod", None) is not model:  # red team, round 18: a model folded first, compiled
         raise AssertionError("compile_frozen should return torch.compile(model) for the model it was given; it "
                              "returned a compiled version of another module. Freezing is what folds the "
