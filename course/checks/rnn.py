@@ -8,6 +8,7 @@ import itertools
 from typing import Callable
 
 import torch
+from torch.autograd import _disable_profiler_legacy, _enable_profiler_legacy  # held here: sealed with the module
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from course.checks.common import (TorchCalls, call, expect_grads, grader_references, name_mistake, names_with, ok,
@@ -18,10 +19,10 @@ from course.devices import pick_device
 from course.grading import expect_compiled, expect_scripted, is_scripted, script_ops
 from course.hand import again
 from course.numerics import assert_close, describe
-from course.remote import lend, local_script, prober
+from course.remote import lend, local_script, probe, prober
 from course.rnn import layer_norm_params, lstm_weights, make_lstm, masked_rnn_layer
 
-__all__ = ["builtin_rnn_calls", "check_bucketed", "check_compiled_layer", "check_layer_norm_cell", "check_lstm_cell",
+__all__ = ["builtin_rnn_calls", "dispatched", "check_bucketed", "check_compiled_layer", "check_layer_norm_cell", "check_lstm_cell",
            "check_lstm_layer", "check_masked_lstm_layer", "check_scripted_layer", "check_stacked_lstm"]
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
@@ -82,11 +83,16 @@ def builtin_rnn_calls(fn: Callable, label: str, args: list) -> list[str]:
     return alone(run, label=label)
 
 
-def _expect_by_hand(fn: Callable, label: str, args: list, ref, *, hint: str = GATE_HINT) -> None:
+def _expect_by_hand(fn: Callable, label: str, args: list, ref, *, hint: str = GATE_HINT,
+                    structure: Callable[[Callable, str], None] | None = None) -> None:
     """``fn(*args)`` calls none of PyTorch's own recurrent ops (see :data:`BUILTIN_RNN`). TorchScript
     calls no Python torch function to watch: its graph says what it runs (:func:`check_scripted_layer`).
     Under the grader, the answer's program is also read by the judge and run again in the script
-    host (:mod:`course.hand`), where it must return ``ref`` and, watched there, call none either."""
+    host (:mod:`course.hand`), where it must return ``ref`` and, watched there, call none either.
+    ``structure(runner, name)``, where given, checks how the answer computed (its matrix products,
+    :func:`dispatched`): on the answer (TorchScript's too) and on the program run again."""
+    if structure is not None:
+        structure(fn, label)
     if is_scripted(fn):
         return
     used = probed_names(fn, builtin_rnn_calls, label, list(args), label=label)
@@ -102,10 +108,163 @@ def _expect_by_hand(fn: Callable, label: str, args: list, ref, *, hint: str = GA
         used = probed_names(program, builtin_rnn_calls, label, list(args), label=label)
         if used:
             raise AssertionError(f"{name} calls {', '.join(used)[:200]}: {BY_HAND}.")
+        if structure is not None:
+            structure(program, name.rstrip(","))
 
     again(fn, label, by_hand, forbidden=BUILTIN_RNN)
 
 
+# -- how a layer computed: its matrix products, read off the dispatcher ---------------------------
+
+#: ATen's matrix products (what ``@``, ``matmul``, ``linear``, ``einsum`` and the rest come down to),
+#: each with the operand whose leading dimensions are the product's rows.
+PRODUCTS = {"aten::mm": 0, "aten::addmm": 1, "aten::_addmm_activation": 1, "aten::bmm": 0, "aten::baddbmm": 1,
+            "aten::addbmm": 1, "aten::mv": 0, "aten::addmv": 1, "aten::dot": 0, "aten::vdot": 0}
+
+
+def _shapes_config():
+    from torch.autograd import ProfilerConfig, ProfilerState
+
+    return ProfilerConfig(ProfilerState.CPU, True, False, False, False, False,
+                          torch._C._profiler._ExperimentalConfig())
+
+
+class _Dispatched:
+    """The ATen ops the dispatcher ran on this thread while active (TorchScript's and compiled code's
+    included), as :class:`course.checks.witnesses.DispatcherOps` reads them, with the inputs' shapes:
+    ``ops`` (name: how often, an op's calls of itself inside it not counted) and ``products``, one
+    ``[rows, inner]`` per matrix product (:data:`PRODUCTS`; a product run inside another not counted
+    again): ``rows`` the product of the row operand's leading dimensions (``T*B`` for the hoisted
+    ``(T*B, I) @ (I, 4H)``, or a ``bmm`` over ``(T, B, I)``), ``inner`` its last (the contraction);
+    both -1 where the dispatcher gave no shapes (TorchScript's ops)."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.ops: dict[str, int] = {}
+        self.products: list[list[int]] = []
+
+    def _blocked(self, why: str) -> AssertionError:
+        return AssertionError(f"{self.label}: the course reads which ops and matrix products an answer runs, and {why}. "
+                              "Run no profiler of your own around or inside the answer, and run its cell again.")
+
+    def __enter__(self) -> "_Dispatched":
+        try:
+            _enable_profiler_legacy(_shapes_config())
+        except RuntimeError as exc:  # "profiler is already enabled on this thread"
+            raise self._blocked(f"a profiler of the notebook's was running ({str(exc).strip()[:120]})") from None
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            records = _disable_profiler_legacy()
+        except RuntimeError:
+            if exc_type is None:
+                raise self._blocked("the course's profiler was stopped while the answer ran") from None
+            return False
+        for thread in records:
+            open_: list[str] = []
+            for event in thread:
+                name, kind = str(event.name()), event.kind()
+                if kind == "push":
+                    if "::" in name and name not in open_:
+                        self.ops[name] = self.ops.get(name, 0) + 1
+                        if name in PRODUCTS and not any(o in PRODUCTS for o in open_):
+                            shapes = event.shapes()
+                            at = PRODUCTS[name]
+                            shape = [int(d) for d in shapes[at]] if len(shapes) > at else []
+                            rows = 1
+                            for d in shape[:-1]:
+                                rows *= d
+                            # (TorchScript's ops come without shapes: -1, unknown)
+                            self.products.append([rows, shape[-1]] if shape else [-1, -1])
+                    open_.append(name)
+                elif kind == "pop" and open_:
+                    open_.pop()
+        return False
+
+
+@prober
+def dispatched(fn: Callable, label: str, args: list, warm: bool = False) -> dict:
+    """The learner's side of the structure checks: ``fn(*args)`` once without gradients, read by
+    :class:`_Dispatched`: ``{"ops": {name: count}, "products": [[rows, inner], ...]}``. A plain call is
+    made while no other thread of the process works (:func:`course.checks.witnesses.alone`); with
+    ``warm`` (a compiled layer: Inductor's kernels run on threads of their own), once unwatched first,
+    so that what is read is the compiled code running, not Dynamo compiling it."""
+    def run() -> dict:
+        with torch.no_grad():
+            if warm:
+                call(fn, *args, name=label)
+            with _Dispatched(label) as seen:
+                call(fn, *args, name=label)
+        return {"ops": dict(seen.ops), "products": [list(p) for p in seen.products]}
+
+    return run() if warm else alone(run, label=label)
+
+
+def _read_dispatched(answer: Callable, label: str, args: list, warm: bool = False) -> tuple[dict, list]:
+    """:func:`dispatched` where ``answer`` lives, its reply checked: (ops, products)."""
+    got = probe(answer, dispatched, label, list(args), warm)
+    ops = got.get("ops") if isinstance(got, dict) else None
+    products = got.get("products") if isinstance(got, dict) else None
+    if not (isinstance(ops, dict) and all(isinstance(k, str) and type(v) is int for k, v in ops.items())
+            and isinstance(products, list)
+            and all(isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p) for p in products)):
+        raise AssertionError(f"{label} could not be watched (got {describe(got)}).")
+    return ops, products
+
+
+def _products_text(products: list) -> str:
+    """``[[rows, inner], ...]`` as a reader wants it: "14 matrix products: 7 of (4, 6) @ (6, .), ..."."""
+    from collections import Counter
+
+    if not products:
+        return "no matrix product"
+    kinds = Counter((r, i) for r, i in products).most_common(4)
+    parts = ", ".join(f"{n} x ({r} rows, inner size {i})" if r >= 0 else f"{n} of shapes unknown (TorchScript)"
+                      for (r, i), n in kinds)
+    more = len(set((r, i) for r, i in products)) - len(kinds)
+    return f"{len(products)} matrix product(s): {parts}{f' and {more} other kind(s)' if more > 0 else ''}"
+
+
+#: Products a hoisted layer may run beyond one recurrent product a step (the input projection, split
+#: per gate at most).
+HOIST_SLACK = 4
+HOIST_HINT = ("before the loop, x_gates = torch.addmm(b_ih + b_hh, x.reshape(T * B, I), w_ih.t()).view(T, B, -1): one "
+              "product for every step's input; in the loop only h @ w_hh.t(), one torch.addmm(x_gates[t], h, w_hh.t()) a step, "
+              "and gate_update.")
+
+
+def _expect_hoisted(sizes: dict, args: list) -> Callable[[Callable, str], None]:
+    """The structure the fast layer's exercise asks (Exercise 7): the input projection of all ``T``
+    steps in one product of ``T*B`` rows before the loop, none of ``x`` inside it, and no more than
+    ``T`` products (one recurrent ``h @ w_hh.T`` a step) beyond it and :data:`HOIST_SLACK`."""
+    T, B, I, H = sizes["T"], sizes["B"], sizes["I"], sizes["H"]
+
+    def structure(runner: Callable, label: str) -> None:
+        if T < 2:  # one step: the hoisted product is the step's own
+            return
+        _, products = _read_dispatched(runner, label, args)
+        seen = f"For x of shape (T={T}, B={B}, I={I}) and H={H} it ran {_products_text(products)}."
+        shaped = all(rows >= 0 for rows, _ in products)  # (TorchScript's products: counted only)
+        if shaped and not any(rows == T * B for rows, _ in products):
+            raise AssertionError(
+                f"{label} gives the right numbers, but it never computes the input projection of all {T} steps at once: "
+                f"no matrix product covers the T*B = {T * B} rows of x reshaped to (T*B, I). {seen} The exercise hoists "
+                f"x @ w_ih.T out of the time loop (it does not depend on the state), as one large product.\n"
+                f"  Hint: {HOIST_HINT}")
+        per_step = [p for p in products if p[1] == I and 0 <= p[0] < T * B] if I != H else []
+        if per_step:
+            raise AssertionError(
+                f"{label} gives the right numbers, but it still multiplies the input inside the time loop: "
+                f"{len(per_step)} product(s) over inner size I={I} with fewer than T*B = {T * B} rows, beside the hoisted "
+                f"one. {seen} Once hoisted, only h @ w_hh.T stays in the loop.\n  Hint: {HOIST_HINT}")
+        if len(products) > T + HOIST_SLACK:
+            raise AssertionError(
+                f"{label} gives the right numbers, but it runs {len(products)} matrix products for {T} steps: a hoisted "
+                f"layer runs one for the input of every step, then one a step, {T + 1} in all. {seen}\n"
+                f"  Hint: {HOIST_HINT}")
+
+    return structure
 def _detached(value):
     if isinstance(value, torch.Tensor):
         return value.detach()
@@ -150,7 +309,7 @@ def _case(seed, T, B, I, H, device, dtype=F64, layers=1):
     return lstm, x, h0, c0
 
 
-def _check_layer_like(fn, label, *, seed, seq_len, batch, input_size, hidden_size, device, hint):
+def _check_layer_like(fn, label, *, seed, seq_len, batch, input_size, hidden_size, device, hint, hoisted=False):
     lstm, x, h0, c0 = _case(seed, seq_len, batch, input_size, hidden_size, device)
     ref_x = x.clone().requires_grad_(True)
     ref_h0, ref_c0 = _leaves(h0[0], c0[0])
@@ -162,7 +321,9 @@ def _check_layer_like(fn, label, *, seed, seq_len, batch, input_size, hidden_siz
     name_mistake(label, got, ref, _layer_variants(x, h0[0], c0[0], w))
     assert_close(got, ref, name=f"{label} -> (out, (h_n, c_n))", hint=hint)
     expect_grads(got, ref, args, [ref_x, ref_h0, ref_c0, *w], NAMES, label=label, hint=hint)
-    _expect_by_hand(fn, label, [x, h0[0], c0[0], *w], ref, hint=hint)
+    plain = [x, h0[0], c0[0], *(t.detach() for t in w)]
+    structure = _expect_hoisted(dict(T=seq_len, B=batch, I=input_size, H=hidden_size), plain) if hoisted else None
+    _expect_by_hand(fn, label, [x, h0[0], c0[0], *w], ref, hint=hint, structure=structure)
     return f"T={seq_len}, B={batch}, I={input_size}, H={hidden_size}, seed {seed}"
 
 
@@ -186,13 +347,23 @@ def check_lstm_cell(lstm_cell: Callable, *, seed: int = 0, batch: int = 4, input
 
 
 def check_lstm_layer(lstm_layer: Callable, *, seed: int = 0, seq_len: int = 7, batch: int = 4,
-                     input_size: int = 6, hidden_size: int = 5, device=None, label: str = "lstm_layer") -> None:
-    """``lstm_layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh) -> (out, (h_n, c_n))`` equals nn.LSTM."""
+                     input_size: int = 6, hidden_size: int = 5, device=None, label: str = "lstm_layer",
+                     hoisted: bool | None = None) -> None:
+    """``lstm_layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh) -> (out, (h_n, c_n))`` equals nn.LSTM.
+
+    ``hoisted`` (by default, for ``label="fast_lstm_layer"``, Exercise 7): the layer also computes as
+    that exercise asks, the input projection of every step in one matrix product of ``T*B`` rows
+    before the loop and one recurrent product a step (:func:`_expect_hoisted`, read by the dispatcher
+    where the answer runs and where its program runs again)."""
     hint = ("out stacks h after every step: shape (T, B, H); (h_n, c_n) are the states after the "
             "last step, shape (B, H). " + GATE_HINT)
+    if hoisted is None:
+        hoisted = label == "fast_lstm_layer"
     where = _check_layer_like(lstm_layer, label, seed=seed, seq_len=seq_len, batch=batch,
-                              input_size=input_size, hidden_size=hidden_size, device=device, hint=hint)
-    ok(f"{label} equals nn.LSTM: outputs, final states and gradients ({where})")
+                              input_size=input_size, hidden_size=hidden_size, device=device, hint=hint,
+                              hoisted=hoisted)
+    ok(f"{label} equals nn.LSTM{', with its input projection hoisted' if hoisted else ''}: outputs, final states and "
+       f"gradients ({where})")
 
 
 def check_scripted_layer(scripted_layer, **sizes) -> None:
@@ -212,6 +383,11 @@ def check_scripted_layer(scripted_layer, **sizes) -> None:
     check_lstm_layer(scripted, label="scripted_layer", **sizes)
 
 
+#: The gate math's ops, as eager PyTorch dispatches them one kernel each: code Inductor generated runs
+#: them inside its fused kernels (C++ on a CPU, Triton on a GPU), where the dispatcher never sees them.
+EAGER_GATE_MATH = ("aten::sigmoid", "aten::sigmoid_", "aten::tanh", "aten::tanh_")
+
+
 def check_compiled_layer(compiled_layer, *, seed: int = 0, seq_len: int, batch: int, input_size: int,
                          hidden_size: int, device=None) -> None:
     """``compiled_layer`` comes from torch.compile and equals nn.LSTM in float32 inference.
@@ -226,8 +402,27 @@ def check_compiled_layer(compiled_layer, *, seed: int = 0, seq_len: int, batch: 
     # float32 sums in another order (fused kernels, one big matmul): a few ulps per step.
     assert_close(got, (ref_out, (rh[0], rc[0])), name="compiled_layer -> (out, (h_n, c_n))",
                  rtol=1e-4, atol=1e-5)
-    ok(f"compiled_layer is compiled and equals nn.LSTM in float32 (T={seq_len}, B={batch}, "
-       f"I={input_size}, H={hidden_size}, seed {seed})")
+    with torch.no_grad():
+        ops, products = _read_dispatched(compiled_layer, "compiled_layer",
+                                         [x, h0[0], c0[0], *lstm_weights(lstm)], warm=True)
+    eager = {name: n for name, n in ops.items() if name in EAGER_GATE_MATH}
+    if eager:
+        raise AssertionError(
+            "compiled_layer gives the right numbers, but Inductor did not compile it: its gate math ran as PyTorch's own "
+            f"eager ops, one kernel each ({', '.join(f'{k} x{n}' for k, n in sorted(eager.items()))}), where the "
+            "code Inductor generates runs it in fused kernels of its own and dispatches only the matrix products. "
+            "torch.compile with backend='eager' or 'aot_eager' (or a backend of your own) only captures the graph and "
+            "runs it op by op: nothing is fused, nothing is faster.\n"
+            "  Hint: compiled_layer = torch.compile(fast_lstm_layer), with Inductor, the default backend (no backend=).")
+    if seq_len > 1 and not any(rows == seq_len * batch for rows, _ in products):
+        raise AssertionError(
+            "compiled_layer is compiled by Inductor, but the layer it compiles projects the input one step at a time: "
+            f"for x of shape (T={seq_len}, B={batch}, I={input_size}) it ran {_products_text(products)}, none over the "
+            f"T*B = {seq_len * batch} rows of every step's input at once. The exercise compiles fast_lstm_layer "
+            "(Exercise 7: the input projection hoisted out of the loop), not lstm_layer.\n"
+            "  Hint: compiled_layer = torch.compile(fast_lstm_layer)")
+    ok(f"compiled_layer is compiled by Inductor (the gate math in generated kernels, the input projection hoisted) "
+       f"and equals nn.LSTM in float32 (T={seq_len}, B={batch}, I={input_size}, H={hidden_size}, seed {seed})")
 
 
 # -- serving every length: buckets ----------------------------------------------------------------
@@ -426,6 +621,35 @@ def check_stacked_lstm(stacked_lstm: Callable, *, seed: int = 0, num_layers: int
        f"(T={seq_len}, B={batch}, I={input_size}, H={hidden_size}, seed {seed})")
 
 
+def _expect_one_pass(x, lengths, h0, c0, w) -> Callable[[Callable, str], None]:
+    """The structure the masked layer's exercise asks (Exercise 6): one pass over the ``T`` time steps
+    for the whole batch, masking the finished sequences, not a loop over the sequences. Its matrix
+    products are counted on the check's batch and on the batch's longest sequence alone (``T`` steps
+    too): one pass runs as many on both; a loop over the sequences, about ``sum(lengths) / T`` times as
+    many on the batch."""
+    b = int(torch.argmax(lengths))
+    alone_args = [x[:, b:b + 1].contiguous(), lengths[b:b + 1].contiguous(), h0[b:b + 1].contiguous(),
+                  c0[b:b + 1].contiguous(), *(t.detach() for t in w)]
+    batch_args = [x, lengths, h0, c0, *(t.detach() for t in w)]
+    T, B = int(x.shape[0]), int(x.shape[1])
+
+    def structure(runner: Callable, label: str) -> None:
+        if B < 2:
+            return
+        _, on_batch = _read_dispatched(runner, label, batch_args)
+        _, on_one = _read_dispatched(runner, label, alone_args)
+        if len(on_batch) > len(on_one) + 2:
+            raise AssertionError(
+                f"{label} gives the right numbers, but not by masking: on the batch of {B} sequences padded to T={T} "
+                f"steps (lengths {lengths.tolist()}) it ran {len(on_batch)} matrix products, and on the longest of them "
+                f"alone, {len(on_one)}. One pass over the T steps serves the whole batch, so the count should not grow "
+                "with it; this grows as the sum of the lengths, as a loop over the sequences does (each run to its "
+                "own length).\n  Hint: loop over t once, for all B sequences: alive = (lengths > t).unsqueeze(1), "
+                "h = torch.where(alive, h_new, h) (the same for c), and torch.where(alive, h_new, 0) into out.")
+
+    return structure
+
+
 def check_masked_lstm_layer(masked_lstm_layer: Callable, *, seed: int = 0, max_len: int = 7, batch: int = 5,
                             input_size: int = 4, hidden_size: int = 3, device=None, script: bool = True) -> None:
     """``masked_lstm_layer(x, lengths, h0, c0, w_ih, w_hh, b_ih, b_hh) -> (out, (h_n, c_n))`` on a
@@ -471,7 +695,8 @@ def check_masked_lstm_layer(masked_lstm_layer: Callable, *, seed: int = 0, max_l
     got = call(masked_lstm_layer, args[0], lengths_arg, *args[1:], name="masked_lstm_layer")
     assert_close(got, ref, name="masked_lstm_layer -> (out, (h_n, c_n)) [large values in the padding]", hint=hint)
     expect_grads(got, ref, args, [ref_x, ref_h0, ref_c0, *w], NAMES, label="masked_lstm_layer", hint=hint)
-    _expect_by_hand(masked_lstm_layer, "masked_lstm_layer", [x_nan, lengths_arg, h0, c0, *w], ref, hint=hint)
+    _expect_by_hand(masked_lstm_layer, "masked_lstm_layer", [x_nan, lengths_arg, h0, c0, *w], ref, hint=hint,
+                    structure=_expect_one_pass(x_nan, lengths_arg, h0, c0, w))
 
     # 3. TorchScript can compile it
     if script:
