@@ -166,8 +166,10 @@ def slow_notebook(text: str) -> str:
 
 #: Served checks of PATCHED_LESSON that rest partly on the learner's process's word (a course probe runs
 #: there, and reports what it saw: the recurrent ops a cell or layer called): once the patching is
-#: found, their cells are set aside too. (check_bucketed is not one: the layer it lends stays in the judge.)
-PROBING = ("check_lstm_cell(", "check_lstm_layer(", "check_stacked_lstm(", "check_masked_lstm_layer(")
+#: found, their cells are set aside too. (check_bucketed is not one: the layer it lends stays in the judge.
+#: check_compiled_layer is one: the ops its compiled code ran are read there.)
+PROBING = ("check_lstm_cell(", "check_lstm_layer(", "check_stacked_lstm(", "check_masked_lstm_layer(",
+           "check_compiled_layer(")
 
 
 def _judged_alone(text: str) -> bool:
