@@ -205,3 +205,59 @@ def test_attacks_fail_and_the_solution_passes_across_the_boundary(solution):
             C.check_coord_conv_speed(learner("coord_nchw_bmm_back"), bars=LOW_BARS, **TIMED, **SPEED)
         C.check_autocast_inference(learner("autocast_inference"), width=8, size=32)
         C._coord_before_the_clock(learner("coord_conv"), torch.device("cpu"), bar=1.25, **TIMED)
+
+
+# -- find_format_loss ------------------------------------------------------------------------------
+
+#: The red team's: the planted modules' classes looked up in a table, no op ever watched.
+_FIRST_LOSS = {"CoordChannels": "cat", "ChannelPermute": "__getitem__", "CircularConv": "pad",
+               "ChannelGate": "softmax", "Tidy": "contiguous"}
+
+
+def finder_table(model, x):
+    for m in model.modules():
+        name = _FIRST_LOSS.get(type(m).__name__)
+        if name is not None:
+            return name
+    return None
+
+
+def finder_table_in_table_order(model, x):
+    """The same table, asked in its own order (the CoordConv of the default planted model first)."""
+    kinds = {type(m).__name__ for m in model.modules()}
+    return next((op for kind, op in _FIRST_LOSS.items() if kind in kinds), None)
+
+
+@pytest.mark.parametrize("attack", [finder_table, finder_table_in_table_order], ids=["modules-order", "table-order"])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_table_of_the_planted_classes_fails_on_the_decoy(attack, seed):
+    with pytest.raises(AssertionError, match=r"(?s)find_format_loss named '\w+' in a second planted model, where the "
+                                             r"first op that loses channels-last is 'torch\.[\w.]+': expected the "
+                                             r"first op .*runs them in another order.*Hint: .*FormatWatcher"):
+        C.check_format_finder(attack, seed=seed)
+
+
+def test_the_decoy_runs_its_modules_out_of_the_listed_order():
+    from course.references.memory_format import format_losses
+
+    for seed in range(1, 9):
+        model = C.format_decoy(seed=seed, width=8)
+        calls = [m for m in model.modules() if isinstance(m, C._OutOfOrder)][0]._calls
+        assert calls[0] in ("gate", "permute", "circular") and sorted(calls) == sorted(
+            ["tidy", "gate", "permute", "circular", "coords"])
+        first = format_losses(model, C.finder_input(seed=0, batch=2, size=16, device="cpu"))[0]
+        decoy = [m for m in model.modules() if isinstance(m, C._OutOfOrder)][0]
+        assert first.rsplit(".", 1)[-1] == _FIRST_LOSS[type(getattr(decoy, calls[0])).__name__], (first, calls)
+
+
+@pytest.mark.parametrize("variant", ["coords", "permute", "circular", "gate"])
+def test_the_instructors_finder_passes_with_the_decoy(variant, solution):
+    C.check_format_finder(solution.find_format_loss, variant=variant)
+    C.check_format_finder(solution.find_format_loss, variant=variant, seed=5)
+
+
+def test_the_decoy_crosses_as_a_recipe(solution):
+    for learner in served({"finder_table": finder_table, "find_format_loss": solution.find_format_loss}):
+        with pytest.raises(AssertionError, match="in a second planted model"):
+            C.check_format_finder(learner("finder_table"))
+        C.check_format_finder(learner("find_format_loss"))

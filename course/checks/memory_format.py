@@ -37,9 +37,11 @@ from course.checks.common import TorchCalls, call, grader_references, ok, record
 from course.checks.witnesses import alone
 from course.data import randn
 from course.devices import pick_device
-from course.memory_format import (PLANTED_VARIANTS, WEIGHTS_WITNESS_OUT, autocast_witness, channels_last_strides_of,
-                                  coord_conv_inputs, coord_conv_planted, coordinate_planes, float32_weights_witness,
-                                  list_probe, memory_format_of, planted_model, tensors_in)
+from course.memory_format import (PLANTED_VARIANTS, WEIGHTS_WITNESS_OUT, ChannelGate, ChannelPermute, CircularConv,
+                                  CoordChannels, Tidy, autocast_witness, channels_last_strides_of, coord_conv_inputs,
+                                  coord_conv_planted, coordinate_planes, float32_weights_witness, list_probe,
+                                  memory_format_of, planted_model, tensors_in)
+from course.remote import recipe
 from course.models import small_resnet, small_resnet_channels
 from course.numerics import assert_close, describe
 from course.bare import as_tuples, outcome_said, outcome_value, run_bare
@@ -52,7 +54,8 @@ SERVED = ("check_strides", "check_is_channels_last_contiguous", "check_to_channe
           "check_autocast_inference", "check_coord_conv", "check_coord_conv_speed")
 
 __all__ = ["autocast_case", "by_hand_cases", "coord_conv_case", "check_autocast_inference", "check_coord_conv", "check_coord_conv_speed",
-           "check_format_finder", "check_is_channels_last_contiguous", "check_strides", "check_to_channels_last"]
+           "check_format_finder", "check_is_channels_last_contiguous", "check_strides", "check_to_channels_last",
+           "format_decoy"]
 
 CL = torch.channels_last
 FIXED_SHAPES = [(1, 1, 1, 1), (2, 3, 4, 5), (8, 3, 224, 224), (4, 1, 8, 8), (4, 16, 1, 1), (1, 64, 7, 1)]
@@ -332,11 +335,77 @@ def _blind_to_lists(find_format_loss: Callable, x: torch.Tensor, expected: str, 
     return not (isinstance(seen, str) and _same_op(seen, expected))
 
 
+class _OutOfOrder(nn.Module):
+    """The planted modules, listed in one order and run in another (drawn from ``seed``: the first
+    run is the gate, the permutation or the circular convolution, never the first listed nor the
+    CoordConv of the default planted model): the first op that loses the format is the first one *run*, which only a
+    watcher of the running model sees (a table from the modules' classes to their ops answers the
+    first one listed)."""
+
+    def __init__(self, channels: int, seed: int):
+        super().__init__()
+        self.tidy, self.gate = Tidy(), ChannelGate()
+        self.permute, self.circular = ChannelPermute(channels, seed), CircularConv(channels)
+        self.coords = CoordChannels(channels)
+        rng = random.Random(seed)
+        first = rng.choice(["gate", "permute", "circular"])  # never the coords of the default planted model
+        later = [name for name in ("gate", "permute", "circular", "coords") if name != first]
+        rng.shuffle(later)
+        self._calls = tuple([first] + later + ["tidy"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for name in self._calls:
+            x = getattr(self, name)(x)
+        return x
+
+
+@recipe
+def format_decoy(*, seed: int = 0, width: int = 16, device=None) -> nn.Module:
+    """A seeded ``small_resnet`` (eval mode) with :class:`_OutOfOrder` after a block that ``seed`` picks:
+    every planted module at once, run in another order than they are listed. How
+    :func:`check_format_finder` tells a watcher from a lookup of the modules' classes."""
+    model = small_resnet(seed=seed, width=width, blocks=(1, 1, 1), device="cpu")
+    stages = list(model.stages)
+    where = seed % max(len(stages) - 1, 1)
+    channels = [b.second.conv.out_channels for b in stages]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 29)
+        decoy = _OutOfOrder(channels[where], seed)
+    model.stages = nn.Sequential(*(stages[: where + 1] + [decoy] + stages[where + 1:]))
+    return model.eval().to(pick_device(device))
+
+
+def _decoy_loss(find_format_loss: Callable, x: torch.Tensor, *, seed: int, width: int, dev: torch.device) -> None:
+    """Under the grader (and in the tests), where the course's watcher is at hand: ``find_format_loss``
+    names the first op that loses the format in :func:`format_decoy`, whose format-losing modules run
+    in another order than they are listed. (A learner's copy has no answer stored for it: skipped.)"""
+    refs = grader_references("memory_format")
+    if refs is None:
+        return
+    decoy_seed = seed + 1
+    expected = refs.format_losses(format_decoy(seed=decoy_seed, width=width, device=dev), x)
+    if not expected:  # pragma: no cover - a PyTorch that preserves the format everywhere
+        raise RuntimeError(f"course bug: the decoy model loses no format on {dev} with torch {torch.__version__}.")
+    got = call(find_format_loss, format_decoy(seed=decoy_seed, width=width, device=dev), x.clone(),
+               name="find_format_loss")
+    if not (isinstance(got, str) and _same_op(got, expected[0])):
+        later = isinstance(got, str) and any(_same_op(got, name) for name in expected[1:])
+        raise AssertionError(
+            f"find_format_loss named {got!r} in a second planted model, where the first op that loses channels-last "
+            f"is {expected[0]!r}: expected the first op that loses the format when the model runs. This model holds "
+            "several format-losing modules and runs them in another order than they are listed"
+            + (f", so {got!r} loses the format too, but later" if later else "") + ".\n  Hint: convert the model "
+            "and x, run the model inside `with FormatWatcher() as w:` and report w.losses[0]; which modules a "
+            "model holds, or their classes, does not tell which op runs first.")
+
+
 def check_format_finder(find_format_loss: Callable, *, variant: str = "coords", seed: int = 0, width: int = 16,
                         batch: int = 2, size: int = 32, device=None) -> None:
     """``find_format_loss(model, x) -> str | None`` names the first op that turns a channels-last
     tensor into an NCHW one (as ``course.memory_format.op_name`` writes it; a dotted suffix such
-    as ``'cat'`` is accepted too) in a model with a planted op, and returns None on a clean one."""
+    as ``'cat'`` is accepted too) in a model with a planted op, and returns None on a clean one; under
+    the grader also in :func:`format_decoy`, whose format-losing modules run in another order than they
+    are listed (a lookup of the modules' classes, watching no op, names the wrong one)."""
     if variant not in PLANTED_VARIANTS:
         raise ValueError(f"variant must be one of {PLANTED_VARIANTS}, got {variant!r}.")
     dev = pick_device(device)
@@ -376,6 +445,7 @@ def check_format_finder(find_format_loss: Callable, *, variant: str = "coords", 
                              "channels-last all the way: no op should be reported (return None).\n  Hint: only "
                              "4-D outputs with C > 1 and H*W > 1 can lose the format (memory_format_of returns "
                              "None for the rest: pooled (N, C, 1, 1) maps, flattened features, logits).")
+    _decoy_loss(find_format_loss, x, seed=seed, width=width, dev=dev)
     record([_same_op(got, losses[0]), got_clean is None], [True, True],
            "find_format_loss: the first op that loses the format, and none in a clean model")
     ok(f"find_format_loss names {got!r} in planted model {variant!r} and nothing in a clean one "
