@@ -53,7 +53,8 @@ from course.wire import ModuleState
 SERVED = ("check_strides", "check_is_channels_last_contiguous", "check_to_channels_last", "check_format_finder",
           "check_autocast_inference", "check_coord_conv", "check_coord_conv_speed")
 
-__all__ = ["autocast_case", "by_hand_cases", "coord_conv_case", "check_autocast_inference", "check_coord_conv", "check_coord_conv_speed",
+__all__ = ["autocast_case", "by_hand_cases", "coord_conv_case", "check_autocast_inference", "check_coord_conv",
+           "check_coord_conv_speed",
            "check_format_finder", "check_is_channels_last_contiguous", "check_strides", "check_to_channels_last",
            "format_decoy"]
 

@@ -22,7 +22,8 @@ from course.numerics import assert_close, describe
 from course.remote import lend, local_script, probe, prober
 from course.rnn import layer_norm_params, lstm_weights, make_lstm, masked_rnn_layer
 
-__all__ = ["builtin_rnn_calls", "dispatched", "check_bucketed", "check_compiled_layer", "check_layer_norm_cell", "check_lstm_cell",
+__all__ = ["builtin_rnn_calls", "dispatched", "check_bucketed", "check_compiled_layer", "check_layer_norm_cell",
+           "check_lstm_cell",
            "check_lstm_layer", "check_masked_lstm_layer", "check_scripted_layer", "check_stacked_lstm"]
 
 #: Checks the grader runs in its judge process, calling the learner's code across the boundary.
