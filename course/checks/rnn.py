@@ -266,6 +266,8 @@ def _expect_hoisted(sizes: dict, args: list) -> Callable[[Callable, str], None]:
                 f"  Hint: {HOIST_HINT}")
 
     return structure
+
+
 def _detached(value):
     if isinstance(value, torch.Tensor):
         return value.detach()
