@@ -22,6 +22,8 @@ from course.remote import Link, Remote, serve
 SMALL = dict(seq_len=6, batch=3, input_size=8, hidden_size=8)
 
 
+# The plain cell and layer the attacks build on, defined here as a notebook cell defines them: the grader reads an
+# answer's program with the functions it calls from its own module (tests/test_remote.py keeps its own for that reason).
 def lstm_cell(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
               b_hh: Tensor) -> Tuple[Tensor, Tensor]:
     gates = torch.mm(x, w_ih.t()) + b_ih + torch.mm(h, w_hh.t()) + b_hh

@@ -8,12 +8,11 @@ import itertools
 from typing import Callable
 
 import torch
-from torch.autograd import _disable_profiler_legacy, _enable_profiler_legacy  # held here: sealed with the module
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from course.checks.common import (TorchCalls, call, expect_grads, grader_references, name_mistake, names_with, ok,
                                   probed_names, record, stored_answers)
-from course.checks.witnesses import alone
+from course.checks.witnesses import DispatcherOps, alone
 from course.data import padded_batch, randn, random_lengths
 from course.devices import pick_device
 from course.grading import expect_compiled, expect_scripted, is_scripted, script_ops
@@ -117,71 +116,32 @@ def _expect_by_hand(fn: Callable, label: str, args: list, ref, *, hint: str = GA
 
 # -- how a layer computed: its matrix products, read off the dispatcher ---------------------------
 
-#: ATen's matrix products (what ``@``, ``matmul``, ``linear``, ``einsum`` and the rest come down to),
-#: each with the operand whose leading dimensions are the product's rows.
-PRODUCTS = {"aten::mm": 0, "aten::addmm": 1, "aten::_addmm_activation": 1, "aten::bmm": 0, "aten::baddbmm": 1,
-            "aten::addbmm": 1, "aten::mv": 0, "aten::addmv": 1, "aten::dot": 0, "aten::vdot": 0}
-
-
-def _shapes_config():
-    from torch.autograd import ProfilerConfig, ProfilerState
-
-    return ProfilerConfig(ProfilerState.CPU, True, False, False, False, False,
-                          torch._C._profiler._ExperimentalConfig())
-
-
 class _Dispatched:
-    """The ATen ops the dispatcher ran on this thread while active (TorchScript's and compiled code's
-    included), as :class:`course.checks.witnesses.DispatcherOps` reads them, with the inputs' shapes:
-    ``ops`` (name: how often, an op's calls of itself inside it not counted) and ``products``, one
-    ``[rows, inner]`` per matrix product (:data:`PRODUCTS`; a product run inside another not counted
-    again): ``rows`` the product of the row operand's leading dimensions (``T*B`` for the hoisted
-    ``(T*B, I) @ (I, 4H)``, or a ``bmm`` over ``(T, B, I)``), ``inner`` its last (the contraction);
-    both -1 where the dispatcher gave no shapes (TorchScript's ops)."""
+    """:class:`course.checks.witnesses.DispatcherOps` with the inputs' shapes (its ``counts`` as ``ops``,
+    its ``products``), failing the answer, with ``label``, when it could not watch."""
 
     def __init__(self, label: str):
         self.label = label
+        self._ops = DispatcherOps(shapes=True)
         self.ops: dict[str, int] = {}
         self.products: list[list[int]] = []
+
+    def __enter__(self) -> "_Dispatched":
+        self._ops.__enter__()
+        if self._ops.blocked:
+            raise self._blocked(self._ops.blocked)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._ops.__exit__(exc_type, exc, tb)
+        if self._ops.blocked and exc_type is None:
+            raise self._blocked(self._ops.blocked)
+        self.ops, self.products = dict(self._ops.counts), [list(p) for p in self._ops.products]
+        return False
 
     def _blocked(self, why: str) -> AssertionError:
         return AssertionError(f"{self.label}: the course reads which ops and matrix products an answer runs, and {why}. "
                               "Run no profiler of your own around or inside the answer, and run its cell again.")
-
-    def __enter__(self) -> "_Dispatched":
-        try:
-            _enable_profiler_legacy(_shapes_config())
-        except RuntimeError as exc:  # "profiler is already enabled on this thread"
-            raise self._blocked(f"a profiler of the notebook's was running ({str(exc).strip()[:120]})") from None
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        try:
-            records = _disable_profiler_legacy()
-        except RuntimeError:
-            if exc_type is None:
-                raise self._blocked("the course's profiler was stopped while the answer ran") from None
-            return False
-        for thread in records:
-            open_: list[str] = []
-            for event in thread:
-                name, kind = str(event.name()), event.kind()
-                if kind == "push":
-                    if "::" in name and name not in open_:
-                        self.ops[name] = self.ops.get(name, 0) + 1
-                        if name in PRODUCTS and not any(o in PRODUCTS for o in open_):
-                            shapes = event.shapes()
-                            at = PRODUCTS[name]
-                            shape = [int(d) for d in shapes[at]] if len(shapes) > at else []
-                            rows = 1
-                            for d in shape[:-1]:
-                                rows *= d
-                            # (TorchScript's ops come without shapes: -1, unknown)
-                            self.products.append([rows, shape[-1]] if shape else [-1, -1])
-                    open_.append(name)
-                elif kind == "pop" and open_:
-                    open_.pop()
-        return False
 
 
 @prober

@@ -33,18 +33,24 @@ from torch.autograd import _disable_profiler_legacy, _enable_profiler_legacy
 # (the functions above are held here, in the module's own names: the grader's seal covers them, so a
 # notebook that rebinds time.clock_gettime_ns or os.listdir leaves the witnesses' readings alone)
 
-__all__ = ["DispatcherOps", "OtherThreads", "alone"]
+__all__ = ["DispatcherOps", "OtherThreads", "PRODUCTS", "alone"]
 
 T = TypeVar("T")
 
 
 # -- ops the dispatcher ran ----------------------------------------------------------------------
 
-def _profiler_config():
+def _profiler_config(shapes: bool = False):
     from torch.autograd import ProfilerConfig, ProfilerState
 
-    return ProfilerConfig(ProfilerState.CPU, False, False, False, False, False,
+    return ProfilerConfig(ProfilerState.CPU, shapes, False, False, False, False,
                           torch._C._profiler._ExperimentalConfig())
+
+
+#: ATen's matrix products (what ``@``, ``matmul``, ``linear``, ``einsum`` and the rest come down to),
+#: each with the index of the operand whose leading dimensions are the product's rows.
+PRODUCTS = {"aten::mm": 0, "aten::addmm": 1, "aten::_addmm_activation": 1, "aten::bmm": 0, "aten::baddbmm": 1,
+            "aten::addbmm": 1, "aten::mv": 0, "aten::addmv": 1, "aten::dot": 0, "aten::vdot": 0}
 
 
 class DispatcherOps:
@@ -55,17 +61,24 @@ class DispatcherOps:
     batching rules call the op again): a program's code that runs inside a torch function, where a
     ``TorchFunctionMode`` is off the stack, still calls ops the dispatcher records.
     ``blocked`` says why it could not watch (a profiler of the notebook's already running on this
-    thread) or was stopped while it watched; the caller fails the answer for either."""
+    thread) or was stopped while it watched; the caller fails the answer for either.
 
-    def __init__(self):
+    ``shapes``: the inputs' shapes are recorded too, and ``products`` holds one ``[rows, inner]`` per
+    matrix product (:data:`PRODUCTS`; a product run inside another not counted again): ``rows`` the
+    product of the row operand's leading dimensions, ``inner`` its last (the contraction); both -1
+    where the dispatcher gave no shapes (TorchScript's ops)."""
+
+    def __init__(self, shapes: bool = False):
         self.names: list[str] = []
         self.counts: dict[str, int] = {}
+        self.products: list[list[int]] = []
         self.blocked = ""
+        self._shapes = shapes
         self._on = False
 
     def __enter__(self) -> "DispatcherOps":
         try:
-            _enable_profiler_legacy(_profiler_config())
+            _enable_profiler_legacy(_profiler_config(self._shapes))
             self._on = True
         except RuntimeError as exc:  # "profiler is already enabled on this thread"
             self.blocked = f"a profiler of the notebook's was running ({str(exc).strip()[:120]})"
@@ -88,11 +101,24 @@ class DispatcherOps:
                 if kind == "push":
                     if "::" in name and name not in open_:  # ops (namespace::op), not the scopes code names
                         counts[name] = counts.get(name, 0) + 1
+                        if self._shapes and name in PRODUCTS and not any(o in PRODUCTS for o in open_):
+                            self.products.append(_product(event.shapes(), PRODUCTS[name]))
                     open_.append(name)
                 elif kind == "pop" and open_:
                     open_.pop()
         self.names, self.counts = list(counts), counts
         return False
+
+
+def _product(shapes: list, at: int) -> list[int]:
+    """``[rows, inner]`` of a matrix product whose row operand is ``shapes[at]``; -1s if not given."""
+    shape = [int(d) for d in shapes[at]] if len(shapes) > at else []
+    if not shape:
+        return [-1, -1]
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return [rows, shape[-1]]
 
 
 # -- other threads -------------------------------------------------------------------------------
