@@ -10,8 +10,12 @@ import torch
 
 from autograder.solution_code import load_solution, solution_source
 from course.checks import fx as C
+from served_helpers import UNDECIDED, never_failed
 
 LESSON = "02_fx_transforms"
+#: What the profiler check says, instead of its verdict, when the machine was too busy to time a node: not a
+#: pass (the grader gives no points and measures again), so a planted mistake's test accepts it too.
+BUSY = r"Undecided: [\s\S]*the machine was busy"
 SPEED = dict(batch=1, image=32, width=16, blocks=(1, 1, 1), num_threads=1)
 
 
@@ -53,7 +57,8 @@ def test_solutions_pass_every_check(fx_solution):
     C.check_profiler(s.ProfilingInterpreter)
     C.check_fold_affine(s.fold_affine)
     C.check_fold_affine(s.fold_affine, seed=7, width=6, blocks=(1, 2), batch=3, image=20)
-    C.check_fusion_speed(s.fold_affine, bars={"cpu": 0.5, "cuda": 0.5}, rounds=3, min_run_time=0.02, **SPEED)
+    never_failed(lambda: C.check_fusion_speed(s.fold_affine, bars={"cpu": 0.5, "cuda": 0.5}, rounds=3,
+                                              min_run_time=0.02, **SPEED))
 
 
 def test_compile_check_passes_and_catches_freezing_left_off(fx_solution, fx_mutate):
@@ -159,7 +164,7 @@ MISTAKES = {
         "reshape\\(-1, 1, 1, 1\\) against a conv weight's output channels"),
     "profiler: only the last run kept": (
         "profiler", "self.times[n.name].append(time.perf_counter() - start)",
-        "self.times[n.name] = [time.perf_counter() - start]", "the last run's time alone, not the mean over"),
+        "self.times[n.name] = [time.perf_counter() - start]", "the last run's time alone, not the mean over|" + BUSY),
     "profiler: shares in percent": (
         "profiler", "means[n.name] / total)", "100 * means[n.name] / total)", "fractions"),
     "profiler: not sorted": (
@@ -344,7 +349,7 @@ def test_a_profiler_that_times_whole_runs_does_not_find_each_node(fx_solution):
     space = {"fx": fx, "time": __import__("time"), "defaultdict": defaultdict, "Dict": Dict, "List": List,
              "Tuple": Tuple, "op_type": fx_solution.op_type}
     exec(compile(WHOLE_RUNS_ONLY, "<red team>", "exec"), space)
-    with pytest.raises(AssertionError, match="rows\\(\\) says .* ms\\.|Time only the node itself"):
+    with pytest.raises(AssertionError, match="rows\\(\\) says .* ms\\.|Time only the node itself|" + BUSY):
         C.check_profiler(space["ProfilingInterpreter"])
 
 
@@ -447,8 +452,10 @@ def test_without_the_grader_references_the_visible_checks_use_stored_answers(fx_
     C.check_fold_conv_bn(s.fold_conv_bn, bias=False)
     C.check_fuse(s.fuse)
     C.check_fold_affine(s.fold_affine)
-    C.check_fusion_speed(s.fold_affine, bars={"cpu": 0.5, "cuda": 0.5}, rounds=3, min_run_time=0.02, **SPEED)
-    assert capsys.readouterr().out.count("ok: ") == 7  # six checks, and the speed report
+    report = never_failed(lambda: C.check_fusion_speed(s.fold_affine, bars={"cpu": 0.5, "cuda": 0.5}, rounds=3,
+                                                       min_run_time=0.02, **SPEED))
+    # six checks, and the speed report (none when a busy machine left the bar undecided)
+    assert capsys.readouterr().out.count("ok: ") == (6 if report is UNDECIDED else 7)
     for check, args in ((C.check_op_type, dict(seed=404)), (C.check_conv_bn_pairs, dict(train_bn="stem.1")),
                         (C.check_fold_conv_bn, dict(c_in=4)), (C.check_fuse, dict(width=6)),
                         (C.check_fold_affine, dict(blocks=(1, 2)))):
